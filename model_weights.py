@@ -1,0 +1,253 @@
+"""Reading, normalizing and writing BERT weights in the formats users bring (interfaces.md, section 3).
+
+Accepted sources: our checkpoints (`ckpt_<step>.pt`, `pytorch_model.bin` = {"model": state_dict}), NVIDIA's
+(`dense_act` layers, `gamma`/`beta` LayerNorms, a `module.` prefix), and Hugging Face directories (`config.json`
+with `model.safetensors` or `pytorch_model.bin`, with or without the `bert.` prefix and the heads). Nothing is
+unpickled beyond tensors and plain containers (`torch.load(..., weights_only=True)`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from safetensors.torch import load_file as load_safetensors
+from safetensors.torch import save_file as save_safetensors
+from torch import Tensor, nn
+
+from model import BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
+
+HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+CONFIG_FILES = ("config.json", "bert_config.json")
+# Rows of these tensors follow the vocabulary, which may be padded to a multiple of 8 or not.
+VOCAB_ROW_KEYS = ("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight", "cls.predictions.bias")
+# Our names -> NVIDIA's for the layers NVIDIA fuses with their activation.
+NVIDIA_FUSED = (
+    (re.compile(r"(bert\.encoder\.layer\.\d+\.intermediate)\.dense\."), r"\1.dense_act."),
+    (re.compile(r"bert\.pooler\.dense\."), "bert.pooler.dense_act."),
+    (re.compile(r"cls\.predictions\.transform\.dense\."), "cls.predictions.transform.dense_act."),
+)
+ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
+
+
+class WeightsError(ValueError):
+    """A weights file that cannot be used; the message names the file and the problem."""
+
+
+@dataclass
+class LoadedWeights:
+    state_dict: dict[str, Tensor]  # in our (= Hugging Face BertForPreTraining) names
+    config: Optional[BertConfig]  # None when the source carries no configuration (NVIDIA's checkpoints)
+    source_format: str  # "ours", "nvidia" or "huggingface"
+
+
+def _torch_load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any unpickling failure is reported the same way
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise WeightsError(f"{path}: cannot be read as a weights-only torch checkpoint ({first_line})") from None
+
+
+def _find_config_beside(path: Path) -> Optional[BertConfig]:
+    folder = path if path.is_dir() else path.parent
+    for name in CONFIG_FILES:
+        if (folder / name).is_file():
+            return read_config(folder / name)
+    return None
+
+
+def read_config(path: str | Path) -> BertConfig:
+    """A `bert_config.json` or Hugging Face `config.json`, with a clear error for a malformed one."""
+    path = Path(path)
+    try:
+        return BertConfig.from_json_file(path)
+    except FileNotFoundError:
+        raise WeightsError(f"{path}: config file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as error:
+        raise WeightsError(f"{path}: not a valid BERT config ({error})") from None
+
+
+def normalize_state_dict(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], str]:
+    """Renames a state dict from any accepted naming to ours; returns it and the naming it came in."""
+    source_format = "ours"
+    result: dict[str, Tensor] = {}
+    for key, value in state_dict.items():
+        if not isinstance(value, Tensor):
+            continue
+        name = key.removeprefix("module.")
+        if name.startswith(ENCODER_PREFIXES):
+            name = "bert." + name
+            source_format = "huggingface"
+        if ".dense_act." in name or name.endswith((".gamma", ".beta")):
+            source_format = "nvidia"
+        name = name.replace(".dense_act.", ".dense.")
+        name = re.sub(r"\.gamma$", ".weight", name)
+        name = re.sub(r"\.beta$", ".bias", name)
+        if name.endswith(".position_ids") or name.endswith(".token_type_ids"):
+            continue  # index buffers of other implementations, not weights
+        result[name] = value
+    # Some writers store the MLM bias only as the decoder's bias.
+    decoder_bias = result.pop("cls.predictions.decoder.bias", None)
+    if decoder_bias is not None and "cls.predictions.bias" not in result:
+        result["cls.predictions.bias"] = decoder_bias
+    return result, source_format
+
+
+def read_weights(path: str | Path) -> LoadedWeights:
+    """Reads any accepted checkpoint file or Hugging Face directory into our names (config when known)."""
+    path = Path(path)
+    if not path.exists():
+        raise WeightsError(f"{path}: no such checkpoint file or directory")
+    config: Optional[BertConfig] = None
+    if path.is_dir():
+        weight_file = next((path / n for n in HF_WEIGHT_FILES if (path / n).is_file()), None)
+        if weight_file is None:
+            raise WeightsError(f"{path}: directory holds none of {', '.join(HF_WEIGHT_FILES)}")
+        config = _find_config_beside(path)
+        if config is None:
+            raise WeightsError(f"{path}: directory holds no config.json or bert_config.json")
+        path = weight_file
+    if path.suffix == ".safetensors":
+        try:
+            raw: Any = load_safetensors(str(path))
+        except Exception as error:  # noqa: BLE001 - safetensors raises several types for a bad file
+            raise WeightsError(f"{path}: not a readable safetensors file ({error})") from None
+    else:
+        raw = _torch_load(path)
+    if isinstance(raw, dict) and isinstance(raw.get("model"), dict):
+        if isinstance(raw.get("config"), dict):
+            config = BertConfig.from_dict(raw["config"])
+        raw = raw["model"]
+    if not isinstance(raw, dict) or not any(isinstance(v, Tensor) for v in raw.values()):
+        raise WeightsError(f"{path}: holds no state dict (expected tensors, or a dict with a 'model' entry)")
+    state_dict, source_format = normalize_state_dict(raw)
+    if config is None:
+        config = _find_config_beside(path)
+    return LoadedWeights(state_dict, config, source_format)
+
+
+def _fit_vocab_rows(name: str, tensor: Tensor, rows: int) -> Tensor:
+    if tensor.shape[0] == rows:
+        return tensor
+    if tensor.shape[0] > rows:
+        return tensor[:rows]
+    padded = tensor.new_zeros((rows, *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    if padded.dim() == 2:  # padding embedding rows get the usual init, never zero vectors that LAMB cannot scale
+        nn.init.normal_(padded[tensor.shape[0] :], std=0.02)
+    return padded
+
+
+def load_weights_into(model: nn.Module, weights: LoadedWeights, source: str | Path = "checkpoint") -> list[str]:
+    """Copies `weights` into `model`; returns the names of model parameters the source did not provide.
+
+    The encoder must be complete and every shape must match (apart from vocab padding); heads that the source
+    lacks (e.g. `qa_outputs` when starting from a pre-training checkpoint) keep their initialization.
+    """
+    own = model.state_dict()
+    state = dict(weights.state_dict)
+    for name in VOCAB_ROW_KEYS:
+        if name in state and name in own:
+            vocab_size = weights.config.vocab_size if weights.config else None
+            if vocab_size is not None and vocab_size != model.config.vocab_size:
+                raise WeightsError(
+                    f"{source}: vocab_size {vocab_size} does not match the model's {model.config.vocab_size}"
+                )
+            if abs(state[name].shape[0] - own[name].shape[0]) < 8:  # only padding may differ
+                state[name] = _fit_vocab_rows(name, state[name], own[name].shape[0])
+    if "cls.predictions.decoder.weight" in own and "cls.predictions.decoder.weight" not in state:
+        state.pop("cls.predictions.decoder.weight", None)  # tied: comes with the word embeddings
+    for name, tensor in state.items():
+        if name in own and own[name].shape != tensor.shape:
+            raise WeightsError(
+                f"{source}: {name} has shape {tuple(tensor.shape)} but the model expects {tuple(own[name].shape)}"
+                " (does the checkpoint's config match --config_file?)"
+            )
+    missing, _unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if m != "cls.predictions.decoder.weight"]
+    encoder_missing = [m for m in missing if m.startswith("bert.") and not m.startswith("bert.pooler.")]
+    if encoder_missing:
+        raise WeightsError(
+            f"{source}: missing {len(encoder_missing)} encoder weights (first: {encoder_missing[0]});"
+            " is this a BERT checkpoint for this config?"
+        )
+    return missing
+
+
+def export_state_dict(model: nn.Module, naming: str = "ours") -> dict[str, Tensor]:
+    """The model's weights for writing: vocab rows cut to vocab_size, tied decoder left out, NVIDIA names
+    when `naming` is "nvidia"."""
+    vocab_size = model.config.vocab_size
+    result: dict[str, Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        if name == "cls.predictions.decoder.weight":
+            continue
+        if name in VOCAB_ROW_KEYS:
+            tensor = tensor[:vocab_size]
+        if naming == "nvidia":
+            for pattern, replacement in NVIDIA_FUSED:
+                name = pattern.sub(replacement, name)
+        result[name] = tensor.detach().cpu().contiguous()
+    return result
+
+
+def _hf_config(model: nn.Module) -> dict[str, Any]:
+    config = model.config.to_dict()
+    architecture = {
+        BertForPreTraining: "BertForPreTraining",
+        BertForQuestionAnswering: "BertForQuestionAnswering",
+        BertForSequenceClassification: "BertForSequenceClassification",
+    }.get(type(model), "BertModel")
+    config.update(architectures=[architecture], model_type="bert", pad_token_id=0,
+                  position_embedding_type="absolute")
+    if isinstance(model, BertForSequenceClassification):
+        config["num_labels"] = model.num_labels
+        config["id2label"] = {str(i): f"LABEL_{i}" for i in range(model.num_labels)}
+        config["label2id"] = {f"LABEL_{i}": i for i in range(model.num_labels)}
+        if model.num_labels == 1:
+            config["problem_type"] = "regression"
+    return config
+
+
+def export_huggingface(model: nn.Module, out_dir: str | Path, vocab_file: Optional[str | Path] = None) -> Path:
+    """Writes a Hugging Face directory (config.json, model.safetensors, vocab.txt when given) atomically."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        (staging / "config.json").write_text(json.dumps(_hf_config(model), indent=2) + "\n", encoding="utf-8")
+        save_safetensors(export_state_dict(model), str(staging / "model.safetensors"), metadata={"format": "pt"})
+        if vocab_file is not None:
+            shutil.copyfile(vocab_file, staging / "vocab.txt")
+        if out_dir.exists():
+            backup = out_dir.with_name(f".{out_dir.name}.old")
+            shutil.rmtree(backup, ignore_errors=True)
+            os.replace(out_dir, backup)
+            os.replace(staging, out_dir)
+            shutil.rmtree(backup, ignore_errors=True)
+        else:
+            os.replace(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+def save_torch_atomic(obj: Any, path: str | Path) -> None:
+    """torch.save to a temporary name beside `path`, then rename: a reader never sees a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

@@ -1,0 +1,191 @@
+"""Optimizers and learning-rate schedules of the recipe: LAMB for pre-training, AdamW for fine-tuning.
+
+LAMB (You et al., 2019) as NVIDIA's BERT recipe runs it: gradients clipped by one global norm, Adam moments with
+bias correction, decoupled weight decay inside the update, and a per-tensor trust ratio ||w|| / ||update||.
+The update runs over all tensors of a group at once with `torch._foreach_*` kernels.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch import Tensor, nn
+
+NO_DECAY_NAME_PARTS = ("bias", "LayerNorm", "layer_norm", "gamma", "beta")
+
+
+def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Two parameter groups: every weight decays by `weight_decay`, biases and LayerNorm parameters do not."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():  # shared (tied) parameters are listed once
+        if not param.requires_grad:
+            continue
+        (no_decay if any(part in name for part in NO_DECAY_NAME_PARTS) else decay).append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB with NVIDIA's semantics.
+
+    Per step: g_norm = ||all gradients||_2 over every group; g = grad / max(g_norm / max_grad_norm, 1);
+    m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; update = m_hat / (sqrt(v_hat) + eps) + wd w;
+    ratio = ||w|| / ||update|| (1 if either is 0, and 1 in groups without weight decay); w -= lr ratio update.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        max_grad_norm: float = 1.0,
+    ) -> None:
+        if lr < 0 or eps < 0 or not 0 <= betas[0] < 1 or not 0 <= betas[1] < 1:
+            raise ValueError(f"invalid LAMB hyper-parameters: lr={lr}, betas={betas}, eps={eps}")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm, step=0)
+        super().__init__(params, defaults)
+
+    def _global_grad_norm(self) -> Tensor | None:
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        if not grads:
+            return None
+        per_tensor = torch._foreach_norm(grads, 2.0)
+        return torch.linalg.vector_norm(torch.stack([n.float() for n in per_tensor]), 2.0)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        global_norm = self._global_grad_norm()
+        if global_norm is None:
+            return loss
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            if any(p.grad.is_sparse for p in params):
+                raise RuntimeError("LAMB does not support sparse gradients")
+            beta1, beta2 = group["betas"]
+            group["step"] += 1
+            step = group["step"]
+            # Dividing by max(norm / max_grad_norm, 1) leaves gradients alone unless the norm exceeds the limit.
+            clip = torch.clamp(global_norm / group["max_grad_norm"], min=1.0)
+            grads = torch._foreach_div([p.grad.float() for p in params], clip)
+            exp_avgs, exp_avg_sqs = [], []
+            for p in params:
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                exp_avgs.append(state["exp_avg"])
+                exp_avg_sqs.append(state["exp_avg_sq"])
+
+            torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)  # m = b1 m + (1 - b1) g
+            torch._foreach_mul_(exp_avg_sqs, beta2)
+            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+            bias_correction1 = 1 - beta1**step
+            bias_correction2 = 1 - beta2**step
+            # update = (m / bc1) / (sqrt(v / bc2) + eps)
+            denom = torch._foreach_sqrt(exp_avg_sqs)
+            torch._foreach_div_(denom, bias_correction2**0.5)
+            torch._foreach_add_(denom, group["eps"])
+            updates = torch._foreach_div(exp_avgs, denom)
+            torch._foreach_div_(updates, bias_correction1)
+            weight_decay = group["weight_decay"]
+            if weight_decay != 0:
+                torch._foreach_add_(updates, params, alpha=weight_decay)
+                weight_norms = torch.stack(torch._foreach_norm(params, 2.0))
+                update_norms = torch.stack(torch._foreach_norm(updates, 2.0))
+                ratios = torch.where(
+                    (weight_norms > 0) & (update_norms > 0), weight_norms / update_norms, torch.ones_like(weight_norms)
+                )
+                torch._foreach_mul_(updates, list(ratios.unbind()))
+            torch._foreach_add_(params, updates, alpha=-group["lr"])
+        return loss
+
+
+def build_lamb(param_groups: list[dict[str, Any]], lr: float, **kwargs: Any) -> torch.optim.Optimizer:
+    """apex's FusedLAMB where apex is importable and the parameters live on CUDA, our multi-tensor LAMB otherwise."""
+    on_cuda = any(p.is_cuda for g in param_groups for p in g["params"])
+    if on_cuda:
+        try:
+            from apex.optimizers import FusedLAMB  # type: ignore[import-not-found]
+        except ImportError:
+            pass
+        else:
+            return FusedLAMB(param_groups, lr=lr, **kwargs)
+    return Lamb(param_groups, lr=lr, **kwargs)
+
+
+def build_adamw(model: nn.Module, lr: float, weight_decay: float = 0.01) -> torch.optim.Optimizer:
+    """AdamW for fine-tuning, without decay on biases and LayerNorm parameters (fused kernel on CUDA)."""
+    groups = weight_decay_groups(model, weight_decay)
+    fused = any(p.is_cuda for g in groups for p in g["params"])
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, fused=fused or None)
+
+
+class _WarmUpScheduler:
+    """Sets each group's lr from the number of optimizer steps taken. Call `step()` just before
+    `optimizer.step()`; a step that the grad scaler skips must not call it, so the schedule stays on time."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup: float, total_steps: int) -> None:
+        if total_steps <= 0:
+            raise ValueError(f"total_steps must be positive, got {total_steps}")
+        self.optimizer = optimizer
+        self.warmup = warmup
+        self.total_steps = total_steps
+        self.base_lrs = [group.setdefault("initial_lr", group["lr"]) for group in optimizer.param_groups]
+        self.last_step = 0
+        self._apply()
+
+    def factor(self, progress: float) -> float:
+        raise NotImplementedError
+
+    def _apply(self) -> None:
+        scale = self.factor(self.last_step / self.total_steps)
+        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base_lr * scale
+
+    def step(self) -> None:
+        self.last_step += 1
+        self._apply()
+
+    def get_last_lr(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_step": self.last_step, "base_lrs": list(self.base_lrs), "warmup": self.warmup,
+                "total_steps": self.total_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.last_step = int(state["last_step"])
+        self.base_lrs = list(state["base_lrs"])
+        self._apply()
+
+
+class PolyWarmUpScheduler(_WarmUpScheduler):
+    """Linear warm-up over `warmup` (a fraction of total_steps), then base_lr * (1 - progress) ** degree."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup: float, total_steps: int, degree: float = 0.5):
+        self.degree = degree
+        super().__init__(optimizer, warmup, total_steps)
+
+    def factor(self, progress: float) -> float:
+        if progress < self.warmup:
+            return progress / self.warmup
+        return max(1.0 - progress, 0.0) ** self.degree
+
+
+class LinearWarmUpScheduler(_WarmUpScheduler):
+    """Linear warm-up over `warmup`, then linear decay to 0 at total_steps (fine-tuning)."""
+
+    def factor(self, progress: float) -> float:
+        if progress < self.warmup:
+            return progress / self.warmup
+        return max((1.0 - progress) / (1.0 - self.warmup), 0.0) if self.warmup < 1 else 0.0

@@ -1,0 +1,313 @@
+"""model.py and model_weights.py against Hugging Face transformers, the independent reference."""
+import json
+
+import pytest
+import torch
+import transformers
+
+from model import BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertModel
+from model_weights import (
+    WeightsError,
+    export_huggingface,
+    export_state_dict,
+    load_weights_into,
+    read_weights,
+    save_torch_atomic,
+)
+
+TOL = 1e-5
+# vocab 101 is not a multiple of 8, so the padded embedding rows are exercised.
+TINY = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=64)
+
+
+def hf_config(config: BertConfig, **extra) -> transformers.BertConfig:
+    fields = {k: v for k, v in config.to_dict().items() if k in TINY or k in ("hidden_act", "type_vocab_size",
+                                                                              "layer_norm_eps", "initializer_range")}
+    return transformers.BertConfig(**fields, attn_implementation="eager", **extra)
+
+
+def make_batch(config: BertConfig, batch=3, seq=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(5, config.vocab_size, (batch, seq), generator=g)
+    lengths = torch.tensor([seq, seq - 5, seq - 9])[:batch]
+    attention_mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+    input_ids = input_ids * attention_mask
+    token_type_ids = (torch.arange(seq)[None, :] >= (lengths[:, None] // 2)).long() * attention_mask
+    labels = torch.full((batch, seq), -1)
+    for row, length in enumerate(lengths.tolist()):
+        positions = torch.randperm(length - 1, generator=g)[:3] + 1
+        labels[row, positions] = torch.randint(0, config.vocab_size, (3,), generator=g)
+    nsp = torch.randint(0, 2, (batch,), generator=g)
+    return input_ids, token_type_ids, attention_mask, labels, nsp
+
+
+@pytest.fixture()
+def pair():
+    """Our BertForPreTraining and transformers' with the same weights, both in eval mode."""
+    torch.manual_seed(0)
+    config = BertConfig(**TINY)
+    ours = BertForPreTraining(config).eval()
+    with torch.no_grad():  # non-zero biases and LayerNorm parameters, so that every path is checked
+        for p in ours.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    theirs = transformers.BertForPreTraining(hf_config(config)).eval()
+    missing, unexpected = theirs.load_state_dict(export_state_dict(ours), strict=False)
+    assert set(missing) <= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"} and not unexpected
+    theirs.tie_weights()
+    return ours, theirs
+
+
+def assert_close(a, b, tol=TOL):
+    assert a.shape == b.shape
+    diff = (a - b).abs().max().item()
+    assert diff < tol, f"max abs difference {diff}"
+
+
+def test_config_keeps_unknown_keys_and_pads_vocab(tmp_path):
+    path = tmp_path / "bert_config.json"
+    path.write_text(json.dumps({**TINY, "hidden_act": "gelu", "my_note": "kept"}))
+    config = BertConfig.from_json_file(path)
+    assert config.padded_vocab_size == 104 and config.layer_norm_eps == 1e-12
+    config.to_json_file(tmp_path / "out.json")
+    written = json.loads((tmp_path / "out.json").read_text())
+    assert written["my_note"] == "kept" and written["vocab_size"] == 101
+    assert BertConfig(vocab_size=30522).padded_vocab_size == 30528
+
+
+def test_pretraining_outputs_equal_transformers_on_padded_batch(pair):
+    ours, theirs = pair
+    input_ids, token_type_ids, attention_mask, labels, nsp = make_batch(ours.config)
+    with torch.no_grad():
+        out = ours(input_ids, token_type_ids, attention_mask, masked_lm_labels=labels, next_sentence_labels=nsp)
+        ref = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                     labels=labels.masked_fill(labels < 0, -100), next_sentence_label=nsp, output_hidden_states=True)
+        hidden, _ = ours.bert(input_ids, token_type_ids, attention_mask)
+    real = attention_mask.bool()
+    assert_close(hidden[real], ref.hidden_states[-1][real])
+    assert_close(out.prediction_logits, ref.prediction_logits[labels >= 0])
+    assert_close(out.seq_relationship_logits, ref.seq_relationship_logits)
+    assert_close(out.loss, ref.loss)
+    assert out.prediction_logits.shape == (int((labels >= 0).sum()), ours.config.vocab_size)
+
+
+def test_gradients_equal_transformers(pair):
+    ours, theirs = pair
+    input_ids, token_type_ids, attention_mask, labels, nsp = make_batch(ours.config, seed=1)
+    ours(input_ids, token_type_ids, attention_mask, masked_lm_labels=labels, next_sentence_labels=nsp).loss.backward()
+    theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+           labels=labels.masked_fill(labels < 0, -100), next_sentence_label=nsp).loss.backward()
+    their_grads = dict(theirs.named_parameters())
+    vocab = ours.config.vocab_size
+    for name, param in ours.named_parameters():
+        assert_close(param.grad[:vocab] if param.shape[0] == 104 else param.grad, their_grads[name].grad)
+
+
+def test_predicts_every_position_without_labels(pair):
+    ours, theirs = pair
+    input_ids, token_type_ids, attention_mask, _, _ = make_batch(ours.config)
+    with torch.no_grad():
+        out = ours(input_ids, token_type_ids, attention_mask)
+        ref = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+    assert out.loss is None
+    assert_close(out.prediction_logits, ref.prediction_logits)
+
+
+def test_decoder_is_tied_to_word_embeddings():
+    model = BertForPreTraining(BertConfig(**TINY))
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    names = [n for n, _ in model.named_parameters()]
+    assert "cls.predictions.decoder.weight" not in names  # listed once, under the embeddings
+    assert "cls.predictions.decoder.weight" in model.state_dict()
+
+
+def test_google_initialization():
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig(**{**TINY, "hidden_size": 256, "intermediate_size": 512,
+                                             "initializer_range": 0.05}))
+    for name, param in model.named_parameters():
+        if "LayerNorm.weight" in name:
+            assert torch.all(param == 1), name
+        elif name.endswith("bias"):
+            assert torch.all(param == 0), name
+        else:
+            assert abs(param.mean().item()) < 0.01 and abs(param.std().item() - 0.05) < 0.005, name
+
+
+def test_activation_checkpointing_gives_the_same_loss_and_gradients():
+    torch.manual_seed(0)
+    config = BertConfig(**{**TINY, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
+    model = BertForPreTraining(config).train()
+    batch = make_batch(config)
+    grads = []
+    for enabled in (False, True):
+        model.zero_grad()
+        model.set_checkpoint_activations(enabled)
+        loss = model(*batch[:3], masked_lm_labels=batch[3], next_sentence_labels=batch[4]).loss
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+def test_bf16_autocast_stays_close_to_fp32(pair):
+    ours, _ = pair
+    batch = make_batch(ours.config)
+    with torch.no_grad():
+        fp32 = ours(*batch[:3], masked_lm_labels=batch[3], next_sentence_labels=batch[4]).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16 = ours(*batch[:3], masked_lm_labels=batch[3], next_sentence_labels=batch[4]).loss
+    assert bf16.dtype == torch.float32 and abs(bf16 - fp32).item() < 0.05
+
+
+def test_question_answering_equals_transformers():
+    torch.manual_seed(0)
+    config = BertConfig(**TINY)
+    ours = BertForQuestionAnswering(config).eval()
+    theirs = transformers.BertForQuestionAnswering(hf_config(config)).eval()
+    theirs.load_state_dict(export_state_dict(ours))
+    input_ids, token_type_ids, attention_mask, _, _ = make_batch(config)
+    start, end = torch.tensor([3, 20, 0]), torch.tensor([5, 30, 0])  # 20 and 30 lie outside the window
+    with torch.no_grad():
+        loss, start_logits, end_logits = ours(input_ids, token_type_ids, attention_mask, start, end)
+        ref = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                     start_positions=start, end_positions=end)
+    assert_close(start_logits, ref.start_logits)
+    assert_close(end_logits, ref.end_logits)
+    assert_close(loss, ref.loss)
+
+
+@pytest.mark.parametrize("num_labels", [1, 3])
+def test_sequence_classification_equals_transformers(num_labels):
+    torch.manual_seed(0)
+    config = BertConfig(**TINY)
+    ours = BertForSequenceClassification(config, num_labels).eval()
+    extra = {"problem_type": "regression"} if num_labels == 1 else {}
+    theirs = transformers.BertForSequenceClassification(hf_config(config, num_labels=num_labels, **extra)).eval()
+    theirs.load_state_dict(export_state_dict(ours))
+    input_ids, token_type_ids, attention_mask, _, _ = make_batch(config)
+    labels = torch.tensor([0.5, 1.0, 2.5]) if num_labels == 1 else torch.tensor([0, 2, 1])
+    with torch.no_grad():
+        loss, logits = ours(input_ids, token_type_ids, attention_mask, labels)
+        ref = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, labels=labels)
+    assert_close(logits, ref.logits)
+    assert_close(loss, ref.loss)
+
+
+def test_export_loads_in_transformers_with_the_same_outputs(pair, tmp_path):
+    ours, _ = pair
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(f"tok{i}" for i in range(ours.config.vocab_size)) + "\n")
+    export_huggingface(ours, tmp_path / "hf", vocab_file=vocab)
+    assert (tmp_path / "hf" / "vocab.txt").read_text() == vocab.read_text()
+    loaded, info = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    loaded.eval()
+    input_ids, token_type_ids, attention_mask, labels, nsp = make_batch(ours.config, seed=2)
+    with torch.no_grad():
+        out = ours(input_ids, token_type_ids, attention_mask, masked_lm_labels=labels, next_sentence_labels=nsp)
+        ref = loaded(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                     labels=labels.masked_fill(labels < 0, -100), next_sentence_label=nsp)
+    assert_close(out.loss, ref.loss)
+    assert_close(out.prediction_logits, ref.prediction_logits[labels >= 0])
+
+
+def test_export_then_read_back_gives_identical_weights(pair, tmp_path):
+    ours, _ = pair
+    export_huggingface(ours, tmp_path / "hf")
+    weights = read_weights(tmp_path / "hf")
+    assert weights.source_format == "ours" and weights.config.vocab_size == ours.config.vocab_size
+    fresh = BertForPreTraining(weights.config)
+    assert load_weights_into(fresh, weights) == []
+    for (name, a), b in zip(ours.state_dict().items(), fresh.state_dict().values()):
+        if name.startswith(("bert.embeddings.word", "cls.predictions.decoder", "cls.predictions.bias")):
+            a, b = a[: ours.config.vocab_size], b[: ours.config.vocab_size]
+        assert torch.equal(a, b), name
+
+
+def test_nvidia_checkpoint_names_load(pair, tmp_path):
+    ours, _ = pair
+    nvidia = export_state_dict(ours, naming="nvidia")
+    assert "bert.encoder.layer.0.intermediate.dense_act.weight" in nvidia
+    assert "cls.predictions.transform.dense_act.weight" in nvidia and "bert.pooler.dense_act.bias" in nvidia
+    # Older NVIDIA checkpoints name LayerNorm parameters gamma/beta and carry a DDP "module." prefix.
+    legacy = {"module." + k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+              for k, v in nvidia.items()}
+    save_torch_atomic({"model": legacy, "epoch": 3, "files": ["a.hdf5"]}, tmp_path / "ckpt_100.pt")
+    weights = read_weights(tmp_path / "ckpt_100.pt")
+    assert weights.source_format == "nvidia" and weights.config is None
+    fresh = BertForPreTraining(ours.config).eval()
+    load_weights_into(fresh, weights)
+    batch = make_batch(ours.config)
+    with torch.no_grad():
+        assert torch.equal(fresh(*batch[:3]).prediction_logits, ours(*batch[:3]).prediction_logits)
+
+
+def test_pretraining_weights_start_a_question_answering_model(pair, tmp_path):
+    ours, _ = pair
+    save_torch_atomic({"model": ours.state_dict(), "config": ours.config.to_dict()}, tmp_path / "ckpt_5.pt")
+    qa = BertForQuestionAnswering(ours.config)
+    missing = load_weights_into(qa, read_weights(tmp_path / "ckpt_5.pt"))
+    assert sorted(missing) == ["qa_outputs.bias", "qa_outputs.weight"]
+    assert torch.equal(qa.bert.encoder.layer[1].output.dense.weight, ours.bert.encoder.layer[1].output.dense.weight)
+
+
+def test_minilm_encoder_equals_transformers(shared_data):
+    folder = shared_data / "minilm"
+    weights = read_weights(folder)
+    assert weights.source_format == "huggingface" and weights.config.hidden_size == 384
+    ours = BertForPreTraining(weights.config).eval()
+    missing = load_weights_into(ours, weights)
+    assert all(name.startswith("cls.") for name in missing) and missing
+    theirs = transformers.BertModel.from_pretrained(folder, attn_implementation="eager").eval()
+    input_ids, token_type_ids, attention_mask, _, _ = make_batch(weights.config, batch=3, seq=40)
+    input_ids[:, 0] = 101  # [CLS]
+    with torch.no_grad():
+        hidden, pooled = ours.bert(input_ids, token_type_ids, attention_mask)
+        ref = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+    real = attention_mask.bool()
+    assert_close(hidden[real], ref.last_hidden_state[real])
+    assert_close(pooled, ref.pooler_output)
+
+
+def test_encoder_only_model_loads_minilm_without_heads(shared_data):
+    weights = read_weights(shared_data / "minilm")
+    encoder = BertModel(weights.config)
+    state = {k.removeprefix("bert."): v for k, v in weights.state_dict.items()}
+    state["embeddings.word_embeddings.weight"] = torch.cat(
+        [state["embeddings.word_embeddings.weight"], torch.zeros(6, 384)])
+    result = encoder.load_state_dict(state, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+
+
+def test_unreadable_checkpoint_is_a_clear_error(tmp_path):
+    bad = tmp_path / "ckpt_7.pt"
+    bad.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(WeightsError, match="ckpt_7.pt"):
+        read_weights(bad)
+    with pytest.raises(WeightsError, match="no such checkpoint"):
+        read_weights(tmp_path / "missing.pt")
+    (tmp_path / "empty_dir").mkdir()
+    with pytest.raises(WeightsError, match="holds none of"):
+        read_weights(tmp_path / "empty_dir")
+
+
+def test_checkpoint_of_another_size_is_refused_with_the_key(pair, tmp_path):
+    ours, _ = pair
+    save_torch_atomic({"model": ours.state_dict()}, tmp_path / "pytorch_model.bin")
+    bigger = BertForQuestionAnswering(BertConfig(**{**TINY, "hidden_size": 48, "intermediate_size": 96}))
+    with pytest.raises(WeightsError, match=r"pytorch_model.bin: .* has shape"):
+        load_weights_into(bigger, read_weights(tmp_path / "pytorch_model.bin"), tmp_path / "pytorch_model.bin")
+
+
+class Payload:
+    """Stands for any pickled Python object, such as the data loader NVIDIA's checkpoints may hold."""
+
+
+def test_pickled_objects_are_never_unpickled(tmp_path):
+    import pickle
+
+    path = tmp_path / "evil.pt"
+    torch.save({"model": {"w": torch.zeros(1)}, "loader": Payload()}, path, pickle_module=pickle)
+    with pytest.raises(WeightsError, match="weights-only"):
+        read_weights(path)

@@ -1,0 +1,1 @@
+"""Data preparation for BERT pre-training: text -> formatted corpus -> shards -> HDF5 instances."""

@@ -1,0 +1,220 @@
+"""BERT WordPiece tokenization that gives exactly the tokens of Google's reference tokenizer, fast.
+
+The general path is Hugging Face `tokenizers` (BertNormalizer + BertPreTokenizer + WordPiece). Two places where
+that pipeline differs from Google's BasicTokenizer are corrected before the text reaches it: private-use
+characters (Google keeps them inside a word, `tokenizers` deletes them) and the Greek final sigma (Python's
+`str.lower` gives "ς" at the end of a word, `tokenizers` lower-cases character by character to "σ").
+
+Lines made only of ASCII take a faster path: for ASCII, Google's basic tokenizer is "drop control characters,
+lower-case, split into runs of letters/digits and single punctuation marks", which one regular expression
+does over a whole shard at C speed; each distinct word then goes once through the `tokenizers` WordPiece
+model and is cached. On the books this is about 6x faster than `encode_batch` in one thread.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+from .errors import DataError
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+MAX_CHARS_PER_WORD = 100  # Google's WordPiece limit: longer words become [UNK]
+
+_ASCII_WORD = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]|\n")
+# Google removes NUL and the Cc/Cf control characters except tab, newline and carriage return.
+_ASCII_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_PRIVATE_USE = re.compile("[\ue000-\uf8ff\U000f0000-\U000ffffd\U00100000-\U0010fffd]")
+# Stand-ins for private-use characters: letters with no case, no decomposition and no punctuation class,
+# so `tokenizers` keeps them and, being absent from the vocab, they make their word [UNK] as Google does.
+_STAND_IN_CANDIDATES = "\ua500\ua501\ua502\u1401\u1402\u0f40\u0f41"
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """A BERT vocab.txt: token i on line i. `ids` maps token -> id as Google's load_vocab does."""
+
+    path: Path
+    tokens: tuple[str, ...]
+    ids: dict[str, int] = field(repr=False)
+    sha256: str
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def id(self, token: str) -> int:
+        return self.ids[token]
+
+
+def load_vocab(path: str | Path) -> Vocab:
+    """Read and validate a vocab.txt (UTF-8, one token a line, must hold the five special tokens)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(path, "vocab file not found") from None
+    except IsADirectoryError:
+        raise DataError(path, "vocab file is a directory") from None
+    except OSError as err:
+        raise DataError(path, f"cannot read vocab file ({err.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(path, f"vocab file is not UTF-8 (byte {err.start})") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    tokens = tuple(line.strip() for line in lines)
+    if not tokens:
+        raise DataError(path, "vocab file is empty")
+    ids = {token: index for index, token in enumerate(tokens)}
+    missing = [token for token in SPECIAL_TOKENS if token not in ids]
+    if missing:
+        raise DataError(path, f"vocab lacks the special token(s) {' '.join(missing)}")
+    return Vocab(path=path, tokens=tokens, ids=ids, sha256=hashlib.sha256(raw).hexdigest())
+
+
+def _google_clean(text: str) -> str:
+    """Google's _clean_text: drop NUL, U+FFFD and Cc/Cf controls; every whitespace becomes a space."""
+    import unicodedata
+
+    out = []
+    for char in text:
+        if char in "\t\n\r":
+            out.append(" ")
+            continue
+        category = unicodedata.category(char)
+        if char == "\x00" or char == "\ufffd" or category in ("Cc", "Cf"):
+            continue
+        out.append(" " if category == "Zs" else char)
+    return "".join(out)
+
+
+class BertTokenizer:
+    """Google-exact BERT tokenization to WordPiece ids (no [CLS]/[SEP] added).
+
+    `encode_lines(lines)` is the bulk interface: it returns (ids int32 [T], offsets int64 [len(lines)+1]),
+    line i being ids[offsets[i]:offsets[i+1]].
+    """
+
+    def __init__(self, vocab: Vocab, do_lower_case: bool) -> None:
+        self.vocab = vocab
+        self.do_lower_case = do_lower_case
+        self._unk_id = vocab.id("[UNK]")
+        model = models.WordPiece(dict(vocab.ids), unk_token="[UNK]", max_input_chars_per_word=MAX_CHARS_PER_WORD)
+        # No added/special tokens on purpose: a literal "[MASK]" in the text must split like any other text.
+        self._hf = Tokenizer(model)
+        self._hf.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=do_lower_case, lowercase=do_lower_case
+        )
+        self._hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        self._model = model
+        self._stand_in = next(
+            (c for c in _STAND_IN_CANDIDATES if not any(c in token for token in vocab.tokens)), None
+        )
+        # Word cache of the ASCII path: word -> index into the piece table; index 0 is the newline marker.
+        self._word_index: dict[str, int] = {"\n": 0}
+        self._piece_start: list[int] = [0]
+        self._piece_len: list[int] = [0]
+        self._pieces: list[int] = []
+
+    # -- public -------------------------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[str]:
+        """Tokens of `text` as strings (for inspection and tests)."""
+        ids, _ = self.encode_lines(text.split("\n"))
+        return [self.vocab.tokens[i] for i in ids.tolist()]
+
+    def encode(self, text: str) -> list[int]:
+        """WordPiece ids of `text`."""
+        return self.encode_lines(text.split("\n"))[0].tolist()
+
+    def encode_lines(self, lines: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Ids of many lines (none may contain "\\n"): flat int32 ids and int64 offsets [len(lines)+1]."""
+        n = len(lines)
+        if n == 0:
+            return np.zeros(0, np.int32), np.zeros(1, np.int64)
+        ascii_mask = np.fromiter((line.isascii() for line in lines), dtype=bool, count=n)
+        if ascii_mask.all():
+            return self._encode_ascii(lines)
+        parts = []
+        for mask, encode in ((ascii_mask, self._encode_ascii), (~ascii_mask, self._encode_unicode)):
+            where = np.flatnonzero(mask)
+            if where.size:
+                parts.append((where, *encode([lines[i] for i in where.tolist()])))
+        counts = np.zeros(n, np.int64)
+        for where, _, offsets in parts:
+            counts[where] = np.diff(offsets)
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        ids = np.empty(int(offsets[-1]), np.int32)
+        for where, part_ids, part_offsets in parts:
+            ids[_spread(offsets[where], part_offsets)] = part_ids
+        return ids, offsets
+
+    # -- ASCII path ---------------------------------------------------------------------------------------
+    def _encode_ascii(self, lines: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        text = "\n".join(lines)
+        if _ASCII_CONTROL.search(text):
+            text = _ASCII_CONTROL.sub("", text)
+        if self.do_lower_case:
+            text = text.lower()
+        words = _ASCII_WORD.findall(text)
+        index = self._word_index
+        for word in set(words).difference(index):
+            self._add_word(word)
+        word_ids = np.fromiter(map(index.__getitem__, words), dtype=np.int64, count=len(words))
+        piece_len = np.asarray(self._piece_len, np.int64)[word_ids]
+        piece_start = np.asarray(self._piece_start, np.int64)[word_ids]
+        ends = np.cumsum(piece_len)
+        starts = ends - piece_len
+        newline_at = np.flatnonzero(word_ids == 0)
+        offsets = np.zeros(len(lines) + 1, np.int64)
+        offsets[1:-1] = ends[newline_at] if newline_at.size else ends[:0]
+        offsets[-1] = ends[-1] if ends.size else 0
+        table = np.asarray(self._pieces, np.int32)
+        ids = table[_spread(piece_start, np.concatenate([starts, ends[-1:]]))] if ends.size else table[:0]
+        return ids, offsets
+
+    def _add_word(self, word: str) -> None:
+        if len(word) > MAX_CHARS_PER_WORD:
+            pieces = [self._unk_id]
+        else:
+            pieces = [token.id for token in self._model.tokenize(word)]
+        self._word_index[word] = len(self._piece_start)
+        self._piece_start.append(len(self._pieces))
+        self._piece_len.append(len(pieces))
+        self._pieces.extend(pieces)
+
+    # -- general path -------------------------------------------------------------------------------------
+    def _encode_unicode(self, lines: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        fixed = [self._fix_for_hf(line) for line in lines]
+        encodings = self._hf.encode_batch(fixed, add_special_tokens=False)
+        id_lists = [encoding.ids for encoding in encodings]
+        offsets = np.zeros(len(lines) + 1, np.int64)
+        np.cumsum([len(ids) for ids in id_lists], out=offsets[1:])
+        ids = np.fromiter((i for ids in id_lists for i in ids), dtype=np.int32, count=int(offsets[-1]))
+        return ids, offsets
+
+    def _fix_for_hf(self, line: str) -> str:
+        if _PRIVATE_USE.search(line):
+            if self._stand_in is None:
+                raise DataError(self.vocab.path, "vocab contains every stand-in letter for private-use characters")
+            line = _PRIVATE_USE.sub(self._stand_in, line)
+        if self.do_lower_case and "\u03a3" in line:
+            # Python's lower() knows the final sigma; clean first so removed controls do not change the context.
+            line = _google_clean(line).lower()
+        return line
+
+
+def _spread(dest_starts: np.ndarray, src_offsets: np.ndarray) -> np.ndarray:
+    """For every position of a CSR layout (src_offsets), its position in a layout whose segment k starts at
+    dest_starts[k]: int64 [src_offsets[-1] - src_offsets[0]]. Used both to scatter and to gather segments."""
+    lengths = np.diff(src_offsets)
+    total = int(src_offsets[-1] - src_offsets[0])
+    shift = np.repeat(dest_starts - src_offsets[:-1], lengths)
+    return shift + np.arange(src_offsets[0], src_offsets[0] + total)

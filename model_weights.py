@@ -21,12 +21,13 @@ from safetensors.torch import load_file as load_safetensors
 from safetensors.torch import save_file as save_safetensors
 from torch import Tensor, nn
 
-from model import BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
+from errors import InputError
+from model import BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertModel
 
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 CONFIG_FILES = ("config.json", "bert_config.json")
 # Rows of these tensors follow the vocabulary, which may be padded to a multiple of 8 or not.
-VOCAB_ROW_KEYS = ("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight", "cls.predictions.bias")
+VOCAB_ROW_KEYS = ("embeddings.word_embeddings.weight", "cls.predictions.decoder.weight", "cls.predictions.bias")
 # Our names -> NVIDIA's for the layers NVIDIA fuses with their activation.
 NVIDIA_FUSED = (
     (re.compile(r"(bert\.encoder\.layer\.\d+\.intermediate)\.dense\."), r"\1.dense_act."),
@@ -36,7 +37,7 @@ NVIDIA_FUSED = (
 ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
 
 
-class WeightsError(ValueError):
+class WeightsError(InputError):
     """A weights file that cannot be used; the message names the file and the problem."""
 
 
@@ -133,7 +134,7 @@ def read_weights(path: str | Path) -> LoadedWeights:
     return LoadedWeights(state_dict, config, source_format)
 
 
-def _fit_vocab_rows(name: str, tensor: Tensor, rows: int) -> Tensor:
+def _fit_vocab_rows(tensor: Tensor, rows: int) -> Tensor:
     if tensor.shape[0] == rows:
         return tensor
     if tensor.shape[0] > rows:
@@ -153,15 +154,17 @@ def load_weights_into(model: nn.Module, weights: LoadedWeights, source: str | Pa
     """
     own = model.state_dict()
     state = dict(weights.state_dict)
-    for name in VOCAB_ROW_KEYS:
-        if name in state and name in own:
+    if not any(name.startswith("bert.") for name in own):  # a bare encoder (BertModel) takes unprefixed names
+        state = {name.removeprefix("bert."): value for name, value in state.items()}
+    for name in own:
+        if name.endswith(VOCAB_ROW_KEYS) and name in state:
             vocab_size = weights.config.vocab_size if weights.config else None
             if vocab_size is not None and vocab_size != model.config.vocab_size:
                 raise WeightsError(
                     f"{source}: vocab_size {vocab_size} does not match the model's {model.config.vocab_size}"
                 )
             if abs(state[name].shape[0] - own[name].shape[0]) < 8:  # only padding may differ
-                state[name] = _fit_vocab_rows(name, state[name], own[name].shape[0])
+                state[name] = _fit_vocab_rows(state[name], own[name].shape[0])
     if "cls.predictions.decoder.weight" in own and "cls.predictions.decoder.weight" not in state:
         state.pop("cls.predictions.decoder.weight", None)  # tied: comes with the word embeddings
     for name, tensor in state.items():
@@ -172,7 +175,7 @@ def load_weights_into(model: nn.Module, weights: LoadedWeights, source: str | Pa
             )
     missing, _unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if m != "cls.predictions.decoder.weight"]
-    encoder_missing = [m for m in missing if m.startswith("bert.") and not m.startswith("bert.pooler.")]
+    encoder_missing = [m for m in missing if m.removeprefix("bert.").startswith(("embeddings.", "encoder."))]
     if encoder_missing:
         raise WeightsError(
             f"{source}: missing {len(encoder_missing)} encoder weights (first: {encoder_missing[0]});"
@@ -181,15 +184,30 @@ def load_weights_into(model: nn.Module, weights: LoadedWeights, source: str | Pa
     return missing
 
 
+def model_for_weights(weights: LoadedWeights, config: BertConfig) -> nn.Module:
+    """An untrained model of the class whose heads the weights carry (a bare BertModel when they carry none)."""
+    state = weights.state_dict
+    if "qa_outputs.weight" in state:
+        return BertForQuestionAnswering(config)
+    if "classifier.weight" in state:
+        return BertForSequenceClassification(config, num_labels=state["classifier.weight"].shape[0])
+    if any(name.startswith("cls.") for name in state):
+        return BertForPreTraining(config)
+    return BertModel(config, add_pooling_layer="bert.pooler.dense.weight" in state)
+
+
 def export_state_dict(model: nn.Module, naming: str = "ours") -> dict[str, Tensor]:
     """The model's weights for writing: vocab rows cut to vocab_size, tied decoder left out, NVIDIA names
     when `naming` is "nvidia"."""
     vocab_size = model.config.vocab_size
     result: dict[str, Tensor] = {}
+    bare_encoder = isinstance(model, BertModel)
     for name, tensor in model.state_dict().items():
         if name == "cls.predictions.decoder.weight":
             continue
-        if name in VOCAB_ROW_KEYS:
+        if bare_encoder:  # files always use the full BertForPreTraining names
+            name = "bert." + name
+        if name.endswith(VOCAB_ROW_KEYS):
             tensor = tensor[:vocab_size]
         if naming == "nvidia":
             for pattern, replacement in NVIDIA_FUSED:

@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Converts BERT weights between our checkpoints, NVIDIA's checkpoints and Hugging Face directories.
+
+The source kind is recognized from its contents. The target kind follows from DST: a directory (an existing
+one, or a path without a suffix) becomes a Hugging Face directory; a file (.pt/.bin) becomes a checkpoint
+{"model": state_dict, "config": ...}, in NVIDIA's names when the source is ours or Hugging Face's and in ours
+when the source is NVIDIA's. --to overrides the inference.
+
+Examples:
+  convert_checkpoint.py results/ckpt_8601.pt hf_bert/                      # ours -> Hugging Face
+  convert_checkpoint.py hf_bert/ bert_nvidia.pt                             # Hugging Face -> NVIDIA names
+  convert_checkpoint.py nvidia_ckpt.pt ours.pt --config_file bert_configs/large.json   # NVIDIA -> ours
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from errors import InputError, run_cli  # noqa: E402
+from model_weights import (  # noqa: E402
+    export_huggingface,
+    export_state_dict,
+    load_weights_into,
+    model_for_weights,
+    read_config,
+    read_weights,
+    save_torch_atomic,
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("src", type=Path, help="checkpoint file (ours or NVIDIA's) or Hugging Face directory")
+    parser.add_argument("dst", type=Path, help="output: a directory for Hugging Face, a .pt/.bin file otherwise")
+    parser.add_argument("--config_file", type=Path, help="bert_config.json, needed when SRC carries no config")
+    parser.add_argument("--vocab_file", type=Path, help="vocab.txt to place in a Hugging Face directory")
+    parser.add_argument("--to", choices=("huggingface", "ours", "nvidia"), help="target kind (default: inferred)")
+    return parser.parse_args(argv)
+
+
+def target_kind(dst: Path, source_format: str) -> str:
+    if dst.is_dir() or not dst.suffix:
+        return "huggingface"
+    return "ours" if source_format == "nvidia" else "nvidia"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    weights = read_weights(args.src)
+    config = read_config(args.config_file) if args.config_file else weights.config
+    if config is None:
+        raise InputError(f"{args.src}: carries no model config; pass --config_file bert_config.json")
+    model = model_for_weights(weights, config)
+    load_weights_into(model, weights, args.src)
+    kind = args.to or target_kind(args.dst, weights.source_format)
+    if kind == "huggingface":
+        export_huggingface(model, args.dst, vocab_file=args.vocab_file)
+    else:
+        save_torch_atomic({"model": export_state_dict(model, naming=kind), "config": config.to_dict()}, args.dst)
+    print(f"{args.src} ({weights.source_format}, {type(model).__name__}) -> {args.dst} ({kind})")
+
+
+if __name__ == "__main__":
+    run_cli(main)

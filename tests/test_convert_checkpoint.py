@@ -1,0 +1,80 @@
+"""scripts/convert_checkpoint.py: every direction, checked through transformers' own loading."""
+import subprocess
+import sys
+
+import torch
+import transformers
+
+from model import BertConfig, BertForPreTraining, BertForQuestionAnswering
+from model_weights import export_huggingface, read_weights
+from tests.conftest import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "scripts" / "convert_checkpoint.py"
+TINY = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=64)
+
+
+def convert(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True)
+
+
+def test_round_trip_through_nvidia_and_ours_gives_the_same_transformers_model(tmp_path):
+    torch.manual_seed(0)
+    original = BertForPreTraining(BertConfig(**TINY)).eval()
+    export_huggingface(original, tmp_path / "hf")
+    steps = [("hf", "nvidia.pt", "(nvidia)"), ("nvidia.pt", "ours.pt", "(ours)"), ("ours.pt", "hf2", "(huggingface)")]
+    for src, dst, kind in steps:
+        result = convert(tmp_path / src, tmp_path / dst)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip().endswith(kind)
+    assert read_weights(tmp_path / "nvidia.pt").source_format == "nvidia"
+    assert read_weights(tmp_path / "ours.pt").source_format == "ours"
+    a = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    b = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf2").eval()
+    ids = torch.randint(0, 101, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(a(input_ids=ids).prediction_logits, b(input_ids=ids).prediction_logits)
+
+
+def test_question_answering_checkpoint_exports_with_its_head(tmp_path):
+    torch.manual_seed(0)
+    qa = BertForQuestionAnswering(BertConfig(**TINY)).eval()
+    torch.save({"model": qa.state_dict(), "config": qa.config.to_dict()}, tmp_path / "pytorch_model.bin")
+    result = convert(tmp_path / "pytorch_model.bin", tmp_path / "hf_qa")
+    assert result.returncode == 0, result.stderr
+    loaded = transformers.BertForQuestionAnswering.from_pretrained(tmp_path / "hf_qa").eval()
+    ids = torch.randint(0, 101, (2, 12))
+    with torch.no_grad():
+        assert torch.allclose(loaded(input_ids=ids).start_logits, qa(ids)[1], atol=1e-5)
+
+
+def test_minilm_encoder_converts_to_nvidia_names(shared_data, tmp_path):
+    result = convert(shared_data / "minilm", tmp_path / "minilm_nvidia.pt")
+    assert result.returncode == 0, result.stderr
+    state = torch.load(tmp_path / "minilm_nvidia.pt", weights_only=True)["model"]
+    assert "bert.pooler.dense_act.weight" in state and "bert.encoder.layer.5.intermediate.dense_act.weight" in state
+    assert state["bert.embeddings.word_embeddings.weight"].shape == (30522, 384)
+
+
+def test_source_of_no_known_kind_is_refused_with_one_line(tmp_path):
+    bogus = tmp_path / "notes.txt"
+    bogus.write_text("hello")
+    result = convert(bogus, tmp_path / "out")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "notes.txt" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_nvidia_checkpoint_without_config_asks_for_one(tmp_path):
+    model = BertForPreTraining(BertConfig(**TINY))
+    torch.save({"model": model.state_dict()}, tmp_path / "ckpt_1.pt")
+    result = convert(tmp_path / "ckpt_1.pt", tmp_path / "hf")
+    assert result.returncode == 2 and "--config_file" in result.stderr
+    BertConfig(**TINY).to_json_file(tmp_path / "cfg.json")
+    result = convert(tmp_path / "ckpt_1.pt", tmp_path / "hf", "--config_file", tmp_path / "cfg.json")
+    assert result.returncode == 0, result.stderr
+
+
+def test_help_explains_the_directions():
+    result = convert("--help")
+    assert result.returncode == 0 and "Hugging Face directory" in result.stdout and "NVIDIA" in result.stdout

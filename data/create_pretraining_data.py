@@ -1,0 +1,140 @@
+"""Make one HDF5 pre-training shard from text (one sentence per line, blank line between documents).
+
+Same flags as NVIDIA's script: --input_file (file or directory of .txt) --output_file --vocab_file
+--do_lower_case --max_seq_length --max_predictions_per_seq --masked_lm_prob --short_seq_prob --dupe_factor
+--random_seed, plus --whole_word_masking. Bad input: exit status 2 and one line on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `data` importable from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+from tqdm import tqdm
+
+from data.documents import input_files, read_text, tokenize_documents
+from data.errors import DataError, run_cli
+from data.instances import MaskingConfig, SpecialIds, build_instances, pair_spans, truncate_spans
+from data.shard_writer import prepare_output, write_shard
+from data.tokenization import BertTokenizer, load_vocab
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    input_file: Path
+    output_file: Path
+    vocab_file: Path
+    do_lower_case: bool = True
+    max_seq_length: int = 128
+    max_predictions_per_seq: int = 20
+    masked_lm_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    dupe_factor: int = 10
+    random_seed: int = 12345
+    whole_word_masking: bool = False
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    output_file: Path
+    instances: int
+    input_bytes: int
+    seconds: float
+
+
+def validate(cfg: ShardConfig) -> None:
+    """Refuse parameters the algorithm cannot work with (DataError names the flag)."""
+    if cfg.max_seq_length < 8:
+        raise DataError("--max_seq_length", f"must be at least 8, got {cfg.max_seq_length}")
+    if cfg.max_predictions_per_seq < 1:
+        raise DataError("--max_predictions_per_seq", f"must be at least 1, got {cfg.max_predictions_per_seq}")
+    if not 0.0 < cfg.masked_lm_prob <= 1.0:
+        raise DataError("--masked_lm_prob", f"must be in (0, 1], got {cfg.masked_lm_prob}")
+    if not 0.0 <= cfg.short_seq_prob <= 1.0:
+        raise DataError("--short_seq_prob", f"must be in [0, 1], got {cfg.short_seq_prob}")
+    if cfg.dupe_factor < 1:
+        raise DataError("--dupe_factor", f"must be at least 1, got {cfg.dupe_factor}")
+
+
+def shard_attributes(cfg: ShardConfig, vocab_size: int, vocab_sha256: str) -> dict[str, object]:
+    """The HDF5 attributes that tell readers what a shard was made with."""
+    return {
+        "vocab_size": vocab_size, "vocab_sha256": vocab_sha256, "do_lower_case": int(cfg.do_lower_case),
+        "max_seq_length": cfg.max_seq_length, "max_predictions_per_seq": cfg.max_predictions_per_seq,
+        "masked_lm_prob": cfg.masked_lm_prob, "short_seq_prob": cfg.short_seq_prob,
+        "dupe_factor": cfg.dupe_factor, "random_seed": cfg.random_seed,
+        "whole_word_masking": int(cfg.whole_word_masking),
+    }
+
+
+def create_shard(cfg: ShardConfig, progress: bool | None = None) -> ShardResult:
+    """Text file(s) -> one HDF5 shard at cfg.output_file. Depends only on the input, the vocab and cfg."""
+    started = time.perf_counter()
+    validate(cfg)
+    vocab = load_vocab(cfg.vocab_file)
+    files = input_files(cfg.input_file)
+    output = prepare_output(cfg.output_file)
+    texts = [read_text(path) for path in files]  # all decoded before any output: bad bytes fail early
+    input_bytes = sum(path.stat().st_size for path in files)
+    tokenizer = BertTokenizer(vocab, cfg.do_lower_case)
+    disable = None if progress is None else not progress  # None: bars only on a terminal
+    name = output.name
+    with tqdm(total=sum(len(t) for t in texts), unit="char", unit_scale=True, desc=f"tokenize {name}",
+              disable=disable, leave=False) as bar:
+        docs = tokenize_documents(texts, tokenizer, on_progress=bar.update)
+    del texts
+    if docs.num_documents == 0:
+        raise DataError(cfg.input_file, "input holds no text (no non-empty line)")
+    masking = MaskingConfig(cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.masked_lm_prob,
+                            cfg.short_seq_prob, cfg.dupe_factor, cfg.whole_word_masking)
+    rng = random.Random(cfg.random_seed)
+    gen = np.random.default_rng(cfg.random_seed)
+    with tqdm(total=docs.num_documents * cfg.dupe_factor, unit="doc", desc=f"instances {name}",
+              disable=disable, leave=False) as bar:
+        spans = pair_spans(docs, masking, rng, on_progress=bar.update)
+    spans = spans[gen.permutation(len(spans))]  # Google shuffles the instances of all passes together
+    spans = truncate_spans(spans, cfg.max_seq_length - 3, gen)
+    continuation = None
+    if cfg.whole_word_masking:
+        continuation = np.fromiter((t.startswith("##") for t in vocab.tokens), dtype=bool, count=len(vocab))
+    special = SpecialIds(vocab.id("[CLS]"), vocab.id("[SEP]"), vocab.id("[MASK]"), len(vocab), continuation)
+    arrays = build_instances(docs.tokens, spans, masking, special, gen)
+    write_shard(output, arrays, shard_attributes(cfg, len(vocab), vocab.sha256))
+    return ShardResult(output, len(spans), input_bytes, time.perf_counter() - started)
+
+
+def parse_args(argv: list[str] | None = None) -> ShardConfig:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--input_file", type=Path, required=True, help="a text file or a directory of .txt files")
+    p.add_argument("--output_file", type=Path, required=True, help="the .hdf5 shard to write")
+    p.add_argument("--vocab_file", type=Path, required=True, help="BERT vocab.txt")
+    p.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction, default=True,
+                   help="uncased model (default; --no-do_lower_case for cased)")
+    p.add_argument("--max_seq_length", type=int, default=128)
+    p.add_argument("--max_predictions_per_seq", type=int, default=20)
+    p.add_argument("--masked_lm_prob", type=float, default=0.15)
+    p.add_argument("--short_seq_prob", type=float, default=0.1)
+    p.add_argument("--dupe_factor", type=int, default=10)
+    p.add_argument("--random_seed", type=int, default=12345)
+    p.add_argument("--whole_word_masking", action="store_true", help="mask all pieces of a word together")
+    a = p.parse_args(argv)
+    return ShardConfig(**vars(a))
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_args(argv)
+    result = create_shard(cfg)
+    mb = result.input_bytes / 1e6
+    print(f"wrote {result.instances} instances to {result.output_file} "
+          f"({mb:.1f} MB of text in {result.seconds:.1f} s, {mb / max(result.seconds, 1e-9):.2f} MB/s)")
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,99 @@
+"""Read pre-training text (one sentence per line, documents separated by blank lines) into token arrays."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from .errors import DataError
+from .tokenization import BertTokenizer
+
+BATCH_CHARS = 4_000_000  # tokenize in slices of about this many characters: bounds the temporary word lists
+
+
+@dataclass(frozen=True)
+class Documents:
+    """Sentences of all documents as one flat token array.
+
+    tokens int32 [T]; sentence s is tokens[sentence_offsets[s]:sentence_offsets[s+1]] (never empty);
+    document d is sentences document_offsets[d]..document_offsets[d+1]-1 (never empty).
+    """
+
+    tokens: np.ndarray
+    sentence_offsets: np.ndarray
+    document_offsets: np.ndarray
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.document_offsets) - 1
+
+
+def input_files(path: str | Path) -> list[Path]:
+    """A file, or the *.txt files of a directory in name order (the order fixes the output)."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix == ".txt")
+        if not files:
+            raise DataError(path, "directory holds no .txt files")
+        return files
+    raise DataError(path, "input file not found")
+
+
+def read_text(path: Path) -> str:
+    """The whole file as text; a missing file or non-UTF-8 bytes are a DataError."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise DataError(path, f"cannot read ({err.strerror})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(path, f"not UTF-8 text (invalid byte at offset {err.start})") from None
+
+
+def _slices(lines: list[str]) -> Iterable[list[str]]:
+    start, size = 0, 0
+    for i, line in enumerate(lines):
+        size += len(line)
+        if size >= BATCH_CHARS:
+            yield lines[start:i + 1]
+            start, size = i + 1, 0
+    if start < len(lines):
+        yield lines[start:]
+
+
+def tokenize_documents(texts: Iterable[str], tokenizer: BertTokenizer,
+                       on_progress: Callable[[int], None] | None = None) -> Documents:
+    """Tokenize texts as Google's reader does: a line that strips to nothing ends a document, lines with no
+    tokens are dropped, empty documents are dropped. Each text (file) also ends a document."""
+    token_parts, length_parts, doc_parts = [], [], []
+    doc_base = 0
+    for text in texts:
+        lines = text.split("\n")  # only "\n", like a line reader: "\x0c" or "\u2028" stay inside a line
+        for batch in _slices(lines):
+            ids, offsets = tokenizer.encode_lines(batch)
+            counts = np.diff(offsets)
+            blank = np.fromiter((not line.strip() for line in batch), dtype=bool, count=len(batch))
+            doc_of_line = doc_base + np.cumsum(blank)
+            keep = counts > 0
+            token_parts.append(ids)
+            length_parts.append(counts[keep])
+            doc_parts.append(doc_of_line[keep])
+            doc_base = int(doc_of_line[-1])
+            if on_progress is not None:
+                on_progress(sum(len(line) + 1 for line in batch))
+        doc_base += 1
+    tokens = np.concatenate(token_parts) if token_parts else np.zeros(0, np.int32)
+    lengths = np.concatenate(length_parts) if length_parts else np.zeros(0, np.int64)
+    doc_of_sentence = np.concatenate(doc_parts) if doc_parts else np.zeros(0, np.int64)
+    sentence_offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=sentence_offsets[1:])
+    # A new document starts wherever the document number changes between consecutive kept sentences.
+    starts = np.flatnonzero(np.diff(doc_of_sentence, prepend=-1) != 0)
+    document_offsets = np.append(starts, len(lengths)).astype(np.int64)
+    return Documents(tokens=tokens.astype(np.int32, copy=False), sentence_offsets=sentence_offsets,
+                     document_offsets=document_offsets)

@@ -1,0 +1,133 @@
+"""Raw corpora -> one article (or book) per line, articles separated by a blank line.
+
+Wikipedia: the pages-articles XML dump (bz2 or plain) is streamed page by page; the wikitext of each
+main-namespace, non-redirect page goes through wikiextractor (the maintained extractor NVIDIA's recipe also
+uses; 6x faster than walking a mwparserfromhell tree on the sample dump, and cleaner), which removes tables,
+references, templates, files, categories, headings and comments and keeps the visible text. Books: plain UTF-8 files (CRLF or LF,
+optional BOM), one book per line.
+"""
+from __future__ import annotations
+
+import bz2
+import io
+import logging
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, TextIO
+
+from wikiextractor.extract import Extractor
+
+from .errors import DataError
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def iter_wiki_pages(path: Path) -> Iterator[tuple[str, str]]:
+    """(title, wikitext) of every main-namespace, non-redirect page of a dump, streamed."""
+    opener = bz2.open if path.suffix == ".bz2" else open
+    try:
+        with opener(path, "rb") as stream:
+            title, namespace, text, redirect = "", "", "", False
+            for event, elem in ET.iterparse(stream, events=("end",)):
+                name = _local(elem.tag)
+                if name == "title":
+                    title = elem.text or ""
+                elif name == "ns":
+                    namespace = elem.text or ""
+                elif name == "redirect":
+                    redirect = True
+                elif name == "text":
+                    text = elem.text or ""
+                elif name == "page":
+                    if namespace == "0" and not redirect:
+                        yield title, text
+                    title, namespace, text, redirect = "", "", "", False
+                    elem.clear()  # keep memory flat over the whole dump
+    except EOFError as err:
+        raise DataError(path, f"truncated or corrupt compressed dump ({err})") from None
+    except OSError as err:
+        raise DataError(path, f"cannot read dump ({err})") from None
+    except ET.ParseError as err:
+        raise DataError(path, f"malformed XML ({err})") from None
+    except UnicodeDecodeError as err:
+        raise DataError(path, f"not UTF-8 ({err.reason})") from None
+
+
+def wikitext_to_text(wikitext: str, title: str = "") -> str:
+    """Visible prose of one article as a single line (no markup, templates, tables, references or headings)."""
+    out = io.StringIO()
+    Extractor("0", "0", "", title, wikitext.splitlines(keepends=True), keepSections=False, to_text=True,
+              discard_empty=True).extract(out, html_safe=False)
+    lines = [" ".join(line.split()) for line in out.getvalue().split("\n")]
+    if lines and lines[0] == title:  # the extractor may print the title first; NVIDIA's recipe drops it
+        lines = lines[1:]
+    return " ".join(line for line in lines if line)
+
+
+def wiki_articles(path: Path) -> Iterator[str]:
+    """One line of text per article of a dump, empty articles skipped."""
+    logging.getLogger("wikiextractor").setLevel(logging.ERROR)  # its per-template warnings are noise here
+    for title, wikitext in iter_wiki_pages(path):
+        text = wikitext_to_text(wikitext, title)
+        if text:
+            yield text
+
+
+def book_text(path: Path) -> str:
+    """A book as one line: UTF-8 with or without BOM, CRLF or LF; whitespace runs become one space."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise DataError(path, f"cannot read ({err.strerror})") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise DataError(path, f"not UTF-8 text (invalid byte at offset {err.start})") from None
+    return " ".join(text.split())
+
+
+def book_files(path: Path) -> list[Path]:
+    """A .txt file or every .txt file under a directory, in name order."""
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        if not files:
+            raise DataError(path, "directory holds no .txt files")
+        return files
+    raise DataError(path, "input not found")
+
+
+def write_articles(articles: Iterable[str], output: Path, on_article: Callable[[], None] | None = None) -> int:
+    """Write one article per line with a blank line between, atomically; returns the article count."""
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    count = 0
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as out:
+            count = _write_all(articles, out, on_article)
+        if count == 0:
+            raise DataError(output, "no article with text was found in the input")
+        os.replace(tmp, output)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise DataError(output, f"cannot write ({err.strerror})") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return count
+
+
+def _write_all(articles: Iterable[str], out: TextIO, on_article: Callable[[], None] | None) -> int:
+    count = 0
+    for text in articles:
+        line = " ".join(text.split())
+        if not line:
+            continue
+        out.write(line + "\n\n")
+        count += 1
+        if on_article is not None:
+            on_article()
+    return count

@@ -14,6 +14,10 @@ class DataError(Exception):
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        # Picklable with both fields, so an error raised in a worker process reaches the parent intact.
+        return (DataError, (self.path, self.problem))
+
 
 def run_cli(main: Callable[[], None]) -> NoReturn:
     """Run an entry point; a DataError becomes exit status 2 with exactly one line on stderr."""

@@ -1,0 +1,214 @@
+"""Prepare BERT pre-training data, with NVIDIA's actions and flags.
+
+  --action download | text_formatting | sharding | create_hdf5_files | create_vocab
+  --dataset wikicorpus_en | bookscorpus | books_wiki_en_corpus | python_docs | google_pretrained_weights |
+            squad | mrpc | sst-2 | cola | sts-b | rte | glue | all
+
+Everything lives under $BERT_PREP_WORKING_DIR (default `data/` in the checkout); see data/layout.py.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `data` importable from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tqdm import tqdm
+
+from data import download, layout, text_formatting
+from data.create_pretraining_data import ShardConfig, create_shard, shard_attributes, validate
+from data.errors import DataError, run_cli
+from data.sharding import ShardingConfig, shard_corpus
+from data.shard_writer import is_complete
+from data.tokenization import load_vocab
+from data.vocab_training import train_vocab, vocab_path
+
+ACTIONS = ("download", "text_formatting", "sharding", "create_hdf5_files", "create_vocab")
+TEXT_CORPORA = ("wikicorpus_en", "bookscorpus", "python_docs")
+GLUE_TASKS = ("cola", "sst-2", "mrpc", "sts-b", "rte")
+DATASETS = TEXT_CORPORA + ("books_wiki_en_corpus", "google_pretrained_weights", "squad", "glue", "all") + GLUE_TASKS
+
+
+@dataclass(frozen=True)
+class PrepConfig:
+    action: str
+    dataset: str
+    root: Path
+    n_training_shards: int
+    n_test_shards: int
+    fraction_test_set: float
+    n_processes: int
+    random_seed: int
+    dupe_factor: int
+    masked_lm_prob: float
+    short_seq_prob: float
+    max_seq_length: int
+    max_predictions_per_seq: int
+    do_lower_case: bool
+    whole_word_masking: bool
+    vocab_file: Path | None
+    vocab_size: int
+    bookscorpus_url_list: Path | None
+
+
+def corpus_members(dataset: str) -> tuple[str, ...]:
+    """The formatted corpora a sharding/hdf5 dataset is made of."""
+    if dataset == "books_wiki_en_corpus":
+        return ("bookscorpus", "wikicorpus_en")
+    if dataset in TEXT_CORPORA:
+        return (dataset,)
+    raise DataError("--dataset", f"{dataset} is not a text corpus (choose from {', '.join(TEXT_CORPORA)}, "
+                                 "books_wiki_en_corpus)")
+
+
+def default_vocab(cfg: PrepConfig) -> Path:
+    name = "uncased_L-24_H-1024_A-16" if cfg.do_lower_case else "cased_L-24_H-1024_A-16"
+    return layout.download_dir(cfg.root) / "google_pretrained_weights" / name / "vocab.txt"
+
+
+def do_download(cfg: PrepConfig) -> None:
+    root = layout.download_dir(cfg.root)
+    wanted = set(DATASETS[:-1]) - {"books_wiki_en_corpus", "python_docs"} if cfg.dataset == "all" else {cfg.dataset}
+    if "books_wiki_en_corpus" in wanted:
+        wanted |= {"bookscorpus", "wikicorpus_en"}
+    if "wikicorpus_en" in wanted:
+        download.fetch(download.WIKI_URL, root / "wikicorpus_en" / "wikicorpus_en.xml.bz2")
+    if "bookscorpus" in wanted:
+        url_list = cfg.bookscorpus_url_list or root / "bookscorpus" / "url_list.txt"
+        ok, failed = download.download_books(url_list, root / "bookscorpus")
+        print(f"bookscorpus: {ok} books present, {failed} URLs failed and were skipped")
+    if "google_pretrained_weights" in wanted:
+        for folder in download.download_google_weights(root):
+            print(f"verified {folder}")
+    if "squad" in wanted:
+        download.download_squad(root)
+    glue = [t for t in GLUE_TASKS if t in wanted or "glue" in wanted]
+    if glue:
+        download.download_glue(root, glue)
+    print(f"downloads are in {root}")
+
+
+def do_text_formatting(cfg: PrepConfig) -> None:
+    for corpus in corpus_members(cfg.dataset):
+        output = layout.formatted_text(cfg.root, corpus)
+        source = layout.download_dir(cfg.root) / corpus
+        with tqdm(desc=f"format {corpus}", unit="article", disable=None) as bar:
+            if corpus == "wikicorpus_en":
+                dumps = sorted(source.glob("*.xml.bz2")) + sorted(source.glob("*.xml"))
+                if not dumps:
+                    raise DataError(source, "no Wikipedia dump (*.xml.bz2 or *.xml) found; run --action download")
+                articles = (a for dump in dumps for a in text_formatting.wiki_articles(dump))
+            elif corpus == "bookscorpus":
+                articles = (text_formatting.book_text(p) for p in text_formatting.book_files(source))
+            else:
+                from data.default_corpus import articles as python_docs
+                articles = python_docs()
+            count = text_formatting.write_articles(articles, output, on_article=bar.update)
+        print(f"{corpus}: {count} articles -> {output}")
+
+
+def do_sharding(cfg: PrepConfig) -> None:
+    inputs = tuple(layout.formatted_text(cfg.root, c) for c in corpus_members(cfg.dataset))
+    out = layout.sharded_dir(cfg.root, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set) / cfg.dataset
+    scfg = ShardingConfig(inputs, out, cfg.dataset, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set)
+    with tqdm(desc=f"shard {cfg.dataset}", unit="article", disable=None) as bar:
+        result = shard_corpus(scfg, on_article=bar.update)
+    for split, counts in result.sentences.items():
+        if counts:
+            print(f"{split}: {len(counts)} shards, {min(counts)}-{max(counts)} sentences each")
+    print(f"{result.articles} articles -> {out}")
+
+
+def _shard_jobs(cfg: PrepConfig, vocab: Path) -> list[ShardConfig]:
+    text_dir = layout.sharded_dir(cfg.root, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set)
+    params = layout.InstanceParams(cfg.do_lower_case, cfg.max_seq_length, cfg.max_predictions_per_seq,
+                                   cfg.masked_lm_prob, cfg.random_seed, cfg.dupe_factor)
+    jobs = []
+    for split, count in (("training", cfg.n_training_shards), ("test", cfg.n_test_shards)):
+        for i in range(count):
+            source = layout.text_shard(cfg.root, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set,
+                                       cfg.dataset, split, i)
+            if not source.is_file():
+                raise DataError(source, f"text shard not found under {text_dir}; run --action sharding first")
+            jobs.append(ShardConfig(source, layout.hdf5_shard(cfg.root, params, cfg.dataset, split, i), vocab,
+                                    cfg.do_lower_case, cfg.max_seq_length, cfg.max_predictions_per_seq,
+                                    cfg.masked_lm_prob, cfg.short_seq_prob, cfg.dupe_factor, cfg.random_seed,
+                                    cfg.whole_word_masking))
+    return jobs
+
+
+def _run_job(job: ShardConfig) -> int:
+    return create_shard(job, progress=False).instances
+
+
+def do_create_hdf5_files(cfg: PrepConfig) -> None:
+    corpus_members(cfg.dataset)
+    vocab_file = cfg.vocab_file or default_vocab(cfg)
+    vocab = load_vocab(vocab_file)
+    jobs = _shard_jobs(cfg, vocab_file)
+    validate(jobs[0])
+    # A shard that exists with the same parameters is complete (it was renamed into place): skip it.
+    todo = [j for j in jobs if not is_complete(j.output_file, shard_attributes(j, len(vocab), vocab.sha256))]
+    print(f"{len(jobs) - len(todo)} of {len(jobs)} shards already complete")
+    with tqdm(total=len(todo), desc="hdf5 shards", unit="shard", disable=None) as bar:
+        if cfg.n_processes <= 1 or len(todo) <= 1:
+            for job in todo:
+                _run_job(job)
+                bar.update()
+        else:
+            # Each shard depends only on its text and the seed, so the process count cannot change the output.
+            with multiprocessing.get_context("spawn").Pool(min(cfg.n_processes, len(todo))) as pool:
+                for _ in pool.imap_unordered(_run_job, todo):
+                    bar.update()
+    print(f"shards are in {jobs[0].output_file.parent.parent}")
+
+
+def do_create_vocab(cfg: PrepConfig) -> None:
+    inputs = [layout.formatted_text(cfg.root, c) for c in corpus_members(cfg.dataset)]
+    output = cfg.vocab_file or vocab_path(cfg.root, cfg.dataset, cfg.do_lower_case, cfg.vocab_size)
+    train_vocab(inputs, output, cfg.vocab_size, cfg.do_lower_case)
+    print(f"vocab ({len(load_vocab(output))} tokens) -> {output}")
+
+
+def parse_args(argv: list[str] | None = None) -> PrepConfig:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--action", choices=ACTIONS, required=True)
+    p.add_argument("--dataset", choices=DATASETS, required=True)
+    p.add_argument("--input_files", help="accepted for compatibility; inputs come from the working directory")
+    p.add_argument("--n_training_shards", type=int, default=256)
+    p.add_argument("--n_test_shards", type=int, default=256)
+    p.add_argument("--fraction_test_set", type=float, default=0.1)
+    p.add_argument("--segmentation_method", default="blingfire", help="accepted for compatibility; blingfire")
+    p.add_argument("--n_processes", type=int, default=4)
+    p.add_argument("--random_seed", type=int, default=12345)
+    p.add_argument("--dupe_factor", type=int, default=5)
+    p.add_argument("--masked_lm_prob", type=float, default=0.15)
+    p.add_argument("--short_seq_prob", type=float, default=0.1)
+    p.add_argument("--max_seq_length", type=int, default=512)
+    p.add_argument("--max_predictions_per_seq", type=int, default=20)
+    p.add_argument("--do_lower_case", type=int, choices=(0, 1), default=1)
+    p.add_argument("--whole_word_masking", action="store_true")
+    p.add_argument("--vocab_file", type=Path, help="vocab.txt to use (create_hdf5_files) or write (create_vocab)")
+    p.add_argument("--vocab_size", type=int, default=30522, help="size of the vocab trained by create_vocab")
+    p.add_argument("--bookscorpus_url_list", type=Path, help="BookCorpus book URLs, one a line")
+    p.add_argument("--skip_wikiextractor", type=int, default=0, help="accepted for compatibility")
+    p.add_argument("--interactive_json_config_generator", help="accepted for compatibility")
+    a = p.parse_args(argv)
+    return PrepConfig(a.action, a.dataset, layout.working_dir(), a.n_training_shards, a.n_test_shards,
+                      a.fraction_test_set, a.n_processes, a.random_seed, a.dupe_factor, a.masked_lm_prob,
+                      a.short_seq_prob, a.max_seq_length, a.max_predictions_per_seq, bool(a.do_lower_case),
+                      a.whole_word_masking, a.vocab_file, a.vocab_size, a.bookscorpus_url_list)
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_args(argv)
+    {"download": do_download, "text_formatting": do_text_formatting, "sharding": do_sharding,
+     "create_hdf5_files": do_create_hdf5_files, "create_vocab": do_create_vocab}[cfg.action](cfg)
+
+
+if __name__ == "__main__":
+    run_cli(main)

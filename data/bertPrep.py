@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,9 @@ if __package__ in (None, ""):  # run as a script: make `data` importable from th
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tqdm import tqdm
+
+# tqdm's default lock is a multiprocessing semaphore that spawn workers leak warnings about; threads suffice.
+tqdm.set_lock(threading.RLock())
 
 from data import download, layout, text_formatting
 from data.create_pretraining_data import ShardConfig, create_shard, shard_attributes, validate

@@ -1,0 +1,262 @@
+"""Pre-training instances: the HDF5 contract of interfaces section 1 and Google's algorithm.
+
+The reference below is a plain-Python rendering of Google's create_pretraining_data instance algorithm
+(pairs, truncation, masking), written for this test; ours must give the same statistics on real books.
+"""
+from __future__ import annotations
+
+import random
+import statistics
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from data.create_pretraining_data import ShardConfig, create_shard
+from data.documents import tokenize_documents
+from data.instances import truncate_spans
+from data.sharding import split_sentences
+from data.tokenization import BertTokenizer, load_vocab
+
+SEQ, PREDS = 128, 20
+
+
+# ---------------------------------------------------------------- reference (Google's algorithm, plain Python)
+def ref_truncate(a: list, b: list, max_tokens: int, rng: random.Random) -> None:
+    while len(a) + len(b) > max_tokens:
+        longer = a if len(a) > len(b) else b
+        if rng.random() < 0.5:
+            del longer[0]
+        else:
+            longer.pop()
+
+
+def ref_mask(tokens: list, prob: float, max_preds: int, vocab_size: int, cls: int, sep: int, mask: int,
+             rng: random.Random) -> tuple[list, list, list]:
+    candidates = [i for i, t in enumerate(tokens) if t not in (cls, sep)]
+    rng.shuffle(candidates)
+    n = min(max_preds, max(1, int(round(len(tokens) * prob))))
+    out = list(tokens)
+    chosen = sorted(candidates[:n])
+    for i in chosen:
+        if rng.random() < 0.8:
+            out[i] = mask
+        elif rng.random() < 0.5:
+            out[i] = tokens[i]
+        else:
+            out[i] = rng.randint(0, vocab_size - 1)
+    return out, chosen, [tokens[i] for i in chosen]
+
+
+def ref_instances(docs: list[list[list[int]]], seq: int, short_prob: float, dupe: int, rng: random.Random,
+                  vocab_size: int, cls: int, sep: int, mask: int) -> list[dict]:
+    result = []
+    max_tokens = seq - 3
+    for _ in range(dupe):
+        for d, doc in enumerate(docs):
+            target = rng.randint(2, max_tokens) if rng.random() < short_prob else max_tokens
+            chunk, length, i = [], 0, 0
+            while i < len(doc):
+                chunk.append(doc[i])
+                length += len(doc[i])
+                if i == len(doc) - 1 or length >= target:
+                    a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+                    a = [t for s in chunk[:a_end] for t in s]
+                    if len(chunk) == 1 or rng.random() < 0.5:
+                        is_random, b = 1, []
+                        for _ in range(10):
+                            other = rng.randint(0, len(docs) - 1)
+                            if other != d:
+                                break
+                        rdoc = docs[other]
+                        for s in rdoc[rng.randint(0, len(rdoc) - 1):]:
+                            b += s
+                            if len(b) >= target - len(a):
+                                break
+                        i -= len(chunk) - a_end
+                    else:
+                        is_random, b = 0, [t for s in chunk[a_end:] for t in s]
+                    ref_truncate(a, b, max_tokens, rng)
+                    tokens = [cls] + a + [sep] + b + [sep]
+                    masked, positions, labels = ref_mask(tokens, 0.15, PREDS, vocab_size, cls, sep, mask, rng)
+                    result.append({"tokens": tokens, "input": masked, "positions": positions, "labels": labels,
+                                   "random": is_random, "len_a": len(a)})
+                    chunk, length = [], 0
+                i += 1
+    return result
+
+
+# ---------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def vocab_path(shared_data: Path) -> Path:
+    return shared_data / "minilm" / "vocab.txt"
+
+
+@pytest.fixture(scope="module")
+def books_text(shared_data: Path, tmp_path_factory) -> Path:
+    """Two real books, one sentence a line, documents of 30 sentences separated by blank lines."""
+    lines = []
+    for name in ("pg11.txt", "pg1661.txt"):
+        sentences = split_sentences(" ".join((shared_data / "books" / name).read_text(encoding="utf-8").split()))
+        for start in range(0, len(sentences), 30):
+            lines += sentences[start:start + 30] + [""]
+    path = tmp_path_factory.mktemp("books") / "books.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def books_shard(books_text: Path, vocab_path: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("hdf5") / "books.hdf5"
+    create_shard(ShardConfig(books_text, out, vocab_path, True, SEQ, PREDS, 0.15, 0.1, 3, 12345))
+    return out
+
+
+@pytest.fixture(scope="module")
+def arrays(books_shard: Path) -> dict[str, np.ndarray]:
+    with h5py.File(books_shard, "r") as f:
+        return {k: f[k][:] for k in f}
+
+
+@pytest.fixture(scope="module")
+def reference(books_text: Path, vocab_path: Path) -> list[dict]:
+    vocab = load_vocab(vocab_path)
+    docs = tokenize_documents([books_text.read_text(encoding="utf-8")], BertTokenizer(vocab, True))
+    tok, so, do = docs.tokens.tolist(), docs.sentence_offsets.tolist(), docs.document_offsets.tolist()
+    doc_lists = [[tok[so[s]:so[s + 1]] for s in range(do[d], do[d + 1])] for d in range(len(do) - 1)]
+    return ref_instances(doc_lists, SEQ, 0.1, 3, random.Random(7), len(vocab), 101, 102, 103)
+
+
+# ---------------------------------------------------------------- the HDF5 contract
+def test_keys_dtypes_and_shapes(arrays):
+    n = len(arrays["next_sentence_labels"])
+    assert n > 1000
+    expected = {"input_ids": ("int32", (n, SEQ)), "input_mask": ("int8", (n, SEQ)), "segment_ids": ("int8", (n, SEQ)),
+                "masked_lm_positions": ("int32", (n, PREDS)), "masked_lm_ids": ("int32", (n, PREDS)),
+                "next_sentence_labels": ("int8", (n,))}
+    assert {k: (v.dtype.name, v.shape) for k, v in arrays.items()} == expected
+
+
+def test_attributes_describe_the_shard(books_shard, vocab_path):
+    with h5py.File(books_shard, "r") as f:
+        attrs = dict(f.attrs)
+    assert attrs["vocab_size"] == 30522 and attrs["max_seq_length"] == SEQ and attrs["do_lower_case"] == 1
+    assert attrs["max_predictions_per_seq"] == PREDS and attrs["dupe_factor"] == 3 and attrs["random_seed"] == 12345
+    assert attrs["masked_lm_prob"] == pytest.approx(0.15) and attrs["format_version"] == 1
+    assert attrs["vocab_sha256"] == load_vocab(vocab_path).sha256
+
+
+def test_layout_of_every_instance(arrays):
+    ids, mask, seg = arrays["input_ids"], arrays["input_mask"], arrays["segment_ids"]
+    lengths = mask.sum(axis=1)
+    assert (lengths <= SEQ).all() and (lengths >= 5).all()
+    cols = np.arange(SEQ)[None, :]
+    assert (mask == (cols < lengths[:, None])).all(), "mask must be 1 then 0"
+    assert (ids[mask == 0] == 0).all() and (seg[mask == 0] == 0).all(), "padding must be zeros"
+    assert (ids[:, 0] == 101).all()
+    for row in range(0, len(ids), 97):
+        n = lengths[row]
+        assert ids[row, n - 1] == 102
+        b_start = np.flatnonzero(seg[row])[0]
+        assert ids[row, b_start - 1] == 102, "segment B starts right after the first [SEP]"
+        assert (seg[row, :b_start] == 0).all() and (seg[row, b_start:n] == 1).all()
+
+
+def test_masked_positions_sorted_padded_and_never_special(arrays):
+    pos, lab, ids, seg = (arrays[k] for k in ("masked_lm_positions", "masked_lm_ids", "input_ids", "segment_ids"))
+    lengths = arrays["input_mask"].sum(axis=1)
+    for row in range(len(pos)):
+        n_pred = int((pos[row] > 0).sum())
+        p = pos[row, :n_pred]
+        assert (pos[row, n_pred:] == 0).all() and (lab[row, n_pred:] == 0).all()
+        assert (np.diff(p) > 0).all() and p.max() < lengths[row] - 1
+        b_start = int(np.flatnonzero(seg[row])[0])
+        assert b_start - 1 not in p, "the first [SEP] is never masked"
+        assert n_pred == min(PREDS, max(1, round(lengths[row] * 0.15)))
+    assert not np.isin(lab[pos > 0], [101, 102]).any()
+
+
+# ---------------------------------------------------------------- statistics against the reference
+def test_statistics_match_reference_algorithm(arrays, reference):
+    n = len(arrays["next_sentence_labels"])
+    assert abs(n - len(reference)) / len(reference) < 0.05
+    lengths = arrays["input_mask"].sum(axis=1)
+    ref_lengths = [len(r["tokens"]) for r in reference]
+    assert abs(lengths.mean() - statistics.mean(ref_lengths)) / statistics.mean(ref_lengths) < 0.03
+    # Short sequences: Google draws a short target for 10 % of the documents.
+    short, ref_short = (lengths < 64).mean(), statistics.mean(x < 64 for x in ref_lengths)
+    assert abs(short - ref_short) < 0.025 and short > 0.02
+    nsp, ref_nsp = arrays["next_sentence_labels"].mean(), statistics.mean(r["random"] for r in reference)
+    assert abs(nsp - ref_nsp) < 0.03 and 0.45 < nsp < 0.6
+    rate = ((arrays["masked_lm_positions"] > 0).sum(axis=1) / lengths).mean()
+    ref_rate = statistics.mean(len(r["positions"]) / len(r["tokens"]) for r in reference)
+    assert abs(rate - ref_rate) < 0.003 and abs(rate - 0.15) < 0.01
+
+
+def test_eighty_ten_ten_split(arrays, reference):
+    pos, lab, ids = arrays["masked_lm_positions"], arrays["masked_lm_ids"], arrays["input_ids"]
+    valid = pos > 0
+    shown = np.take_along_axis(ids, pos, axis=1)[valid]
+    original = lab[valid]
+    as_mask, kept = (shown == 103).mean(), (shown == original).mean()
+    ref_shown = [r["input"][p] for r in reference for p in r["positions"]]
+    ref_orig = [lbl for r in reference for lbl in r["labels"]]
+    ref_mask = statistics.mean(s == 103 for s in ref_shown)
+    ref_kept = statistics.mean(s == o for s, o in zip(ref_shown, ref_orig))
+    assert abs(as_mask - 0.8) < 0.01 and abs(as_mask - ref_mask) < 0.015
+    assert abs(kept - 0.1) < 0.01 and abs(kept - ref_kept) < 0.015
+    assert abs(1 - as_mask - kept - 0.1) < 0.01
+
+
+# ---------------------------------------------------------------- pieces of the algorithm
+def test_truncation_removes_what_googles_loop_removes():
+    rng = random.Random(3)
+    gen = np.random.default_rng(3)
+    for _ in range(300):
+        la, lb, limit = rng.randint(1, 200), rng.randint(1, 200), rng.randint(5, 125)
+        a, b = list(range(la)), list(range(1000, 1000 + lb))
+        ref_truncate(a, b, limit, rng)
+        out = truncate_spans(np.array([[0, la, 1000, 1000 + lb, 0]]), limit, gen)[0]
+        assert (out[1] - out[0], out[3] - out[2]) == (len(a), len(b))
+        assert 0 <= out[0] and out[1] <= la and 1000 <= out[2] and out[3] <= 1000 + lb
+
+
+def test_truncation_front_or_back_is_a_fair_coin():
+    gen = np.random.default_rng(0)
+    spans = np.tile([[0, 300, 300, 310, 0]], (4000, 1))
+    out = truncate_spans(spans, 125, gen)
+    removed_front = out[:, 0].astype(float)
+    assert abs(removed_front.mean() - (300 - 115) / 2) < 1.0
+
+
+def test_same_seed_same_shard_other_seed_other_shard(books_text, vocab_path, tmp_path):
+    def build(seed: int, name: str) -> np.ndarray:
+        out = tmp_path / name
+        create_shard(ShardConfig(books_text, out, vocab_path, True, 64, 10, 0.15, 0.1, 1, seed))
+        with h5py.File(out, "r") as f:
+            return f["input_ids"][:]
+    first, again, other = build(1, "a.hdf5"), build(1, "b.hdf5"), build(2, "c.hdf5")
+    assert np.array_equal(first, again)
+    assert first.shape != other.shape or not np.array_equal(first, other)
+
+
+def test_whole_word_masking_masks_all_pieces_of_a_word(books_text, vocab_path, tmp_path):
+    out = tmp_path / "wwm.hdf5"
+    create_shard(ShardConfig(books_text, out, vocab_path, True, SEQ, PREDS, 0.15, 0.1, 1, 5, whole_word_masking=True))
+    vocab = load_vocab(vocab_path)
+    continuation = np.array([t.startswith("##") for t in vocab.tokens])
+    with h5py.File(out, "r") as f:
+        pos, lab, seg = f["masked_lm_positions"][:], f["masked_lm_ids"][:], f["segment_ids"][:]
+        mask = f["input_mask"][:]
+    checked = 0
+    for row in range(len(pos)):
+        p = pos[row][pos[row] > 0]
+        originals = dict(zip(p.tolist(), lab[row][: len(p)].tolist()))
+        for position, token in originals.items():
+            # A masked "##" piece implies its word's previous piece is masked too.
+            if continuation[token] and position - 1 > 0 and seg[row, position - 1] == seg[row, position]:
+                assert position - 1 in originals
+                checked += 1
+        assert len(p) <= min(PREDS, max(1, round(mask[row].sum() * 0.15)))
+    assert checked > 50

@@ -1,0 +1,177 @@
+"""Downloads, against an HTTP server on 127.0.0.1 started by the test (never the internet)."""
+from __future__ import annotations
+
+import hashlib
+import http.server
+import socket
+import threading
+import time
+import zipfile
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from data import download
+from data.errors import DataError
+
+
+class RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """Static files with `Range: bytes=N-` support; `/short/<name>` promises more bytes than it sends."""
+
+    ranges = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        short = self.path.startswith("/short/")
+        path = Path(self.directory) / self.path.removeprefix("/short/").lstrip("/")
+        if not path.is_file():
+            self.send_error(404)
+            return
+        body = path.read_bytes()
+        start = 0
+        header = self.headers.get("Range")
+        if header and self.ranges:
+            start = int(header.split("=")[1].rstrip("-"))
+            if start >= len(body):
+                self.send_error(416)
+                return
+            self.send_response(206)
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", str(len(body) - start + (10 if short else 0)))
+        self.end_headers()
+        self.wfile.write(body[start:])
+
+
+@pytest.fixture()
+def server(tmp_path):
+    root = tmp_path / "served"
+    root.mkdir()
+    handler = type("Handler", (RangeHandler,), {})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(root)))
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/", root, handler
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_fetch_downloads_atomically_and_skips_complete_files(server, tmp_path):
+    base, root, _ = server
+    (root / "a.bin").write_bytes(b"x" * 3_000_000)
+    dest = tmp_path / "out" / "a.bin"
+    assert download.fetch(base + "a.bin", dest) is True
+    assert dest.read_bytes() == b"x" * 3_000_000 and not dest.with_name("a.bin.part").exists()
+    (root / "a.bin").unlink()  # a complete file is not fetched again, even with the source gone
+    assert download.fetch(base + "a.bin", dest) is False
+
+
+def test_fetch_resumes_a_partial_file(server, tmp_path):
+    base, root, _ = server
+    payload = bytes(range(256)) * 5000
+    (root / "b.bin").write_bytes(payload)
+    dest = tmp_path / "b.bin"
+    dest.with_name("b.bin.part").write_bytes(payload[:400_000])
+    download.fetch(base + "b.bin", dest)
+    assert dest.read_bytes() == payload
+
+
+def test_fetch_restarts_when_the_server_ignores_ranges(server, tmp_path):
+    base, root, handler = server
+    handler.ranges = False
+    payload = b"0123456789" * 1000
+    (root / "c.bin").write_bytes(payload)
+    dest = tmp_path / "c.bin"
+    dest.with_name("c.bin.part").write_bytes(b"garbage that is not a prefix")
+    download.fetch(base + "c.bin", dest)
+    assert dest.read_bytes() == payload
+
+
+def test_a_short_download_is_not_renamed_into_place(server, tmp_path):
+    base, root, _ = server
+    (root / "d.bin").write_bytes(b"y" * 1000)
+    dest = tmp_path / "d.bin"
+    with pytest.raises(DataError, match=r"short/d\.bin: download ended early \(1000 of 1010 bytes\)"):
+        download.fetch(base + "short/d.bin", dest)
+    assert not dest.exists() and dest.with_name("d.bin.part").stat().st_size == 1000
+
+
+def test_offline_fails_fast_naming_the_url(tmp_path):
+    with socket.socket() as s:  # a port with nobody listening: connection refused, as offline
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/enwiki.xml.bz2"
+    started = time.monotonic()
+    with pytest.raises(DataError) as err:
+        download.fetch(url, tmp_path / "x")
+    assert time.monotonic() - started < 5
+    assert str(err.value).startswith(url + ": download failed") and "\n" not in str(err.value)
+    assert not (tmp_path / "x").exists()
+
+
+def test_http_errors_name_the_url(server, tmp_path):
+    base, _, _ = server
+    with pytest.raises(DataError, match=r"missing\.bin: download failed \(HTTP 404"):
+        download.fetch(base + "missing.bin", tmp_path / "m")
+
+
+def _zip(root: Path, name: str, files: dict[str, bytes]) -> dict[str, str]:
+    with zipfile.ZipFile(root / f"{name}.zip", "w") as z:
+        for fname, data in files.items():
+            z.writestr(f"{name}/{fname}", data)
+    return {fname: hashlib.sha256(data).hexdigest() for fname, data in files.items()}
+
+
+def test_zip_is_extracted_and_verified(server, tmp_path):
+    base, root, _ = server
+    sums = _zip(root, "uncased_L-2_H-8_A-2", {"vocab.txt": b"[PAD]\n", "bert_config.json": b"{}"})
+    folder = download.fetch_zip(base + "uncased_L-2_H-8_A-2.zip", tmp_path / "w", sums)
+    assert (folder / "vocab.txt").read_bytes() == b"[PAD]\n"
+
+
+def test_zip_with_a_wrong_checksum_is_refused(server, tmp_path):
+    base, root, _ = server
+    sums = _zip(root, "m", {"vocab.txt": b"tampered\n"})
+    sums["vocab.txt"] = hashlib.sha256(b"published\n").hexdigest()
+    with pytest.raises(DataError, match=r"vocab\.txt: sha256 does not match the published value"):
+        download.fetch_zip(base + "m.zip", tmp_path / "w", sums)
+
+
+def test_squad_layout(server, tmp_path):
+    base, root, _ = server
+    for version in ("v1.1", "v2.0"):
+        for split in ("train", "dev"):
+            (root / f"{split}-{version}.json").write_text("{}", encoding="utf-8")
+        (root / f"evaluate-{version}.py").write_text("print()", encoding="utf-8")
+    evaluators = {v: f"{base}evaluate-{v}.py" for v in ("v1.1", "v2.0")}
+    download.download_squad(tmp_path / "dl", base=base, evaluators=evaluators)
+    assert sorted(p.relative_to(tmp_path / "dl").as_posix() for p in (tmp_path / "dl").rglob("*") if p.is_file()) == [
+        "squad/v1.1/dev-v1.1.json", "squad/v1.1/evaluate-v1.1.py", "squad/v1.1/train-v1.1.json",
+        "squad/v2.0/dev-v2.0.json", "squad/v2.0/evaluate-v2.0.py", "squad/v2.0/train-v2.0.json"]
+
+
+def test_mrpc_is_split_with_the_glue_dev_ids(server, tmp_path):
+    base, root, _ = server
+    header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
+    rows = ["1\t1\t2\tA.\tB.", "0\t3\t4\tC.\tD.", "1\t5\t6\tE.\tF."]
+    (root / "train.txt").write_text("\n".join([header] + rows) + "\n", encoding="utf-8")
+    (root / "test.txt").write_text(header + "\n1\t7\t8\tG.\tH.\n", encoding="utf-8")
+    (root / "dev_ids.tsv").write_text("3\t4\n", encoding="utf-8")
+    urls = {"msr_paraphrase_train.txt": base + "train.txt", "msr_paraphrase_test.txt": base + "test.txt",
+            "dev_ids.tsv": base + "dev_ids.tsv"}
+    download.download_glue(tmp_path, ["mrpc"], mrpc_urls=urls)
+    mrpc = tmp_path / "glue" / "MRPC"
+    assert (mrpc / "dev.tsv").read_text(encoding="utf-8").split("\n")[1:-1] == [rows[1]]
+    assert (mrpc / "train.tsv").read_text(encoding="utf-8").split("\n")[1:-1] == [rows[0], rows[2]]
+
+
+def test_books_skip_dead_links_and_count_them(server, tmp_path):
+    base, root, _ = server
+    (root / "book1.txt").write_text("Once upon a time.", encoding="utf-8")
+    url_list = tmp_path / "urls.txt"
+    url_list.write_text(f"{base}book1.txt\n{base}gone.txt\n{base}also-gone\n", encoding="utf-8")
+    assert download.download_books(url_list, tmp_path / "books") == (1, 2)
+    assert (tmp_path / "books" / "book1.txt").read_text(encoding="utf-8") == "Once upon a time."

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from fast_dropout import Dropout, dropout
+
 VOCAB_PAD_MULTIPLE = 8  # tensor cores and AMX tiles want matrix sides that are multiples of 8
 
 
@@ -95,7 +97,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
@@ -120,9 +122,17 @@ class BertSelfAttention(nn.Module):
         bias = torch.cat((self.query.bias, self.key.bias, self.value.bias))
         qkv = F.linear(x, weight, bias).view(batch, seq, 3, self.num_heads, hidden // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [batch, heads, seq, head_dim]
-        context = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attention_bias, dropout_p=self.dropout_prob if self.training else 0.0
-        )
+        if self.training and torch.is_grad_enabled() and x.device.type == "cpu":
+            # On CPUs SDPA's backward (and its dropout) is about 2.5x slower than these explicit steps.
+            scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))
+            if attention_bias is not None:
+                scores = scores + attention_bias
+            probs = dropout(torch.softmax(scores, dim=-1), self.dropout_prob, training=True)
+            context = torch.matmul(probs, v)
+        else:
+            context = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attention_bias, dropout_p=self.dropout_prob if self.training else 0.0
+            )
         return context.transpose(1, 2).reshape(batch, seq, hidden)
 
 
@@ -133,7 +143,7 @@ class BertResidualOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, x: Tensor, residual: Tensor) -> Tensor:
         return self.LayerNorm(self.dropout(self.dense(x)) + residual)
@@ -383,7 +393,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
         self.config = config
         self.num_labels = num_labels
         self.bert = BertModel(config)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.init_weights()
 

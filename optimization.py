@@ -27,12 +27,55 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str,
     ]
 
 
+def _lamb_tensor_updates(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    clip: Tensor,
+    lr: Tensor,
+    step_size: Tensor,
+    eps: Tensor,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+) -> None:
+    """The whole LAMB update of one group written tensor by tensor, for torch.compile to fuse into one or two
+    passes over memory per tensor (the foreach path needs about a dozen). step_size = sqrt(bc2) / bc1 and
+    eps = eps * sqrt(bc2) fold the bias corrections in."""
+    for w, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        g = g.float() / clip
+        m.lerp_(g, 1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        update = step_size * m / (v.sqrt() + eps)
+        if weight_decay != 0:
+            update = update + weight_decay * w
+            w_norm, u_norm = torch.linalg.vector_norm(w), torch.linalg.vector_norm(update)
+            ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+            w.sub_(lr * ratio * update)
+        else:
+            w.sub_(lr * update)
+
+
+_compiled_lamb_updates = None
+
+
+def _compiled_updates():
+    global _compiled_lamb_updates
+    if _compiled_lamb_updates is None:
+        _compiled_lamb_updates = torch.compile(_lamb_tensor_updates, dynamic=False)
+    return _compiled_lamb_updates
+
+
 class Lamb(torch.optim.Optimizer):
     """LAMB with NVIDIA's semantics.
 
     Per step: g_norm = ||all gradients||_2 over every group; g = grad / max(g_norm / max_grad_norm, 1);
     m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; update = m_hat / (sqrt(v_hat) + eps) + wd w;
     ratio = ||w|| / ||update|| (1 if either is 0, and 1 in groups without weight decay); w -= lr ratio update.
+
+    `compiled=True` runs the update through torch.compile (needs a C++ compiler on CPUs): about 5x faster on a
+    CPU once compiled, after a one-off compilation of a minute or so for BERT-base.
     """
 
     def __init__(
@@ -43,11 +86,13 @@ class Lamb(torch.optim.Optimizer):
         eps: float = 1e-6,
         weight_decay: float = 0.01,
         max_grad_norm: float = 1.0,
+        compiled: bool = False,
     ) -> None:
         if lr < 0 or eps < 0 or not 0 <= betas[0] < 1 or not 0 <= betas[1] < 1:
             raise ValueError(f"invalid LAMB hyper-parameters: lr={lr}, betas={betas}, eps={eps}")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm, step=0)
         super().__init__(params, defaults)
+        self.compiled = compiled
 
     def _global_grad_norm(self) -> Tensor | None:
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
@@ -55,6 +100,17 @@ class Lamb(torch.optim.Optimizer):
             return None
         per_tensor = torch._foreach_norm(grads, 2.0)
         return torch.linalg.vector_norm(torch.stack([n.float() for n in per_tensor]), 2.0)
+
+    def _state_lists(self, params: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        exp_avgs, exp_avg_sqs = [], []
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+        return exp_avgs, exp_avg_sqs
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -73,45 +129,49 @@ class Lamb(torch.optim.Optimizer):
                 raise RuntimeError("LAMB does not support sparse gradients")
             beta1, beta2 = group["betas"]
             group["step"] += 1
-            step = group["step"]
+            bias_correction1 = 1 - beta1 ** group["step"]
+            bias_correction2 = 1 - beta2 ** group["step"]
+            step_size = bias_correction2**0.5 / bias_correction1
+            eps = group["eps"] * bias_correction2**0.5
             # Dividing by max(norm / max_grad_norm, 1) leaves gradients alone unless the norm exceeds the limit.
             clip = torch.clamp(global_norm / group["max_grad_norm"], min=1.0)
-            grads = torch._foreach_div([p.grad.float() for p in params], clip)
-            exp_avgs, exp_avg_sqs = [], []
-            for p in params:
-                state = self.state[p]
-                if not state:
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                exp_avgs.append(state["exp_avg"])
-                exp_avg_sqs.append(state["exp_avg_sq"])
-
-            torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)  # m = b1 m + (1 - b1) g
-            torch._foreach_mul_(exp_avg_sqs, beta2)
-            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
-            bias_correction1 = 1 - beta1**step
-            bias_correction2 = 1 - beta2**step
-            # update = (m / bc1) / (sqrt(v / bc2) + eps)
-            denom = torch._foreach_sqrt(exp_avg_sqs)
-            torch._foreach_div_(denom, bias_correction2**0.5)
-            torch._foreach_add_(denom, group["eps"])
-            updates = torch._foreach_div(exp_avgs, denom)
-            torch._foreach_div_(updates, bias_correction1)
-            weight_decay = group["weight_decay"]
-            if weight_decay != 0:
-                torch._foreach_add_(updates, params, alpha=weight_decay)
-                weight_norms = torch.stack(torch._foreach_norm(params, 2.0))
-                update_norms = torch.stack(torch._foreach_norm(updates, 2.0))
-                ratios = torch.where(
-                    (weight_norms > 0) & (update_norms > 0), weight_norms / update_norms, torch.ones_like(weight_norms)
-                )
-                torch._foreach_mul_(updates, list(ratios.unbind()))
-            torch._foreach_add_(params, updates, alpha=-group["lr"])
+            exp_avgs, exp_avg_sqs = self._state_lists(params)
+            grads = [p.grad for p in params]
+            if self.compiled:
+                device = params[0].device
+                scalars = [torch.tensor(x, dtype=torch.float32, device=device) for x in (group["lr"], step_size, eps)]
+                _compiled_updates()(params, grads, exp_avgs, exp_avg_sqs, clip, *scalars,
+                                    beta1, beta2, group["weight_decay"])
+            else:
+                self._foreach_update(params, grads, exp_avgs, exp_avg_sqs, clip, group, step_size, eps)
         return loss
 
+    @staticmethod
+    def _foreach_update(params, grads, exp_avgs, exp_avg_sqs, clip, group, step_size, eps) -> None:
+        beta1, beta2 = group["betas"]
+        grads = torch._foreach_div([g.float() for g in grads], clip)
+        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)  # m = b1 m + (1 - b1) g
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+        denom = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_add_(denom, eps)
+        weight_decay = group["weight_decay"]
+        if weight_decay == 0:  # trust ratio 1: one fused pass straight into the weights
+            torch._foreach_addcdiv_(params, exp_avgs, denom, value=-group["lr"] * step_size)
+            return
+        updates = torch._foreach_mul(params, weight_decay)
+        torch._foreach_addcdiv_(updates, exp_avgs, denom, value=step_size)
+        weight_norms = torch.stack(torch._foreach_norm(params, 2.0))
+        update_norms = torch.stack(torch._foreach_norm(updates, 2.0))
+        ratios = torch.where(
+            (weight_norms > 0) & (update_norms > 0), weight_norms / update_norms, torch.ones_like(weight_norms)
+        )
+        torch._foreach_mul_(updates, list(ratios.unbind()))
+        torch._foreach_add_(params, updates, alpha=-group["lr"])
 
-def build_lamb(param_groups: list[dict[str, Any]], lr: float, **kwargs: Any) -> torch.optim.Optimizer:
-    """apex's FusedLAMB where apex is importable and the parameters live on CUDA, our multi-tensor LAMB otherwise."""
+
+def build_lamb(param_groups: list[dict[str, Any]], lr: float, compiled: bool = False, **kwargs: Any) -> torch.optim.Optimizer:
+    """apex's FusedLAMB where apex is importable and the parameters live on CUDA, our LAMB otherwise."""
     on_cuda = any(p.is_cuda for g in param_groups for p in g["params"])
     if on_cuda:
         try:
@@ -120,7 +180,7 @@ def build_lamb(param_groups: list[dict[str, Any]], lr: float, **kwargs: Any) -> 
             pass
         else:
             return FusedLAMB(param_groups, lr=lr, **kwargs)
-    return Lamb(param_groups, lr=lr, **kwargs)
+    return Lamb(param_groups, lr=lr, compiled=compiled, **kwargs)
 
 
 def build_adamw(model: nn.Module, lr: float, weight_decay: float = 0.01) -> torch.optim.Optimizer:

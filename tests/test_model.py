@@ -22,8 +22,9 @@ TINY = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_h
 
 
 def hf_config(config: BertConfig, **extra) -> transformers.BertConfig:
-    fields = {k: v for k, v in config.to_dict().items() if k in TINY or k in ("hidden_act", "type_vocab_size",
-                                                                              "layer_norm_eps", "initializer_range")}
+    fields = {k: v for k, v in config.to_dict().items() if k in TINY or k in (
+        "hidden_act", "type_vocab_size", "layer_norm_eps", "initializer_range", "hidden_dropout_prob",
+        "attention_probs_dropout_prob")}
     return transformers.BertConfig(**fields, attn_implementation="eager", **extra)
 
 
@@ -42,11 +43,10 @@ def make_batch(config: BertConfig, batch=3, seq=16, seed=0):
     return input_ids, token_type_ids, attention_mask, labels, nsp
 
 
-@pytest.fixture()
-def pair():
+def make_pair(**overrides):
     """Our BertForPreTraining and transformers' with the same weights, both in eval mode."""
     torch.manual_seed(0)
-    config = BertConfig(**TINY)
+    config = BertConfig(**{**TINY, **overrides})
     ours = BertForPreTraining(config).eval()
     with torch.no_grad():  # non-zero biases and LayerNorm parameters, so that every path is checked
         for p in ours.parameters():
@@ -56,6 +56,11 @@ def pair():
     assert set(missing) <= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"} and not unexpected
     theirs.tie_weights()
     return ours, theirs
+
+
+@pytest.fixture()
+def pair():
+    return make_pair()
 
 
 def assert_close(a, b, tol=TOL):
@@ -91,8 +96,12 @@ def test_pretraining_outputs_equal_transformers_on_padded_batch(pair):
     assert out.prediction_logits.shape == (int((labels >= 0).sum()), ours.config.vocab_size)
 
 
-def test_gradients_equal_transformers(pair):
-    ours, theirs = pair
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_gradients_equal_transformers(mode):
+    # In train mode (dropout 0 so that both are deterministic) our CPU attention takes its explicit path.
+    ours, theirs = make_pair(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ours.train(mode == "train")
+    theirs.train(mode == "train")
     input_ids, token_type_ids, attention_mask, labels, nsp = make_batch(ours.config, seed=1)
     ours(input_ids, token_type_ids, attention_mask, masked_lm_labels=labels, next_sentence_labels=nsp).loss.backward()
     theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,

@@ -39,12 +39,13 @@ def make_params(seed):
     return [nn.Parameter(t) for t in weights], [nn.Parameter(t) for t in no_decay]
 
 
-def test_lamb_equals_per_tensor_reference_over_many_steps():
+@pytest.mark.parametrize("compiled", [False, True], ids=["foreach", "compiled"])
+def test_lamb_equals_per_tensor_reference_over_many_steps(compiled):
     ours_decay, ours_plain = make_params(0)
     ref_decay, ref_plain = make_params(0)
     ours_groups = [{"params": ours_decay, "weight_decay": 0.01}, {"params": ours_plain, "weight_decay": 0.0}]
     ref_groups = [{"params": ref_decay, "weight_decay": 0.01}, {"params": ref_plain, "weight_decay": 0.0}]
-    optimizer = Lamb(ours_groups, lr=0.01)
+    optimizer = Lamb(ours_groups, lr=0.01, compiled=compiled)
     states = {}
     g = torch.Generator().manual_seed(1)
     clipped_steps = 0
@@ -54,8 +55,11 @@ def test_lamb_equals_per_tensor_reference_over_many_steps():
         with torch.no_grad():
             for p, q, grad in zip(ours_decay + ours_plain, ref_decay + ref_plain, grads):
                 p.grad, q.grad = grad.clone(), grad.clone()
+            lr = 0.01 * (1 - step / 30)  # a changing lr, as under a schedule
+            for group in optimizer.param_groups:
+                group["lr"] = lr
             optimizer.step()
-            reference_lamb_step(ref_groups, states, step, lr=0.01)
+            reference_lamb_step(ref_groups, states, step, lr=lr)
     assert 5 < clipped_steps < 25  # both regimes, with and without clipping, were exercised
     for p, q in zip(ours_decay + ours_plain, ref_decay + ref_plain):
         assert (p - q).abs().max().item() < 1e-6

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Training-step throughput of our BertForPreTraining + LAMB against transformers' BertForPreTraining + AdamW.
+
+Both run in this process on the same batch and precision: forward, backward and optimizer step. The achieved
+FLOP/s is reported as a fraction of this machine's matrix-multiply peak, measured here with large GEMMs.
+
+    python benchmarks/model_throughput.py                       # BERT-base, seq 128 and 512, fp32 and bf16
+    python benchmarks/model_throughput.py --seq 128 --precision bf16 --steps 3
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from model import BertConfig, BertForPreTraining  # noqa: E402
+from optimization import Lamb, weight_decay_groups  # noqa: E402
+
+MASKED_PER_SEQ = {128: 20, 512: 80}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def matmul_peak_flops(dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
+    """Best FLOP/s of a square GEMM, the practical ceiling of the dense layers."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def training_flops(config: BertConfig, batch: int, seq: int, masked: int) -> float:
+    """Forward+backward FLOPs (3x forward) of the work BERT pre-training must do; the MLM head is counted on the
+    masked positions only, as the task defines it, so that both implementations are held to the same count."""
+    h, i, layers, vocab = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size
+    tokens = batch * seq
+    per_token_layer = 2 * (4 * h * h + 2 * h * i) + 2 * 2 * seq * h  # projections, MLP, QK^T and AV
+    forward = tokens * layers * per_token_layer
+    forward += batch * masked * 2 * (h * h + h * vocab) + batch * 2 * (h * h + 2 * h)  # MLM head, pooler + NSP
+    return 3 * forward
+
+
+def make_batch(config: BertConfig, batch: int, seq: int, masked: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1000, config.vocab_size, (batch, seq), generator=g)
+    token_type_ids = (torch.arange(seq) >= seq // 2).long().expand(batch, seq).contiguous()
+    attention_mask = torch.ones(batch, seq, dtype=torch.long)
+    attention_mask[1::2, seq - seq // 8 :] = 0  # some padding, as real shards have
+    labels = torch.full((batch, seq), -1)
+    for row in range(batch):
+        positions = torch.randperm(seq - seq // 8 - 1, generator=g)[:masked] + 1
+        labels[row, positions] = torch.randint(1000, config.vocab_size, (masked,), generator=g)
+    nsp = torch.randint(0, 2, (batch,), generator=g)
+    return input_ids, token_type_ids, attention_mask, labels, nsp
+
+
+def ours_step(config: BertConfig, batch) -> Callable[[], float]:
+    model = BertForPreTraining(config).train()
+    optimizer = Lamb(weight_decay_groups(model, 0.01), lr=1e-4)
+    input_ids, token_type_ids, attention_mask, labels, nsp = batch
+
+    def step() -> float:
+        loss = model(input_ids, token_type_ids, attention_mask, masked_lm_labels=labels, next_sentence_labels=nsp).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step
+
+
+def peer_step(config: BertConfig, batch) -> Callable[[], float]:
+    import transformers
+
+    hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "extra"})
+    model = transformers.BertForPreTraining(hf_config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    input_ids, token_type_ids, attention_mask, labels, nsp = batch
+    hf_labels = labels.masked_fill(labels < 0, -100)
+
+    def step() -> float:
+        loss = model(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                     labels=hf_labels, next_sentence_label=nsp).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step
+
+
+def time_steps(step: Callable[[], float], precision: str, warmup: int, steps: int) -> float:
+    """Seconds per step, median of `steps` after `warmup`."""
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext())
+    times = []
+    with autocast:
+        for i in range(warmup + steps):
+            start = time.perf_counter()
+            step()
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="base", help="base, large, or a bert_config.json path")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, nargs="+", default=[128, 512])
+    parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=sorted(DTYPES))
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+
+    presets = {"base": BertConfig(), "large": BertConfig(hidden_size=1024, num_hidden_layers=24,
+                                                         num_attention_heads=16, intermediate_size=4096)}
+    config = presets.get(args.config) or BertConfig.from_json_file(args.config)
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; BERT {args.config}, batch {args.batch}")
+    peaks = {p: matmul_peak_flops(DTYPES[p]) for p in args.precision}
+    for p, flops in peaks.items():
+        print(f"matmul peak {p}: {flops / 1e12:.3f} TFLOP/s")
+    results = []
+    for seq in args.seq:
+        masked = MASKED_PER_SEQ.get(seq, max(1, round(seq * 0.15)))
+        batch = make_batch(config, args.batch, seq, masked)
+        flops = training_flops(config, args.batch, seq, masked)
+        for precision in args.precision:
+            row = {"seq": seq, "masked": masked, "precision": precision, "batch": args.batch}
+            for name, build in (("ours", ours_step), ("peer", peer_step)):
+                seconds = time_steps(build(config, batch), precision, args.warmup, args.steps)
+                row[f"{name}_seq_per_s"] = args.batch / seconds
+                row[f"{name}_peak_fraction"] = flops / seconds / peaks[precision]
+            row["speedup"] = row["ours_seq_per_s"] / row["peer_seq_per_s"]
+            results.append(row)
+            print(f"seq {seq} ({masked} masked) {precision}: ours {row['ours_seq_per_s']:.2f} seq/s "
+                  f"({row['ours_peak_fraction']:.0%} of peak), transformers+AdamW {row['peer_seq_per_s']:.2f} seq/s "
+                  f"({row['peer_peak_fraction']:.0%}), speed-up {row['speedup']:.2f}x", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"peaks": peaks, "results": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -6,15 +6,16 @@ characters (Google keeps them inside a word, `tokenizers` deletes them) and the 
 `str.lower` gives "ς" at the end of a word, `tokenizers` lower-cases character by character to "σ").
 
 Lines made only of ASCII take a faster path: for ASCII, Google's basic tokenizer is "drop control characters,
-lower-case, split into runs of letters/digits and single punctuation marks", which one regular expression
-does over a whole shard at C speed; each distinct word then goes once through the `tokenizers` WordPiece
-model and is cached. On the books this is about 6x faster than `encode_batch` in one thread.
+lower-case, split on whitespace, split runs of letters/digits from single punctuation marks". Each distinct
+whitespace token goes once through that split and the `tokenizers` WordPiece model and is cached; the rest
+is str.split and numpy. On the books this is about 8x faster than `encode_batch` in one thread.
 """
 from __future__ import annotations
 
 import hashlib
 import re
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Sequence
 
@@ -26,7 +27,7 @@ from .errors import DataError
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MAX_CHARS_PER_WORD = 100  # Google's WordPiece limit: longer words become [UNK]
 
-_ASCII_WORD = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]|\n")
+_ASCII_WORD = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
 # Google removes NUL and the Cc/Cf control characters except tab, newline and carriage return.
 _ASCII_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _PRIVATE_USE = re.compile("[\ue000-\uf8ff\U000f0000-\U000ffffd\U00100000-\U0010fffd]")
@@ -117,11 +118,12 @@ class BertTokenizer:
         self._stand_in = next(
             (c for c in _STAND_IN_CANDIDATES if not any(c in token for token in vocab.tokens)), None
         )
-        # Word cache of the ASCII path: word -> index into the piece table; index 0 is the newline marker.
-        self._word_index: dict[str, int] = {"\n": 0}
-        self._piece_start: list[int] = [0]
-        self._piece_len: list[int] = [0]
+        # Cache of the ASCII path: whitespace token -> row of the piece table (start, length in _pieces).
+        self._word_index: dict[str, int] = {}
+        self._piece_start: list[int] = []
+        self._piece_len: list[int] = []
         self._pieces: list[int] = []
+        self._word_pieces: dict[str, list[int]] = {}  # "word" -> WordPiece ids, shared by "word," "(word" ...
 
     # -- public -------------------------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[str]:
@@ -163,32 +165,38 @@ class BertTokenizer:
             text = _ASCII_CONTROL.sub("", text)
         if self.do_lower_case:
             text = text.lower()
-        words = _ASCII_WORD.findall(text)
+        # Whitespace tokens are the cache keys: str.split is far cheaper than a regex over the text, and each
+        # distinct token is split into punctuation and WordPiece pieces once.
+        per_line = [line.split() for line in text.split("\n")]
+        tokens = list(chain.from_iterable(per_line))
         index = self._word_index
-        for word in set(words).difference(index):
-            self._add_word(word)
-        word_ids = np.fromiter(map(index.__getitem__, words), dtype=np.int64, count=len(words))
-        piece_len = np.asarray(self._piece_len, np.int64)[word_ids]
-        piece_start = np.asarray(self._piece_start, np.int64)[word_ids]
-        ends = np.cumsum(piece_len)
-        starts = ends - piece_len
-        newline_at = np.flatnonzero(word_ids == 0)
-        offsets = np.zeros(len(lines) + 1, np.int64)
-        offsets[1:-1] = ends[newline_at] if newline_at.size else ends[:0]
-        offsets[-1] = ends[-1] if ends.size else 0
+        for token in set(tokens).difference(index):
+            self._add_token(token)
+        token_ids = np.fromiter(map(index.__getitem__, tokens), dtype=np.int64, count=len(tokens))
+        piece_len = np.asarray(self._piece_len, np.int64)[token_ids]
+        piece_start = np.asarray(self._piece_start, np.int64)[token_ids]
+        piece_end = np.zeros(len(tokens) + 1, np.int64)
+        np.cumsum(piece_len, out=piece_end[1:])
+        token_offsets = np.zeros(len(per_line) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, per_line), dtype=np.int64, count=len(per_line)), out=token_offsets[1:])
         table = np.asarray(self._pieces, np.int32)
-        ids = table[_spread(piece_start, np.concatenate([starts, ends[-1:]]))] if ends.size else table[:0]
-        return ids, offsets
+        return table[_spread(piece_start, piece_end)], piece_end[token_offsets]
 
-    def _add_word(self, word: str) -> None:
-        if len(word) > MAX_CHARS_PER_WORD:
-            pieces = [self._unk_id]
-        else:
-            pieces = [token.id for token in self._model.tokenize(word)]
-        self._word_index[word] = len(self._piece_start)
+    def _add_token(self, token: str) -> None:
+        pieces: list[int] = []
+        for word in _ASCII_WORD.findall(token):
+            known = self._word_pieces.get(word)
+            if known is None:
+                if len(word) > MAX_CHARS_PER_WORD:
+                    known = [self._unk_id]
+                else:
+                    known = [piece.id for piece in self._model.tokenize(word)]
+                self._word_pieces[word] = known
+            pieces += known
+        self._word_index[token] = len(self._piece_start)
         self._piece_start.append(len(self._pieces))
         self._piece_len.append(len(pieces))
-        self._pieces.extend(pieces)
+        self._pieces += pieces
 
     # -- general path -------------------------------------------------------------------------------------
     def _encode_unicode(self, lines: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -82,7 +82,8 @@ def do_download(cfg: PrepConfig) -> None:
     if "wikicorpus_en" in wanted:
         download.fetch(download.WIKI_URL, root / "wikicorpus_en" / "wikicorpus_en.xml.bz2")
     if "bookscorpus" in wanted:
-        url_list = cfg.bookscorpus_url_list or root / "bookscorpus" / "url_list.txt"
+        # Beside, not inside, download/bookscorpus/: every .txt in there is taken for a book.
+        url_list = cfg.bookscorpus_url_list or root / "bookscorpus_url_list.txt"
         ok, failed = download.download_books(url_list, root / "bookscorpus")
         print(f"bookscorpus: {ok} books present, {failed} URLs failed and were skipped")
     if "google_pretrained_weights" in wanted:
@@ -198,7 +199,8 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
     p.add_argument("--whole_word_masking", action="store_true")
     p.add_argument("--vocab_file", type=Path, help="vocab.txt to use (create_hdf5_files) or write (create_vocab)")
     p.add_argument("--vocab_size", type=int, default=30522, help="size of the vocab trained by create_vocab")
-    p.add_argument("--bookscorpus_url_list", type=Path, help="BookCorpus book URLs, one a line")
+    p.add_argument("--bookscorpus_url_list", type=Path,
+                   help="BookCorpus book URLs, one a line (default: <working dir>/download/bookscorpus_url_list.txt)")
     p.add_argument("--skip_wikiextractor", type=int, default=0, help="accepted for compatibility")
     p.add_argument("--interactive_json_config_generator", help="accepted for compatibility")
     a = p.parse_args(argv)

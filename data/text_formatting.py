@@ -30,7 +30,12 @@ def iter_wiki_pages(path: Path) -> Iterator[tuple[str, str]]:
     try:
         with opener(path, "rb") as stream:
             title, namespace, text, redirect = "", "", "", False
-            for event, elem in ET.iterparse(stream, events=("end",)):
+            root = None
+            for event, elem in ET.iterparse(stream, events=("start", "end")):
+                if root is None:
+                    root = elem
+                if event == "start":
+                    continue
                 name = _local(elem.tag)
                 if name == "title":
                     title = elem.text or ""
@@ -44,7 +49,7 @@ def iter_wiki_pages(path: Path) -> Iterator[tuple[str, str]]:
                     if namespace == "0" and not redirect:
                         yield title, text
                     title, namespace, text, redirect = "", "", "", False
-                    elem.clear()  # keep memory flat over the whole dump
+                    root.clear()  # drop finished pages from the tree: memory stays flat over the whole dump
     except EOFError as err:
         raise DataError(path, f"truncated or corrupt compressed dump ({err})") from None
     except OSError as err:

@@ -259,3 +259,43 @@ def test_truncated_bz2_dump_is_refused_without_output(tmp_path, shared_data):
     assert "wikicorpus_en.xml.bz2: truncated or corrupt compressed dump" in run.stderr
     formatted = layout.formatted_text(tmp_path, "wikicorpus_en").parent
     assert not formatted.exists() or not list(formatted.iterdir())
+
+
+# ---------------------------------------------------------------- streaming: memory does not grow with the corpus
+def _peak_bytes(fn) -> int:
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _dump(path: Path, pages: int) -> Path:
+    body = "".join(f"<page><title>T{i}</title><ns>0</ns><id>{i}</id><revision><text>Page {i} is about "
+                   f"'''things'''. It has [[two]] sentences.</text></revision></page>\n" for i in range(pages))
+    path.write_text(f'<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/">{body}</mediawiki>',
+                    encoding="utf-8")
+    return path
+
+
+def test_wiki_reading_memory_does_not_grow_with_the_dump(tmp_path):
+    from data.text_formatting import iter_wiki_pages
+    small, large = _dump(tmp_path / "s.xml", 2_000), _dump(tmp_path / "l.xml", 20_000)
+    assert sum(1 for _ in iter_wiki_pages(large)) == 20_000
+    peak_small = _peak_bytes(lambda: sum(1 for _ in iter_wiki_pages(small)))
+    peak_large = _peak_bytes(lambda: sum(1 for _ in iter_wiki_pages(large)))
+    assert peak_large < 1.5 * peak_small + 200_000, (peak_small, peak_large)
+
+
+def test_sharding_memory_does_not_grow_with_the_corpus(tmp_path):
+    inputs = {}
+    for n in (2_000, 20_000):
+        (tmp_path / f"in{n}").mkdir()
+        inputs[n] = _formatted(tmp_path / f"in{n}", [f"Article {i} says one thing. Then another." for i in range(n)])
+
+    def run(n: int) -> None:
+        shard_corpus(ShardingConfig((inputs[n],), tmp_path / f"out{n}", "c", 4, 1, 0.1))
+    peak_small, peak_large = _peak_bytes(lambda: run(2_000)), _peak_bytes(lambda: run(20_000))
+    assert peak_large < 1.5 * peak_small + 200_000, (peak_small, peak_large)

@@ -78,7 +78,7 @@ def run_benchmark(repeats: int) -> None:
         everything, halves = prepare_inputs(folder)
         mb = everything.stat().st_size / 1e6
         print(f"input: {mb:.2f} MB of text (10 books, one sentence a line), dupe_factor 5, max_seq_length 128")
-        for compression in ("gzip", "none"):
+        for compression in ("gzip", "lzf", "none"):
             runs = []
             for _ in range(repeats):
                 started = time.perf_counter()

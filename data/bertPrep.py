@@ -57,6 +57,7 @@ class PrepConfig:
     vocab_file: Path | None
     vocab_size: int
     bookscorpus_url_list: Path | None
+    compression: str
 
 
 def corpus_members(dataset: str) -> tuple[str, ...]:
@@ -142,7 +143,7 @@ def _shard_jobs(cfg: PrepConfig, vocab: Path) -> list[ShardConfig]:
             jobs.append(ShardConfig(source, layout.hdf5_shard(cfg.root, params, cfg.dataset, split, i), vocab,
                                     cfg.do_lower_case, cfg.max_seq_length, cfg.max_predictions_per_seq,
                                     cfg.masked_lm_prob, cfg.short_seq_prob, cfg.dupe_factor, cfg.random_seed,
-                                    cfg.whole_word_masking))
+                                    cfg.whole_word_masking, cfg.compression))
     return jobs
 
 
@@ -201,13 +202,15 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
     p.add_argument("--vocab_size", type=int, default=30522, help="size of the vocab trained by create_vocab")
     p.add_argument("--bookscorpus_url_list", type=Path,
                    help="BookCorpus book URLs, one a line (default: <working dir>/download/bookscorpus_url_list.txt)")
+    p.add_argument("--compression", choices=("gzip", "lzf", "none"), default="gzip",
+                   help="HDF5 compression of the shards (see create_pretraining_data.py --help)")
     p.add_argument("--skip_wikiextractor", type=int, default=0, help="accepted for compatibility")
     p.add_argument("--interactive_json_config_generator", help="accepted for compatibility")
     a = p.parse_args(argv)
     return PrepConfig(a.action, a.dataset, layout.working_dir(), a.n_training_shards, a.n_test_shards,
                       a.fraction_test_set, a.n_processes, a.random_seed, a.dupe_factor, a.masked_lm_prob,
                       a.short_seq_prob, a.max_seq_length, a.max_predictions_per_seq, bool(a.do_lower_case),
-                      a.whole_word_masking, a.vocab_file, a.vocab_size, a.bookscorpus_url_list)
+                      a.whole_word_masking, a.vocab_file, a.vocab_size, a.bookscorpus_url_list, a.compression)
 
 
 def main(argv: list[str] | None = None) -> None:

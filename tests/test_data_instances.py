@@ -177,6 +177,15 @@ def test_masked_positions_sorted_padded_and_never_special(arrays):
     assert not np.isin(lab[pos > 0], [101, 102]).any()
 
 
+@pytest.mark.parametrize("compression", ["lzf", "none"])
+def test_compression_does_not_change_the_data(compression, books_text, vocab_path, arrays, tmp_path):
+    out = tmp_path / "other.hdf5"
+    create_shard(ShardConfig(books_text, out, vocab_path, True, SEQ, PREDS, 0.15, 0.1, 3, 12345,
+                             compression=compression))
+    with h5py.File(out, "r") as f:
+        assert all(np.array_equal(f[k][:], v) for k, v in arrays.items())
+
+
 # ---------------------------------------------------------------- statistics against the reference
 def test_statistics_match_reference_algorithm(arrays, reference):
     n = len(arrays["next_sentence_labels"])

@@ -20,7 +20,8 @@ def _scaled_keep_mask(shape: torch.Size, p: float, dtype: torch.dtype, device: t
     draws = torch.empty((count + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), 2**63 - 1)
     lanes = draws.view(torch.int16)[:count].view(shape)  # uniform over [-32768, 32767]
     threshold = -32768 + round(p * 65536)
-    return torch.where(lanes >= threshold, 1.0 / (1.0 - p), 0.0).to(dtype)
+    kept, dropped = (torch.tensor(v, dtype=dtype, device=device) for v in (1.0 / (1.0 - p), 0.0))
+    return torch.where(lanes >= threshold, kept, dropped)  # written once, in the activations' dtype
 
 
 class _MaskedScale(torch.autograd.Function):

@@ -1,0 +1,264 @@
+"""SQuAD evaluation exactly as the official evaluate-v1.1.py and evaluate-v2.0.py compute it, importable and as
+a drop-in command line:
+
+    python evaluate_squad.py DATA_FILE PRED_FILE [--na-prob-file F] [--na-prob-thresh T] [--out-file F]
+
+The version comes from the data file (SQuAD 2.0 files say "version": "v2.0" or carry `is_impossible`).
+v1.1 prints {"exact_match", "f1"}; v2.0 prints exact, f1, total, the HasAns_/NoAns_ breakdown and, with a
+na-prob file, best_exact/best_f1 and their thresholds (in percent, like the official scripts). One difference
+on purpose: a question without a prediction is an error (exit 2), where the official v1.1 script scores it 0
+with a warning and v2.0 crashes; `--allow-missing` restores the v1.1 script's behaviour for v1.1 files.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import string
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional
+
+from errors import InputError, run_cli
+from squad import is_squad_v2, load_squad_json
+
+_PUNCTUATION = frozenset(string.punctuation)  # ASCII only, as the official scripts
+_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-answer scores
+# ---------------------------------------------------------------------------------------------------------
+def normalize_answer(text: str) -> str:
+    """Lower-case, remove ASCII punctuation, remove the articles a/an/the, collapse whitespace."""
+    text = "".join(char for char in text.lower() if char not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_match_score(prediction: str, gold: str) -> float:
+    """1.0 when the normalized texts are equal, else 0.0."""
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def f1_score_v1(prediction: str, gold: str) -> float:
+    """Token F1 of the normalized texts, as evaluate-v1.1.py (two empty answers score 0)."""
+    pred_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(gold).split()
+    same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if same == 0:
+        return 0.0
+    precision = same / len(pred_tokens)
+    recall = same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1_score_v2(prediction: str, gold: str) -> float:
+    """Token F1 as evaluate-v2.0.py: when either side normalizes to nothing, 1 if both do, else 0."""
+    pred_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(gold).split()
+    if not pred_tokens or not gold_tokens:
+        return float(pred_tokens == gold_tokens)
+    return f1_score_v1(prediction, gold)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data set scores
+# ---------------------------------------------------------------------------------------------------------
+def _questions(dataset: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [qa for article in dataset for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+
+
+def _check_predictions(
+    questions: list[dict[str, Any]], predictions: dict[str, Any], pred_file: str, allow_missing: bool
+) -> None:
+    if not isinstance(predictions, dict):
+        raise InputError(f"{pred_file}: predictions must be a JSON object mapping question ids to answers")
+    missing = [qa["id"] for qa in questions if qa["id"] not in predictions]
+    if missing and not allow_missing:
+        raise InputError(
+            f"{pred_file}: no prediction for {len(missing)} of {len(questions)} questions (first: {missing[0]})"
+        )
+    for qa in questions:
+        if qa["id"] in predictions and not isinstance(predictions[qa["id"]], str):
+            raise InputError(f"{pred_file}: the prediction for {qa['id']} is not a string")
+
+
+def evaluate_v1(
+    dataset: list[dict[str, Any]], predictions: dict[str, str], pred_file: str = "predictions", allow_missing: bool = False
+) -> dict[str, float]:
+    """{"exact_match", "f1"} in percent over every question of `dataset` (the file's "data" list), each the
+    maximum over its gold answers. A missing prediction raises InputError, or scores 0 with allow_missing."""
+    questions = _questions(dataset)
+    _check_predictions(questions, predictions, pred_file, allow_missing)
+    exact = f1 = 0.0
+    for qa in questions:
+        if qa["id"] not in predictions:
+            print(f"Unanswered question {qa['id']} will receive score 0.", file=sys.stderr)
+            continue
+        golds = [answer["text"] for answer in qa["answers"]]
+        prediction = predictions[qa["id"]]
+        exact += max(exact_match_score(prediction, gold) for gold in golds)
+        f1 += max(f1_score_v1(prediction, gold) for gold in golds)
+    total = len(questions)
+    return {"exact_match": 100.0 * exact / total, "f1": 100.0 * f1 / total}
+
+
+def raw_scores_v2(
+    dataset: list[dict[str, Any]], predictions: dict[str, str]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Per-question exact and F1 (0/1 and [0, 1]) of the questions that have a prediction; a question whose
+    gold answers all normalize to nothing has the single gold answer ""."""
+    exact: dict[str, float] = {}
+    f1: dict[str, float] = {}
+    for qa in _questions(dataset):
+        if qa["id"] not in predictions:
+            continue
+        golds = [answer["text"] for answer in qa["answers"] if normalize_answer(answer["text"])] or [""]
+        prediction = predictions[qa["id"]]
+        exact[qa["id"]] = max(exact_match_score(prediction, gold) for gold in golds)
+        f1[qa["id"]] = max(f1_score_v2(prediction, gold) for gold in golds)
+    return exact, f1
+
+
+def _apply_threshold(
+    scores: dict[str, float], na_probs: dict[str, float], has_answer: dict[str, bool], threshold: float
+) -> dict[str, float]:
+    # A question predicted unanswerable scores 1 exactly when it has no answer.
+    return {
+        qid: float(not has_answer[qid]) if na_probs[qid] > threshold else score for qid, score in scores.items()
+    }
+
+
+def _summary(exact: dict[str, float], f1: dict[str, float], qids: Optional[list[str]] = None) -> dict[str, Any]:
+    qids = list(exact) if qids is None else [q for q in qids if q in exact]
+    total = len(qids)
+    return {
+        "exact": 100.0 * sum(exact[q] for q in qids) / total,
+        "f1": 100.0 * sum(f1[q] for q in qids) / total,
+        "total": total,
+    }
+
+
+def _best_threshold(
+    predictions: dict[str, str], scores: dict[str, float], na_probs: dict[str, float], has_answer: dict[str, bool]
+) -> tuple[float, float]:
+    """Best score (percent) over thresholds on the na-prob, and that threshold: start from "answer nothing
+    anywhere", then answer questions in increasing na-prob order."""
+    current = best = sum(1 for qid in has_answer if not has_answer[qid])
+    best_threshold = 0.0
+    for qid in sorted(na_probs, key=lambda q: na_probs[q]):
+        if qid not in scores:
+            continue
+        if has_answer[qid]:
+            current += scores[qid]
+        elif predictions[qid]:
+            current -= 1
+        if current > best:
+            best = current
+            best_threshold = na_probs[qid]
+    return 100.0 * best / len(scores), best_threshold
+
+
+def evaluate_v2(
+    dataset: list[dict[str, Any]],
+    predictions: dict[str, str],
+    na_probs: Optional[dict[str, float]] = None,
+    na_prob_thresh: float = 1.0,
+    pred_file: str = "predictions",
+) -> dict[str, Any]:
+    """The evaluate-v2.0.py summary: exact, f1, total, HasAns_*/NoAns_* (when such questions exist) and, given
+    na_probs (qid -> probability of no answer), best_exact, best_exact_thresh, best_f1, best_f1_thresh.
+    A question counts as answerable when its `answers` list is not empty. Every question needs a prediction
+    (InputError otherwise) and, given na_probs, a probability."""
+    questions = _questions(dataset)
+    _check_predictions(questions, predictions, pred_file, allow_missing=False)
+    has_answer = {qa["id"]: bool(qa["answers"]) for qa in questions}
+    exact_raw, f1_raw = raw_scores_v2(dataset, predictions)
+    probs = na_probs if na_probs is not None else {qid: 0.0 for qid in predictions}
+    missing_probs = [qid for qid in exact_raw if qid not in probs]
+    if missing_probs:
+        raise InputError(f"na-prob file: no probability for question {missing_probs[0]}")  # named by the caller
+    exact = _apply_threshold(exact_raw, probs, has_answer, na_prob_thresh)
+    f1 = _apply_threshold(f1_raw, probs, has_answer, na_prob_thresh)
+    result = _summary(exact, f1)
+    for prefix, wanted in (("HasAns", True), ("NoAns", False)):
+        qids = [qid for qid, has in has_answer.items() if has == wanted]
+        if qids:
+            for key, value in _summary(exact, f1, qids).items():
+                result[f"{prefix}_{key}"] = value
+    if na_probs is not None:
+        result["best_exact"], result["best_exact_thresh"] = _best_threshold(predictions, exact_raw, probs, has_answer)
+        result["best_f1"], result["best_f1_thresh"] = _best_threshold(predictions, f1_raw, probs, has_answer)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Files and command line
+# ---------------------------------------------------------------------------------------------------------
+def _load_json_object(path: str | Path, what: str) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except FileNotFoundError:
+        raise InputError(f"{path}: {what} file not found") from None
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path}: not UTF-8 (byte {error.start})") from None
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}: malformed JSON ({error.msg} at line {error.lineno} column {error.colno})") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: the {what} file must hold a JSON object")
+    return value
+
+
+def evaluate_files(
+    data_file: str | Path,
+    pred_file: str | Path,
+    na_prob_file: Optional[str | Path] = None,
+    na_prob_thresh: float = 1.0,
+    allow_missing: bool = False,
+) -> dict[str, Any]:
+    """Evaluates a predictions file against a SQuAD data file of either version (see evaluate_v1/_v2);
+    allow_missing applies to v1.1 files."""
+    data = load_squad_json(data_file)
+    predictions = _load_json_object(pred_file, "predictions")
+    try:
+        if is_squad_v2(data):
+            na_probs = _load_json_object(na_prob_file, "na-prob") if na_prob_file else None
+            try:
+                return evaluate_v2(data["data"], predictions, na_probs, na_prob_thresh, str(pred_file))
+            except InputError as error:
+                if str(error).startswith("na-prob file:"):
+                    raise InputError(f"{na_prob_file}:{str(error).removeprefix('na-prob file:')}") from None
+                raise
+        return evaluate_v1(data["data"], predictions, str(pred_file), allow_missing)
+    except (KeyError, TypeError) as error:
+        raise InputError(f"{data_file}: not a SQuAD file ({type(error).__name__}: {error})") from None
+
+
+def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description="Official SQuAD v1.1 / v2.0 evaluation (version from the data file).")
+    parser.add_argument("data_file", metavar="data.json", help="SQuAD data file (v1.1 or v2.0)")
+    parser.add_argument("pred_file", metavar="pred.json", help="predictions: question id -> answer text")
+    parser.add_argument("--out-file", "-o", metavar="eval.json", help="write the scores here instead of stdout")
+    parser.add_argument("--na-prob-file", "-n", metavar="na_prob.json", help="v2.0: question id -> no-answer score")
+    parser.add_argument(
+        "--na-prob-thresh", "-t", type=float, default=1.0,
+        help="v2.0: predict no answer when the na-prob is above this (default 1.0)",
+    )
+    parser.add_argument("--allow-missing", action="store_true", help="v1.1: score questions without a prediction as 0 (the official script's behaviour)")
+    args = parser.parse_args(argv)
+    result = evaluate_files(args.data_file, args.pred_file, args.na_prob_file, args.na_prob_thresh, args.allow_missing)
+    is_v2 = "exact" in result
+    if args.out_file:
+        with open(args.out_file, "w", encoding="utf-8") as f:
+            json.dump(result, f)
+    # The official scripts print v1.1 on one line and v2.0 indented by 2.
+    if not (is_v2 and args.out_file):
+        print(json.dumps(result, indent=2) if is_v2 else json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,693 @@
+"""SQuAD v1.1 / v2.0 for BERT: examples from the JSON, windowed features, a feature cache, answer extraction.
+
+The algorithms are those of the original BERT `run_squad.py` (which NVIDIA's follows), written anew:
+- a context is split on whitespace into words, and every character knows its word (answers are given in
+  characters);
+- each word is WordPiece-tokenized on its own; the query is cut to `max_query_length` pieces; the document
+  pieces are covered by windows of `max_seq_length - len(query) - 3` pieces, `doc_stride` apart, each laid out
+  as `[CLS] query [SEP] doc [SEP]`; a piece seen by several windows is scored in the one where it has the most
+  context on its shorter side;
+- a training answer becomes the piece span whose pieces equal the tokenized answer text (the "improve answer
+  span" rule); outside the window, or for an impossible question, start and end point at [CLS] (0);
+- prediction takes the n best starts and ends of every window, keeps valid spans, and maps the best spans back
+  onto the original context through the basic tokenizer ("get final text").
+Only numpy is used here: the training scripts turn the arrays into tensors.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+import unicodedata
+import zipfile
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from data.tokenization import BertTokenizer, Vocab
+from errors import InputError
+
+logger = logging.getLogger(__name__)
+
+FEATURES_FORMAT_VERSION = 1  # bump when the feature layout or algorithm changes, so old caches are not reused
+# Context word separators of the reference code (U+202F, the narrow no-break space, included).
+_CONTEXT_WHITESPACE = frozenset(" \t\r\n\u202f")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Examples
+# ---------------------------------------------------------------------------------------------------------
+@dataclass
+class SquadAnswer:
+    """One gold answer: its text, first character in the context, and first/last word of doc_tokens."""
+
+    text: str
+    start_char: int
+    start_word: int
+    end_word: int
+
+
+@dataclass
+class SquadExample:
+    """One question about one context. `doc_tokens` are the whitespace-separated words of the context;
+    examples of the same paragraph share `context_id` (and the list), so the paragraph is tokenized once."""
+
+    qas_id: str
+    question_text: str
+    doc_tokens: list[str]
+    answers: list[SquadAnswer]
+    is_impossible: bool = False
+    context_id: int = -1
+
+
+def split_context(context: str) -> tuple[list[str], list[int]]:
+    """Whitespace words of `context` and, for every character, the index of its word (a separator belongs to
+    the word before it; leading separators to -1)."""
+    words: list[str] = []
+    char_to_word: list[int] = []
+    after_space = True
+    for char in context:
+        if char in _CONTEXT_WHITESPACE:
+            after_space = True
+        else:
+            if after_space:
+                words.append(char)
+            else:
+                words[-1] += char
+            after_space = False
+        char_to_word.append(len(words) - 1)
+    return words, char_to_word
+
+
+def load_squad_json(path: str | Path) -> dict[str, Any]:
+    """The parsed SQuAD file; InputError (naming the file) when it is missing, not UTF-8 or not JSON."""
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a SQuAD JSON file") from None
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path}: not UTF-8 (byte {error.start})") from None
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}: malformed JSON ({error.msg} at line {error.lineno} column {error.colno})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        raise InputError(f"{path}: not a SQuAD file (expected an object with a 'data' list)")
+    return data
+
+
+def is_squad_v2(data: dict[str, Any]) -> bool:
+    """True for a SQuAD 2.0 file: its version says 2, or a question carries `is_impossible`."""
+    if str(data.get("version", "")).lstrip("v").startswith("2"):
+        return True
+    return any(
+        "is_impossible" in qa
+        for article in data["data"]
+        for paragraph in article.get("paragraphs", ())
+        for qa in paragraph.get("qas", ())
+    )
+
+
+def read_squad_examples(
+    path: str | Path, is_training: bool, version_2_with_negative: bool = False
+) -> list[SquadExample]:
+    """Examples of a SQuAD JSON file, in file order.
+
+    Every gold answer is located in words. For training, the first answer is the target; a question whose
+    first answer text is not found in its words is skipped with a warning (as the reference code does), and a
+    question without answers is an error unless `version_2_with_negative` marks it impossible.
+    Raises InputError naming the file and the question for malformed input.
+    """
+    path = Path(path)
+    data = load_squad_json(path)
+    examples: list[SquadExample] = []
+    skipped = 0
+    where = "the file"
+    try:
+        context_id = 0
+        for a, article in enumerate(data["data"]):
+            for p, paragraph in enumerate(article["paragraphs"]):
+                where = f"article {a} paragraph {p}"
+                words, char_to_word = split_context(paragraph["context"])
+                for qa in paragraph["qas"]:
+                    where = f"question {qa['id']!r}"
+                    # SQuAD 2.0 marks unanswerable questions; an empty answer list means the same there.
+                    impossible = version_2_with_negative and bool(qa.get("is_impossible", False) or not qa["answers"])
+                    answers = [] if impossible else [_locate(ans, char_to_word) for ans in qa["answers"]]
+                    example = SquadExample(
+                        str(qa["id"]), str(qa["question"]), words, answers, impossible, context_id
+                    )
+                    if is_training and not impossible:
+                        if not answers:
+                            raise InputError(
+                                f"{path}: {where} has no answer (pass --version_2_with_negative for SQuAD 2.0)"
+                            )
+                        first = answers[0]
+                        found = " ".join(words[first.start_word : first.end_word + 1])
+                        if " ".join(first.text.split()) not in found:
+                            logger.warning("%s: %s: answer %r not found in the context, skipped", path, where, first.text)
+                            skipped += 1
+                            continue
+                    examples.append(example)
+                context_id += 1
+    except (KeyError, TypeError, AttributeError) as error:
+        detail = f"missing key {error}" if isinstance(error, KeyError) else "unexpected structure"
+        raise InputError(f"{path}: not a SQuAD file ({where}: {detail})") from None
+    except _BadAnswer as error:
+        raise InputError(f"{path}: {where}: {error}") from None
+    if skipped:
+        logger.warning("%s: %d training question(s) skipped", path, skipped)
+    return examples
+
+
+class _BadAnswer(Exception):
+    pass
+
+
+def _locate(answer: dict[str, Any], char_to_word: list[int]) -> SquadAnswer:
+    text, start = str(answer["text"]), answer["answer_start"]
+    end = start + len(text) - 1 if isinstance(start, int) else -1
+    if not isinstance(start, int) or not text or start < 0 or end >= len(char_to_word):
+        raise _BadAnswer(f"answer {text!r} at {start!r} lies outside the context")
+    return SquadAnswer(text, start, max(char_to_word[start], 0), char_to_word[end])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Features
+# ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WindowSettings:
+    """How examples become fixed-length windows (NVIDIA's defaults)."""
+
+    max_seq_length: int = 384
+    doc_stride: int = 128
+    max_query_length: int = 64
+
+
+@dataclass
+class SquadFeatures:
+    """N windows of length L. `token_to_orig` is the word (index into the example's doc_tokens) of each
+    document piece, -1 on [CLS], the query, [SEP] and padding. Positions are 0 ([CLS]) when the window does not
+    hold the answer, and 0 everywhere when not training."""
+
+    input_ids: np.ndarray  # int32 [N, L], zero-padded
+    input_mask: np.ndarray  # int8 [N, L]
+    segment_ids: np.ndarray  # int8 [N, L]
+    start_positions: np.ndarray  # int64 [N]
+    end_positions: np.ndarray  # int64 [N]
+    example_index: np.ndarray  # int32 [N], index into the example list
+    token_to_orig: np.ndarray  # int32 [N, L]
+    token_is_max_context: np.ndarray  # bool [N, L]
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def _gather_pieces(ids: np.ndarray, offsets: np.ndarray, which: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated pieces of lines `which` of a CSR (ids, offsets) layout, and the piece count of each line."""
+    counts = offsets[which + 1] - offsets[which]
+    starts = np.zeros(len(which), np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    index = np.repeat(offsets[which] - starts, counts) + np.arange(int(counts.sum()))
+    return ids[index], counts
+
+
+class _DocumentPieces:
+    """WordPiece ids of contexts, each distinct word tokenized once for the whole data set."""
+
+    def __init__(self, examples: Sequence[SquadExample], tokenizer: BertTokenizer) -> None:
+        self._word_id: dict[str, int] = {}
+        for example in examples:
+            for word in example.doc_tokens:
+                self._word_id.setdefault(word, len(self._word_id))
+        self._ids, self._offsets = tokenizer.encode_lines(list(self._word_id))
+        self._by_context: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def of(self, example: SquadExample) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(pieces int32 [T], piece -> word int32 [T], word -> first piece int64 [W + 1]) of the context."""
+        key = example.context_id
+        if key >= 0 and key in self._by_context:
+            return self._by_context[key]
+        which = np.fromiter((self._word_id[w] for w in example.doc_tokens), np.int64, len(example.doc_tokens))
+        pieces, counts = _gather_pieces(self._ids, self._offsets, which)
+        word_start = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=word_start[1:])
+        piece_word = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+        result = (pieces, piece_word, word_start)
+        if key >= 0:
+            self._by_context[key] = result
+        return result
+
+
+def _improve_answer_span(pieces: np.ndarray, start: int, end: int, answer_pieces: np.ndarray) -> tuple[int, int]:
+    """The first sub-span of pieces[start..end] whose pieces equal the tokenized answer text, else the span.
+    (Words like "1895s" hold the answer "1895" only as a prefix; its own pieces are the better target.)"""
+    n = len(answer_pieces)
+    if n == 0:
+        return start, end
+    for new_start in range(start, end - n + 2):
+        if np.array_equal(pieces[new_start : new_start + n], answer_pieces):
+            return new_start, new_start + n - 1
+    return start, end
+
+
+def _windows(n_pieces: int, window: int, stride: int) -> list[tuple[int, int]]:
+    """(start, length) of the windows over n_pieces document pieces: the last one ends at the document end."""
+    spans: list[tuple[int, int]] = []
+    start = 0
+    while start < n_pieces:
+        length = min(n_pieces - start, window)
+        spans.append((start, length))
+        if start + length == n_pieces:
+            break
+        start += min(length, stride)
+    return spans
+
+
+def _max_context_window(spans: list[tuple[int, int]], n_pieces: int) -> np.ndarray:
+    """For each document piece, the window where min(left, right) context + 0.01 * window length is highest
+    (the first such window on ties): int64 [n_pieces]."""
+    position = np.arange(n_pieces)
+    scores = np.full((len(spans), n_pieces), -np.inf)
+    for k, (start, length) in enumerate(spans):
+        inside = slice(start, start + length)
+        scores[k, inside] = np.minimum(position[inside] - start, start + length - 1 - position[inside]) + 0.01 * length
+    return scores.argmax(axis=0)
+
+
+def convert_examples_to_features(
+    examples: Sequence[SquadExample],
+    tokenizer: BertTokenizer,
+    settings: WindowSettings = WindowSettings(),
+    is_training: bool = False,
+) -> SquadFeatures:
+    """Windows of every example, in example order (the windows of one example are consecutive)."""
+    seq_len, max_query = settings.max_seq_length, settings.max_query_length
+    if max_query + 3 >= seq_len or settings.doc_stride < 1:
+        raise InputError(
+            f"max_seq_length {seq_len} leaves no room for the document after a query of up to {max_query} tokens"
+            f" (or doc_stride {settings.doc_stride} < 1)"
+        )
+    vocab = tokenizer.vocab
+    cls_id, sep_id = vocab.id("[CLS]"), vocab.id("[SEP]")
+    documents = _DocumentPieces(examples, tokenizer)
+    # Questions and training answers tokenized in bulk; "\n" is whitespace to BERT and the line separator here.
+    q_ids, q_offsets = tokenizer.encode_lines([e.question_text.replace("\n", " ") for e in examples])
+    if is_training:
+        answer_texts = [e.answers[0].text.replace("\n", " ") if e.answers else "" for e in examples]
+        a_ids, a_offsets = tokenizer.encode_lines(answer_texts)
+
+    plans = []  # (example index, query pieces, document, windows, gold piece span or None)
+    for i, example in enumerate(examples):
+        query = q_ids[q_offsets[i] : q_offsets[i + 1]][:max_query]
+        pieces, piece_word, word_start = documents.of(example)
+        spans = _windows(len(pieces), seq_len - len(query) - 3, settings.doc_stride)
+        gold = None
+        if is_training and not example.is_impossible:
+            answer = example.answers[0]
+            start = int(word_start[answer.start_word])
+            end = int(word_start[answer.end_word + 1]) - 1
+            gold = _improve_answer_span(pieces, start, end, a_ids[a_offsets[i] : a_offsets[i + 1]])
+        plans.append((i, query, pieces, piece_word, spans, gold))
+
+    n = sum(len(plan[4]) for plan in plans)
+    out = SquadFeatures(
+        input_ids=np.zeros((n, seq_len), np.int32),
+        input_mask=np.zeros((n, seq_len), np.int8),
+        segment_ids=np.zeros((n, seq_len), np.int8),
+        start_positions=np.zeros(n, np.int64),
+        end_positions=np.zeros(n, np.int64),
+        example_index=np.zeros(n, np.int32),
+        token_to_orig=np.full((n, seq_len), -1, np.int32),
+        token_is_max_context=np.zeros((n, seq_len), bool),
+    )
+    row = 0
+    for i, query, pieces, piece_word, spans, gold in plans:
+        if not spans:  # a context without any word piece has no window
+            continue
+        best_window = _max_context_window(spans, len(pieces))
+        doc_offset = len(query) + 2  # [CLS] query [SEP]
+        for k, (start, length) in enumerate(spans):
+            end = doc_offset + length
+            out.input_ids[row, 0] = cls_id
+            out.input_ids[row, 1 : doc_offset - 1] = query
+            out.input_ids[row, doc_offset - 1] = sep_id
+            out.input_ids[row, doc_offset:end] = pieces[start : start + length]
+            out.input_ids[row, end] = sep_id
+            out.input_mask[row, : end + 1] = 1
+            out.segment_ids[row, doc_offset : end + 1] = 1
+            out.token_to_orig[row, doc_offset:end] = piece_word[start : start + length]
+            out.token_is_max_context[row, doc_offset:end] = best_window[start : start + length] == k
+            out.example_index[row] = i
+            if gold is not None and start <= gold[0] and gold[1] <= start + length - 1:
+                out.start_positions[row] = gold[0] - start + doc_offset
+                out.end_positions[row] = gold[1] - start + doc_offset
+            row += 1
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Feature cache (.npz: plain arrays, nothing unpickled)
+# ---------------------------------------------------------------------------------------------------------
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def features_cache_key(
+    data_sha256: str,
+    vocab: Vocab,
+    do_lower_case: bool,
+    settings: WindowSettings,
+    is_training: bool,
+    version_2_with_negative: bool,
+) -> str:
+    """sha256 over everything the features depend on: data and vocab content, casing, window settings,
+    training or not, v2 handling and the feature format version."""
+    parts = {
+        "format": FEATURES_FORMAT_VERSION,
+        "data_sha256": data_sha256,
+        "vocab_sha256": vocab.sha256,
+        "do_lower_case": bool(do_lower_case),
+        "max_seq_length": settings.max_seq_length,
+        "doc_stride": settings.doc_stride,
+        "max_query_length": settings.max_query_length,
+        "is_training": bool(is_training),
+        "version_2_with_negative": bool(version_2_with_negative),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def features_cache_path(cache_dir: str | Path, cache_key: str) -> Path:
+    """Where the features of `cache_key` live in `cache_dir`."""
+    return Path(cache_dir) / f"squad_features_{cache_key[:20]}.npz"
+
+
+def save_features(path: str | Path, features: SquadFeatures, cache_key: str) -> None:
+    """Writes the features and their key to an .npz, atomically (temporary name, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {f.name: getattr(features, f.name) for f in fields(SquadFeatures)}
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False) as tmp:
+        try:
+            np.savez(tmp, cache_key=np.array(cache_key), **arrays)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        except BaseException:
+            os.unlink(tmp.name)
+            raise
+    os.replace(tmp.name, path)
+
+
+def load_features(path: str | Path, cache_key: str) -> Optional[SquadFeatures]:
+    """The cached features if `path` holds features of exactly `cache_key`, else None (a missing, stale or
+    damaged cache is rebuilt, never trusted)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            if str(npz["cache_key"]) != cache_key:
+                logger.warning("%s: cache key differs, rebuilding features", path)
+                return None
+            features = SquadFeatures(**{f.name: npz[f.name] for f in fields(SquadFeatures)})
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as error:
+        logger.warning("%s: unreadable feature cache (%s), rebuilding", path, error)
+        return None
+    return features
+
+
+def cached_features(
+    examples: Sequence[SquadExample],
+    tokenizer: BertTokenizer,
+    settings: WindowSettings,
+    is_training: bool,
+    data_file: str | Path,
+    version_2_with_negative: bool,
+    cache_dir: Optional[str | Path],
+) -> SquadFeatures:
+    """convert_examples_to_features through the cache in `cache_dir` (no cache when it is None)."""
+    if cache_dir is None:
+        return convert_examples_to_features(examples, tokenizer, settings, is_training)
+    key = features_cache_key(
+        file_sha256(data_file), tokenizer.vocab, tokenizer.do_lower_case, settings, is_training,
+        version_2_with_negative,
+    )
+    path = features_cache_path(cache_dir, key)
+    features = load_features(path, key)
+    if features is None:
+        features = convert_examples_to_features(examples, tokenizer, settings, is_training)
+        save_features(path, features, key)
+    return features
+
+
+# ---------------------------------------------------------------------------------------------------------
+# From logits to answers
+# ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AnswerSettings:
+    """How spans are chosen and when SQuAD 2.0 answers nothing (NVIDIA's defaults)."""
+
+    n_best_size: int = 20
+    max_answer_length: int = 30
+    do_lower_case: bool = True
+    version_2_with_negative: bool = False
+    null_score_diff_threshold: float = 0.0
+
+
+@dataclass
+class SquadPredictions:
+    """qas_id -> answer text; qas_id -> n-best list of {text, probability, start_logit, end_logit};
+    for SQuAD 2.0, qas_id -> null score minus the best non-null score (the `null_odds.json` values)."""
+
+    answers: dict[str, str]
+    nbest: dict[str, list[dict[str, Any]]]
+    null_odds: dict[str, float]
+
+
+def basic_tokenize(text: str, do_lower_case: bool) -> list[str]:
+    """BERT's basic tokenizer: drop control characters, space out CJK ideographs, split on whitespace,
+    lower-case and strip accents when uncased, split off every punctuation character."""
+    chars = []
+    for char in text:
+        category = unicodedata.category(char)
+        if char in "\t\n\r" or category == "Zs":
+            chars.append(" ")
+        elif char == "\x00" or char == "\ufffd" or category in ("Cc", "Cf"):
+            continue
+        elif _is_cjk(ord(char)):
+            chars.append(f" {char} ")
+        else:
+            chars.append(char)
+    tokens: list[str] = []
+    for word in "".join(chars).split():
+        if do_lower_case:
+            word = "".join(c for c in unicodedata.normalize("NFD", word.lower()) if unicodedata.category(c) != "Mn")
+        current = ""
+        for char in word:
+            if _is_punctuation(char):
+                tokens += [current, char] if current else [char]
+                current = ""
+            else:
+                current += char
+        if current:
+            tokens.append(current)
+    return tokens
+
+
+def _is_cjk(cp: int) -> bool:
+    return (
+        0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF or 0x2A700 <= cp <= 0x2B73F
+        or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F
+    )
+
+
+def _is_punctuation(char: str) -> bool:
+    cp = ord(char)
+    # All non-alphanumeric printable ASCII counts, as in BERT ("$", "^", "`" are not Unicode punctuation).
+    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+        return True
+    return unicodedata.category(char).startswith("P")
+
+
+def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool) -> str:
+    """The part of `orig_text` (original words, original case and accents) that the de-tokenized prediction
+    `pred_text` covers. Both are aligned through the basic-tokenized original with spaces removed; when they
+    do not align character for character, the whole `orig_text` is returned."""
+    return _align(pred_text, orig_text, " ".join(basic_tokenize(orig_text, do_lower_case)))
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _basic_word(word: str, do_lower_case: bool) -> str:
+    return " ".join(basic_tokenize(word, do_lower_case))
+
+
+def _final_text_of_words(pred_text: str, words: Sequence[str], do_lower_case: bool) -> str:
+    """get_final_text(pred_text, " ".join(words)): basic tokenization is local to a word, so it is cached per
+    word (post-processing spends most of its time here otherwise)."""
+    tok_text = " ".join(t for t in (_basic_word(w, do_lower_case) for w in words) if t)
+    return _align(pred_text, " ".join(words), tok_text)
+
+
+def _align(pred_text: str, orig_text: str, tok_text: str) -> str:
+    """Maps pred_text, found in tok_text, onto orig_text by counting non-space characters (both texts must
+    hold the same number of them)."""
+    start = tok_text.find(pred_text)
+    if start == -1 or not pred_text:
+        return orig_text
+    end = start + len(pred_text) - 1
+    if len(orig_text) - orig_text.count(" ") != len(tok_text) - tok_text.count(" "):
+        return orig_text
+    if tok_text[start] == " " or tok_text[end] == " ":
+        return orig_text
+    ns_start = start - tok_text.count(" ", 0, start)
+    ns_end = end - tok_text.count(" ", 0, end)
+    codes = np.frombuffer(orig_text.encode("utf-32-le"), np.uint32)
+    orig_positions = np.flatnonzero(codes != ord(" "))
+    return orig_text[int(orig_positions[ns_start]) : int(orig_positions[ns_end]) + 1]
+
+
+def _softmax(scores: list[float]) -> list[float]:
+    if not scores:
+        return []
+    top = max(scores)
+    exps = [math.exp(s - top) for s in scores]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+def _top_indexes(logits: np.ndarray, n: int) -> np.ndarray:
+    """Indexes of the n largest logits, largest first, lower index first on ties."""
+    return np.argsort(-logits, kind="stable")[:n]
+
+
+def extract_answers(
+    examples: Sequence[SquadExample],
+    features: SquadFeatures,
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    vocab: Vocab,
+    settings: AnswerSettings = AnswerSettings(),
+) -> SquadPredictions:
+    """Answers from the model's logits (float [N, L], one row per feature, same order as `features`).
+
+    Candidates of a window: the n_best_size best starts x ends that both lie in its document part, end >= start,
+    at most max_answer_length pieces, start in its max-context window; ranked by start + end logit over all
+    windows of the question. SQuAD 2.0 adds the null answer scored by the smallest [CLS] start + end over the
+    windows and answers "" when null score - best non-null score > null_score_diff_threshold.
+    """
+    start_logits = np.asarray(start_logits, np.float32)
+    end_logits = np.asarray(end_logits, np.float32)
+    order = np.argsort(features.example_index, kind="stable")
+    bounds = np.searchsorted(features.example_index[order], np.arange(len(examples) + 1))
+    result = SquadPredictions({}, {}, {})
+    v2 = settings.version_2_with_negative
+    for i, example in enumerate(examples):
+        rows = order[bounds[i] : bounds[i + 1]]
+        candidates = []  # (score, row, start, end, start logit, end logit), in the reference's insertion order
+        null = None
+        for row in rows.tolist():
+            s_logits = start_logits[row].astype(np.float64)
+            e_logits = end_logits[row].astype(np.float64)
+            if v2:
+                null_score = s_logits[0] + e_logits[0]
+                if null is None or null_score < null[0]:
+                    null = (null_score, row, 0, 0, s_logits[0], e_logits[0])
+            starts = _top_indexes(start_logits[row], settings.n_best_size)[:, None]
+            ends = _top_indexes(end_logits[row], settings.n_best_size)[None, :]
+            in_doc = features.token_to_orig[row] >= 0
+            valid = (
+                in_doc[starts] & in_doc[ends] & features.token_is_max_context[row][starts]
+                & (ends >= starts) & (ends - starts + 1 <= settings.max_answer_length)
+            )
+            for s, e in zip(*np.nonzero(valid)):
+                start, end = int(starts[s, 0]), int(ends[0, e])
+                candidates.append((s_logits[start] + e_logits[end], row, start, end, s_logits[start], e_logits[end]))
+        if null is not None:
+            candidates.append(null)
+        candidates.sort(key=lambda c: c[0], reverse=True)  # stable, like the reference's sorted()
+
+        nbest: list[tuple[str, float, float]] = []
+        seen: set[str] = set()
+        for _score, row, start, end, s_logit, e_logit in candidates:
+            if len(nbest) >= settings.n_best_size:
+                break
+            text = _span_text(example, features, row, start, end, vocab, settings.do_lower_case) if start > 0 else ""
+            if text in seen:
+                continue
+            seen.add(text)
+            nbest.append((text, float(s_logit), float(e_logit)))
+        if v2 and null is not None and "" not in seen:
+            nbest.append(("", float(null[4]), float(null[5])))
+        if not any(text for text, _, _ in nbest) and rows.size:
+            # No valid span in any window: a placeholder keeps the n-best non-empty, as later reference code does.
+            nbest.insert(0, ("empty", 0.0, 0.0))
+
+        probabilities = _softmax([s + e for _, s, e in nbest])
+        entries = [
+            {"text": text, "probability": p, "start_logit": s, "end_logit": e}
+            for (text, s, e), p in zip(nbest, probabilities)
+        ]
+        result.nbest[example.qas_id] = entries
+        best = next((entry for entry in entries if entry["text"]), None)
+        if best is None:  # an example without any window (empty context)
+            result.answers[example.qas_id] = ""
+            if v2:
+                result.null_odds[example.qas_id] = 0.0
+        elif v2:
+            diff = float(null[0]) - best["start_logit"] - best["end_logit"]
+            result.null_odds[example.qas_id] = diff
+            result.answers[example.qas_id] = "" if diff > settings.null_score_diff_threshold else best["text"]
+        else:
+            result.answers[example.qas_id] = entries[0]["text"]
+    return result
+
+
+def _span_text(
+    example: SquadExample, features: SquadFeatures, row: int, start: int, end: int, vocab: Vocab, lower: bool
+) -> str:
+    """Original context text of pieces start..end of window `row`."""
+    pieces = " ".join(vocab.tokens[i] for i in features.input_ids[row, start : end + 1].tolist())
+    pred_text = " ".join(pieces.replace(" ##", "").replace("##", "").split())
+    first, last = int(features.token_to_orig[row, start]), int(features.token_to_orig[row, end])
+    return _final_text_of_words(pred_text, example.doc_tokens[first : last + 1], lower)
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """JSON (4-space indent, UTF-8) to `path` through a temporary file and a rename: never half written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(
+        "w", encoding="utf-8", dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False
+    ) as tmp:
+        try:
+            tmp.write(json.dumps(obj, indent=4) + "\n")
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        except BaseException:
+            os.unlink(tmp.name)
+            raise
+    os.replace(tmp.name, path)
+
+
+def write_predictions(output_dir: str | Path, predictions: SquadPredictions, version_2_with_negative: bool) -> list[Path]:
+    """Writes predictions.json, nbest_predictions.json and, for SQuAD 2.0, null_odds.json; returns the paths."""
+    output_dir = Path(output_dir)
+    files = [(output_dir / "predictions.json", predictions.answers), (output_dir / "nbest_predictions.json", predictions.nbest)]
+    if version_2_with_negative:
+        files.append((output_dir / "null_odds.json", predictions.null_odds))
+    for path, obj in files:
+        write_json_atomic(path, obj)
+    return [path for path, _ in files]

@@ -1,0 +1,97 @@
+"""Training checkpoints: `<output_dir>/ckpt_<global_step>.pt`, written atomically, newest 3 kept, and found
+again on resume with a corrupt newest file skipped in favour of the previous one (interfaces.md, section 3).
+
+A checkpoint holds only tensors, numbers, strings, lists and dicts, so `torch.load(weights_only=True)` reads it.
+"""
+from __future__ import annotations
+
+import random
+import re
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from errors import InputError
+from model_weights import save_torch_atomic
+
+CHECKPOINT_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
+KEEP_NEWEST = 3
+
+
+def checkpoint_path(output_dir: str | Path, global_step: int) -> Path:
+    return Path(output_dir) / f"ckpt_{global_step}.pt"
+
+
+def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every ckpt_<step>.pt in output_dir, oldest first."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        match = CHECKPOINT_PATTERN.match(path.name)
+        if match and path.is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random generator the training step draws from (dropout, Python and numpy), as plain data."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(output_dir: str | Path, global_step: int, payload: dict[str, Any]) -> Path:
+    """Writes ckpt_<global_step>.pt atomically and removes all but the newest KEEP_NEWEST checkpoints."""
+    path = checkpoint_path(output_dir, global_step)
+    save_torch_atomic({**payload, "global_step": global_step}, path)
+    for _, old in list_checkpoints(output_dir)[:-KEEP_NEWEST]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Reads one checkpoint (weights only); raises InputError naming the file when it is unreadable."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - truncated zips, bad pickles and I/O errors alike
+        raise InputError(f"{path}: unreadable checkpoint ({str(error).strip().splitlines()[0][:200]})") from None
+    if not isinstance(payload, dict) or "model" not in payload:
+        raise InputError(f"{path}: not a training checkpoint (no 'model' entry)")
+    return payload
+
+
+def load_newest_checkpoint(output_dir: str | Path, step: Optional[int] = None) -> tuple[Path, dict[str, Any]]:
+    """The newest readable checkpoint (or that of `step`); unreadable newer ones are skipped with a warning."""
+    candidates = list_checkpoints(output_dir)
+    if step is not None and step >= 0:
+        candidates = [(s, p) for s, p in candidates if s == step]
+    if not candidates:
+        wanted = f"ckpt_{step}.pt" if step is not None and step >= 0 else "ckpt_<step>.pt"
+        raise InputError(f"{output_dir}: no checkpoint {wanted} to resume from")
+    for _, path in reversed(candidates):
+        try:
+            return path, load_checkpoint(path)
+        except InputError as error:
+            print(f"warning: skipping {error}", file=sys.stderr, flush=True)
+    raise InputError(f"{output_dir}: every checkpoint is unreadable")

@@ -1,0 +1,79 @@
+"""Process-group set-up for runs launched by torchrun (env://), and the few collectives the loops need.
+
+Model code knows nothing of this module; the training loops call it. One process per device: gloo on CPUs,
+NCCL on GPUs. A run started without torchrun is a world of one and needs no process group.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(no_cuda: bool = False) -> DistributedContext:
+    """Reads RANK/WORLD_SIZE/LOCAL_RANK set by torchrun and joins the process group when there is more than one."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() and not no_cuda
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if use_cuda else "gloo",
+            init_method="env://",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(minutes=30),
+        )
+    return DistributedContext(rank, local_rank, world_size, device)
+
+
+def all_reduce_sum(values: torch.Tensor, ctx: DistributedContext) -> torch.Tensor:
+    """Sum of `values` over all processes (returned; the input is left alone)."""
+    if not ctx.enabled:
+        return values
+    total = values.clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total
+
+
+def any_process(flag: bool, ctx: DistributedContext) -> bool:
+    """True on every process when `flag` is true on any (e.g. one of them received SIGTERM)."""
+    if not ctx.enabled:
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def barrier(ctx: DistributedContext) -> None:
+    if ctx.enabled:
+        dist.barrier()
+
+
+def shutdown(ctx: DistributedContext) -> None:
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()

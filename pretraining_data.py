@@ -1,0 +1,279 @@
+"""Pre-training batches from HDF5 shards (interfaces.md, section 1).
+
+All shards of a run form one deterministic stream of samples: epoch e visits the files in an order drawn
+from (seed, e) and the samples of each file in an order drawn from (seed, e, file). Every optimizer step
+takes the next `micro_batch * accumulation * world_size` samples of the stream, cut into micro-batches;
+micro-batch k of a step goes to rank k % world_size. So no two processes read the same sample, and the
+samples of a step do not depend on how they are spread over processes: 2 processes with accumulation 2
+see exactly what 1 process with accumulation 4 sees. A position in the stream is one integer, which makes
+resuming exact.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterator, Optional
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from errors import InputError
+
+SHARD_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+              "next_sentence_labels")
+IGNORE_INDEX = -1
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    path: Path
+    num_samples: int
+    seq_length: int
+    max_predictions: int
+
+
+def find_shards(directory: str | Path, name_must_contain: str = "") -> list[Path]:
+    """Sorted `*.hdf5` files of `directory` whose name contains `name_must_contain`."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: input directory does not exist")
+    files = sorted(p for p in folder.iterdir() if p.suffix == ".hdf5" and name_must_contain in p.name and p.is_file())
+    if not files:
+        what = f"*.hdf5 files with '{name_must_contain}' in their name" if name_must_contain else "*.hdf5 files"
+        raise InputError(f"{folder}: holds no {what}")
+    return files
+
+
+def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_length: Optional[int] = None,
+                  max_predictions: Optional[int] = None) -> ShardInfo:
+    """Checks keys, dtypes and shapes (and the writer's attributes when present) without reading the data."""
+    try:
+        with h5py.File(path, "r") as f:
+            missing = [k for k in SHARD_KEYS if k not in f]
+            if missing:
+                raise InputError(f"{path}: shard lacks the key(s) {', '.join(missing)}")
+            shapes = {k: f[k].shape for k in SHARD_KEYS}
+            for key in SHARD_KEYS:
+                if f[key].dtype.kind not in "iu":
+                    raise InputError(f"{path}: {key} has dtype {f[key].dtype}, expected integers")
+            attrs = dict(f.attrs)
+    except OSError as error:
+        raise InputError(f"{path}: not a readable HDF5 file ({error})") from None
+    n, seq = shapes["input_ids"][0], shapes["input_ids"][1] if len(shapes["input_ids"]) == 2 else -1
+    for key in ("input_mask", "segment_ids"):
+        if shapes[key] != shapes["input_ids"]:
+            raise InputError(f"{path}: {key} has shape {shapes[key]}, input_ids {shapes['input_ids']}")
+    if len(shapes["input_ids"]) != 2:
+        raise InputError(f"{path}: input_ids has shape {shapes['input_ids']}, expected [N, max_seq_length]")
+    preds = shapes["masked_lm_positions"]
+    if len(preds) != 2 or preds[0] != n or shapes["masked_lm_ids"] != preds:
+        raise InputError(f"{path}: masked_lm_positions/ids have shapes {preds}/{shapes['masked_lm_ids']}"
+                         f" for {n} samples")
+    if shapes["next_sentence_labels"] not in ((n,), (n, 1)):
+        raise InputError(f"{path}: next_sentence_labels has shape {shapes['next_sentence_labels']}, expected ({n},)")
+    if seq > max_positions:
+        raise InputError(f"{path}: sequences of {seq} tokens exceed the model's max_position_embeddings "
+                         f"{max_positions}")
+    if max_seq_length is not None and seq != max_seq_length:
+        raise InputError(f"{path}: sequences have {seq} tokens but --max_seq_length is {max_seq_length}")
+    if max_predictions is not None and preds[1] != max_predictions:
+        raise InputError(f"{path}: {preds[1]} masked positions per sequence but --max_predictions_per_seq is "
+                         f"{max_predictions}")
+    if "vocab_size" in attrs and int(attrs["vocab_size"]) > vocab_size:
+        raise InputError(f"{path}: written for a vocab of {int(attrs['vocab_size'])} tokens, the model has "
+                         f"{vocab_size}")
+    return ShardInfo(path, int(n), int(seq), int(preds[1]))
+
+
+def load_shard(info: ShardInfo, vocab_size: int) -> dict[str, np.ndarray]:
+    """The six arrays of a shard in memory, token ids checked against the vocabulary."""
+    try:
+        with h5py.File(info.path, "r") as f:
+            arrays = {k: f[k][()] for k in SHARD_KEYS}
+    except OSError as error:
+        raise InputError(f"{info.path}: cannot read the shard ({error})") from None
+    arrays["next_sentence_labels"] = arrays["next_sentence_labels"].reshape(-1)
+    for key in ("input_ids", "masked_lm_ids"):
+        values = arrays[key]
+        if values.size and (values.max() >= vocab_size or values.min() < 0):
+            raise InputError(f"{info.path}: {key} holds token id {int(values.max())} outside the model's vocab "
+                             f"of {vocab_size}")
+    return arrays
+
+
+def make_batch(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Rows of a loaded shard as model inputs; labels are -1 except at the masked positions, which end at
+    the first 0 in masked_lm_positions."""
+    positions = arrays["masked_lm_positions"][rows].astype(np.int64)
+    ids = arrays["masked_lm_ids"][rows].astype(np.int64)
+    input_ids = arrays["input_ids"][rows].astype(np.int64)
+    valid = np.cumprod(positions != 0, axis=1).astype(bool)
+    labels = np.full(input_ids.shape, IGNORE_INDEX, dtype=np.int64)
+    row_index = np.nonzero(valid)[0]
+    labels[row_index, positions[valid]] = ids[valid]
+    return {
+        "input_ids": input_ids,
+        "segment_ids": arrays["segment_ids"][rows].astype(np.int64),
+        "input_mask": arrays["input_mask"][rows].astype(np.int64),
+        "masked_lm_labels": labels,
+        "next_sentence_labels": arrays["next_sentence_labels"][rows].astype(np.int64),
+    }
+
+
+class SampleStream:
+    """Maps a position in the endless, epoch-by-epoch shuffled stream of all samples to (file, row)."""
+
+    def __init__(self, shards: list[ShardInfo], seed: int, shuffle: bool = True) -> None:
+        self.shards = shards
+        self.seed = seed
+        self.shuffle = shuffle
+        self.samples_per_epoch = sum(s.num_samples for s in shards)
+        if self.samples_per_epoch == 0:
+            raise InputError(f"{shards[0].path.parent}: the shards hold no samples")
+
+    @lru_cache(maxsize=4)  # noqa: B019 - a handful of small orders, alive as long as the stream
+    def file_order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(len(self.shards))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
+
+    @lru_cache(maxsize=4)  # noqa: B019
+    def row_order(self, epoch: int, file_index: int) -> np.ndarray:
+        n = self.shards[file_index].num_samples
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, epoch, file_index]).permutation(n)
+
+    def locate(self, position: int) -> tuple[int, int, int]:
+        """(epoch, index into that epoch's file order, offset within the file) of a stream position."""
+        epoch, offset = divmod(position, self.samples_per_epoch)
+        sizes = [self.shards[i].num_samples for i in self.file_order(epoch)]
+        ends = np.cumsum(sizes)
+        slot = int(np.searchsorted(ends, offset, side="right"))
+        return epoch, slot, offset - (int(ends[slot - 1]) if slot else 0)
+
+    def pieces(self, start: int, count: int) -> Iterator[tuple[int, int, np.ndarray]]:
+        """(epoch, file index, rows) pieces that together make stream positions [start, start + count)."""
+        while count > 0:
+            epoch, slot, offset = self.locate(start)
+            file_index = int(self.file_order(epoch)[slot])
+            take = min(count, self.shards[file_index].num_samples - offset)
+            yield epoch, file_index, self.row_order(epoch, file_index)[offset: offset + take]
+            start += take
+            count -= take
+
+
+class _ShardCache:
+    """The shard in use plus the next one, which a background thread reads while the current is consumed."""
+
+    def __init__(self, shards: list[ShardInfo], vocab_size: int) -> None:
+        self.shards = shards
+        self.vocab_size = vocab_size
+        self.loaded: dict[int, dict[str, np.ndarray]] = {}
+        self.pending: dict[int, tuple[threading.Thread, list]] = {}
+
+    def get(self, file_index: int) -> dict[str, np.ndarray]:
+        if file_index in self.pending:
+            thread, box = self.pending.pop(file_index)
+            thread.join()
+            if isinstance(box[0], BaseException):
+                raise box[0]
+            self.loaded[file_index] = box[0]
+        if file_index not in self.loaded:
+            self.loaded[file_index] = load_shard(self.shards[file_index], self.vocab_size)
+        for old in [k for k in self.loaded if k != file_index]:
+            del self.loaded[old]  # keep memory at about two shards
+        return self.loaded[file_index]
+
+    def prefetch(self, file_index: int) -> None:
+        if file_index in self.loaded or file_index in self.pending:
+            return
+        box: list = [None]
+
+        def work() -> None:
+            try:
+                box[0] = load_shard(self.shards[file_index], self.vocab_size)
+            except BaseException as error:  # noqa: BLE001 - re-raised in the consumer
+                box[0] = error
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        self.pending[file_index] = (thread, box)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    micro_batch: int
+    accumulation: int
+    world_size: int
+    rank: int
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.micro_batch * self.accumulation * self.world_size
+
+    def micro_batch_start(self, step_start: int, micro_index: int) -> int:
+        """Stream position of this rank's micro-batch `micro_index` in the step starting at `step_start`."""
+        k = micro_index * self.world_size + self.rank
+        return step_start + k * self.micro_batch
+
+
+class PretrainingBatches(IterableDataset):
+    """This rank's micro-batches from stream position `start` on (a multiple of samples_per_step), as dicts of
+    int64 tensors: input_ids, segment_ids, input_mask [B, S], masked_lm_labels [B, S], next_sentence_labels [B].
+    With DataLoader workers, worker w builds every w-th micro-batch, so the order is the same for any count."""
+
+    def __init__(self, stream: SampleStream, plan: BatchPlan, vocab_size: int, start: int = 0,
+                 max_steps: Optional[int] = None) -> None:
+        self.stream = stream
+        self.plan = plan
+        self.vocab_size = vocab_size
+        self.start = start
+        self.max_steps = max_steps
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        worker = get_worker_info()
+        workers, worker_id = (worker.num_workers, worker.id) if worker else (1, 0)
+        cache = _ShardCache(self.stream.shards, self.vocab_size)
+        plan = self.plan
+        step = 0
+        serial = 0
+        while self.max_steps is None or step < self.max_steps:
+            step_start = self.start + step * plan.samples_per_step
+            for micro_index in range(plan.accumulation):
+                if serial % workers == worker_id:
+                    yield self._micro_batch(cache, plan.micro_batch_start(step_start, micro_index))
+                serial += 1
+            step += 1
+
+    def _micro_batch(self, cache: _ShardCache, position: int) -> dict[str, torch.Tensor]:
+        parts = []
+        for _, file_index, rows in self.stream.pieces(position, self.plan.micro_batch):
+            parts.append(make_batch(cache.get(file_index), rows))
+        # Read ahead the file that comes after this rank's next step.
+        ahead = position + self.plan.samples_per_step
+        _, next_file, _ = next(self.stream.pieces(ahead, 1))
+        cache.prefetch(next_file)
+        if len(parts) == 1:
+            batch = parts[0]
+        else:
+            batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return {k: torch.from_numpy(v) for k, v in batch.items()}
+
+
+def evaluation_batches(shards: list[ShardInfo], vocab_size: int, batch_size: int, rank: int, world_size: int,
+                       ) -> Iterator[dict[str, torch.Tensor]]:
+    """Every sample of the evaluation shards once, in order; batch k goes to rank k % world_size."""
+    stream = SampleStream(shards, seed=0, shuffle=False)
+    cache = _ShardCache(shards, vocab_size)
+    total = stream.samples_per_epoch
+    for k, start in enumerate(range(0, total, batch_size)):
+        if k % world_size != rank:
+            continue
+        parts = [make_batch(cache.get(f), rows) for _, f, rows in stream.pieces(start, min(batch_size, total - start))]
+        batch = parts[0] if len(parts) == 1 else {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+        yield {key: torch.from_numpy(value) for key, value in batch.items()}

@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""BERT pre-training (masked LM + next sentence) with LAMB, mixed precision, gradient accumulation and DDP.
+
+Flags are NVIDIA DeepLearningExamples' (`--input_dir --config_file --output_dir --train_batch_size ...`), plus
+--bf16, --num_workers, --eval_dir/--eval_steps and --compile_optimizer. Launch with torchrun for more than one
+process: `torchrun --nproc_per_node=8 run_pretraining.py ...`.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+import checkpointing
+from distributed import DistributedContext, all_reduce_sum, any_process, barrier, init_distributed, shutdown
+from errors import InputError, fail
+from metric_logger import MetricLogger
+from model import BertConfig, BertForPreTraining
+from model_weights import WeightsError, load_weights_into, read_config, read_weights
+from optimization import PolyWarmUpScheduler, build_lamb, weight_decay_groups
+from pretraining_data import (
+    BatchPlan,
+    PretrainingBatches,
+    SampleStream,
+    evaluation_batches,
+    find_shards,
+    inspect_shard,
+)
+from training import (
+    Stepper,
+    StopSignal,
+    TrainingFailure,
+    batches_to_device,
+    make_precision,
+    take,
+    unwrap,
+    wrap_ddp,
+)
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input_dir", required=True, help="directory of *training*.hdf5 shards")
+    p.add_argument("--config_file", required=True, help="bert_config.json")
+    p.add_argument("--output_dir", required=True, help="where ckpt_<step>.pt files go")
+    p.add_argument("--bert_model", default="bert-large-uncased", help="accepted for NVIDIA compatibility; unused")
+    p.add_argument("--init_checkpoint", help="initial weights: our checkpoint, NVIDIA's or a Hugging Face directory")
+    p.add_argument("--max_seq_length", type=int, default=512)
+    p.add_argument("--max_predictions_per_seq", type=int, default=80)
+    p.add_argument("--train_batch_size", type=int, default=32, help="per process, before accumulation")
+    p.add_argument("--learning_rate", type=float, default=5e-5)
+    p.add_argument("--num_train_epochs", type=float, default=3.0, help="accepted for compatibility; max_steps rules")
+    p.add_argument("--max_steps", type=float, default=1000, help="optimizer steps of this phase")
+    p.add_argument("--warmup_proportion", type=float, default=0.01)
+    p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", -1)),
+                   help="set by older launchers; torchrun's environment is used")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    p.add_argument("--fp16", "--amp", dest="fp16", action="store_true", help="fp16 autocast + loss scaling (CUDA)")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU or GPU)")
+    p.add_argument("--loss_scale", type=float, default=0.0, help="accepted for compatibility; scaling is dynamic")
+    p.add_argument("--init_loss_scale", type=float, default=2.0**20)
+    p.add_argument("--log_freq", type=float, default=1.0, help="log every N steps")
+    p.add_argument("--checkpoint_activations", action="store_true")
+    p.add_argument("--resume_from_checkpoint", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("--resume_step", type=int, default=-1, help="resume from ckpt_<resume_step>.pt")
+    p.add_argument("--num_steps_per_checkpoint", type=int, default=100)
+    p.add_argument("--skip_checkpoint", action="store_true", help="write no checkpoints")
+    p.add_argument("--phase2", action="store_true", help="phase 2: start from the phase-1 checkpoint")
+    p.add_argument("--phase1_end_step", type=int, default=7038)
+    p.add_argument("--allreduce_post_accumulation", action="store_true",
+                   help="all-reduce once per optimizer step (always the case here)")
+    p.add_argument("--allreduce_post_accumulation_fp16", action="store_true",
+                   help="all-reduce gradients in fp16 (bf16 with --bf16)")
+    p.add_argument("--do_train", action="store_true")
+    p.add_argument("--do_eval", action="store_true", help="evaluate masked-LM loss/accuracy on --eval_dir")
+    p.add_argument("--eval_dir", help="directory of held-out *.hdf5 shards")
+    p.add_argument("--eval_steps", type=int, default=0, help="evaluate every N steps (0: at the end only)")
+    p.add_argument("--eval_batch_size", type=int, default=0, help="default: the training micro-batch")
+    p.add_argument("--json-summary", dest="json_summary", default="results/dllogger.json")
+    p.add_argument("--steps_this_run", type=int, default=-1, help="stop this run after N steps (-1: max_steps)")
+    p.add_argument("--disable_progress_bar", action="store_true")
+    p.add_argument("--num_workers", type=int, default=0, help="DataLoader workers per process")
+    p.add_argument("--compile_optimizer", action="store_true",
+                   help="fuse the LAMB update with torch.compile (CPU: about 4x faster steps of the optimizer)")
+    p.add_argument("--no_cuda", action="store_true")
+    args = p.parse_args(argv)
+    if not args.do_train and not args.do_eval:
+        raise InputError("nothing to do: pass --do_train and/or --do_eval")
+    if args.train_batch_size % args.gradient_accumulation_steps:
+        raise InputError(f"--train_batch_size {args.train_batch_size} is not a multiple of "
+                         f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
+    if args.do_eval and not args.eval_dir:
+        raise InputError("--do_eval needs --eval_dir")
+    args.max_steps = int(args.max_steps)
+    args.log_freq = max(1, int(args.log_freq))
+    return args
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_model(args: argparse.Namespace, config: BertConfig, device: torch.device) -> BertForPreTraining:
+    model = BertForPreTraining(config)
+    model.set_checkpoint_activations(args.checkpoint_activations)
+    if args.init_checkpoint:
+        load_weights_into(model, read_weights(args.init_checkpoint), args.init_checkpoint)
+    return model.to(device)
+
+
+def pretraining_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                 masked_lm_labels=batch["masked_lm_labels"],
+                 next_sentence_labels=batch["next_sentence_labels"]).loss
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, shards: list, args: argparse.Namespace, ctx: DistributedContext,
+             precision: Any) -> dict[str, float]:
+    """MLPerf's metric: masked-LM accuracy over all masked tokens, and the mean masked-LM cross-entropy."""
+    bare = unwrap(model)
+    was_training = bare.training
+    bare.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, masked tokens
+    batch_size = args.eval_batch_size or args.train_batch_size // args.gradient_accumulation_steps
+    for batch in evaluation_batches(shards, bare.config.vocab_size, batch_size, ctx.rank, ctx.world_size):
+        batch = batches_to_device(batch, ctx.device)
+        labels = batch["masked_lm_labels"]
+        with precision.autocast():
+            logits = bare(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                          predict_positions=labels >= 0).prediction_logits.float()
+        targets = labels[labels >= 0]
+        sums[0] += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").double()
+        sums[1] += (logits.argmax(-1) == targets).sum()
+        sums[2] += targets.numel()
+    sums = all_reduce_sum(sums, ctx)
+    bare.train(was_training)
+    count = max(float(sums[2]), 1.0)
+    return {"eval_loss": float(sums[0]) / count, "eval_mlm_accuracy": float(sums[1]) / count}
+
+
+def restore_state(args: argparse.Namespace, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  precision: Any, log: MetricLogger) -> dict[str, Any]:
+    """Loads the checkpoint to resume from; returns where to continue (phase step, stream position, rng)."""
+    path, ckpt = checkpointing.load_newest_checkpoint(args.output_dir, args.resume_step)
+    unwrap(model).load_state_dict(ckpt["model"])
+    handoff = args.phase2 and not ckpt.get("phase2", False)
+    optimizer.load_state_dict(ckpt["optimizer"])
+    if handoff:  # phase 1 -> phase 2: same weights and moments, optimizer step and schedule start again
+        for group in optimizer.param_groups:
+            group["step"] = 0
+        log.log("PARAMETER", {"phase2_start_from": str(path)})
+        return {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None, "epoch": 0}
+    log.log("PARAMETER", {"resumed_from": str(path)})
+    return {"phase_step": int(ckpt["phase_step"]), "position": int(ckpt["data"]["stream_position"]),
+            "scheduler": ckpt.get("scheduler"), "rng": ckpt.get("rng"), "scaler": ckpt.get("scaler"),
+            "epoch": int(ckpt.get("epoch", 0))}
+
+
+def checkpoint_payload(args, model, optimizer, scheduler, precision, stream, position, phase_step, config):
+    epoch, slot, offset = stream.locate(position)
+    order = stream.file_order(epoch)
+    return {
+        "model": unwrap(model).state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": precision.scaler.state_dict() if precision.scaler is not None else None,
+        "epoch": epoch,
+        "data": {"stream_position": position, "seed": args.seed,
+                 "file_order": [stream.shards[i].path.name for i in order], "file_index": slot,
+                 "sample_offset": offset},
+        "rng": checkpointing.rng_state(),
+        "phase2": bool(args.phase2),
+        "phase1_end_step": args.phase1_end_step if args.phase2 else None,
+        "phase_step": phase_step,
+        "config": config.to_dict(),
+        "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))},
+    }
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parse_args(argv)
+    ctx = init_distributed(args.no_cuda)
+    try:
+        run(args, ctx)
+    finally:
+        shutdown(ctx)
+
+
+def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
+    start_time = time.time()
+    config = read_config(args.config_file)
+    precision = make_precision(ctx.device, args.fp16, args.bf16, args.init_loss_scale)
+    bar_enabled = ctx.is_main and not args.disable_progress_bar
+    log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar_enabled else print)
+    log.log("PARAMETER", {k: v for k, v in vars(args).items() if not k.startswith("_")}, echo=False)
+    for metric, unit in (("average_loss", None), ("step_loss", None), ("learning_rate", None),
+                         ("training_sequences_per_second", "sequences/s"), ("e2e_train_time", "s")):
+        log.metadata(metric, {"unit": unit} if unit else {})
+
+    train_shards = []
+    if args.do_train:
+        train_shards = [inspect_shard(f, config.vocab_size, config.max_position_embeddings, args.max_seq_length,
+                                      args.max_predictions_per_seq) for f in find_shards(args.input_dir, "training")]
+    eval_shards = []
+    if args.eval_dir:
+        eval_shards = [inspect_shard(f, config.vocab_size, config.max_position_embeddings)
+                       for f in find_shards(args.eval_dir)]
+    existing = checkpointing.list_checkpoints(args.output_dir)
+    if args.do_train and existing and not args.resume_from_checkpoint:
+        raise InputError(f"{args.output_dir}: holds checkpoints of another run ({existing[-1][1].name}); pass "
+                         "--resume_from_checkpoint to continue it or choose another --output_dir")
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+
+    seed_everything(args.seed + ctx.rank)
+    model = build_model(args, config, ctx.device)
+    optimizer = build_lamb(weight_decay_groups(model, 0.01), lr=args.learning_rate, compiled=args.compile_optimizer)
+    resume = {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None, "epoch": 0}
+    if args.resume_from_checkpoint and (existing or args.resume_step >= 0):
+        resume = restore_state(args, model, optimizer, precision, log)
+    elif args.resume_from_checkpoint and args.do_train and args.phase2:
+        raise InputError(f"{args.output_dir}: phase 2 needs the phase-1 checkpoint to resume from")
+    scheduler = PolyWarmUpScheduler(optimizer, args.warmup_proportion, max(args.max_steps, 1))
+    if resume["scheduler"] is not None:
+        scheduler.load_state_dict(resume["scheduler"])
+    if resume["scaler"] is not None and precision.scaler is not None:
+        precision.scaler.load_state_dict(resume["scaler"])
+    compress = None
+    if args.allreduce_post_accumulation_fp16:
+        compress = torch.bfloat16 if args.bf16 else torch.float16
+    ddp_model = wrap_ddp(model, ctx, compress)
+
+    final: dict[str, Any] = {}
+    if args.do_train:
+        final.update(train(args, ctx, config, ddp_model, optimizer, scheduler, precision, train_shards, eval_shards,
+                           resume, log, bar_enabled, start_time))
+    if args.do_eval and eval_shards and "eval_mlm_accuracy" not in final:
+        final.update(evaluate(ddp_model, eval_shards, args, ctx, precision))
+    log.log([], final)
+    log.close()
+
+
+def train(args, ctx, config, model, optimizer, scheduler, precision, train_shards, eval_shards, resume, log,
+          bar_enabled, start_time) -> dict[str, Any]:
+    plan = BatchPlan(args.train_batch_size // args.gradient_accumulation_steps, args.gradient_accumulation_steps,
+                     ctx.world_size, ctx.rank)
+    stream = SampleStream(train_shards, args.seed)
+    phase_step = resume["phase_step"]
+    steps_left = args.max_steps - phase_step
+    if args.steps_this_run > 0:
+        steps_left = min(steps_left, args.steps_this_run)
+    dataset = PretrainingBatches(stream, plan, config.vocab_size, start=resume["position"],
+                                 max_steps=max(steps_left, 0))
+    # A private generator for the loader, so that creating it draws nothing from the dropout RNG.
+    loader = DataLoader(dataset, batch_size=None, num_workers=args.num_workers,
+                        pin_memory=ctx.device.type == "cuda", generator=torch.Generator().manual_seed(args.seed),
+                        persistent_workers=False)
+    batches = iter(loader)
+    if resume["rng"] is not None:
+        checkpointing.set_rng_state(resume["rng"])
+    stepper = Stepper(model, optimizer, scheduler, precision, pretraining_loss)
+    stop = StopSignal()
+    step_offset = args.phase1_end_step if args.phase2 else 0
+    position = resume["position"]
+    losses: list[float] = []
+    step_times: list[float] = []
+    bar = tqdm(total=steps_left, disable=not bar_enabled, desc="pre-training", unit="step", dynamic_ncols=True)
+    model.train()
+    last_loss = float("nan")
+    result: dict[str, Any] = {}
+
+    def save() -> None:
+        # Never rotate a good checkpoint out for one taken in a run of non-finite steps.
+        if args.skip_checkpoint or stepper.consecutive_non_finite:
+            return
+        if ctx.is_main:
+            payload = checkpoint_payload(args, model, optimizer, scheduler, precision, stream, position,
+                                         phase_step, config)
+            checkpointing.save_checkpoint(args.output_dir, phase_step + step_offset, payload)
+        barrier(ctx)
+
+    try:
+        for index in range(steps_left):
+            tick = time.perf_counter()
+            micro = [batches_to_device(b, ctx.device) for b in take(batches, plan.accumulation)]
+            outcome = stepper.step(micro)
+            phase_step += 1
+            position += plan.samples_per_step
+            step_times.append(time.perf_counter() - tick)
+            losses.append(outcome.loss)
+            bar.update(1)
+            last_of_run = index == steps_left - 1
+            if phase_step % args.log_freq == 0 or last_of_run:
+                mean = all_reduce_sum(torch.tensor([np.mean(losses), outcome.loss], dtype=torch.float64,
+                                                   device=ctx.device), ctx) / ctx.world_size
+                last_loss = float(mean[1])
+                record = {"average_loss": float(mean[0]), "step_loss": last_loss,
+                          "learning_rate": optimizer.param_groups[0]["lr"], "skipped_steps": stepper.skipped_steps}
+                if precision.scaler is not None:
+                    record["loss_scale"] = precision.scaler.get_scale()
+                log.log([resume["epoch"], phase_step + step_offset], record)
+                bar.set_postfix(loss=f"{last_loss:.4f}")
+                losses.clear()
+            if args.eval_steps and phase_step % args.eval_steps == 0 and eval_shards:
+                result = evaluate(model, eval_shards, args, ctx, precision)
+                log.log([resume["epoch"], phase_step + step_offset], result)
+            stopping = any_process(stop.requested, ctx)
+            if stopping or last_of_run or phase_step % args.num_steps_per_checkpoint == 0:
+                save()
+            if stopping:
+                log.log("PARAMETER", {"stopped_by": "SIGTERM", "global_step": phase_step + step_offset})
+                break
+    except TrainingFailure as error:
+        bar.close()
+        print(f"error: {error}; stopping, the last good checkpoint is in {args.output_dir}", file=sys.stderr)
+        raise SystemExit(1)
+    finally:
+        stop.restore()
+    bar.close()
+    if eval_shards and args.do_eval:
+        result = evaluate(model, eval_shards, args, ctx, precision)
+    timed = step_times[2:] if len(step_times) > 2 else step_times
+    sequences = args.train_batch_size * ctx.world_size * len(timed)
+    return {
+        "e2e_train_time": time.time() - start_time,
+        "training_sequences_per_second": sequences / sum(timed) if timed and sum(timed) > 0 else 0.0,
+        "final_loss": last_loss,
+        "raw_train_time": sum(step_times),
+        **result,
+    }
+
+
+def cli() -> None:
+    try:
+        main()
+    except (InputError, WeightsError) as error:
+        fail(str(error))
+
+
+if __name__ == "__main__":
+    cli()

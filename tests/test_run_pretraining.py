@@ -1,0 +1,332 @@
+"""run_pretraining.py end to end on shards made from real books: learning, exact resume, DDP equivalence,
+the phase-2 hand-off, preemption, evaluation and every bad input of the pre-training issue."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from metric_logger import read_log
+from model import BertConfig, BertForPreTraining
+from tests.conftest import REPO_ROOT
+
+TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+        "max_position_embeddings": 128, "vocab_size": 30522, "hidden_act": "gelu", "type_vocab_size": 2,
+        "initializer_range": 0.02, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores: one thread per process avoids oversubscription
+
+
+def make_shard(shared_data, text_file, out_file, seq, preds):
+    subprocess.run([sys.executable, str(REPO_ROOT / "data" / "create_pretraining_data.py"), "--input_file",
+                    str(text_file), "--output_file", str(out_file), "--vocab_file",
+                    str(shared_data / "minilm" / "vocab.txt"), "--max_seq_length", str(seq),
+                    "--max_predictions_per_seq", str(preds), "--dupe_factor", "1"],
+                   check=True, capture_output=True, env=ENV)
+
+
+@pytest.fixture(scope="module")
+def corpus(shared_data, tmp_path_factory):
+    """Phase-1 (64/10) training shards from two books, a held-out shard, and phase-2 (128/20) shards."""
+    root = tmp_path_factory.mktemp("corpus")
+    texts = []
+    for name in ("pg1342.txt", "pg11.txt", "pg16.txt"):
+        text = (shared_data / "books" / name).read_text(encoding="utf-8")[:150_000]
+        path = root / f"{name}.txt"
+        path.write_text(text, encoding="utf-8")
+        texts.append(path)
+    (root / "p1").mkdir()
+    (root / "eval").mkdir()
+    (root / "p2").mkdir()
+    make_shard(shared_data, texts[0], root / "p1" / "books_training_0.hdf5", 64, 10)
+    make_shard(shared_data, texts[1], root / "p1" / "books_training_1.hdf5", 64, 10)
+    make_shard(shared_data, texts[2], root / "eval" / "books_test_0.hdf5", 64, 10)
+    make_shard(shared_data, texts[1], root / "p2" / "books_training_0.hdf5", 128, 20)
+    config = root / "bert_config.json"
+    config.write_text(json.dumps(TINY))
+    no_dropout = root / "bert_config_no_dropout.json"
+    no_dropout.write_text(json.dumps({**TINY, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
+    return root
+
+
+def pretrain(corpus, out, *extra, config="bert_config.json", phase=1, nproc=1, check=True, **popen):
+    shards, seq, preds = ("p1", 64, 10) if phase == 1 else ("p2", 128, 20)
+    args = ["--input_dir", str(corpus / shards), "--config_file", str(corpus / config), "--output_dir", str(out),
+            "--max_seq_length", str(seq), "--max_predictions_per_seq", str(preds), "--learning_rate", "2e-2",
+            "--warmup_proportion", "0.1", "--do_train", "--disable_progress_bar",
+            "--json-summary", str(out / "log.json"), *map(str, extra)]
+    if nproc > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                   "--master_port", str(29500 + os.getpid() % 1000), str(REPO_ROOT / "run_pretraining.py"), *args]
+    else:
+        command = [sys.executable, str(REPO_ROOT / "run_pretraining.py"), *args]
+    if popen:
+        return subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    result = subprocess.run(command, env=ENV, capture_output=True, text=True)
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def step_records(path):
+    return {tuple(r["step"]): r["data"] for r in read_log(path) if r["type"] == "LOG" and isinstance(r["step"], list)
+            and r["step"] and "step_loss" in r["data"]}
+
+
+def final_record(path):
+    return next(r["data"] for r in read_log(path) if r["type"] == "LOG" and r["step"] == [])
+
+
+def test_loss_falls_on_real_text_and_logs_follow_dllogger_format(corpus, tmp_path):
+    pretrain(corpus, tmp_path, "--train_batch_size", 16, "--max_steps", 40, "--log_freq", 5)
+    records = read_log(tmp_path / "log.json")
+    first = records[0]
+    assert list(first) == ["timestamp", "datetime", "elapsedtime", "type", "step", "data"]
+    assert first["step"] == "PARAMETER" and first["type"] == "LOG"
+    assert any(r["type"] == "METADATA" and list(r)[3:] == ["type", "metric", "metadata"] for r in records)
+    steps = step_records(tmp_path / "log.json")
+    assert sorted(steps) == [(0, s) for s in range(5, 41, 5)]
+    assert steps[(0, 40)]["average_loss"] < steps[(0, 5)]["average_loss"] - 1.0
+    assert set(steps[(0, 5)]) == {"average_loss", "step_loss", "learning_rate", "skipped_steps"}
+    final = final_record(tmp_path / "log.json")
+    assert {"e2e_train_time", "training_sequences_per_second", "final_loss", "raw_train_time"} <= set(final)
+    assert final["training_sequences_per_second"] > 0
+    assert sorted(p.name for p in tmp_path.glob("ckpt_*.pt")) == ["ckpt_40.pt"]
+
+
+def test_resume_continues_bit_for_bit(corpus, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = ["--train_batch_size", 8, "--gradient_accumulation_steps", 2, "--max_steps", 8,
+              "--num_steps_per_checkpoint", 4]
+    pretrain(corpus, straight, *common)
+    pretrain(corpus, split, *common, "--steps_this_run", 3)
+    assert sorted(p.name for p in split.glob("ckpt_*.pt")) == ["ckpt_3.pt"]
+    pretrain(corpus, split, *common, "--resume_from_checkpoint")
+    a, b = step_records(straight / "log.json"), step_records(split / "log.json")
+    assert sorted(a) == sorted(b) == [(0, s) for s in range(1, 9)]
+    for step in range(4, 9):  # after the resume: identical to the last bit, dropout and data order included
+        assert a[(0, step)]["step_loss"] == b[(0, step)]["step_loss"]
+    weights_a = torch.load(straight / "ckpt_8.pt", weights_only=True)["model"]
+    weights_b = torch.load(split / "ckpt_8.pt", weights_only=True)["model"]
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+
+
+def test_two_processes_equal_one_process_with_double_accumulation(corpus, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    pretrain(corpus, one, "--train_batch_size", 8, "--gradient_accumulation_steps", 4, "--max_steps", 3,
+             config="bert_config_no_dropout.json")
+    pretrain(corpus, two, "--train_batch_size", 4, "--gradient_accumulation_steps", 2, "--max_steps", 3,
+             "--allreduce_post_accumulation", config="bert_config_no_dropout.json", nproc=2)
+    a = torch.load(one / "ckpt_3.pt", weights_only=True)["model"]
+    b = torch.load(two / "ckpt_3.pt", weights_only=True)["model"]
+    differences = [float((a[k] - b[k]).abs().max()) for k in a]
+    assert max(differences) < 1e-6
+    initial = BertForPreTraining(BertConfig(**TINY)).state_dict()
+    assert any(not torch.equal(a[k], initial[k]) for k in a if k.endswith("query.weight"))
+
+
+def test_fp16_compressed_allreduce_runs_on_two_processes(corpus, tmp_path):
+    pretrain(corpus, tmp_path, "--train_batch_size", 4, "--gradient_accumulation_steps", 2, "--max_steps", 2,
+             "--allreduce_post_accumulation", "--allreduce_post_accumulation_fp16", nproc=2)
+    assert (tmp_path / "ckpt_2.pt").exists()
+
+
+def test_phase2_starts_from_phase1_with_reset_schedule_and_continued_numbers(corpus, tmp_path):
+    pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 4, "--num_steps_per_checkpoint", 2)
+    phase1 = torch.load(tmp_path / "ckpt_4.pt", weights_only=True)
+    pretrain(corpus, tmp_path, "--train_batch_size", 4, "--max_steps", 4, "--num_steps_per_checkpoint", 2,
+             "--resume_from_checkpoint", "--phase2", "--phase1_end_step", 4, phase=2)
+    assert sorted(p.name for p in tmp_path.glob("ckpt_*.pt")) == ["ckpt_4.pt", "ckpt_6.pt", "ckpt_8.pt"]
+    steps = step_records(tmp_path / "log.json")
+    # Phase 2's first step runs at the warm-up lr of step 1 of 4 (warmup 0.1): 2e-2 * (1/4) / 0.1 capped by decay.
+    assert steps[(0, 5)]["learning_rate"] == pytest.approx(2e-2 * (1 - 1 / 4) ** 0.5)
+    phase2 = torch.load(tmp_path / "ckpt_8.pt", weights_only=True)
+    assert phase2["phase2"] and phase2["phase_step"] == 4 and phase2["optimizer"]["param_groups"][0]["step"] == 4
+    assert phase1["optimizer"]["param_groups"][0]["step"] == 4
+    # Phase 2 resumes within itself exactly like phase 1 does.
+    pretrain(corpus, tmp_path, "--train_batch_size", 4, "--max_steps", 6, "--num_steps_per_checkpoint", 2,
+             "--resume_from_checkpoint", "--phase2", "--phase1_end_step", 4, phase=2)
+    assert (tmp_path / "ckpt_10.pt").exists()
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_exits_0(corpus, tmp_path):
+    process = pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 100000,
+                       "--num_steps_per_checkpoint", 100000, popen=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (tmp_path / "log.json").exists() or not step_records_safe(tmp_path):
+        time.sleep(0.2)
+        assert process.poll() is None, process.stderr.read()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
+    checkpoints = list(tmp_path.glob("ckpt_*.pt"))
+    assert len(checkpoints) == 1
+    step = int(checkpoints[0].stem.split("_")[1])
+    assert torch.load(checkpoints[0], weights_only=True)["phase_step"] == step >= 1
+    stop = [r for r in read_log(tmp_path / "log.json") if r.get("step") == "PARAMETER" and "stopped_by" in r["data"]]
+    assert stop and stop[0]["data"]["global_step"] == step
+
+
+def step_records_safe(folder):
+    try:
+        return step_records(folder / "log.json")
+    except (json.JSONDecodeError, FileNotFoundError):
+        return {}
+
+
+def masked_lm_reference(model, shard):
+    """Masked-LM loss and accuracy computed sample by sample from the HDF5 arrays, independently of
+    pretraining_data.py."""
+    loss, correct, count = 0.0, 0, 0
+    with h5py.File(shard) as f, torch.no_grad():
+        arrays = {k: f[k][()] for k in f}
+    for i in range(len(arrays["input_ids"])):
+        positions = [int(p) for p in arrays["masked_lm_positions"][i]]
+        n = positions.index(0) if 0 in positions else len(positions)
+        ids = torch.tensor(arrays["input_ids"][i], dtype=torch.long)[None]
+        out = model.bert(ids, torch.tensor(arrays["segment_ids"][i], dtype=torch.long)[None],
+                         torch.tensor(arrays["input_mask"][i], dtype=torch.long)[None])[0]
+        logits = model.cls.predictions(out[0, positions[:n]])
+        targets = torch.tensor(arrays["masked_lm_ids"][i][:n], dtype=torch.long)
+        loss += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
+        correct += int((logits.argmax(-1) == targets).sum())
+        count += n
+    return loss / count, correct / count
+
+
+def test_do_eval_alone_reports_masked_lm_loss_and_accuracy(corpus, tmp_path):
+    pretrain(corpus, tmp_path / "train", "--train_batch_size", 16, "--max_steps", 10)
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "run_pretraining.py"), "--input_dir", str(corpus / "p1"), "--config_file",
+         str(corpus / "bert_config.json"), "--output_dir", str(tmp_path / "eval_out"), "--do_eval", "--eval_dir",
+         str(corpus / "eval"), "--init_checkpoint", str(tmp_path / "train" / "ckpt_10.pt"),
+         "--train_batch_size", "32", "--json-summary", str(tmp_path / "eval.json"), "--disable_progress_bar"],
+        env=ENV, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    final = final_record(tmp_path / "eval.json")
+    model = BertForPreTraining(BertConfig(**TINY)).eval()
+    model.load_state_dict(torch.load(tmp_path / "train" / "ckpt_10.pt", weights_only=True)["model"])
+    loss, accuracy = masked_lm_reference(model, corpus / "eval" / "books_test_0.hdf5")
+    assert final["eval_loss"] == pytest.approx(loss, rel=1e-4)
+    assert final["eval_mlm_accuracy"] == pytest.approx(accuracy, abs=1e-4)
+    assert not list((tmp_path / "eval_out").glob("ckpt_*.pt"))
+
+
+def test_non_finite_losses_stop_with_exit_1_and_the_last_checkpoint_intact(corpus, tmp_path):
+    pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 30, "--steps_this_run", 2)
+    good = torch.load(tmp_path / "ckpt_2.pt", weights_only=True)
+    broken = dict(good)
+    broken["model"] = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+                       for k, v in good["model"].items()}
+    torch.save(broken, tmp_path / "ckpt_3.pt")
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("ckpt_*.pt")}
+    result = pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 30, "--resume_from_checkpoint",
+                      "--num_steps_per_checkpoint", 1, check=False)
+    assert result.returncode == 1
+    assert "not finite for 10 steps" in result.stderr
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("ckpt_*.pt")} == before
+
+
+def test_corrupt_newest_checkpoint_is_skipped_for_the_previous(corpus, tmp_path):
+    pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 6, "--num_steps_per_checkpoint", 2,
+             "--steps_this_run", 4)
+    (tmp_path / "ckpt_4.pt").write_bytes((tmp_path / "ckpt_4.pt").read_bytes()[:1000])  # half-written
+    result = pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 6, "--num_steps_per_checkpoint", 2,
+                      "--resume_from_checkpoint")
+    assert "skipping" in result.stderr and "ckpt_4.pt" in result.stderr
+    resumed = [r for r in read_log(tmp_path / "log.json") if r.get("step") == "PARAMETER" and "resumed_from" in r["data"]]
+    assert resumed[-1]["data"]["resumed_from"].endswith("ckpt_2.pt")
+    assert (tmp_path / "ckpt_6.pt").exists()
+
+
+def write_shard(path, n=16, seq=64, preds=10, drop=None, seq_override=None, **attrs):
+    rng = np.random.default_rng(0)
+    seq = seq_override or seq
+    arrays = {
+        "input_ids": rng.integers(1000, 2000, (n, seq)).astype(np.int32),
+        "input_mask": np.ones((n, seq), np.int8),
+        "segment_ids": np.zeros((n, seq), np.int8),
+        "masked_lm_positions": np.tile(np.arange(1, preds + 1, dtype=np.int32), (n, 1)),
+        "masked_lm_ids": rng.integers(1000, 2000, (n, preds)).astype(np.int32),
+        "next_sentence_labels": rng.integers(0, 2, n).astype(np.int8),
+    }
+    arrays["input_ids"][0, 5] = attrs.pop("bad_id", 1500)
+    with h5py.File(path, "w") as f:
+        for key, value in arrays.items():
+            if key != drop:
+                f.create_dataset(key, data=value)
+        for key, value in attrs.items():
+            f.attrs[key] = value
+
+
+def cli(corpus, tmp_path, input_dir, *extra):
+    command = [sys.executable, str(REPO_ROOT / "run_pretraining.py"), "--input_dir", str(input_dir), "--config_file",
+               str(corpus / "bert_config.json"), "--output_dir", str(tmp_path / "out"), "--max_seq_length", "64",
+               "--max_predictions_per_seq", "10", "--train_batch_size", "8", "--max_steps", "2", "--do_train",
+               "--disable_progress_bar", "--json-summary", str(tmp_path / "log.json"), *map(str, extra)]
+    return subprocess.run(command, env=ENV, capture_output=True, text=True)
+
+
+def assert_clear_error(result, *fragments):
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("case, fragments", [
+    ("missing_dir", ["does not exist"]),
+    ("no_training_files", ["holds no"]),
+    ("missing_key", ["books_training_0.hdf5", "masked_lm_ids"]),
+    ("wrong_shape", ["books_training_0.hdf5", "--max_seq_length"]),
+    ("id_beyond_vocab", ["books_training_0.hdf5", "outside the model's vocab"]),
+    ("too_long_for_positions", ["books_training_0.hdf5", "max_position_embeddings"]),
+    ("vocab_attr_mismatch", ["books_training_0.hdf5", "vocab of 50000"]),
+    ("not_hdf5", ["books_training_0.hdf5", "HDF5"]),
+])
+def test_bad_shards_are_clear_errors(corpus, tmp_path, case, fragments):
+    data = tmp_path / "data"
+    data.mkdir()
+    shard = data / "books_training_0.hdf5"
+    extra = []
+    if case == "missing_dir":
+        data = tmp_path / "nowhere"
+    elif case == "no_training_files":
+        write_shard(data / "books_test_0.hdf5")
+    elif case == "missing_key":
+        write_shard(shard, drop="masked_lm_ids")
+    elif case == "wrong_shape":
+        write_shard(shard, seq_override=32)
+    elif case == "id_beyond_vocab":
+        write_shard(shard, bad_id=40000)
+    elif case == "too_long_for_positions":
+        write_shard(shard, seq_override=256)
+        extra = ["--max_seq_length", "256"]
+    elif case == "vocab_attr_mismatch":
+        write_shard(shard, vocab_size=50000)
+    elif case == "not_hdf5":
+        shard.write_text("plain text")
+    assert_clear_error(cli(corpus, tmp_path, data, *extra), *fragments)
+    assert not list((tmp_path / "out").glob("ckpt_*.pt")) if (tmp_path / "out").exists() else True
+
+
+def test_output_dir_of_another_run_needs_resume(corpus, tmp_path):
+    (tmp_path / "out").mkdir()
+    torch.save({"model": {}}, tmp_path / "out" / "ckpt_7.pt")
+    assert_clear_error(cli(corpus, tmp_path, corpus / "p1"), "ckpt_7.pt", "--resume_from_checkpoint")
+
+
+def test_fp16_on_cpu_points_to_bf16(corpus, tmp_path):
+    assert_clear_error(cli(corpus, tmp_path, corpus / "p1", "--fp16"), "--bf16")
+
+
+def test_bf16_and_workers_train(corpus, tmp_path):
+    result = cli(corpus, tmp_path, corpus / "p1", "--bf16", "--num_workers", "2")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "ckpt_2.pt").exists()

@@ -1,0 +1,157 @@
+"""The machinery every training loop of the recipe shares: precision (autocast and loss scaling), DDP
+wrapping with gradients all-reduced once per optimizer step, gradient accumulation, the optimizer step with
+non-finite handling, and a SIGTERM-triggered stop. Pre-training and fine-tuning both build on it."""
+from __future__ import annotations
+
+import contextlib
+import signal
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from distributed import DistributedContext
+from errors import InputError
+
+MAX_CONSECUTIVE_NON_FINITE = 10
+
+
+class TrainingFailure(RuntimeError):
+    """Training cannot go on (e.g. the loss stays non-finite); the last good checkpoint is on disk."""
+
+
+@dataclass
+class Precision:
+    """autocast dtype (None for fp32) and, for fp16, the dynamic loss scaler."""
+
+    device_type: str
+    dtype: Optional[torch.dtype] = None
+    scaler: Optional[torch.amp.GradScaler] = None
+
+    @property
+    def name(self) -> str:
+        return {None: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[self.dtype]
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+
+def make_precision(device: torch.device, fp16: bool, bf16: bool, init_loss_scale: float = 2.0**20) -> Precision:
+    """--fp16/--amp: fp16 autocast with dynamic loss scaling (CUDA only); --bf16: bf16 autocast; else fp32."""
+    if fp16 and bf16:
+        raise InputError("--fp16/--amp and --bf16 exclude each other: choose one")
+    if fp16:
+        if device.type != "cuda":
+            raise InputError("--fp16/--amp needs a CUDA GPU; on a CPU use --bf16 (bf16 autocast) instead")
+        scaler = torch.amp.GradScaler("cuda", init_scale=init_loss_scale)
+        return Precision("cuda", torch.float16, scaler)
+    if bf16:
+        return Precision(device.type, torch.bfloat16)
+    return Precision(device.type)
+
+
+def wrap_ddp(model: nn.Module, ctx: DistributedContext, compress: Optional[torch.dtype] = None) -> nn.Module:
+    """DDP over the process group, with gradients optionally all-reduced in fp16 or bf16 to halve traffic."""
+    if not ctx.enabled:
+        return model
+    device_ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
+    ddp = DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
+    if compress is not None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        hook = default_hooks.fp16_compress_hook if compress == torch.float16 else default_hooks.bf16_compress_hook
+        ddp.register_comm_hook(state=None, hook=hook)
+    return ddp
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def _grads_finite(optimizer: torch.optim.Optimizer) -> bool:
+    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    if not grads:
+        return True
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())
+
+
+@dataclass
+class StepResult:
+    loss: float  # mean micro-batch loss of this process
+    applied: bool  # False when the step was skipped (overflow or non-finite gradients)
+
+
+@dataclass
+class Stepper:
+    """Runs one optimizer step over a list of micro-batches: forward/backward under autocast, DDP all-reduce
+    on the last micro-batch only, scheduler stepped just before the optimizer (and not for a skipped step)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    precision: Precision
+    compute_loss: Callable[[nn.Module, Any], torch.Tensor]
+    skipped_steps: int = 0
+    consecutive_non_finite: int = field(default=0)
+
+    def step(self, micro_batches: list[Any]) -> StepResult:
+        count = len(micro_batches)
+        total = torch.zeros((), device=next(self.model.parameters()).device)
+        scaler = self.precision.scaler
+        for index, batch in enumerate(micro_batches):
+            last = index == count - 1
+            sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
+            with sync:
+                with self.precision.autocast():
+                    loss = self.compute_loss(self.model, batch) / count
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            total += loss.detach()
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)
+        applied = _grads_finite(self.optimizer)
+        if applied:
+            self.scheduler.step()
+            self.consecutive_non_finite = 0
+        else:
+            self.skipped_steps += 1
+            self.consecutive_non_finite += 1
+        if scaler is not None:
+            scaler.step(self.optimizer)  # skips by itself when gradients overflowed
+            scaler.update()
+        elif applied:
+            self.optimizer.step()
+        elif self.consecutive_non_finite >= MAX_CONSECUTIVE_NON_FINITE:
+            raise TrainingFailure(f"the loss was not finite for {self.consecutive_non_finite} steps in a row")
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(float(total), applied)
+
+
+class StopSignal:
+    """Remembers a SIGTERM (Slurm preemption) so the loop can finish its step, checkpoint and exit 0."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+def batches_to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def take(iterator: Iterable[Any], count: int) -> list[Any]:
+    items = []
+    for item in iterator:
+        items.append(item)
+        if len(items) == count:
+            break
+    return items

@@ -291,11 +291,8 @@ def convert_examples_to_features(
 ) -> SquadFeatures:
     """Windows of every example, in example order (the windows of one example are consecutive)."""
     seq_len, max_query = settings.max_seq_length, settings.max_query_length
-    if max_query + 3 >= seq_len or settings.doc_stride < 1:
-        raise InputError(
-            f"max_seq_length {seq_len} leaves no room for the document after a query of up to {max_query} tokens"
-            f" (or doc_stride {settings.doc_stride} < 1)"
-        )
+    if settings.doc_stride < 1 or max_query < 0:
+        raise InputError(f"doc_stride ({settings.doc_stride}) must be >= 1 and max_query_length >= 0")
     vocab = tokenizer.vocab
     cls_id, sep_id = vocab.id("[CLS]"), vocab.id("[SEP]")
     documents = _DocumentPieces(examples, tokenizer)
@@ -309,7 +306,13 @@ def convert_examples_to_features(
     for i, example in enumerate(examples):
         query = q_ids[q_offsets[i] : q_offsets[i + 1]][:max_query]
         pieces, piece_word, word_start = documents.of(example)
-        spans = _windows(len(pieces), seq_len - len(query) - 3, settings.doc_stride)
+        window = seq_len - len(query) - 3
+        if window < 1:
+            raise InputError(
+                f"max_seq_length {seq_len} leaves no room for the document after the {len(query)}-token query of"
+                f" question {example.qas_id!r} (lower max_query_length)"
+            )
+        spans = _windows(len(pieces), window, settings.doc_stride)
         gold = None
         if is_training and not example.is_impossible:
             answer = example.answers[0]
@@ -624,7 +627,7 @@ def extract_answers(
         for _score, row, start, end, s_logit, e_logit in candidates:
             if len(nbest) >= settings.n_best_size:
                 break
-            text = _span_text(example, features, row, start, end, vocab, settings.do_lower_case) if start > 0 else ""
+            text = span_text(example, features, row, start, end, vocab, settings.do_lower_case) if start > 0 else ""
             if text in seen:
                 continue
             seen.add(text)
@@ -655,10 +658,11 @@ def extract_answers(
     return result
 
 
-def _span_text(
+def span_text(
     example: SquadExample, features: SquadFeatures, row: int, start: int, end: int, vocab: Vocab, lower: bool
 ) -> str:
-    """Original context text of pieces start..end of window `row`."""
+    """The original context text that pieces start..end (positions in window `row`) stand for: the pieces are
+    de-tokenized ("##" joined) and aligned with the words they come from by get_final_text."""
     pieces = " ".join(vocab.tokens[i] for i in features.input_ids[row, start : end + 1].tolist())
     pred_text = " ".join(pieces.replace(" ##", "").replace("##", "").split())
     first, last = int(features.token_to_orig[row, start]), int(features.token_to_orig[row, end])

@@ -1,0 +1,289 @@
+"""SQuAD metrics against a plain reference written here (crafted cases and real leaderboard predictions),
+the published dev scores of those systems, and the drop-in command line."""
+import functools
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import evaluate_squad as ev
+from errors import InputError
+
+REPO = Path(__file__).resolve().parents[1]
+ASCII_PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Plain reference: no regular expressions, word boundaries checked by hand.
+# ---------------------------------------------------------------------------------------------------------
+def is_word_char(char):
+    return char.isalnum() or char == "_"
+
+
+@functools.lru_cache(maxsize=None)  # gold answers repeat across the systems compared
+def ref_normalize(text):
+    text = "".join(c for c in text.lower() if c not in ASCII_PUNCTUATION)
+    out, i = [], 0
+    while i < len(text):
+        for article in ("the", "an", "a"):
+            end = i + len(article)
+            if (
+                text.startswith(article, i)
+                and (i == 0 or not is_word_char(text[i - 1]))
+                and (end == len(text) or not is_word_char(text[end]))
+            ):
+                out.append(" ")
+                i = end
+                break
+        else:
+            out.append(text[i])
+            i += 1
+    return " ".join("".join(out).split())
+
+
+def ref_f1(pred, gold, v2):
+    p, g = ref_normalize(pred).split(), ref_normalize(gold).split()
+    if v2 and (not p or not g):
+        return 1.0 if p == g else 0.0
+    common = sum(min(n, Counter(g)[w]) for w, n in Counter(p).items())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(p), common / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def ref_evaluate(questions, preds, v2, na_probs=None, thresh=1.0):
+    """questions: list of (id, [gold texts]); returns the official summary."""
+    rows = []
+    for qid, golds in questions:
+        has = bool(golds)
+        if v2:
+            golds = [g for g in golds if ref_normalize(g)] or [""]
+        pred = preds[qid]
+        em = max(float(ref_normalize(pred) == ref_normalize(g)) for g in golds)
+        f1 = max(ref_f1(pred, g, v2) for g in golds)
+        rows.append((qid, has, em, f1))
+    if not v2:
+        n = len(rows)
+        return {"exact_match": 100 * sum(r[2] for r in rows) / n, "f1": 100 * sum(r[3] for r in rows) / n}
+    probs = na_probs or {qid: 0.0 for qid in preds}
+    scored = [(qid, has, float(not has) if probs[qid] > thresh else em, float(not has) if probs[qid] > thresh else f1)
+              for qid, has, em, f1 in rows]
+    out = {}
+    for prefix, subset in (("", scored), ("HasAns_", [r for r in scored if r[1]]), ("NoAns_", [r for r in scored if not r[1]])):
+        if subset:
+            out[prefix + "exact"] = 100 * sum(r[2] for r in subset) / len(subset)
+            out[prefix + "f1"] = 100 * sum(r[3] for r in subset) / len(subset)
+            out[prefix + "total"] = len(subset)
+    if na_probs is not None:
+        for name, column in (("exact", 2), ("f1", 3)):
+            # Every cut of the na-prob order: questions up to the cut answered, the others "no answer"; an
+            # answered no-answer question counts 1 only when its prediction is the empty string.
+            order = sorted(rows, key=lambda r: probs[r[0]])
+            best, best_t = sum(not r[1] for r in rows), 0.0
+            for cut in range(1, len(order) + 1):
+                answered = order[:cut]
+                score = sum((r[column] if r[1] else float(preds[r[0]] == "")) for r in answered)
+                score += sum(not r[1] for r in order[cut:])
+                if score > best:
+                    best, best_t = score, probs[order[cut - 1][0]]
+            out[f"best_{name}"] = 100 * best / len(rows)
+            out[f"best_{name}_thresh"] = best_t
+    return out
+
+
+def as_dataset(questions):
+    qas = [{"id": qid, "question": "?", "answers": [{"text": g, "answer_start": 0} for g in golds]}
+           for qid, golds in questions]
+    return [{"title": "t", "paragraphs": [{"context": "c", "qas": qas}]}]
+
+
+CRAFTED = [  # (gold answers, prediction)
+    (["The Eiffel Tower"], "eiffel tower"),
+    (["U.S.A."], "USA"),
+    (["an apple a day"], "Apple day"),
+    (["theater"], "the ater"),
+    (["the€"], "€"),
+    (["Café"], "café"),
+    (["naïve"], "naive"),
+    (["“quoted”"], "quoted"),
+    (["l'été"], "lété"),
+    (["9 a.m."], "9 am"),
+    (["Denver Broncos", "The Broncos", "Broncos"], "the Denver Broncos team"),
+    (["two", "2 years", "two years"], "2"),
+    (["cat"], "the cat cat"),
+    (["  spaced\tout  "], "spaced out"),
+    (["A"], "an"),
+    (["über_cool"], "über cool"),
+    (["東京"], "東京"),
+    (["1,000"], "1000"),
+    (["Nothing"], ""),
+]
+
+
+@pytest.mark.parametrize("golds, pred", CRAFTED)
+def test_single_scores_equal_reference(golds, pred):
+    assert ev.normalize_answer(golds[0]) == ref_normalize(golds[0])
+    assert max(ev.exact_match_score(pred, g) for g in golds) == max(float(ref_normalize(pred) == ref_normalize(g)) for g in golds)
+    for v2, f1 in ((False, ev.f1_score_v1), (True, ev.f1_score_v2)):
+        assert max(f1(pred, g) for g in golds) == pytest.approx(max(ref_f1(pred, g, v2) for g in golds), abs=1e-15)
+
+
+def test_known_values():
+    assert ev.normalize_answer("The  Eiffel, Tower!") == "eiffel tower"
+    assert ev.f1_score_v1("the cat sat", "a cat sat down") == pytest.approx(2 * (2 / 2) * (2 / 3) / (2 / 2 + 2 / 3))
+    assert ev.f1_score_v1("", "") == 0.0 and ev.f1_score_v2("", "") == 1.0
+    assert ev.f1_score_v2("the", "") == 1.0 and ev.exact_match_score("the", "") == 1.0
+    assert ev.f1_score_v2("Paris", "") == 0.0
+
+
+def test_several_gold_answers_take_the_best_of_each_metric_separately():
+    questions = [("q", ["Denver Broncos", "the Broncos team of Denver"])]
+    result = ev.evaluate_v1(as_dataset(questions), {"q": "Broncos team"})
+    assert result == ref_evaluate(questions, {"q": "Broncos team"}, v2=False)
+    assert result["exact_match"] == 0.0 and result["f1"] == pytest.approx(100 * 2 * 1 * 0.5 / 1.5)
+
+
+def test_crafted_data_set_v1_and_v2_with_na_probs():
+    questions = [(f"q{i}", golds) for i, (golds, _) in enumerate(CRAFTED)]
+    questions += [("n1", []), ("n2", []), ("n3", [])]
+    preds = {f"q{i}": pred for i, (_, pred) in enumerate(CRAFTED)}
+    preds.update({"n1": "", "n2": "something", "n3": "the"})
+    data = as_dataset(questions)
+    only_answerable = [q for q in questions if q[1]]
+    assert ev.evaluate_v1(as_dataset(only_answerable), preds) == pytest.approx(ref_evaluate(only_answerable, preds, False))
+    assert ev.evaluate_v2(data, preds) == pytest.approx(ref_evaluate(questions, preds, True))
+    na = {qid: p for qid, p in zip(preds, np.random.default_rng(0).uniform(size=len(preds)).tolist())}
+    for thresh in (1.0, 0.5):
+        got = ev.evaluate_v2(data, preds, na, thresh)
+        assert got == pytest.approx(ref_evaluate(questions, preds, True, na, thresh))
+        assert list(got)[:3] == ["exact", "f1", "total"]
+
+
+@pytest.fixture(scope="module")
+def dev(shared_data):
+    def load(version):
+        data = json.loads((shared_data / "squad" / f"dev-v{version}.json").read_text(encoding="utf-8"))["data"]
+        questions = [(qa["id"], [a["text"] for a in qa["answers"]]) for art in data for p in art["paragraphs"] for qa in p["qas"]]
+        return data, questions
+    return load
+
+
+# Published dev-set scores of leaderboard systems (EM, F1), rounded to one decimal as published.
+PUBLISHED_V1 = {
+    "BERT_ensemble_Google_AI_Language.json": (86.2, 92.2),  # BERT paper, Table 2 (Ensemble + TriviaQA)
+    "Match-LSTM_with_Ans-Ptr_Boundary_Ensemble_Singapore_Management_University.json": (67.6, 76.8),
+}
+
+
+@pytest.mark.shared_data
+def test_leaderboard_predictions_v1(shared_data, dev):
+    data, questions = dev("1.1")
+    files = sorted((shared_data / "squad" / "predictions-v1.1").glob("*.json"))
+    assert len(files) == 5
+    for path in files:
+        preds = json.loads(path.read_text(encoding="utf-8"))
+        complete = all(qid in preds for qid, _ in questions)
+        got = ev.evaluate_v1(data, preds, allow_missing=not complete)
+        reference = ref_evaluate(questions, {qid: preds.get(qid, "\x00") for qid, _ in questions}, False)
+        assert got == pytest.approx(reference, abs=1e-9), path.name
+        if path.name in PUBLISHED_V1:
+            assert (round(got["exact_match"], 1), round(got["f1"], 1)) == PUBLISHED_V1[path.name]
+
+
+@pytest.mark.shared_data
+def test_leaderboard_predictions_v2(shared_data, dev):
+    data, questions = dev("2.0")
+    files = sorted((shared_data / "squad" / "predictions-v2.0").glob("*.json"))
+    assert len(files) == 3
+    for path in files:
+        preds = json.loads(path.read_text(encoding="utf-8"))
+        got = ev.evaluate_v2(data, preds)
+        assert got == pytest.approx(ref_evaluate(questions, preds, True), abs=1e-9), path.name
+        assert (got["total"], got["HasAns_total"], got["NoAns_total"]) == (11873, 5928, 5945)
+        if path.name.startswith("BERT_single"):
+            assert round(got["exact"], 1) == 78.7  # BERT paper, Table 3: dev EM of BERT-large (single)
+
+
+@pytest.mark.shared_data
+def test_best_thresholds_on_real_predictions_equal_reference(shared_data, dev):
+    data, questions = dev("2.0")
+    preds = json.loads((shared_data / "squad" / "predictions-v2.0" / "BERT_single_model_Google_AI_Language.json").read_text())
+    subset = questions[:600]  # the reference tries every cut: quadratic
+    sub_preds = {qid: preds[qid] for qid, _ in subset}
+    rng = np.random.default_rng(3)
+    # A na-prob that mostly agrees with the empty predictions, with noise, as a real model's would.
+    na = {qid: float(0.6 * (sub_preds[qid] == "") + 0.4 * rng.uniform()) for qid in sub_preds}
+    got = ev.evaluate_v2(as_dataset(subset), sub_preds, na)
+    expected = ref_evaluate(subset, sub_preds, True, na)
+    assert got == pytest.approx(expected, abs=1e-9)
+    assert got["best_exact"] >= got["exact"] - 1e-9
+
+
+def test_missing_prediction_is_an_input_error():
+    data = as_dataset([("a", ["x"]), ("b", ["y"])])
+    with pytest.raises(InputError, match="preds.json: no prediction for 1 of 2 questions .first: b"):
+        ev.evaluate_v1(data, {"a": "x"}, pred_file="preds.json")
+    with pytest.raises(InputError, match="no prediction"):
+        ev.evaluate_v2(data, {"a": "x"})
+    assert ev.evaluate_v1(data, {"a": "x"}, allow_missing=True) == {"exact_match": 50.0, "f1": 50.0}
+    with pytest.raises(InputError, match="not a string"):
+        ev.evaluate_v1(data, {"a": "x", "b": 3})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------
+def run_cli(*args):
+    return subprocess.run([sys.executable, str(REPO / "evaluate_squad.py"), *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO)
+
+
+@pytest.mark.shared_data
+def test_cli_v1_prints_the_official_json(shared_data):
+    pred = shared_data / "squad" / "predictions-v1.1" / "BERT_ensemble_Google_AI_Language.json"
+    done = run_cli(shared_data / "squad" / "dev-v1.1.json", pred)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.strip().splitlines()) == 1
+    printed = json.loads(done.stdout)
+    assert list(printed) == ["exact_match", "f1"]
+    assert printed == ev.evaluate_files(shared_data / "squad" / "dev-v1.1.json", pred)
+
+
+def test_cli_v2_with_na_probs_and_out_file(tmp_path):
+    data = {"version": "v2.0", "data": as_dataset([("a", ["Paris"]), ("b", []), ("c", ["two"])])}
+    (tmp_path / "data.json").write_text(json.dumps(data))
+    (tmp_path / "pred.json").write_text(json.dumps({"a": "Paris", "b": "Lyon", "c": "2"}))
+    (tmp_path / "na.json").write_text(json.dumps({"a": 0.1, "b": 0.9, "c": 0.4}))
+    done = run_cli(tmp_path / "data.json", tmp_path / "pred.json", "--na-prob-file", tmp_path / "na.json")
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert list(printed) == ["exact", "f1", "total", "HasAns_exact", "HasAns_f1", "HasAns_total", "NoAns_exact",
+                             "NoAns_f1", "NoAns_total", "best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh"]
+    assert printed["best_exact"] == pytest.approx(200 / 3) and printed["best_exact_thresh"] == 0.1
+    out = run_cli(tmp_path / "data.json", tmp_path / "pred.json", "--out-file", tmp_path / "eval.json")
+    assert out.returncode == 0 and out.stdout == ""  # the official v2.0 script writes the file instead
+    assert json.loads((tmp_path / "eval.json").read_text())["total"] == 3
+
+
+@pytest.mark.parametrize("case", ["malformed data", "malformed predictions", "missing id", "missing file"])
+def test_cli_bad_input_exits_2_with_one_line_naming_the_file(tmp_path, case):
+    data, pred = tmp_path / "data.json", tmp_path / "pred.json"
+    data.write_text(json.dumps({"version": "1.1", "data": as_dataset([("a", ["x"]), ("b", ["y"])])}))
+    pred.write_text(json.dumps({"a": "x", "b": "y"}))
+    named = {"malformed data": data, "malformed predictions": pred, "missing id": pred, "missing file": pred}[case]
+    if case.startswith("malformed"):
+        named.write_text('{"a": "x",')
+    elif case == "missing id":
+        pred.write_text(json.dumps({"a": "x"}))
+    else:
+        pred.unlink()
+    done = run_cli(data, pred)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(named) in lines[0], done.stderr

@@ -1,0 +1,240 @@
+"""Question answering from the command line with a SQuAD-fine-tuned BERT (NVIDIA's inference.py flags).
+
+    python inference.py --init_checkpoint results/pytorch_model.bin --config_file bert_config.json \
+        --vocab_file vocab.txt --do_lower_case --question "Who ...?" --context "..."   (or --context_file F)
+
+Prints one JSON object: the question, the answer, the n-best list and the number of windows (plus the null
+odds with --version_2_with_negative). Without --question, questions are read from stdin, one per line, and
+answered as JSON lines. Unlike NVIDIA's script, which truncates the context, long contexts are covered by the
+same sliding windows as run_squad.py (--max_seq_length, --doc_stride).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+
+import model_weights
+import squad
+from data.errors import DataError
+from data.tokenization import BertTokenizer, load_vocab
+from errors import InputError, run_cli
+from model import BertConfig, BertForQuestionAnswering
+
+
+@dataclass(frozen=True)
+class InferenceOptions:
+    """Everything the command line decides, parsed once."""
+
+    init_checkpoint: Path
+    config_file: Optional[Path]
+    vocab_file: Path
+    questions: Optional[list[str]]  # None: read them from stdin
+    context: str
+    window: squad.WindowSettings
+    answer: squad.AnswerSettings
+    batch_size: int
+    precision: str  # "fp32", "fp16" or "bf16"
+    seed: int
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
+    """Parses NVIDIA's inference.py flags (plus --context_file, --bf16, --predict_batch_size, --seed)."""
+    p = argparse.ArgumentParser(description="Answer questions about a context with a fine-tuned BERT.")
+    p.add_argument("--bert_model", default="bert-large-uncased", help="model name, informational (NVIDIA's flag)")
+    p.add_argument("--init_checkpoint", required=True, help="fine-tuned checkpoint: ours, NVIDIA's or a HF directory")
+    p.add_argument("--config_file", help="bert_config.json (default: the one in or beside the checkpoint)")
+    p.add_argument("--vocab_file", required=True, help="vocab.txt of the model")
+    p.add_argument("--question", help="the question (default: one question per line on stdin)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--context", help="the context paragraph")
+    source.add_argument("--context_file", help="a UTF-8 text file holding the context")
+    p.add_argument("--max_seq_length", type=int, default=384)
+    p.add_argument("--doc_stride", type=int, default=128)
+    p.add_argument("--max_query_length", type=int, default=64)
+    p.add_argument("--n_best_size", type=int, default=20)
+    p.add_argument("--max_answer_length", type=int, default=30)
+    p.add_argument("--do_lower_case", action="store_true", help="for uncased models")
+    p.add_argument("--version_2_with_negative", action="store_true", help="the model may answer nothing")
+    p.add_argument("--null_score_diff_threshold", type=float, default=0.0)
+    p.add_argument("--fp16", "--amp", dest="fp16", action="store_true", help="fp16 autocast (CUDA)")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU or CUDA)")
+    p.add_argument("--predict_batch_size", type=int, default=8, help="windows per forward pass")
+    p.add_argument("--seed", type=int, default=42, help="initializes heads the checkpoint lacks, reproducibly")
+    args = p.parse_args(argv)
+    if args.fp16 and args.bf16:
+        p.error("--fp16 and --bf16 exclude each other")
+    for flag in ("max_seq_length", "doc_stride", "n_best_size", "max_answer_length", "predict_batch_size"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag} must be at least 1")
+    if args.context_file is not None:
+        context = _read_text(Path(args.context_file))
+    else:
+        context = args.context
+    return InferenceOptions(
+        init_checkpoint=Path(args.init_checkpoint),
+        config_file=Path(args.config_file) if args.config_file else None,
+        vocab_file=Path(args.vocab_file),
+        questions=None if args.question is None else [args.question],
+        context=context,
+        window=squad.WindowSettings(args.max_seq_length, args.doc_stride, args.max_query_length),
+        answer=squad.AnswerSettings(
+            args.n_best_size, args.max_answer_length, args.do_lower_case, args.version_2_with_negative,
+            args.null_score_diff_threshold,
+        ),
+        batch_size=args.predict_batch_size,
+        precision="fp16" if args.fp16 else "bf16" if args.bf16 else "fp32",
+        seed=args.seed,
+    )
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: context file not found") from None
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path}: context file is not UTF-8 (byte {error.start})") from None
+    except OSError as error:
+        raise InputError(f"{path}: cannot read the context file ({error.strerror})") from None
+
+
+def load_tokenizer(vocab_file: Path, do_lower_case: bool) -> BertTokenizer:
+    """The WordPiece tokenizer of a vocab.txt; a bad vocab file is an InputError."""
+    try:
+        return BertTokenizer(load_vocab(vocab_file), do_lower_case)
+    except DataError as error:
+        raise InputError(str(error)) from None
+
+
+def load_qa_model(
+    init_checkpoint: Path, config_file: Optional[Path], vocab_size: int, max_seq_length: int
+) -> BertForQuestionAnswering:
+    """A BertForQuestionAnswering with the checkpoint's weights, in eval mode. The config comes from
+    config_file or from the checkpoint; it must hold the vocab and the sequence length. A checkpoint without
+    a QA head (e.g. a pre-trained one) loads with a warning: its answers are then meaningless."""
+    weights = model_weights.read_weights(init_checkpoint)
+    config: Optional[BertConfig] = model_weights.read_config(config_file) if config_file else weights.config
+    if config is None:
+        raise InputError(f"{init_checkpoint}: the checkpoint carries no config; pass --config_file")
+    if vocab_size > config.vocab_size:
+        raise InputError(f"the vocab has {vocab_size} tokens but the model's config only {config.vocab_size}")
+    if max_seq_length > config.max_position_embeddings:
+        raise InputError(
+            f"--max_seq_length {max_seq_length} exceeds the model's max_position_embeddings"
+            f" {config.max_position_embeddings}"
+        )
+    model = BertForQuestionAnswering(config)
+    missing = model_weights.load_weights_into(model, weights, init_checkpoint)
+    if any(name.startswith("qa_outputs.") for name in missing):
+        print(f"warning: {init_checkpoint} has no QA head (qa_outputs); answers come from an untrained head",
+              file=sys.stderr)
+    return model.eval()
+
+
+def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.float16 if precision == "fp16" else torch.bfloat16)
+
+
+@torch.no_grad()
+def predict_logits(
+    model: BertForQuestionAnswering, features: squad.SquadFeatures, batch_size: int, precision: str = "fp32"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end logits, float32 [N, L], of every window, batch_size windows at a time."""
+    device = next(model.parameters()).device
+    starts, ends = [], []
+    for first in range(0, len(features), batch_size):
+        rows = slice(first, first + batch_size)
+        input_ids = torch.from_numpy(features.input_ids[rows]).long().to(device)
+        segment_ids = torch.from_numpy(features.segment_ids[rows]).long().to(device)
+        input_mask = torch.from_numpy(features.input_mask[rows]).long().to(device)
+        with _autocast(device, precision):
+            _, start, end = model(input_ids, segment_ids, input_mask)
+        starts.append(start.float().cpu().numpy())
+        ends.append(end.float().cpu().numpy())
+    return np.concatenate(starts), np.concatenate(ends)
+
+
+def keep_document_logits(features: squad.SquadFeatures, logits: np.ndarray) -> np.ndarray:
+    """Logits with every position outside the document part except [CLS] pushed to -10000, so that the n best
+    starts and ends are all candidates. (run_squad.py keeps the reference behaviour of ranking all positions;
+    for a model whose padding logits are not low, e.g. an untrained head, that can leave no valid span.)"""
+    keep = features.token_to_orig >= 0
+    keep[:, 0] = True
+    return np.where(keep, logits, np.float32(-10000.0))
+
+
+def answer_questions(
+    model: BertForQuestionAnswering,
+    tokenizer: BertTokenizer,
+    questions: Sequence[str],
+    context: str,
+    window: squad.WindowSettings = squad.WindowSettings(),
+    answer: squad.AnswerSettings = squad.AnswerSettings(),
+    batch_size: int = 8,
+    precision: str = "fp32",
+) -> list[dict[str, Any]]:
+    """One result per question: {"question", "answer", "nbest", "windows"} (+ "null_odds" for SQuAD 2.0),
+    the context covered by sliding windows, candidates taken from the document only."""
+    words, _ = squad.split_context(context)
+    examples = [squad.SquadExample(str(i), q, words, [], context_id=0) for i, q in enumerate(questions)]
+    features = squad.convert_examples_to_features(examples, tokenizer, window)
+    if len(features) == 0:
+        raise InputError("the context is empty (no word pieces)")
+    start, end = predict_logits(model, features, batch_size, precision)
+    start, end = keep_document_logits(features, start), keep_document_logits(features, end)
+    predictions = squad.extract_answers(examples, features, start, end, tokenizer.vocab, answer)
+    windows = np.bincount(features.example_index, minlength=len(examples))
+    results = []
+    for i, question in enumerate(questions):
+        result: dict[str, Any] = {
+            "question": question,
+            "answer": predictions.answers[str(i)],
+            "nbest": predictions.nbest[str(i)],
+            "windows": int(windows[i]),
+        }
+        if answer.version_2_with_negative:
+            result["null_odds"] = predictions.null_odds[str(i)]
+        results.append(result)
+    return results
+
+
+def _stdin_questions() -> Iterator[str]:
+    for line in sys.stdin:
+        if line.strip():
+            yield line.strip()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    options = parse_args(argv)
+    tokenizer = load_tokenizer(options.vocab_file, options.answer.do_lower_case)
+    torch.manual_seed(options.seed)
+    model = load_qa_model(
+        options.init_checkpoint, options.config_file, len(tokenizer.vocab), options.window.max_seq_length
+    )
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if options.precision == "fp16" and device.type != "cuda":
+        raise InputError("--fp16/--amp needs a CUDA device; use --bf16 on CPU")
+    model.to(device)
+    if options.questions is not None:
+        [result] = answer_questions(model, tokenizer, options.questions, options.context, options.window,
+                                    options.answer, options.batch_size, options.precision)
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+        return
+    for question in _stdin_questions():  # one JSON line per question, as soon as it is answered
+        [result] = answer_questions(model, tokenizer, [question], options.context, options.window,
+                                    options.answer, options.batch_size, options.precision)
+        print(json.dumps(result, ensure_ascii=False), flush=True)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,146 @@
+"""inference.py mechanics with the real pretrained minilm (its QA head is untrained, so the answers are not
+judged, only their form) and with a stand-in model whose logits are known."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import inference
+import squad
+from errors import InputError
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.shared_data
+
+CONTEXT = (
+    "Super Bowl 50 was an American football game to determine the champion of the National Football League "
+    "(NFL) for the 2015 season. The American Football Conference (AFC) champion Denver Broncos defeated the "
+    "National Football Conference (NFC) champion Carolina Panthers 24–10 to earn their third Super Bowl title."
+)
+
+
+@pytest.fixture(scope="module")
+def minilm(shared_data):
+    folder = shared_data / "minilm"
+    tokenizer = inference.load_tokenizer(folder / "vocab.txt", do_lower_case=True)
+    torch.manual_seed(0)
+    model = inference.load_qa_model(folder, None, len(tokenizer.vocab), 384)
+    return folder, tokenizer, model
+
+
+def test_answers_are_spans_of_the_context_with_an_nbest_list(minilm):
+    _, tokenizer, model = minilm
+    [result] = inference.answer_questions(model, tokenizer, ["Who won Super Bowl 50?"], CONTEXT)
+    assert set(result) == {"question", "answer", "nbest", "windows"}
+    assert result["windows"] == 1
+    texts = [entry["text"] for entry in result["nbest"]]
+    assert result["answer"] == texts[0] and result["answer"] in CONTEXT
+    assert all(text in CONTEXT for text in texts) and len(set(texts)) == len(texts) == 20
+    probabilities = [entry["probability"] for entry in result["nbest"]]
+    assert probabilities == sorted(probabilities, reverse=True) and abs(sum(probabilities) - 1) < 1e-9
+    json.dumps(result)  # plain JSON types
+
+
+def test_bf16_and_v2_give_the_same_form(minilm):
+    _, tokenizer, model = minilm
+    for threshold, empty in ((1e9, False), (-1e9, True)):  # null odds above the threshold: no answer
+        answer = squad.AnswerSettings(version_2_with_negative=True, null_score_diff_threshold=threshold)
+        results = inference.answer_questions(
+            model, tokenizer, ["Who won?", "When?"], CONTEXT, answer=answer, precision="bf16"
+        )
+        for result in results:
+            assert isinstance(result["null_odds"], float)
+            assert result["answer"] in CONTEXT and (result["answer"] == "") == empty
+            assert "" in [entry["text"] for entry in result["nbest"]]
+
+
+class PointAtWord(torch.nn.Module):
+    """A stand-in QA model whose start and end logits peak on one token id wherever it occurs."""
+
+    def __init__(self, token_id):
+        super().__init__()
+        self.token_id = token_id
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # gives the module a device
+
+    def forward(self, input_ids, token_type_ids, attention_mask):
+        hit = (input_ids == self.token_id).float() * 10 + self.anchor
+        return None, hit, hit
+
+
+def test_long_context_is_covered_by_sliding_windows(minilm, shared_data):
+    _, tokenizer, _ = minilm
+    book = (shared_data / "books" / "pg11.txt").read_text(encoding="utf-8")
+    context = " ".join(book.split()[:3000]) + " The answer is Madrid ."
+    window = squad.WindowSettings(max_seq_length=128, doc_stride=64, max_query_length=16)
+    [madrid] = tokenizer.encode("madrid")  # one piece in the uncased vocab, absent from the book
+    [result] = inference.answer_questions(PointAtWord(madrid), tokenizer, ["Where?"], context, window)
+    pieces = len(tokenizer.encode(context))
+    assert result["windows"] >= pieces // 64  # far beyond one window (NVIDIA's would truncate)
+    assert result["answer"] == "Madrid"  # found in the last window
+
+
+def test_cli_reads_questions_from_stdin_and_a_context_file(minilm, tmp_path):
+    folder, _, _ = minilm
+    (tmp_path / "context.txt").write_text(CONTEXT * 8, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "inference.py"), "--init_checkpoint", str(folder), "--vocab_file",
+         str(folder / "vocab.txt"), "--do_lower_case", "--context_file", str(tmp_path / "context.txt"),
+         "--max_seq_length", "128", "--doc_stride", "64", "--n_best_size", "5"],
+        input="Who won Super Bowl 50?\n\nWhich season?\n", capture_output=True, text=True, cwd=REPO, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [line["question"] for line in lines] == ["Who won Super Bowl 50?", "Which season?"]
+    assert all(line["windows"] > 1 and line["answer"] in CONTEXT * 8 for line in lines)
+    assert "untrained" in done.stderr  # minilm has no QA head, and says so
+
+
+def run_inference(*args):
+    return subprocess.run([sys.executable, str(REPO / "inference.py"), *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+def test_cli_bad_inputs_exit_2_naming_the_file(minilm, tmp_path):
+    folder, _, _ = minilm
+    missing = run_inference("--init_checkpoint", tmp_path / "nothing", "--vocab_file", folder / "vocab.txt",
+                            "--question", "q", "--context", "c")
+    assert missing.returncode == 2 and str(tmp_path / "nothing") in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+    config = json.loads((folder / "config.json").read_text())
+    (tmp_path / "wrong_config.json").write_text(json.dumps({**config, "hidden_size": 768}))
+    mismatch = run_inference("--init_checkpoint", folder, "--config_file", tmp_path / "wrong_config.json",
+                             "--vocab_file", folder / "vocab.txt", "--question", "q", "--context", "c")
+    assert mismatch.returncode == 2 and str(folder) in mismatch.stderr and "shape" in mismatch.stderr
+    assert len(mismatch.stderr.strip().splitlines()) == 1
+
+
+def test_context_file_and_vocab_errors_are_input_errors(minilm, tmp_path):
+    folder, _, _ = minilm
+    with pytest.raises(InputError, match="context file not found"):
+        inference.parse_args(["--init_checkpoint", str(folder), "--vocab_file", "v", "--context_file",
+                              str(tmp_path / "absent.txt")])
+    (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
+    with pytest.raises(InputError, match="not UTF-8"):
+        inference.parse_args(["--init_checkpoint", str(folder), "--vocab_file", "v", "--context_file",
+                              str(tmp_path / "latin1.txt")])
+    with pytest.raises(InputError, match="vocab file not found"):
+        inference.load_tokenizer(tmp_path / "vocab.txt", True)
+    with pytest.raises(InputError, match="max_position_embeddings"):
+        inference.load_qa_model(folder, None, 30522, 1024)
+
+
+def test_predict_logits_batches_agree_with_one_pass(minilm):
+    _, tokenizer, model = minilm
+    words, _ = squad.split_context(CONTEXT * 3)
+    examples = [squad.SquadExample("0", "who?", words, [])]
+    features = squad.convert_examples_to_features(examples, tokenizer, squad.WindowSettings(64, 32, 8))
+    assert len(features) > 3
+    one = inference.predict_logits(model, features, batch_size=len(features))
+    batched = inference.predict_logits(model, features, batch_size=2)
+    for a, b in zip(one, batched):
+        assert a.shape == features.input_ids.shape and a.dtype == np.float32
+        np.testing.assert_allclose(a, b, atol=1e-4)

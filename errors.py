@@ -10,13 +10,17 @@ class InputError(ValueError):
 
 
 def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
+    # One line, whatever the message held, so that scripts and users can grep it.
+    print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
     raise SystemExit(2)
 
 
-def run_cli(main: Callable[[], object]) -> None:
-    """Runs an entry point's main(), turning InputError into the one-line, exit-status-2 report."""
+def run_cli(main: Callable[[], object]) -> NoReturn:
+    """Runs an entry point's main(): InputError becomes the one-line exit-2 report, Ctrl-C exit 130."""
     try:
         main()
     except InputError as error:
         fail(str(error))
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    raise SystemExit(0)

@@ -41,6 +41,8 @@ def find_shards(directory: str | Path, name_must_contain: str = "") -> list[Path
     folder = Path(directory)
     if not folder.is_dir():
         raise InputError(f"{folder}: input directory does not exist")
+    if name_must_contain and not any(folder.glob(f"*{name_must_contain}*.hdf5")) and (folder / name_must_contain).is_dir():
+        folder = folder / name_must_contain  # bertPrep's layout: <corpus>/training/<corpus>_training_<i>.hdf5
     files = sorted(p for p in folder.iterdir() if p.suffix == ".hdf5" and name_must_contain in p.name and p.is_file())
     if not files:
         what = f"*.hdf5 files with '{name_must_contain}' in their name" if name_must_contain else "*.hdf5 files"

@@ -23,10 +23,10 @@ from tqdm import tqdm
 
 import checkpointing
 from distributed import DistributedContext, all_reduce_sum, any_process, barrier, init_distributed, shutdown
-from errors import InputError, fail
+from errors import InputError, run_cli
 from metric_logger import MetricLogger
 from model import BertConfig, BertForPreTraining
-from model_weights import WeightsError, load_weights_into, read_config, read_weights
+from model_weights import load_weights_into, read_config, read_weights
 from optimization import PolyWarmUpScheduler, build_lamb, weight_decay_groups
 from pretraining_data import (
     BatchPlan,
@@ -343,12 +343,5 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
     }
 
 
-def cli() -> None:
-    try:
-        main()
-    except (InputError, WeightsError) as error:
-        fail(str(error))
-
-
 if __name__ == "__main__":
-    cli()
+    run_cli(main)

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# BERT pre-training, phase 1 (seq 128) then phase 2 (seq 512), with NVIDIA's positional arguments in NVIDIA's order:
+#   bash scripts/run_pretraining.sh $(source scripts/configs/pretrain_config.sh && dgxa100_8gpu_fp16)
+# Works with one process on a CPU: bash scripts/run_pretraining.sh $(source scripts/configs/pretrain_config.sh && cpu)
+set -euo pipefail
+
+train_batch_size=${1:-8192}
+learning_rate=${2:-"6e-3"}
+precision=${3:-"fp16"}               # fp16 | bf16 | tf32 | fp32
+num_gpus=${4:-8}                     # processes per node (1 on a CPU)
+warmup_proportion=${5:-"0.2843"}
+train_steps=${6:-7038}
+save_checkpoint_steps=${7:-200}
+resume_training=${8:-"false"}
+create_logfile=${9:-"true"}
+accumulate_gradients=${10:-"true"}
+gradient_accumulation_steps=${11:-128}
+seed=${12:-12439}
+job_name=${13:-"bert_lamb_pretraining"}
+allreduce_post_accumulation=${14:-"true"}
+allreduce_post_accumulation_fp16=${15:-"true"}
+train_batch_size_phase2=${16:-4096}
+learning_rate_phase2=${17:-"4e-3"}
+warmup_proportion_phase2=${18:-"0.128"}
+train_steps_phase2=${19:-1563}
+gradient_accumulation_steps_phase2=${20:-512}
+BERT_PREP_WORKING_DIR=${BERT_PREP_WORKING_DIR:-"$(cd "$(dirname "$0")/.." && pwd)/data"}
+DATA_DIR_PHASE1=${21:-"$BERT_PREP_WORKING_DIR/hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/books_wiki_en_corpus"}
+BERT_CONFIG=${22:-"bert_configs/large.json"}
+DATA_DIR_PHASE2=${23:-"$BERT_PREP_WORKING_DIR/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/books_wiki_en_corpus"}
+CODEDIR=${24:-"$(cd "$(dirname "$0")/.." && pwd)"}
+init_checkpoint=${25:-"None"}
+RESULTS_DIR=${RESULTS_DIR:-"$CODEDIR/results"}
+CHECKPOINTS_DIR=$RESULTS_DIR/checkpoints
+PYTHON=${PYTHON:-python3}
+EXTRA_ARGS=${EXTRA_ARGS:-}           # e.g. "--eval_dir DIR --compile_optimizer --steps_this_run 100"
+
+mkdir -p "$CHECKPOINTS_DIR"
+flags=()
+case "$precision" in
+  fp16) flags+=(--fp16) ;;
+  bf16) flags+=(--bf16) ;;
+  tf32|fp32) ;;
+  *) echo "error: unknown precision '$precision' (fp16, bf16, tf32 or fp32)" >&2; exit 2 ;;
+esac
+[ "$accumulate_gradients" = "true" ] || { gradient_accumulation_steps=1; gradient_accumulation_steps_phase2=1; }
+[ "$allreduce_post_accumulation" = "true" ] && flags+=(--allreduce_post_accumulation)
+[ "$allreduce_post_accumulation_fp16" = "true" ] && flags+=(--allreduce_post_accumulation_fp16)
+resume=()
+[ "$resume_training" = "true" ] && resume+=(--resume_from_checkpoint)
+[ "$init_checkpoint" != "None" ] && resume+=(--init_checkpoint "$init_checkpoint")
+# shellcheck disable=SC2206  # EXTRA_ARGS is split into words on purpose
+extra=($EXTRA_ARGS)
+launch=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$num_gpus" "$CODEDIR/run_pretraining.py")
+log() { if [ "$create_logfile" = "true" ]; then tee -a "$RESULTS_DIR/$job_name.log"; else cat; fi; }
+
+"${launch[@]}" --input_dir="$DATA_DIR_PHASE1" --output_dir="$CHECKPOINTS_DIR" --config_file="$BERT_CONFIG" \
+  --bert_model=bert-large-uncased --train_batch_size="$train_batch_size" --max_seq_length=128 \
+  --max_predictions_per_seq=20 --max_steps="$train_steps" --warmup_proportion="$warmup_proportion" \
+  --num_steps_per_checkpoint="$save_checkpoint_steps" --learning_rate="$learning_rate" --seed="$seed" \
+  --gradient_accumulation_steps="$gradient_accumulation_steps" --do_train \
+  --json-summary="$RESULTS_DIR/dllogger_phase1.json" "${flags[@]}" "${resume[@]}" "${extra[@]}" 2>&1 | log
+
+"${launch[@]}" --input_dir="$DATA_DIR_PHASE2" --output_dir="$CHECKPOINTS_DIR" --config_file="$BERT_CONFIG" \
+  --bert_model=bert-large-uncased --train_batch_size="$train_batch_size_phase2" --max_seq_length=512 \
+  --max_predictions_per_seq=80 --max_steps="$train_steps_phase2" --warmup_proportion="$warmup_proportion_phase2" \
+  --num_steps_per_checkpoint="$save_checkpoint_steps" --learning_rate="$learning_rate_phase2" --seed="$seed" \
+  --gradient_accumulation_steps="$gradient_accumulation_steps_phase2" --do_train --resume_from_checkpoint \
+  --phase2 --phase1_end_step="$train_steps" \
+  --json-summary="$RESULTS_DIR/dllogger_phase2.json" "${flags[@]}" "${extra[@]}" 2>&1 | log

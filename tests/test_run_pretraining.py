@@ -330,3 +330,23 @@ def test_bf16_and_workers_train(corpus, tmp_path):
     result = cli(corpus, tmp_path, corpus / "p1", "--bf16", "--num_workers", "2")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out" / "ckpt_2.pt").exists()
+
+
+def test_run_pretraining_sh_runs_both_phases_on_one_cpu_process(shared_data, corpus, tmp_path):
+    """NVIDIA's positional arguments: phase 1 (128/20) then phase 2 (512/80) from phase 1's checkpoint."""
+    for folder, seq, preds in (("p1", 128, 20), ("p2", 512, 80)):
+        (tmp_path / folder).mkdir()
+        make_shard(shared_data, corpus / "pg11.txt.txt", tmp_path / folder / "books_training_0.hdf5", seq, preds)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**TINY, "max_position_embeddings": 512}))
+    positional = [8, "1e-2", "bf16", 1, 0.1, 3, 2, "false", "false", "true", 2, 42, "job", "false", "false",
+                  4, "5e-3", 0.1, 2, 2, tmp_path / "p1", config, tmp_path / "p2", REPO_ROOT]
+    env = {**ENV, "RESULTS_DIR": str(tmp_path / "results"), "PYTHON": sys.executable,
+           "EXTRA_ARGS": "--disable_progress_bar"}
+    result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_pretraining.sh"), *map(str, positional)],
+                            env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    checkpoints = sorted(p.name for p in (tmp_path / "results" / "checkpoints").glob("ckpt_*.pt"))
+    assert checkpoints == ["ckpt_2.pt", "ckpt_3.pt", "ckpt_5.pt"]  # phase 2 numbers continue after step 3
+    phase2 = step_records(tmp_path / "results" / "dllogger_phase2.json")
+    assert sorted(phase2) == [(0, 4), (0, 5)]

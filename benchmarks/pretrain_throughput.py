@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""The whole pre-training loop (run_pretraining.py: data loading, logging and all) against transformers'
+BertForPreTraining + AdamW on the same batch size and precision, plus the data loader alone.
+
+Shards are made first from real text (../shared/data/books with the standard uncased vocab, or any text and
+vocab given with --text/--vocab) by data/create_pretraining_data.py.
+
+    python benchmarks/pretrain_throughput.py                 # BERT-base, seq 128 and 512, bf16, batch 8
+    python benchmarks/pretrain_throughput.py --seq 128 --steps 6
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from metric_logger import read_log  # noqa: E402
+from model import BertConfig  # noqa: E402
+from model_throughput import MASKED_PER_SEQ, make_batch, peer_step, time_steps  # noqa: E402
+from pretraining_data import BatchPlan, PretrainingBatches, SampleStream, find_shards, inspect_shard  # noqa: E402
+
+SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+def make_shards(text: Path, vocab: Path, seq: int, out: Path) -> Path:
+    folder = out / f"seq{seq}"
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, str(REPO / "data" / "create_pretraining_data.py"), "--input_file", str(text),
+                    "--output_file", str(folder / "bench_training_0.hdf5"), "--vocab_file", str(vocab),
+                    "--max_seq_length", str(seq), "--max_predictions_per_seq", str(MASKED_PER_SEQ[seq]),
+                    "--dupe_factor", "1", "--compression", "none"], check=True, capture_output=True)
+    return folder
+
+
+def loader_throughput(folder: Path, micro_batch: int = 64, batches: int = 400) -> float:
+    """Sequences per second from HDF5 on disk to batch tensors, one worker (this process)."""
+    shards = [inspect_shard(p, 30522, 512) for p in find_shards(folder, "training")]
+    stream = SampleStream(shards, seed=1)
+    dataset = PretrainingBatches(stream, BatchPlan(micro_batch, 1, 1, 0), 30522)
+    start = time.perf_counter()
+    for i, _ in enumerate(dataset):
+        if i + 1 == batches:
+            break
+    return micro_batch * batches / (time.perf_counter() - start)
+
+
+def run_loop(folder: Path, seq: int, batch: int, steps: int, out: Path, compile_optimizer: bool) -> float:
+    log = out / f"loop_{seq}.json"
+    command = [sys.executable, str(REPO / "run_pretraining.py"), "--input_dir", str(folder), "--config_file",
+               str(REPO / "bert_configs" / "base.json"), "--output_dir", str(out / f"ckpt_{seq}"),
+               "--max_seq_length", str(seq), "--max_predictions_per_seq", str(MASKED_PER_SEQ[seq]),
+               "--train_batch_size", str(batch), "--max_steps", str(steps), "--learning_rate", "6e-3",
+               "--warmup_proportion", "0.5", "--bf16", "--do_train", "--skip_checkpoint",
+               "--disable_progress_bar", "--json-summary", str(log)]
+    if compile_optimizer:
+        command.append("--compile_optimizer")
+    subprocess.run(command, check=True, capture_output=True)
+    final = next(r["data"] for r in read_log(log) if r.get("step") == [])
+    return float(final["training_sequences_per_second"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seq", type=int, nargs="+", default=[128, 512], choices=sorted(MASKED_PER_SEQ))
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=7, help="loop steps (the first two are not timed)")
+    parser.add_argument("--peer_steps", type=int, default=3)
+    parser.add_argument("--text", type=Path, default=SHARED / "books" / "pg1342.txt")
+    parser.add_argument("--vocab", type=Path, default=SHARED / "minilm" / "vocab.txt")
+    parser.add_argument("--no_compile_optimizer", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    for path in (args.text, args.vocab):
+        if not path.is_file():
+            raise SystemExit(f"error: {path} not found (pass --text and --vocab)")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; BERT-base, bf16, batch {args.batch}")
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        for seq in args.seq:
+            folder = make_shards(args.text, args.vocab, seq, out)
+            loader = loader_throughput(folder)
+            ours = run_loop(folder, seq, args.batch, args.steps, out, not args.no_compile_optimizer)
+            config = BertConfig()
+            peer_seconds = time_steps(peer_step(config, make_batch(config, args.batch, seq, MASKED_PER_SEQ[seq])),
+                                      "bf16", warmup=2, steps=args.peer_steps)
+            peer = args.batch / peer_seconds
+            row = {"seq": seq, "batch": args.batch, "loop_seq_per_s": ours, "peer_seq_per_s": peer,
+                   "speedup": ours / peer, "loader_seq_per_s_per_worker": loader}
+            results.append(row)
+            print(f"seq {seq}: run_pretraining.py {ours:.2f} seq/s, transformers+AdamW {peer:.2f} seq/s, "
+                  f"speed-up {ours / peer:.2f}x; data loader {loader:,.0f} seq/s per worker", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

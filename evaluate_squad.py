@@ -85,7 +85,10 @@ def _check_predictions(
 
 
 def evaluate_v1(
-    dataset: list[dict[str, Any]], predictions: dict[str, str], pred_file: str = "predictions", allow_missing: bool = False
+    dataset: list[dict[str, Any]],
+    predictions: dict[str, str],
+    pred_file: str = "predictions",
+    allow_missing: bool = False,
 ) -> dict[str, float]:
     """{"exact_match", "f1"} in percent over every question of `dataset` (the file's "data" list), each the
     maximum over its gold answers. A missing prediction raises InputError, or scores 0 with allow_missing."""
@@ -212,6 +215,26 @@ def _load_json_object(path: str | Path, what: str) -> dict[str, Any]:
     return value
 
 
+def evaluate_predictions(
+    data_file: str | Path,
+    predictions: dict[str, str],
+    na_probs: Optional[dict[str, float]] = None,
+    na_prob_thresh: float = 1.0,
+    allow_missing: bool = False,
+    pred_file: str = "predictions",
+) -> dict[str, Any]:
+    """The official summary of `predictions` (qid -> text) against a SQuAD data file of either version, for
+    training scripts (in process) and the command line. For v2.0, na_probs (e.g. the null odds) adds best_*;
+    allow_missing applies to v1.1 files. `pred_file` names the predictions in error messages."""
+    data = load_squad_json(data_file)
+    try:
+        if is_squad_v2(data):
+            return evaluate_v2(data["data"], predictions, na_probs, na_prob_thresh, pred_file)
+        return evaluate_v1(data["data"], predictions, pred_file, allow_missing)
+    except (KeyError, TypeError) as error:
+        raise InputError(f"{data_file}: not a SQuAD file ({type(error).__name__}: {error})") from None
+
+
 def evaluate_files(
     data_file: str | Path,
     pred_file: str | Path,
@@ -219,22 +242,16 @@ def evaluate_files(
     na_prob_thresh: float = 1.0,
     allow_missing: bool = False,
 ) -> dict[str, Any]:
-    """Evaluates a predictions file against a SQuAD data file of either version (see evaluate_v1/_v2);
-    allow_missing applies to v1.1 files."""
-    data = load_squad_json(data_file)
+    """evaluate_predictions with the predictions (and na-probs) read from JSON files."""
+    load_squad_json(data_file)  # a bad data file is reported first
     predictions = _load_json_object(pred_file, "predictions")
+    na_probs = _load_json_object(na_prob_file, "na-prob") if na_prob_file else None
     try:
-        if is_squad_v2(data):
-            na_probs = _load_json_object(na_prob_file, "na-prob") if na_prob_file else None
-            try:
-                return evaluate_v2(data["data"], predictions, na_probs, na_prob_thresh, str(pred_file))
-            except InputError as error:
-                if str(error).startswith("na-prob file:"):
-                    raise InputError(f"{na_prob_file}:{str(error).removeprefix('na-prob file:')}") from None
-                raise
-        return evaluate_v1(data["data"], predictions, str(pred_file), allow_missing)
-    except (KeyError, TypeError) as error:
-        raise InputError(f"{data_file}: not a SQuAD file ({type(error).__name__}: {error})") from None
+        return evaluate_predictions(data_file, predictions, na_probs, na_prob_thresh, allow_missing, str(pred_file))
+    except InputError as error:
+        if str(error).startswith("na-prob file:"):
+            raise InputError(f"{na_prob_file}:{str(error).removeprefix('na-prob file:')}") from None
+        raise
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
@@ -247,7 +264,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         "--na-prob-thresh", "-t", type=float, default=1.0,
         help="v2.0: predict no answer when the na-prob is above this (default 1.0)",
     )
-    parser.add_argument("--allow-missing", action="store_true", help="v1.1: score questions without a prediction as 0 (the official script's behaviour)")
+    parser.add_argument(
+        "--allow-missing", action="store_true",
+        help="v1.1: score questions without a prediction as 0 (the official script's behaviour)",
+    )
     args = parser.parse_args(argv)
     result = evaluate_files(args.data_file, args.pred_file, args.na_prob_file, args.na_prob_thresh, args.allow_missing)
     is_v2 = "exact" in result

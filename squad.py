@@ -26,7 +26,7 @@ import unicodedata
 import zipfile
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, BinaryIO, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -153,7 +153,7 @@ def read_squad_examples(
                         first = answers[0]
                         found = " ".join(words[first.start_word : first.end_word + 1])
                         if " ".join(first.text.split()) not in found:
-                            logger.warning("%s: %s: answer %r not found in the context, skipped", path, where, first.text)
+                            logger.warning("%s: %s: answer %r not in the context, skipped", path, where, first.text)
                             skipped += 1
                             continue
                     examples.append(example)
@@ -398,20 +398,24 @@ def features_cache_path(cache_dir: str | Path, cache_key: str) -> Path:
     return Path(cache_dir) / f"squad_features_{cache_key[:20]}.npz"
 
 
-def save_features(path: str | Path, features: SquadFeatures, cache_key: str) -> None:
-    """Writes the features and their key to an .npz, atomically (temporary name, then rename)."""
-    path = Path(path)
+def _write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Runs write(file) on a temporary file beside `path`, then renames it: `path` is never half written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    arrays = {f.name: getattr(features, f.name) for f in fields(SquadFeatures)}
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False) as tmp:
         try:
-            np.savez(tmp, cache_key=np.array(cache_key), **arrays)
+            write(tmp)
             tmp.flush()
             os.fsync(tmp.fileno())
         except BaseException:
             os.unlink(tmp.name)
             raise
     os.replace(tmp.name, path)
+
+
+def save_features(path: str | Path, features: SquadFeatures, cache_key: str) -> None:
+    """Writes the features and their key to an .npz, atomically."""
+    arrays = {f.name: getattr(features, f.name) for f in fields(SquadFeatures)}
+    _write_atomic(Path(path), lambda f: np.savez(f, cache_key=np.array(cache_key), **arrays))
 
 
 def load_features(path: str | Path, cache_key: str) -> Optional[SquadFeatures]:
@@ -510,11 +514,12 @@ def basic_tokenize(text: str, do_lower_case: bool) -> list[str]:
     return tokens
 
 
+_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+               (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))  # the CJK ideograph blocks BERT spaces out
+
+
 def _is_cjk(cp: int) -> bool:
-    return (
-        0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF or 0x2A700 <= cp <= 0x2B73F
-        or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F
-    )
+    return any(low <= cp <= high for low, high in _CJK_RANGES)
 
 
 def _is_punctuation(char: str) -> bool:
@@ -671,25 +676,17 @@ def span_text(
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """JSON (4-space indent, UTF-8) to `path` through a temporary file and a rename: never half written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        "w", encoding="utf-8", dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False
-    ) as tmp:
-        try:
-            tmp.write(json.dumps(obj, indent=4) + "\n")
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        except BaseException:
-            os.unlink(tmp.name)
-            raise
-    os.replace(tmp.name, path)
+    text = json.dumps(obj, indent=4) + "\n"  # serialized first: an unserializable object leaves no trace
+    _write_atomic(Path(path), lambda f: f.write(text.encode("utf-8")))
 
 
-def write_predictions(output_dir: str | Path, predictions: SquadPredictions, version_2_with_negative: bool) -> list[Path]:
+def write_predictions(
+    output_dir: str | Path, predictions: SquadPredictions, version_2_with_negative: bool
+) -> list[Path]:
     """Writes predictions.json, nbest_predictions.json and, for SQuAD 2.0, null_odds.json; returns the paths."""
     output_dir = Path(output_dir)
-    files = [(output_dir / "predictions.json", predictions.answers), (output_dir / "nbest_predictions.json", predictions.nbest)]
+    files = [(output_dir / "predictions.json", predictions.answers)]
+    files.append((output_dir / "nbest_predictions.json", predictions.nbest))
     if version_2_with_negative:
         files.append((output_dir / "null_odds.json", predictions.null_odds))
     for path, obj in files:

@@ -74,7 +74,8 @@ def ref_evaluate(questions, preds, v2, na_probs=None, thresh=1.0):
     scored = [(qid, has, float(not has) if probs[qid] > thresh else em, float(not has) if probs[qid] > thresh else f1)
               for qid, has, em, f1 in rows]
     out = {}
-    for prefix, subset in (("", scored), ("HasAns_", [r for r in scored if r[1]]), ("NoAns_", [r for r in scored if not r[1]])):
+    groups = (("", scored), ("HasAns_", [r for r in scored if r[1]]), ("NoAns_", [r for r in scored if not r[1]]))
+    for prefix, subset in groups:
         if subset:
             out[prefix + "exact"] = 100 * sum(r[2] for r in subset) / len(subset)
             out[prefix + "f1"] = 100 * sum(r[3] for r in subset) / len(subset)
@@ -128,7 +129,8 @@ CRAFTED = [  # (gold answers, prediction)
 @pytest.mark.parametrize("golds, pred", CRAFTED)
 def test_single_scores_equal_reference(golds, pred):
     assert ev.normalize_answer(golds[0]) == ref_normalize(golds[0])
-    assert max(ev.exact_match_score(pred, g) for g in golds) == max(float(ref_normalize(pred) == ref_normalize(g)) for g in golds)
+    expected_em = max(float(ref_normalize(pred) == ref_normalize(g)) for g in golds)
+    assert max(ev.exact_match_score(pred, g) for g in golds) == expected_em
     for v2, f1 in ((False, ev.f1_score_v1), (True, ev.f1_score_v2)):
         assert max(f1(pred, g) for g in golds) == pytest.approx(max(ref_f1(pred, g, v2) for g in golds), abs=1e-15)
 
@@ -155,7 +157,8 @@ def test_crafted_data_set_v1_and_v2_with_na_probs():
     preds.update({"n1": "", "n2": "something", "n3": "the"})
     data = as_dataset(questions)
     only_answerable = [q for q in questions if q[1]]
-    assert ev.evaluate_v1(as_dataset(only_answerable), preds) == pytest.approx(ref_evaluate(only_answerable, preds, False))
+    expected = ref_evaluate(only_answerable, preds, False)
+    assert ev.evaluate_v1(as_dataset(only_answerable), preds) == pytest.approx(expected)
     assert ev.evaluate_v2(data, preds) == pytest.approx(ref_evaluate(questions, preds, True))
     na = {qid: p for qid, p in zip(preds, np.random.default_rng(0).uniform(size=len(preds)).tolist())}
     for thresh in (1.0, 0.5):
@@ -168,7 +171,8 @@ def test_crafted_data_set_v1_and_v2_with_na_probs():
 def dev(shared_data):
     def load(version):
         data = json.loads((shared_data / "squad" / f"dev-v{version}.json").read_text(encoding="utf-8"))["data"]
-        questions = [(qa["id"], [a["text"] for a in qa["answers"]]) for art in data for p in art["paragraphs"] for qa in p["qas"]]
+        qas = [qa for article in data for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+        questions = [(qa["id"], [a["text"] for a in qa["answers"]]) for qa in qas]
         return data, questions
     return load
 
@@ -212,7 +216,8 @@ def test_leaderboard_predictions_v2(shared_data, dev):
 @pytest.mark.shared_data
 def test_best_thresholds_on_real_predictions_equal_reference(shared_data, dev):
     data, questions = dev("2.0")
-    preds = json.loads((shared_data / "squad" / "predictions-v2.0" / "BERT_single_model_Google_AI_Language.json").read_text())
+    bert = shared_data / "squad" / "predictions-v2.0" / "BERT_single_model_Google_AI_Language.json"
+    preds = json.loads(bert.read_text(encoding="utf-8"))
     subset = questions[:600]  # the reference tries every cut: quadratic
     sub_preds = {qid: preds[qid] for qid, _ in subset}
     rng = np.random.default_rng(3)
@@ -287,3 +292,15 @@ def test_cli_bad_input_exits_2_with_one_line_naming_the_file(tmp_path, case):
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and str(named) in lines[0], done.stderr
+
+
+@pytest.mark.shared_data
+def test_in_process_evaluation_equals_the_file_evaluation(shared_data, tmp_path):
+    pred_file = shared_data / "squad" / "predictions-v2.0" / "nlnet_single_model_Microsoft_Research_Asia.json"
+    preds = json.loads(pred_file.read_text(encoding="utf-8"))
+    na = {qid: float(text == "") for qid, text in preds.items()}
+    (tmp_path / "na.json").write_text(json.dumps(na))
+    data_file = shared_data / "squad" / "dev-v2.0.json"
+    in_process = ev.evaluate_predictions(data_file, preds, na)
+    assert in_process == ev.evaluate_files(data_file, pred_file, tmp_path / "na.json")
+    assert in_process["best_exact"] >= in_process["exact"]

@@ -62,9 +62,13 @@ def test_quotes_are_text_and_the_byte_order_mark_is_ignored(shared_data):
 
 # Layouts of the GLUE files not present here, from the GLUE download (header, one row).
 LAYOUTS = {
-    ("qqp", "train"): ("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate", "7\t15\t16\tHow?\tWhy?\t1", ("How?", "Why?", "1")),
+    ("qqp", "train"): (
+        "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate", "7\t15\t16\tHow?\tWhy?\t1", ("How?", "Why?", "1")
+    ),
     ("qqp", "test"): ("id\tquestion1\tquestion2", "0\tHow?\tWhy?", ("How?", "Why?", None)),
-    ("qnli", "dev"): ("index\tquestion\tsentence\tlabel", "0\tWho?\tHe did.\tentailment", ("Who?", "He did.", "entailment")),
+    ("qnli", "dev"): (
+        "index\tquestion\tsentence\tlabel", "0\tWho?\tHe did.\tentailment", ("Who?", "He did.", "entailment")
+    ),
     ("wnli", "train"): ("index\tsentence1\tsentence2\tlabel", "0\tA b.\tC d.\t0", ("A b.", "C d.", "0")),
     ("mnli", "train"): (
         "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
@@ -75,7 +79,8 @@ LAYOUTS = {
     ("mnli", "dev"): (
         "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
         "sentence2_parse\tsentence1\tsentence2\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label",
-        "0\t1\t1e\tgov\t( a )\t( b )\t(ROOT a)\t(ROOT b)\tP.\tH.\tneutral\tentailment\tneutral\tneutral\tneutral\tneutral",
+        "0\t1\t1e\tgov\t( a )\t( b )\t(ROOT a)\t(ROOT b)\tP.\tH.\t"
+        "neutral\tentailment\tneutral\tneutral\tneutral\tneutral",
         ("P.", "H.", "neutral"),
     ),
     ("mnli-mm", "test"): (
@@ -117,10 +122,13 @@ def test_mnli_files_and_task_names():
 @pytest.mark.parametrize(
     "task_name, content, message",
     [
-        ("rte", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\ta\tb\n", "line 3 has 3 tab-separated columns, expected 4"),
-        ("cola", "gj04\t1\t\tFine.\ngj04\t1\tOne \"quoted\"\ttab.\textra\n", "line 2 has 5 tab-separated columns, expected 4"),
+        ("rte", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\ta\tb\n",
+         "line 3 has 3 tab-separated columns, expected 4"),
+        ("cola", "gj04\t1\t\tFine.\ngj04\t1\tOne \"quoted\"\ttab.\textra\n",
+         "line 2 has 5 tab-separated columns, expected 4"),
         ("rte", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n", "line 2: label 'maybe' is not one of"),
-        ("sts-b", "\t".join(["h"] * 10) + "\n" + "\t".join(["x"] * 9 + ["high"]) + "\n", "line 2: score 'high' is not a number"),
+        ("sts-b", "\t".join(["h"] * 10) + "\n" + "\t".join(["x"] * 9 + ["high"]) + "\n",
+         "line 2: score 'high' is not a number"),
         ("sst-2", "", "empty file"),
         ("sst-2", b"sentence\tlabel\nd\xe9j\xe0\t1\n", "not UTF-8"),
     ],
@@ -163,7 +171,9 @@ def test_truncation_lengths_equal_the_pop_loop():
 
 
 @pytest.mark.shared_data
-@pytest.mark.parametrize("folder, name, max_len", [("MRPC", "mrpc", 32), ("SST-2", "sst-2", 12), ("STS-B", "sts-b", 128)])
+@pytest.mark.parametrize(
+    "folder, name, max_len", [("MRPC", "mrpc", 32), ("SST-2", "sst-2", 12), ("STS-B", "sts-b", 128)]
+)
 def test_features_equal_reference_layout(shared_data, tokenizer, folder, name, max_len):
     task = glue.get_task(name)
     examples = glue.read_examples(task, shared_data / "glue" / folder, "dev")[:200]
@@ -239,7 +249,8 @@ def test_metrics_equal_plain_references():
         n = int(rng.integers(5, 80))
         labels = rng.integers(0, 2, n)
         preds = np.where(rng.uniform(size=n) < 0.7, labels, 1 - labels)
-        assert glue.matthews_corrcoef(preds, labels) == pytest.approx(ref_mcc_binary(preds.tolist(), labels.tolist()), abs=1e-12)
+        expected = ref_mcc_binary(preds.tolist(), labels.tolist())
+        assert glue.matthews_corrcoef(preds, labels) == pytest.approx(expected, abs=1e-12)
         assert glue.accuracy(preds, labels) == pytest.approx(sum(preds == labels) / n)
         tp = sum((preds == 1) & (labels == 1))
         precision = tp / max(sum(preds == 1), 1)
@@ -248,13 +259,15 @@ def test_metrics_equal_plain_references():
         assert glue.f1_binary(preds, labels) == pytest.approx(ref_f1, abs=1e-12)
         three = rng.integers(0, 3, n)
         guess = np.where(rng.uniform(size=n) < 0.5, three, rng.integers(0, 3, n))
-        assert glue.matthews_corrcoef(guess, three) == pytest.approx(ref_mcc_multiclass(guess.tolist(), three.tolist()), abs=1e-12)
+        expected = ref_mcc_multiclass(guess.tolist(), three.tolist())
+        assert glue.matthews_corrcoef(guess, three) == pytest.approx(expected, abs=1e-12)
         # Scores on a 0-5 grid (many ties), like STS-B.
         x = np.round(rng.uniform(0, 5, n) * 4) / 4
         y = np.round((x + rng.normal(0, 1, n)).clip(0, 5) * 2) / 2
         assert glue.pearson(x, y) == pytest.approx(ref_pearson(x.tolist(), y.tolist()), abs=1e-12)
         assert glue.average_ranks(y).tolist() == ref_ranks(y.tolist())
-        assert glue.spearman(x, y) == pytest.approx(ref_pearson(ref_ranks(x.tolist()), ref_ranks(y.tolist())), abs=1e-12)
+        expected = ref_pearson(ref_ranks(x.tolist()), ref_ranks(y.tolist()))
+        assert glue.spearman(x, y) == pytest.approx(expected, abs=1e-12)
 
 
 def test_metric_edge_cases():

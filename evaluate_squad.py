@@ -231,7 +231,7 @@ def evaluate_predictions(
         if is_squad_v2(data):
             return evaluate_v2(data["data"], predictions, na_probs, na_prob_thresh, pred_file)
         return evaluate_v1(data["data"], predictions, pred_file, allow_missing)
-    except (KeyError, TypeError) as error:
+    except (KeyError, TypeError, AttributeError) as error:
         raise InputError(f"{data_file}: not a SQuAD file ({type(error).__name__}: {error})") from None
 
 

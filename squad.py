@@ -302,7 +302,7 @@ def convert_examples_to_features(
         answer_texts = [e.answers[0].text.replace("\n", " ") if e.answers else "" for e in examples]
         a_ids, a_offsets = tokenizer.encode_lines(answer_texts)
 
-    plans = []  # (example index, query pieces, document, windows, gold piece span or None)
+    plans = []  # (example index, query, doc pieces, piece -> word, windows, gold piece span or None)
     for i, example in enumerate(examples):
         query = q_ids[q_offsets[i] : q_offsets[i + 1]][:max_query]
         pieces, piece_word, word_start = documents.of(example)

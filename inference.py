@@ -23,7 +23,6 @@ import torch
 
 import model_weights
 import squad
-from data.errors import DataError
 from data.tokenization import BertTokenizer, load_vocab
 from errors import InputError, run_cli
 from model import BertConfig, BertForQuestionAnswering
@@ -107,11 +106,8 @@ def _read_text(path: Path) -> str:
 
 
 def load_tokenizer(vocab_file: Path, do_lower_case: bool) -> BertTokenizer:
-    """The WordPiece tokenizer of a vocab.txt; a bad vocab file is an InputError."""
-    try:
-        return BertTokenizer(load_vocab(vocab_file), do_lower_case)
-    except DataError as error:
-        raise InputError(str(error)) from None
+    """The WordPiece tokenizer of a vocab.txt; a bad vocab file is an InputError (data.errors.DataError)."""
+    return BertTokenizer(load_vocab(vocab_file), do_lower_case)
 
 
 def load_qa_model(

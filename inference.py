@@ -23,6 +23,7 @@ import torch
 
 import model_weights
 import squad
+import squad_answers
 from data.tokenization import BertTokenizer, load_vocab
 from errors import InputError, run_cli
 from model import BertConfig, BertForQuestionAnswering
@@ -38,7 +39,7 @@ class InferenceOptions:
     questions: Optional[list[str]]  # None: read them from stdin
     context: str
     window: squad.WindowSettings
-    answer: squad.AnswerSettings
+    answer: squad_answers.AnswerSettings
     batch_size: int
     precision: str  # "fp32", "fp16" or "bf16"
     seed: int
@@ -84,7 +85,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
         questions=None if args.question is None else [args.question],
         context=context,
         window=squad.WindowSettings(args.max_seq_length, args.doc_stride, args.max_query_length),
-        answer=squad.AnswerSettings(
+        answer=squad_answers.AnswerSettings(
             args.n_best_size, args.max_answer_length, args.do_lower_case, args.version_2_with_negative,
             args.null_score_diff_threshold,
         ),
@@ -175,7 +176,7 @@ def answer_questions(
     questions: Sequence[str],
     context: str,
     window: squad.WindowSettings = squad.WindowSettings(),
-    answer: squad.AnswerSettings = squad.AnswerSettings(),
+    answer: squad_answers.AnswerSettings = squad_answers.AnswerSettings(),
     batch_size: int = 8,
     precision: str = "fp32",
 ) -> list[dict[str, Any]]:
@@ -188,7 +189,7 @@ def answer_questions(
         raise InputError("the context is empty (no word pieces)")
     start, end = predict_logits(model, features, batch_size, precision)
     start, end = keep_document_logits(features, start), keep_document_logits(features, end)
-    predictions = squad.extract_answers(examples, features, start, end, tokenizer.vocab, answer)
+    predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab, answer)
     windows = np.bincount(features.example_index, minlength=len(examples))
     results = []
     for i, question in enumerate(questions):

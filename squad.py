@@ -1,4 +1,4 @@
-"""SQuAD v1.1 / v2.0 for BERT: examples from the JSON, windowed features, a feature cache, answer extraction.
+"""SQuAD v1.1 / v2.0 for BERT: examples from the JSON, windowed features and their cache.
 
 The algorithms are those of the original BERT `run_squad.py` (which NVIDIA's follows), written anew:
 - a context is split on whitespace into words, and every character knows its word (answers are given in
@@ -9,20 +9,17 @@ The algorithms are those of the original BERT `run_squad.py` (which NVIDIA's fol
   context on its shorter side;
 - a training answer becomes the piece span whose pieces equal the tokenized answer text (the "improve answer
   span" rule); outside the window, or for an impossible question, start and end point at [CLS] (0);
-- prediction takes the n best starts and ends of every window, keeps valid spans, and maps the best spans back
-  onto the original context through the basic tokenizer ("get final text").
+- prediction (squad_answers.py) takes the n best starts and ends of every window, keeps valid spans, and maps
+  the best spans back onto the original context through the basic tokenizer ("get final text").
 Only numpy is used here: the training scripts turn the arrays into tensors.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import tempfile
-import unicodedata
 import zipfile
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -398,7 +395,7 @@ def features_cache_path(cache_dir: str | Path, cache_key: str) -> Path:
     return Path(cache_dir) / f"squad_features_{cache_key[:20]}.npz"
 
 
-def _write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
+def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Runs write(file) on a temporary file beside `path`, then renames it: `path` is never half written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False) as tmp:
@@ -415,7 +412,7 @@ def _write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
 def save_features(path: str | Path, features: SquadFeatures, cache_key: str) -> None:
     """Writes the features and their key to an .npz, atomically."""
     arrays = {f.name: getattr(features, f.name) for f in fields(SquadFeatures)}
-    _write_atomic(Path(path), lambda f: np.savez(f, cache_key=np.array(cache_key), **arrays))
+    write_atomic(Path(path), lambda f: np.savez(f, cache_key=np.array(cache_key), **arrays))
 
 
 def load_features(path: str | Path, cache_key: str) -> Optional[SquadFeatures]:
@@ -458,237 +455,3 @@ def cached_features(
         features = convert_examples_to_features(examples, tokenizer, settings, is_training)
         save_features(path, features, key)
     return features
-
-
-# ---------------------------------------------------------------------------------------------------------
-# From logits to answers
-# ---------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class AnswerSettings:
-    """How spans are chosen and when SQuAD 2.0 answers nothing (NVIDIA's defaults)."""
-
-    n_best_size: int = 20
-    max_answer_length: int = 30
-    do_lower_case: bool = True
-    version_2_with_negative: bool = False
-    null_score_diff_threshold: float = 0.0
-
-
-@dataclass
-class SquadPredictions:
-    """qas_id -> answer text; qas_id -> n-best list of {text, probability, start_logit, end_logit};
-    for SQuAD 2.0, qas_id -> null score minus the best non-null score (the `null_odds.json` values)."""
-
-    answers: dict[str, str]
-    nbest: dict[str, list[dict[str, Any]]]
-    null_odds: dict[str, float]
-
-
-def basic_tokenize(text: str, do_lower_case: bool) -> list[str]:
-    """BERT's basic tokenizer: drop control characters, space out CJK ideographs, split on whitespace,
-    lower-case and strip accents when uncased, split off every punctuation character."""
-    chars = []
-    for char in text:
-        category = unicodedata.category(char)
-        if char in "\t\n\r" or category == "Zs":
-            chars.append(" ")
-        elif char == "\x00" or char == "\ufffd" or category in ("Cc", "Cf"):
-            continue
-        elif _is_cjk(ord(char)):
-            chars.append(f" {char} ")
-        else:
-            chars.append(char)
-    tokens: list[str] = []
-    for word in "".join(chars).split():
-        if do_lower_case:
-            word = "".join(c for c in unicodedata.normalize("NFD", word.lower()) if unicodedata.category(c) != "Mn")
-        current = ""
-        for char in word:
-            if _is_punctuation(char):
-                tokens += [current, char] if current else [char]
-                current = ""
-            else:
-                current += char
-        if current:
-            tokens.append(current)
-    return tokens
-
-
-_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
-               (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))  # the CJK ideograph blocks BERT spaces out
-
-
-def _is_cjk(cp: int) -> bool:
-    return any(low <= cp <= high for low, high in _CJK_RANGES)
-
-
-def _is_punctuation(char: str) -> bool:
-    cp = ord(char)
-    # All non-alphanumeric printable ASCII counts, as in BERT ("$", "^", "`" are not Unicode punctuation).
-    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
-        return True
-    return unicodedata.category(char).startswith("P")
-
-
-def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool) -> str:
-    """The part of `orig_text` (original words, original case and accents) that the de-tokenized prediction
-    `pred_text` covers. Both are aligned through the basic-tokenized original with spaces removed; when they
-    do not align character for character, the whole `orig_text` is returned."""
-    return _align(pred_text, orig_text, " ".join(basic_tokenize(orig_text, do_lower_case)))
-
-
-@functools.lru_cache(maxsize=1 << 18)
-def _basic_word(word: str, do_lower_case: bool) -> str:
-    return " ".join(basic_tokenize(word, do_lower_case))
-
-
-def _final_text_of_words(pred_text: str, words: Sequence[str], do_lower_case: bool) -> str:
-    """get_final_text(pred_text, " ".join(words)): basic tokenization is local to a word, so it is cached per
-    word (post-processing spends most of its time here otherwise)."""
-    tok_text = " ".join(t for t in (_basic_word(w, do_lower_case) for w in words) if t)
-    return _align(pred_text, " ".join(words), tok_text)
-
-
-def _align(pred_text: str, orig_text: str, tok_text: str) -> str:
-    """Maps pred_text, found in tok_text, onto orig_text by counting non-space characters (both texts must
-    hold the same number of them)."""
-    start = tok_text.find(pred_text)
-    if start == -1 or not pred_text:
-        return orig_text
-    end = start + len(pred_text) - 1
-    if len(orig_text) - orig_text.count(" ") != len(tok_text) - tok_text.count(" "):
-        return orig_text
-    if tok_text[start] == " " or tok_text[end] == " ":
-        return orig_text
-    ns_start = start - tok_text.count(" ", 0, start)
-    ns_end = end - tok_text.count(" ", 0, end)
-    codes = np.frombuffer(orig_text.encode("utf-32-le"), np.uint32)
-    orig_positions = np.flatnonzero(codes != ord(" "))
-    return orig_text[int(orig_positions[ns_start]) : int(orig_positions[ns_end]) + 1]
-
-
-def _softmax(scores: list[float]) -> list[float]:
-    if not scores:
-        return []
-    top = max(scores)
-    exps = [math.exp(s - top) for s in scores]
-    total = sum(exps)
-    return [e / total for e in exps]
-
-
-def _top_indexes(logits: np.ndarray, n: int) -> np.ndarray:
-    """Indexes of the n largest logits, largest first, lower index first on ties."""
-    return np.argsort(-logits, kind="stable")[:n]
-
-
-def extract_answers(
-    examples: Sequence[SquadExample],
-    features: SquadFeatures,
-    start_logits: np.ndarray,
-    end_logits: np.ndarray,
-    vocab: Vocab,
-    settings: AnswerSettings = AnswerSettings(),
-) -> SquadPredictions:
-    """Answers from the model's logits (float [N, L], one row per feature, same order as `features`).
-
-    Candidates of a window: the n_best_size best starts x ends that both lie in its document part, end >= start,
-    at most max_answer_length pieces, start in its max-context window; ranked by start + end logit over all
-    windows of the question. SQuAD 2.0 adds the null answer scored by the smallest [CLS] start + end over the
-    windows and answers "" when null score - best non-null score > null_score_diff_threshold.
-    """
-    start_logits = np.asarray(start_logits, np.float32)
-    end_logits = np.asarray(end_logits, np.float32)
-    order = np.argsort(features.example_index, kind="stable")
-    bounds = np.searchsorted(features.example_index[order], np.arange(len(examples) + 1))
-    result = SquadPredictions({}, {}, {})
-    v2 = settings.version_2_with_negative
-    for i, example in enumerate(examples):
-        rows = order[bounds[i] : bounds[i + 1]]
-        candidates = []  # (score, row, start, end, start logit, end logit), in the reference's insertion order
-        null = None
-        for row in rows.tolist():
-            s_logits = start_logits[row].astype(np.float64)
-            e_logits = end_logits[row].astype(np.float64)
-            if v2:
-                null_score = s_logits[0] + e_logits[0]
-                if null is None or null_score < null[0]:
-                    null = (null_score, row, 0, 0, s_logits[0], e_logits[0])
-            starts = _top_indexes(start_logits[row], settings.n_best_size)[:, None]
-            ends = _top_indexes(end_logits[row], settings.n_best_size)[None, :]
-            in_doc = features.token_to_orig[row] >= 0
-            valid = (
-                in_doc[starts] & in_doc[ends] & features.token_is_max_context[row][starts]
-                & (ends >= starts) & (ends - starts + 1 <= settings.max_answer_length)
-            )
-            for s, e in zip(*np.nonzero(valid)):
-                start, end = int(starts[s, 0]), int(ends[0, e])
-                candidates.append((s_logits[start] + e_logits[end], row, start, end, s_logits[start], e_logits[end]))
-        if null is not None:
-            candidates.append(null)
-        candidates.sort(key=lambda c: c[0], reverse=True)  # stable, like the reference's sorted()
-
-        nbest: list[tuple[str, float, float]] = []
-        seen: set[str] = set()
-        for _score, row, start, end, s_logit, e_logit in candidates:
-            if len(nbest) >= settings.n_best_size:
-                break
-            text = span_text(example, features, row, start, end, vocab, settings.do_lower_case) if start > 0 else ""
-            if text in seen:
-                continue
-            seen.add(text)
-            nbest.append((text, float(s_logit), float(e_logit)))
-        if v2 and null is not None and "" not in seen:
-            nbest.append(("", float(null[4]), float(null[5])))
-        if not any(text for text, _, _ in nbest) and rows.size:
-            # No valid span in any window: a placeholder keeps the n-best non-empty, as later reference code does.
-            nbest.insert(0, ("empty", 0.0, 0.0))
-
-        probabilities = _softmax([s + e for _, s, e in nbest])
-        entries = [
-            {"text": text, "probability": p, "start_logit": s, "end_logit": e}
-            for (text, s, e), p in zip(nbest, probabilities)
-        ]
-        result.nbest[example.qas_id] = entries
-        best = next((entry for entry in entries if entry["text"]), None)
-        if best is None:  # an example without any window (empty context)
-            result.answers[example.qas_id] = ""
-            if v2:
-                result.null_odds[example.qas_id] = 0.0
-        elif v2:
-            diff = float(null[0]) - best["start_logit"] - best["end_logit"]
-            result.null_odds[example.qas_id] = diff
-            result.answers[example.qas_id] = "" if diff > settings.null_score_diff_threshold else best["text"]
-        else:
-            result.answers[example.qas_id] = entries[0]["text"]
-    return result
-
-
-def span_text(
-    example: SquadExample, features: SquadFeatures, row: int, start: int, end: int, vocab: Vocab, lower: bool
-) -> str:
-    """The original context text that pieces start..end (positions in window `row`) stand for: the pieces are
-    de-tokenized ("##" joined) and aligned with the words they come from by get_final_text."""
-    pieces = " ".join(vocab.tokens[i] for i in features.input_ids[row, start : end + 1].tolist())
-    pred_text = " ".join(pieces.replace(" ##", "").replace("##", "").split())
-    first, last = int(features.token_to_orig[row, start]), int(features.token_to_orig[row, end])
-    return _final_text_of_words(pred_text, example.doc_tokens[first : last + 1], lower)
-
-
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """JSON (4-space indent, UTF-8) to `path` through a temporary file and a rename: never half written."""
-    text = json.dumps(obj, indent=4) + "\n"  # serialized first: an unserializable object leaves no trace
-    _write_atomic(Path(path), lambda f: f.write(text.encode("utf-8")))
-
-
-def write_predictions(
-    output_dir: str | Path, predictions: SquadPredictions, version_2_with_negative: bool
-) -> list[Path]:
-    """Writes predictions.json, nbest_predictions.json and, for SQuAD 2.0, null_odds.json; returns the paths."""
-    output_dir = Path(output_dir)
-    files = [(output_dir / "predictions.json", predictions.answers)]
-    files.append((output_dir / "nbest_predictions.json", predictions.nbest))
-    if version_2_with_negative:
-        files.append((output_dir / "null_odds.json", predictions.null_odds))
-    for path, obj in files:
-        write_json_atomic(path, obj)
-    return [path for path, _ in files]

@@ -11,6 +11,7 @@ import torch
 
 import inference
 import squad
+import squad_answers
 from errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +49,7 @@ def test_answers_are_spans_of_the_context_with_an_nbest_list(minilm):
 def test_bf16_and_v2_give_the_same_form(minilm):
     _, tokenizer, model = minilm
     for threshold, empty in ((1e9, False), (-1e9, True)):  # null odds above the threshold: no answer
-        answer = squad.AnswerSettings(version_2_with_negative=True, null_score_diff_threshold=threshold)
+        answer = squad_answers.AnswerSettings(version_2_with_negative=True, null_score_diff_threshold=threshold)
         results = inference.answer_questions(
             model, tokenizer, ["Who won?", "When?"], CONTEXT, answer=answer, precision="bf16"
         )

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import squad
+import squad_answers
 from data.tokenization import BertTokenizer, load_vocab
 from evaluate_squad import normalize_answer
 
@@ -202,7 +203,7 @@ def test_every_dev_v1_answer_is_recoverable_from_a_window(dev_v1, tokenizer, rec
     for row in np.flatnonzero(features.start_positions > 0).tolist():
         i = int(features.example_index[row])
         gold = per_answer[i].answers[0].text
-        text = squad.span_text(
+        text = squad_answers.span_text(
             per_answer[i], features, row, int(features.start_positions[row]), int(features.end_positions[row]),
             tokenizer.vocab, True,
         )

@@ -10,6 +10,7 @@ import pytest
 from transformers.models.bert.tokenization_bert_legacy import BasicTokenizer
 
 import squad
+import squad_answers
 from data.tokenization import BertTokenizer, load_vocab
 
 
@@ -134,9 +135,9 @@ def test_extract_answers_equals_reference(shared_data, tokenizer, version):
     boost = np.random.default_rng(1).uniform(0, 8, len(examples))[features.example_index]
     start[:, 0] += boost
     end[:, 0] += boost
-    answer_settings = squad.AnswerSettings(n_best_size=20, max_answer_length=30, version_2_with_negative=v2,
+    answer_settings = squad_answers.AnswerSettings(n_best_size=20, max_answer_length=30, version_2_with_negative=v2,
                                            null_score_diff_threshold=0.5)
-    got = squad.extract_answers(examples, features, start, end, tokenizer.vocab, answer_settings)
+    got = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab, answer_settings)
     answers, nbests, odds = reference_predictions(
         examples, features, start, end, tokenizer.vocab, 20, 30, True, v2, 0.5
     )
@@ -158,7 +159,7 @@ def test_extract_answers_finds_a_planted_span_and_maps_it_to_the_original_text(t
     end_logits = np.zeros_like(start_logits)
     start_logits[0, tokens.index("von")] = 10
     end_logits[0, tokens.index("miller")] = 10
-    result = squad.extract_answers([example], features, start_logits, end_logits, tokenizer.vocab)
+    result = squad_answers.extract_answers([example], features, start_logits, end_logits, tokenizer.vocab)
     assert result.answers == {"q1": "Von Miller"}  # original case, without the comma of "Miller,"
     assert result.nbest["q1"][0]["text"] == "Von Miller"
     assert abs(sum(entry["probability"] for entry in result.nbest["q1"]) - 1) < 1e-9
@@ -175,8 +176,8 @@ def test_v2_threshold_rule_and_null_odds(tokenizer):
     start[0, tokens.index("paris")], end[0, tokens.index("paris")] = 3.0, 2.0
     start[0, 0], end[0, 0] = 4.0, 2.5  # null score 6.5 against 5.0: odds 1.5
     for threshold, expected in ((1.0, ""), (1.5, "Paris"), (2.0, "Paris")):
-        settings = squad.AnswerSettings(version_2_with_negative=True, null_score_diff_threshold=threshold)
-        result = squad.extract_answers([example], features, start, end, tokenizer.vocab, settings)
+        settings = squad_answers.AnswerSettings(version_2_with_negative=True, null_score_diff_threshold=threshold)
+        result = squad_answers.extract_answers([example], features, start, end, tokenizer.vocab, settings)
         assert result.answers["q"] == expected
         assert result.null_odds["q"] == pytest.approx(1.5)
         assert "" in [entry["text"] for entry in result.nbest["q"]]
@@ -191,8 +192,8 @@ def test_null_score_is_the_minimum_over_windows(tokenizer):
     end = np.zeros_like(start)
     start[:, 0] = np.arange(len(features)) + 5.0
     start[1, 0] = 1.0  # the smallest null score is in the second window
-    settings = squad.AnswerSettings(version_2_with_negative=True)
-    result = squad.extract_answers([example], features, start, end, tokenizer.vocab, settings)
+    settings = squad_answers.AnswerSettings(version_2_with_negative=True)
+    result = squad_answers.extract_answers([example], features, start, end, tokenizer.vocab, settings)
     assert result.null_odds["q"] == pytest.approx(1.0)  # best span scores 0 + 0
 
 
@@ -205,7 +206,7 @@ def test_basic_tokenize_equals_transformers_basic_tokenizer(shared_data, lower):
     texts = [t for t in texts if unicodedata.normalize("NFC", t) == t]
     reference = BasicTokenizer(do_lower_case=lower)
     for text in texts:
-        assert squad.basic_tokenize(text, lower) == reference.tokenize(text)
+        assert squad_answers.basic_tokenize(text, lower) == reference.tokenize(text)
 
 
 @pytest.mark.parametrize(
@@ -221,32 +222,32 @@ def test_basic_tokenize_equals_transformers_basic_tokenizer(shared_data, lower):
     ],
 )
 def test_get_final_text(pred, orig, lower, expected):
-    assert squad.get_final_text(pred, orig, lower) == expected
+    assert squad_answers.get_final_text(pred, orig, lower) == expected
     assert reference_final_text(pred, orig, lower) == expected
 
 
 def test_write_predictions_is_atomic_and_complete(tmp_path):
-    predictions = squad.SquadPredictions(
+    predictions = squad_answers.SquadPredictions(
         {"a": "Paris", "b": ""},
         {"a": [{"text": "Paris", "probability": 1.0, "start_logit": 1.0, "end_logit": 2.0}], "b": []},
         {"a": -3.0, "b": 2.0},
     )
-    paths = squad.write_predictions(tmp_path, predictions, version_2_with_negative=True)
+    paths = squad_answers.write_predictions(tmp_path, predictions, version_2_with_negative=True)
     assert sorted(p.name for p in paths) == ["nbest_predictions.json", "null_odds.json", "predictions.json"]
     assert json.loads((tmp_path / "predictions.json").read_text()) == predictions.answers
     assert json.loads((tmp_path / "nbest_predictions.json").read_text()) == predictions.nbest
     assert json.loads((tmp_path / "null_odds.json").read_text()) == predictions.null_odds
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)  # no temporary left
     v1_dir = tmp_path / "v1"
-    assert [p.name for p in squad.write_predictions(v1_dir, predictions, False)] == [
+    assert [p.name for p in squad_answers.write_predictions(v1_dir, predictions, False)] == [
         "predictions.json", "nbest_predictions.json"
     ]
 
 
 def test_failed_write_keeps_the_previous_file(tmp_path):
     target = tmp_path / "predictions.json"
-    squad.write_json_atomic(target, {"a": "old"})
+    squad_answers.write_json_atomic(target, {"a": "old"})
     with pytest.raises(TypeError):
-        squad.write_json_atomic(target, {"a": object()})  # not serializable
+        squad_answers.write_json_atomic(target, {"a": object()})  # not serializable
     assert json.loads(target.read_text()) == {"a": "old"}
     assert [p.name for p in tmp_path.iterdir()] == ["predictions.json"]

@@ -162,6 +162,8 @@ def restore_state(args: argparse.Namespace, model: torch.nn.Module, optimizer: t
     if handoff:  # phase 1 -> phase 2: same weights and moments, optimizer step and schedule start again
         for group in optimizer.param_groups:
             group["step"] = 0
+            group["lr"] = args.learning_rate  # phase 2 has its own peak lr
+            group.pop("initial_lr", None)
         log.log("PARAMETER", {"phase2_start_from": str(path)})
         return {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None, "epoch": 0}
     log.log("PARAMETER", {"resumed_from": str(path)})

@@ -140,11 +140,11 @@ def test_phase2_starts_from_phase1_with_reset_schedule_and_continued_numbers(cor
     pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 4, "--num_steps_per_checkpoint", 2)
     phase1 = torch.load(tmp_path / "ckpt_4.pt", weights_only=True)
     pretrain(corpus, tmp_path, "--train_batch_size", 4, "--max_steps", 4, "--num_steps_per_checkpoint", 2,
-             "--resume_from_checkpoint", "--phase2", "--phase1_end_step", 4, phase=2)
+             "--resume_from_checkpoint", "--phase2", "--phase1_end_step", 4, "--learning_rate", 8e-3, phase=2)
     assert sorted(p.name for p in tmp_path.glob("ckpt_*.pt")) == ["ckpt_4.pt", "ckpt_6.pt", "ckpt_8.pt"]
     steps = step_records(tmp_path / "log.json")
-    # Phase 2's first step runs at the warm-up lr of step 1 of 4 (warmup 0.1): 2e-2 * (1/4) / 0.1 capped by decay.
-    assert steps[(0, 5)]["learning_rate"] == pytest.approx(2e-2 * (1 - 1 / 4) ** 0.5)
+    # Phase 2's schedule starts again from its own lr: step 1 of 4 is past the 10 % warm-up.
+    assert steps[(0, 5)]["learning_rate"] == pytest.approx(8e-3 * (1 - 1 / 4) ** 0.5)
     phase2 = torch.load(tmp_path / "ckpt_8.pt", weights_only=True)
     assert phase2["phase2"] and phase2["phase_step"] == 4 and phase2["optimizer"]["param_groups"][0]["step"] == 4
     assert phase1["optimizer"]["param_groups"][0]["step"] == 4

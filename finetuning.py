@@ -1,0 +1,276 @@
+"""What run_squad.py and run_glue.py share on top of training.py: their common flags, the model built from a
+config and any accepted checkpoint, the epoch loop over in-memory feature arrays (shuffled, split across
+processes, grouped into optimizer steps run by training.Stepper), timed batched inference, and the fine-tuned
+checkpoint (`pytorch_model.bin` = {"model": state_dict} beside `bert_config.json`)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from data.tokenization import BertTokenizer, load_vocab
+from distributed import DistributedContext, all_reduce_sum
+from errors import InputError
+from metric_logger import MetricLogger
+from model import BertConfig
+from model_weights import LoadedWeights, load_weights_into, read_config, read_weights, save_torch_atomic
+from squad import write_atomic
+from training import Precision, Stepper, batches_to_device, take, unwrap
+
+Arrays = dict[str, np.ndarray]
+Batch = dict[str, torch.Tensor]
+
+
+def add_common_arguments(p: argparse.ArgumentParser, *, batch_size: int, learning_rate: float, epochs: float,
+                         warmup: float) -> None:
+    """The flags both fine-tuning entry points take, with NVIDIA's names (defaults differ per script)."""
+    p.add_argument("--bert_model", default="bert-large-uncased", help="accepted for NVIDIA compatibility; unused")
+    p.add_argument("--init_checkpoint", help="our ckpt_*.pt, NVIDIA's checkpoint, a pytorch_model.bin or a HF dir")
+    p.add_argument("--vocab_file", required=True, help="WordPiece vocab.txt")
+    p.add_argument("--config_file", help="bert_config.json (default: the checkpoint's own config)")
+    p.add_argument("--output_dir", required=True)
+    p.add_argument("--do_train", action="store_true")
+    p.add_argument("--train_batch_size", type=int, default=batch_size, help="per process, before accumulation")
+    p.add_argument("--learning_rate", type=float, default=learning_rate)
+    p.add_argument("--num_train_epochs", type=float, default=epochs)
+    p.add_argument("--max_steps", type=float, default=-1.0, help="optimizer steps; > 0 overrides the epochs")
+    p.add_argument("--warmup_proportion", type=float, default=warmup)
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--do_lower_case", action="store_true")
+    p.add_argument("--fp16", "--amp", dest="fp16", action="store_true", help="fp16 autocast + loss scaling (CUDA)")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU or GPU)")
+    p.add_argument("--loss_scale", type=float, default=0, help="accepted for compatibility; scaling is dynamic")
+    p.add_argument("--json-summary", dest="json_summary", default=None, help="dllogger JSON-lines file")
+    p.add_argument("--log_freq", type=int, default=50, help="log the loss every N optimizer steps")
+    p.add_argument("--disable_progress_bar", action="store_true")
+    p.add_argument("--num_workers", type=int, default=0, help="DataLoader workers per process")
+    p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", -1)),
+                   help="set by older launchers; torchrun's environment is used")
+    p.add_argument("--no_cuda", action="store_true")
+
+
+def check_common_arguments(args: argparse.Namespace) -> None:
+    if args.gradient_accumulation_steps < 1:
+        raise InputError(f"--gradient_accumulation_steps must be >= 1, got {args.gradient_accumulation_steps}")
+    if args.do_train and args.train_batch_size % args.gradient_accumulation_steps:
+        raise InputError(f"--train_batch_size {args.train_batch_size} is not a multiple of "
+                         f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
+    if args.do_train and args.num_train_epochs <= 0 and args.max_steps <= 0:
+        raise InputError("--do_train needs --num_train_epochs > 0 or --max_steps > 0")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def load_tokenizer(vocab_file: str | Path, do_lower_case: bool) -> BertTokenizer:
+    return BertTokenizer(load_vocab(vocab_file), do_lower_case)
+
+
+def model_config(config_file: Optional[str],
+                 init_checkpoint: Optional[str]) -> tuple[BertConfig, Optional[LoadedWeights]]:
+    """The model's config (--config_file, else the checkpoint's own) and the checkpoint's weights (None without
+    one). A config that does not fit the weights is reported when they are loaded."""
+    weights = read_weights(init_checkpoint) if init_checkpoint else None
+    if config_file:
+        return read_config(config_file), weights
+    if weights is None or weights.config is None:
+        raise InputError(f"{init_checkpoint or '--init_checkpoint'}: no config known for this model; "
+                         "pass --config_file")
+    return weights.config, weights
+
+
+def build_model(make: Callable[[BertConfig], nn.Module], config: BertConfig, weights: Optional[LoadedWeights],
+                source: Optional[str], vocab_size: int, max_seq_length: int) -> nn.Module:
+    """make(config) with the checkpoint's weights; the vocab and the sequence length must fit the config."""
+    if vocab_size > config.vocab_size:
+        raise InputError(f"the vocab file has {vocab_size} tokens but the model's config only {config.vocab_size}")
+    if max_seq_length > config.max_position_embeddings:
+        raise InputError(f"--max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
+                         f"{config.max_position_embeddings}")
+    model = make(config)
+    if weights is not None:
+        load_weights_into(model, weights, source or "checkpoint")
+    return model
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """JSON (2-space indent, UTF-8) through a temporary file and a rename: never half written."""
+    text = json.dumps(obj, indent=2) + "\n"
+    write_atomic(Path(path), lambda f: f.write(text.encode("utf-8")))
+
+
+def save_finetuned(model: nn.Module, config: BertConfig, output_dir: str | Path) -> Path:
+    """Writes output_dir/pytorch_model.bin ({"model": state_dict}) and bert_config.json, each atomically."""
+    output_dir = Path(output_dir)
+    path = output_dir / "pytorch_model.bin"
+    save_torch_atomic({"model": unwrap(model).state_dict()}, path)
+    text = json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n"
+    write_atomic(output_dir / "bert_config.json", lambda f: f.write(text.encode("utf-8")))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training loop
+# ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoopSettings:
+    micro_batch_size: int  # per process
+    accumulation: int
+    epochs: float
+    max_steps: int  # > 0 overrides epochs
+    seed: int
+    log_freq: int = 50
+    progress_bar: bool = True
+    num_workers: int = 0
+    trim_padding: bool = False  # see as_tensors
+
+
+SEQUENCE_KEYS = ("input_ids", "segment_ids", "input_mask")
+
+
+def as_tensors(arrays: Arrays, rows: np.ndarray, trim: bool = False) -> Batch:
+    """Rows of the feature arrays as tensors: integers as int64 (embedding indexes, labels), floats as they are.
+    trim: cut the sequence columns after the longest real sequence of these rows (padding is masked out, so
+    the outputs at real positions do not change; short GLUE sentences then cost far less)."""
+    width = int(arrays["input_mask"][rows].sum(1).max()) if trim and len(rows) else None
+    batch = {}
+    for key, values in arrays.items():
+        values = values[rows]
+        if width is not None and key in SEQUENCE_KEYS:
+            values = values[:, :width]
+        tensor = torch.from_numpy(np.ascontiguousarray(values))
+        batch[key] = tensor.long() if values.dtype.kind in "iub" else tensor
+    return batch
+
+
+class _Rows(Dataset):
+    """Micro-batches given as lists of row indexes, turned into tensors (in a worker when num_workers > 0)."""
+
+    def __init__(self, arrays: Arrays, batches: Sequence[np.ndarray], trim: bool) -> None:
+        self.arrays, self.batches, self.trim = arrays, batches, trim
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> Batch:
+        return as_tensors(self.arrays, self.batches[index], self.trim)
+
+
+def epoch_micro_batches(n: int, micro_batch_size: int, seed: int, epoch: int,
+                        ctx: DistributedContext) -> list[np.ndarray]:
+    """This process's micro-batches of one epoch: a seeded shuffle of all n rows, wrapped around so that every
+    process gets the same count (DDP needs the same number of steps everywhere), dealt out round-robin."""
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+    order = np.resize(order, math.ceil(n / ctx.world_size) * ctx.world_size)
+    mine = order[ctx.rank :: ctx.world_size]
+    return [mine[i : i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
+
+
+def planned_steps(n: int, settings: LoopSettings, ctx: DistributedContext) -> int:
+    """Optimizer steps of the run: max_steps when > 0, else the epochs' worth (a last partial step counts)."""
+    if settings.max_steps > 0:
+        return settings.max_steps
+    micro_batches = math.ceil(math.ceil(n / ctx.world_size) / settings.micro_batch_size)
+    return max(1, math.ceil(math.ceil(micro_batches / settings.accumulation) * settings.epochs))
+
+
+def train_loop(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, precision: Precision,
+               arrays: Arrays, compute_loss: Callable[[nn.Module, Batch], torch.Tensor], settings: LoopSettings,
+               total_steps: int, ctx: DistributedContext, log: MetricLogger) -> dict[str, float]:
+    """Runs total_steps optimizer steps over shuffled epochs of `arrays`; returns e2e_train_time,
+    training_sequences_per_second (all processes) and final_loss (the last step's, averaged over processes)."""
+    n = len(next(iter(arrays.values())))
+    if n == 0:
+        raise InputError("no training features")
+    stepper = Stepper(model, optimizer, scheduler, precision, compute_loss)
+    bar = tqdm(total=total_steps, disable=not (settings.progress_bar and ctx.is_main), desc="fine-tuning",
+               unit="step", dynamic_ncols=True)
+    start = time.perf_counter()
+    steps, epoch, sequences = 0, 0, 0
+    final_loss = float("nan")
+    model.train()
+    while steps < total_steps:
+        batches = epoch_micro_batches(n, settings.micro_batch_size, settings.seed, epoch, ctx)
+        loader = DataLoader(_Rows(arrays, batches, settings.trim_padding), batch_size=None,
+                            num_workers=settings.num_workers,
+                            pin_memory=ctx.device.type == "cuda")
+        iterator = iter(loader)
+        for _ in range(math.ceil(len(batches) / settings.accumulation)):
+            micro = [batches_to_device(b, ctx.device) for b in take(iterator, settings.accumulation)]
+            outcome = stepper.step(micro)
+            steps += 1
+            sequences += sum(len(next(iter(b.values()))) for b in micro) * ctx.world_size
+            bar.update(1)
+            if steps % settings.log_freq == 0 or steps == total_steps:
+                final_loss = float(all_reduce_sum(torch.tensor([outcome.loss], dtype=torch.float64,
+                                                                device=ctx.device), ctx)) / ctx.world_size
+                log.log([epoch, steps], {"step_loss": final_loss, "learning_rate": optimizer.param_groups[0]["lr"],
+                                         "skipped_steps": stepper.skipped_steps})
+                bar.set_postfix(loss=f"{final_loss:.4f}")
+            if steps == total_steps:
+                break
+        epoch += 1
+    bar.close()
+    elapsed = time.perf_counter() - start
+    return {"e2e_train_time": elapsed, "training_sequences_per_second": sequences / elapsed,
+            "final_loss": final_loss}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Inference
+# ---------------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def timed_inference(model: nn.Module, arrays: Arrays, batch_size: int, precision: Precision,
+                    forward: Callable[[nn.Module, Batch], Sequence[torch.Tensor]],
+                    progress_bar: bool = False, trim: bool = False) -> tuple[list[np.ndarray], list[float]]:
+    """forward(model, batch) over all rows in order, batch_size at a time, in eval mode; returns each output
+    concatenated as float32 numpy arrays and the wall time (seconds) of every batch. trim: see as_tensors
+    (only for outputs without a sequence axis)."""
+    model = unwrap(model)
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    n = len(next(iter(arrays.values())))
+    outputs: list[list[np.ndarray]] = []
+    latencies: list[float] = []
+    for first in tqdm(range(0, n, batch_size), disable=not progress_bar, desc="inference", unit="batch"):
+        rows = np.arange(first, min(first + batch_size, n))
+        batch = batches_to_device(as_tensors(arrays, rows, trim), device)
+        tick = time.perf_counter()
+        with precision.autocast():
+            result = forward(model, batch)
+        result = [r.float().cpu().numpy() for r in result]  # .cpu() waits for the device: the time is honest
+        latencies.append(time.perf_counter() - tick)
+        for i, r in enumerate(result):
+            if len(outputs) <= i:
+                outputs.append([])
+            outputs[i].append(r)
+    model.train(was_training)
+    return [np.concatenate(o) for o in outputs], latencies
+
+
+def latency_summary(latencies: Sequence[float], sequences: int) -> dict[str, float]:
+    """Inference throughput and per-batch latency statistics in milliseconds (mean, p50/p90/p95/p99)."""
+    total = float(sum(latencies))
+    ms = np.asarray(latencies, np.float64) * 1000.0
+    summary = {"e2e_inference_time": total, "inference_sequences_per_second": sequences / total if total else 0.0,
+               "latency_avg_ms": float(ms.mean()) if ms.size else 0.0}
+    for p in (50, 90, 95, 99):
+        summary[f"latency_p{p}_ms"] = float(np.percentile(ms, p)) if ms.size else 0.0
+    return summary

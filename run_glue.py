@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Fine-tuning and evaluation of BERT on the GLUE tasks (CoLA, SST-2, MRPC, STS-B, QQP, MNLI, MNLI-mm, QNLI,
+RTE, WNLI).
+
+Flags are NVIDIA DeepLearningExamples' (`--task_name --data_dir --init_checkpoint --vocab_file --config_file
+--output_dir --do_train --do_eval --do_predict ...`), plus --bf16, --num_workers and --mode ("train",
+"eval", "prediction" or any combination such as "train eval", like NVIDIA's run_glue.sh). Writes
+<output_dir>/pytorch_model.bin + bert_config.json after training, eval_predictions.tsv and results.json (all
+metrics, inference latency percentiles and throughput) after evaluation, test_predictions.tsv after prediction.
+Launch with torchrun for more than one process; evaluation and prediction run on the first process.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import glue
+from distributed import DistributedContext, barrier, init_distributed, shutdown
+from errors import InputError, run_cli
+from finetuning import (
+    LoopSettings,
+    add_common_arguments,
+    build_model,
+    check_common_arguments,
+    latency_summary,
+    load_tokenizer,
+    model_config,
+    planned_steps,
+    save_finetuned,
+    seed_everything,
+    timed_inference,
+    train_loop,
+    write_json,
+)
+from metric_logger import MetricLogger
+from model import BertForSequenceClassification
+from optimization import LinearWarmUpScheduler, build_adamw
+from training import make_precision, wrap_ddp
+
+MODES = ("train", "eval", "prediction")
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task_name", required=True, help=", ".join(glue.TASKS))
+    p.add_argument("--data_dir", required=True, help="the task's folder of train.tsv, dev.tsv, test.tsv")
+    add_common_arguments(p, batch_size=32, learning_rate=5e-5, epochs=3.0, warmup=0.1)
+    p.add_argument("--do_eval", action="store_true", help="metrics on the dev set")
+    p.add_argument("--do_predict", action="store_true", help="predictions for the test set")
+    p.add_argument("--mode", help='NVIDIA run_glue.sh spelling: "train", "eval", "prediction" or a combination')
+    p.add_argument("--max_seq_length", type=int, default=128)
+    p.add_argument("--eval_batch_size", type=int, default=8)
+    args = p.parse_args(argv)
+    if args.mode:
+        words = [w for w in re.split(r"[\s,+_]+", args.mode) if w]
+        unknown = [w for w in words if w not in MODES]
+        if unknown or not words:
+            raise InputError(f"--mode {args.mode!r}: use {', '.join(MODES)} or a combination such as 'train eval'")
+        args.do_train |= "train" in words
+        args.do_eval |= "eval" in words
+        args.do_predict |= "prediction" in words
+    if not (args.do_train or args.do_eval or args.do_predict):
+        raise InputError("nothing to do: pass --do_train, --do_eval and/or --do_predict (or --mode)")
+    if not (args.do_train or args.init_checkpoint):
+        raise InputError("evaluation without training needs --init_checkpoint (a fine-tuned model)")
+    check_common_arguments(args)
+    args.max_steps = int(args.max_steps)
+    args.log_freq = max(1, args.log_freq)
+    return args
+
+
+def feature_arrays(features: glue.GlueFeatures) -> dict[str, np.ndarray]:
+    return {"input_ids": features.input_ids, "segment_ids": features.segment_ids,
+            "input_mask": features.input_mask, "labels": features.labels}
+
+
+def classification_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return model(batch["input_ids"], batch["segment_ids"], batch["input_mask"], labels=batch["labels"])[0]
+
+
+def classification_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor]:
+    return (model(batch["input_ids"], batch["segment_ids"], batch["input_mask"])[1],)
+
+
+def predictions_of(task: glue.GlueTask, logits: np.ndarray) -> np.ndarray:
+    """Class indexes (int64 [N]), or the scores (float32 [N]) of a regression task."""
+    return logits[:, 0] if task.is_regression else logits.argmax(-1)
+
+
+def write_predictions(path: Path, task: glue.GlueTask, preds: np.ndarray, labels: Optional[np.ndarray]) -> None:
+    """GLUE's submission layout (index, prediction as a label string or score), with the gold label on dev."""
+    def shown(values: np.ndarray, i: int) -> str:
+        return f"{float(values[i]):.6f}" if task.is_regression else task.labels[int(values[i])]
+
+    lines = ["index\tprediction" + ("\tlabel" if labels is not None else "")]
+    for i in range(len(preds)):
+        lines.append(f"{i}\t{shown(preds, i)}" + (f"\t{shown(labels, i)}" if labels is not None else ""))
+    text = "\n".join(lines) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parse_args(argv)
+    ctx = init_distributed(args.no_cuda)
+    try:
+        run(args, ctx)
+    finally:
+        shutdown(ctx)
+
+
+def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
+    task = glue.get_task(args.task_name)
+    precision = make_precision(ctx.device, args.fp16, args.bf16)
+    bar = ctx.is_main and not args.disable_progress_bar
+    log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar else print)
+    log.log("PARAMETER", {k: v for k, v in vars(args).items() if not k.startswith("_")}, echo=False)
+    for metric, unit in (("e2e_train_time", "s"), ("training_sequences_per_second", "sequences/s"),
+                         ("e2e_inference_time", "s"), ("inference_sequences_per_second", "sequences/s")):
+        log.metadata(metric, {"unit": unit})
+    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
+    config, weights = model_config(args.config_file, args.init_checkpoint)
+    # Read every split first, so that a bad file stops the run before any training.
+    splits = {}
+    for split, wanted in (("train", args.do_train), ("dev", args.do_eval), ("test", args.do_predict)):
+        if wanted:
+            examples = glue.read_examples(task, args.data_dir, split)
+            splits[split] = glue.convert_examples_to_features(examples, task, tokenizer, args.max_seq_length)
+    seed_everything(args.seed)  # the same new classifier on every process
+    model = build_model(lambda c: BertForSequenceClassification(c, task.num_labels), config, weights,
+                        args.init_checkpoint, len(tokenizer.vocab), args.max_seq_length).to(ctx.device)
+    torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"task": task.name}
+
+    if args.do_train:
+        arrays = feature_arrays(splits["train"])
+        settings = LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
+                                args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps, args.seed,
+                                args.log_freq, bar, args.num_workers, trim_padding=True)
+        total_steps = planned_steps(len(splits["train"]), settings, ctx)
+        optimizer = build_adamw(model, args.learning_rate)
+        scheduler = LinearWarmUpScheduler(optimizer, args.warmup_proportion, total_steps)
+        results.update(train_loop(wrap_ddp(model, ctx), optimizer, scheduler, precision, arrays,
+                                  classification_loss, settings, total_steps, ctx, log))
+        results["train_examples"] = len(splits["train"])
+        results["train_steps"] = total_steps
+        if ctx.is_main:
+            save_finetuned(model, config, args.output_dir)
+        barrier(ctx)
+
+    if ctx.is_main and args.do_eval:
+        dev = splits["dev"]
+        (logits,), latencies = timed_inference(model, feature_arrays(dev), args.eval_batch_size, precision,
+                                               classification_logits, bar, trim=True)
+        preds = predictions_of(task, logits)
+        results.update({f"eval_{k}": v for k, v in glue.compute_metrics(task, preds, dev.labels).items()})
+        results["eval_examples"] = len(dev)
+        results.update(latency_summary(latencies, len(dev)))
+        write_predictions(Path(args.output_dir) / "eval_predictions.tsv", task, preds, dev.labels)
+    if ctx.is_main and args.do_predict:
+        test = splits["test"]
+        (logits,), latencies = timed_inference(model, feature_arrays(test), args.eval_batch_size, precision,
+                                               classification_logits, bar, trim=True)
+        write_predictions(Path(args.output_dir) / "test_predictions.tsv", task, predictions_of(task, logits), None)
+        if not args.do_eval:
+            results.update(latency_summary(latencies, len(test)))
+    if ctx.is_main and (args.do_eval or args.do_predict):
+        results["eval_batch_size"] = args.eval_batch_size
+        write_json(Path(args.output_dir) / "results.json", results)
+    barrier(ctx)
+    log.log([], results)
+    log.close()
+    return results
+
+
+if __name__ == "__main__":
+    run_cli(main)

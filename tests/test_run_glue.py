@@ -1,0 +1,131 @@
+"""run_glue.py end to end on the real pretrained MiniLM and real GLUE data (small subsets, short sequences)."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import run_glue
+from errors import InputError
+from metric_logger import read_log
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores: one thread per process avoids oversubscription
+
+
+def subset(source: Path, target: Path, train_rows: int, dev_rows: int) -> Path:
+    """The first rows of train.tsv and dev.tsv (headers kept) in a task folder of their own."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("train.tsv", train_rows), ("dev.tsv", dev_rows)):
+        lines = (source / name).read_text(encoding="utf-8").splitlines(keepends=True)
+        (target / name).write_text("".join(lines[: rows + 1]), encoding="utf-8")
+    return target
+
+
+def glue(shared_data, data_dir, out, *extra, launcher=(sys.executable,), check=True):
+    minilm = shared_data / "minilm"
+    cmd = [*launcher, str(REPO_ROOT / "run_glue.py"), "--data_dir", str(data_dir), "--output_dir", str(out),
+           "--vocab_file", str(minilm / "vocab.txt"), "--do_lower_case", "--disable_progress_bar",
+           "--json-summary", str(out / "dllogger.json"), *extra]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=REPO_ROOT)
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def sst2_run(shared_data, tmp_path_factory):
+    """640 SST-2 training sentences, one epoch, then the first 200 dev sentences (never trained on)."""
+    root = tmp_path_factory.mktemp("sst2")
+    data = subset(shared_data / "glue" / "SST-2", root / "SST-2", 640, 200)
+    out = root / "out"
+    glue(shared_data, data, out, "--task_name", "SST-2", "--init_checkpoint", str(shared_data / "minilm"),
+         "--do_train", "--do_eval", "--max_seq_length", "64", "--train_batch_size", "16", "--learning_rate", "1e-4",
+         "--num_train_epochs", "1", "--eval_batch_size", "64", "--seed", "1", "--log_freq", "10")
+    return data, out
+
+
+def test_sst2_finetuning_beats_the_majority_class(sst2_run):
+    data, out = sst2_run
+    results = json.loads((out / "results.json").read_text())
+    dev_labels = [line.split("\t")[1] for line in (data / "dev.tsv").read_text().splitlines()[1:]]
+    majority = max(dev_labels.count("0"), dev_labels.count("1")) / len(dev_labels)
+    print(f"SST-2 dev accuracy {results['eval_acc']:.3f} vs majority class {majority:.3f}")
+    assert results["eval_examples"] == 200
+    assert results["eval_acc"] >= majority + 0.15
+
+
+def test_glue_run_writes_checkpoint_predictions_results_and_log(sst2_run):
+    _, out = sst2_run
+    results = json.loads((out / "results.json").read_text())
+    for key in ("e2e_train_time", "training_sequences_per_second", "final_loss", "e2e_inference_time",
+                "inference_sequences_per_second", "latency_p50_ms", "latency_p90_ms", "latency_p95_ms",
+                "latency_p99_ms"):
+        assert results[key] > 0, key
+    assert results["latency_p50_ms"] <= results["latency_p90_ms"] <= results["latency_p99_ms"]
+    rows = (out / "eval_predictions.tsv").read_text().splitlines()
+    assert rows[0] == "index\tprediction\tlabel" and len(rows) == 201
+    assert {row.split("\t")[1] for row in rows[1:]} <= {"0", "1"}
+    correct = sum(row.split("\t")[1] == row.split("\t")[2] for row in rows[1:])
+    assert correct / 200 == pytest.approx(results["eval_acc"])
+    records = read_log(out / "dllogger.json")
+    assert records[0]["step"] == "PARAMETER"
+    assert [r["step"] for r in records if r.get("type") == "LOG"][-1] == []
+    assert records[-1]["data"]["eval_acc"] == results["eval_acc"]
+    assert (out / "bert_config.json").is_file() and (out / "pytorch_model.bin").is_file()
+
+
+def test_saved_checkpoint_reloads_to_the_same_predictions(sst2_run, shared_data, tmp_path):
+    data, out = sst2_run
+    again = tmp_path / "eval"
+    glue(shared_data, data, again, "--task_name", "sst-2", "--init_checkpoint", str(out / "pytorch_model.bin"),
+         "--mode", "eval", "--max_seq_length", "64", "--eval_batch_size", "64")
+    assert (again / "eval_predictions.tsv").read_text() == (out / "eval_predictions.tsv").read_text()
+    assert "e2e_train_time" not in json.loads((again / "results.json").read_text())
+
+
+def test_checkpoint_with_another_config_is_a_one_line_error(shared_data, tmp_path):
+    data = subset(shared_data / "glue" / "RTE", tmp_path / "RTE", 8, 8)
+    result = glue(shared_data, data, tmp_path / "out", "--task_name", "rte", "--init_checkpoint",
+                  str(shared_data / "minilm"), "--config_file", str(REPO_ROOT / "bert_configs" / "base.json"),
+                  "--do_train", "--max_steps", "1", check=False)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "minilm" in lines[0] and "shape" in lines[0], result.stderr
+    assert not (tmp_path / "out" / "pytorch_model.bin").exists()
+
+
+def test_two_process_gloo_run_trains_and_evaluates(shared_data, tmp_path):
+    data = subset(shared_data / "glue" / "STS-B", tmp_path / "STS-B", 48, 24)
+    out = tmp_path / "out"
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
+    glue(shared_data, data, out, "--task_name", "sts-b", "--init_checkpoint", str(shared_data / "minilm"),
+         "--mode", "train eval", "--max_seq_length", "32", "--train_batch_size", "4",
+         "--gradient_accumulation_steps", "2", "--max_steps", "3", "--log_freq", "1", launcher=launcher)
+    results = json.loads((out / "results.json").read_text())
+    assert results["train_steps"] == 3 and -1 <= results["eval_pearson"] <= 1 and results["eval_examples"] == 24
+    steps = [r["step"] for r in read_log(out / "dllogger.json") if r.get("type") == "LOG" and r["step"]]
+    assert steps[1:] == [[0, 1], [0, 2], [0, 3]]  # one log, from the first process only
+    float_rows = (out / "eval_predictions.tsv").read_text().splitlines()[1:]
+    assert len(float_rows) == 24 and all(math.isfinite(float(row.split("\t")[1])) for row in float_rows)
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("train", (True, False, False)), ("eval prediction", (False, True, True)),
+    ("train_eval", (True, True, False)), ("train eval prediction", (True, True, True)),
+])
+def test_mode_spellings_of_nvidia_script(mode, expected):
+    args = run_glue.parse_args(["--task_name", "mrpc", "--data_dir", "d", "--vocab_file", "v", "--output_dir", "o",
+                                "--init_checkpoint", "c", "--mode", mode])
+    assert (args.do_train, args.do_eval, args.do_predict) == expected
+
+
+def test_unknown_mode_or_nothing_to_do_is_an_input_error():
+    base = ["--task_name", "mrpc", "--data_dir", "d", "--vocab_file", "v", "--output_dir", "o"]
+    with pytest.raises(InputError, match="--mode"):
+        run_glue.parse_args([*base, "--mode", "training"])
+    with pytest.raises(InputError, match="nothing to do"):
+        run_glue.parse_args(base)

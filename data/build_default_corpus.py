@@ -36,7 +36,11 @@ def main(argv: list[str] | None = None) -> None:
     vocab = vocab_path(root, CORPUS, True, args.vocab_size)
     common = ["--dataset", CORPUS, "--do_lower_case", "1"]
     bertPrep.main(["--action", "text_formatting", *common])
-    bertPrep.main(["--action", "create_vocab", *common, "--vocab_size", str(args.vocab_size), "--vocab_file", str(vocab)])
+    if vocab.is_file():  # a vocab is never retrained under shards and models that use it (training is not
+        print(f"vocab {vocab} exists, reused")  # deterministic across runs: tie order varies)
+    else:
+        bertPrep.main(["--action", "create_vocab", *common, "--vocab_size", str(args.vocab_size),
+                       "--vocab_file", str(vocab)])
     bertPrep.main(["--action", "sharding", *common, *SHARDS])
     for phase, (seq, preds) in PHASES.items():
         print(f"{phase}: max_seq_length {seq}, max_predictions_per_seq {preds}")

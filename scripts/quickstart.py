@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""The recipe end to end on the embedded default corpus (called by scripts/quickstart.sh).
+
+Stages, each skipped when its output is already complete: default corpus (text, vocab, phase-1 and phase-2
+shards) -> a small BERT pre-trained through phase 1 (seq 128) and phase 2 (seq 512) with LAMB, bf16 where the
+CPU supports it -> masked-LM loss and accuracy on the held-out shards -> loss curves (PNG) -> a fill-in-the-mask
+demonstration on held-out sentences -> a summary of what was made and where.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from data import layout  # noqa: E402
+from data.tokenization import BertTokenizer, load_vocab  # noqa: E402
+from data.vocab_training import vocab_path  # noqa: E402
+from errors import InputError, run_cli  # noqa: E402
+from metric_logger import read_log  # noqa: E402
+from model import BertConfig, BertForPreTraining  # noqa: E402
+
+CORPUS = "python_docs"
+VOCAB_SIZE = 8192
+DUPE_FACTOR = 5
+SMALL_BERT = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512,
+              "max_position_embeddings": 512, "type_vocab_size": 2, "hidden_act": "gelu", "initializer_range": 0.02,
+              "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+PHASES = {1: (128, 20), 2: (512, 80)}
+
+
+def run(command: list[str], **kwargs) -> None:
+    result = subprocess.run(command, **kwargs)
+    if result.returncode != 0:
+        raise SystemExit(result.returncode)
+
+
+def shard_dir(seq: int, preds: int, split: str) -> Path:
+    params = layout.InstanceParams(True, seq, preds, 0.15, 12345, DUPE_FACTOR)
+    return layout.hdf5_split_dir(layout.working_dir(), params, CORPUS, split)
+
+
+def cpu_has_bf16() -> bool:
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def final_record(path: Path) -> dict:
+    return next((r["data"] for r in reversed(read_log(path)) if r.get("step") == []), {})
+
+
+def pretrain_phase(phase: int, steps: int, batch: int, lr: float, out: Path, config: Path, bf16: bool,
+                   phase1_steps: int) -> dict:
+    seq, preds = PHASES[phase]
+    global_end = steps if phase == 1 else phase1_steps + steps
+    log = out / f"dllogger_phase{phase}.json"
+    if (out / "checkpoints" / f"ckpt_{global_end}.pt").exists() and log.exists():
+        print(f"phase {phase}: already complete (checkpoints/ckpt_{global_end}.pt), reused")
+        return final_record(log)
+    log.unlink(missing_ok=True)
+    command = [sys.executable, str(REPO / "run_pretraining.py"), "--input_dir", str(shard_dir(seq, preds, "training")),
+               "--eval_dir", str(shard_dir(seq, preds, "test")), "--do_eval", "--config_file", str(config),
+               "--output_dir", str(out / "checkpoints"), "--max_seq_length", str(seq),
+               "--max_predictions_per_seq", str(preds), "--train_batch_size", str(batch),
+               "--learning_rate", str(lr), "--warmup_proportion", "0.1", "--max_steps", str(steps),
+               "--num_steps_per_checkpoint", str(max(steps // 2, 1)), "--do_train", "--resume_from_checkpoint",
+               "--log_freq", str(max(steps // 20, 1)), "--json-summary", str(log), "--seed", "42"]
+    if phase == 2:
+        command += ["--phase2", "--phase1_end_step", str(phase1_steps)]
+    if bf16:
+        command.append("--bf16")
+    print(f"phase {phase}: {steps} steps of {batch} sequences of {seq} tokens"
+          f"{' in bf16' if bf16 else ''}", flush=True)
+    run(command)
+    return final_record(log)
+
+
+def fill_mask_demo(checkpoint: Path, config: BertConfig, vocab: Path, count: int = 5) -> list[dict]:
+    """Masks one word in each of `count` held-out sentences and asks the model for it."""
+    tokenizer = BertTokenizer(load_vocab(vocab), do_lower_case=True)
+    sentences = []
+    test_text = layout.text_shard(layout.working_dir(), 2, 1, 0.1, CORPUS, "test", 0)
+    for line in test_text.read_text(encoding="utf-8").splitlines():
+        words = line.split()
+        if 8 <= len(words) <= 30:
+            sentences.append(line.strip())
+        if len(sentences) == count:
+            break
+    model = BertForPreTraining(config).eval()
+    model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["model"])
+    ids = tokenizer.vocab.ids
+    results = []
+    for sentence in sentences:
+        pieces = tokenizer.encode(sentence)
+        # Mask the longest whole-word token in the middle, a word the context can tell.
+        candidates = [i for i, p in enumerate(pieces) if not tokenizer.vocab.tokens[p].startswith("##")
+                      and (i + 1 == len(pieces) or not tokenizer.vocab.tokens[pieces[i + 1]].startswith("##"))
+                      and tokenizer.vocab.tokens[p].isalpha()]
+        if not candidates:
+            continue
+        target = max(candidates, key=lambda i: len(tokenizer.vocab.tokens[pieces[i]]))
+        truth = tokenizer.vocab.tokens[pieces[target]]
+        masked = list(pieces)
+        masked[target] = ids["[MASK]"]
+        input_ids = torch.tensor([[ids["[CLS]"], *masked, ids["[SEP]"]]])
+        with torch.no_grad():
+            logits = model(input_ids, predict_positions=(input_ids == ids["[MASK]"])).prediction_logits[0]
+        guesses = [tokenizer.vocab.tokens[i] for i in logits.topk(5).indices.tolist()]
+        shown = " ".join("[MASK]" if i == target else tokenizer.vocab.tokens[p] for i, p in enumerate(pieces))
+        results.append({"text": shown.replace(" ##", ""), "answer": truth, "top5": guesses})
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output_dir", type=Path, default=REPO / "quickstart_output")
+    parser.add_argument("--steps", type=int, default=int(os.environ.get("QUICKSTART_STEPS", 400)),
+                        help="phase-1 steps (phase 2 runs a tenth of them); env QUICKSTART_STEPS")
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        raise InputError(f"--steps/QUICKSTART_STEPS must be at least 2, got {args.steps}")
+    started = time.time()
+    out = args.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    phase1_steps, phase2_steps = args.steps, max(args.steps // 10, 2)
+
+    print("== 1/5 default corpus: text, vocab, phase-1 and phase-2 shards", flush=True)
+    run([sys.executable, str(REPO / "data" / "build_default_corpus.py"), "--vocab_size", str(VOCAB_SIZE),
+         "--dupe_factor", str(DUPE_FACTOR)])
+    vocab = vocab_path(layout.working_dir(), CORPUS, True, VOCAB_SIZE)
+    config_path = out / "bert_config.json"
+    config = BertConfig.from_dict({**SMALL_BERT, "vocab_size": len(load_vocab(vocab))})
+    config.to_json_file(config_path)
+    bf16 = cpu_has_bf16()
+
+    print("== 2/5 pre-training phase 1 (seq 128)", flush=True)
+    phase1 = pretrain_phase(1, phase1_steps, 64, 1e-2, out, config_path, bf16, phase1_steps)
+    print("== 3/5 pre-training phase 2 (seq 512)", flush=True)
+    phase2 = pretrain_phase(2, phase2_steps, 16, 4e-3, out, config_path, bf16, phase1_steps)
+
+    print("== 4/5 loss curves", flush=True)
+    curves = out / "loss_curve.png"
+    run([sys.executable, str(REPO / "scripts" / "plot_logs.py"), str(out / "dllogger_phase1.json"),
+         str(out / "dllogger_phase2.json"), "-o", str(curves)], stdout=subprocess.DEVNULL)
+
+    print("== 5/5 fill in the mask on held-out sentences", flush=True)
+    final_checkpoint = out / "checkpoints" / f"ckpt_{phase1_steps + phase2_steps}.pt"
+    demo = fill_mask_demo(final_checkpoint, config, vocab)
+    for item in demo:
+        print(f"  {item['text']}\n    answer: {item['answer']:<15} model's top 5: {', '.join(item['top5'])}")
+
+    summary = {
+        "phase1": {k: phase1.get(k) for k in ("final_loss", "eval_loss", "eval_mlm_accuracy",
+                                              "training_sequences_per_second")},
+        "phase2": {k: phase2.get(k) for k in ("final_loss", "eval_loss", "eval_mlm_accuracy",
+                                              "training_sequences_per_second")},
+        "fill_mask": demo,
+        "checkpoint": str(final_checkpoint),
+        "loss_curve": str(curves),
+        "vocab": str(vocab),
+        "config": str(config_path),
+        "seconds": round(time.time() - started, 1),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print("\nQuick start finished in {seconds} s".format(**summary))
+    for phase in ("phase1", "phase2"):
+        figures = summary[phase]
+        print(f"  {phase}: final loss {figures['final_loss']:.3f}, held-out masked-LM loss "
+              f"{figures['eval_loss']:.3f}, accuracy {figures['eval_mlm_accuracy']:.1%}")
+    print(f"  model:       {final_checkpoint}  (convert: python scripts/convert_checkpoint.py "
+          f"{final_checkpoint} hf_dir/)")
+    print(f"  curves:      {curves}")
+    print(f"  logs:        {out / 'dllogger_phase1.json'}, {out / 'dllogger_phase2.json'}")
+    print(f"  shards:      {shard_dir(128, 20, 'training').parent.parent}")
+    print(f"  summary:     {out / 'summary.json'}")
+
+
+if __name__ == "__main__":
+    run_cli(main)

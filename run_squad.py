@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Fine-tuning BERT for SQuAD v1.1 / v2.0 question answering, prediction and evaluation.
+
+Flags are NVIDIA DeepLearningExamples' (`--init_checkpoint --vocab_file --config_file --train_file
+--predict_file --output_dir --do_train --do_predict --do_eval --max_seq_length --doc_stride ...`), plus --bf16
+and --num_workers. After training, <output_dir> holds pytorch_model.bin ({"model": state_dict}) and
+bert_config.json; prediction writes predictions.json, nbest_predictions.json (and null_odds.json for v2.0);
+--do_eval scores predictions.json with the official metrics in process, or with --eval_script when given.
+Launch with torchrun for more than one process; prediction and evaluation run on the first process.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import evaluate_squad
+import squad
+import squad_answers
+from distributed import DistributedContext, barrier, init_distributed, shutdown
+from errors import InputError, run_cli
+from finetuning import (
+    LoopSettings,
+    add_common_arguments,
+    build_model,
+    check_common_arguments,
+    latency_summary,
+    load_tokenizer,
+    model_config,
+    planned_steps,
+    save_finetuned,
+    seed_everything,
+    timed_inference,
+    train_loop,
+)
+from metric_logger import MetricLogger
+from model import BertForQuestionAnswering
+from optimization import LinearWarmUpScheduler, build_adamw
+from training import Precision, make_precision, wrap_ddp
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(p, batch_size=32, learning_rate=5e-5, epochs=3.0, warmup=0.1)
+    p.add_argument("--train_file", help="SQuAD JSON for training, e.g. train-v1.1.json")
+    p.add_argument("--predict_file", help="SQuAD JSON to predict (and evaluate), e.g. dev-v1.1.json")
+    p.add_argument("--do_predict", action="store_true")
+    p.add_argument("--do_eval", action="store_true", help="score predictions.json against --predict_file")
+    p.add_argument("--eval_script", help="an external evaluation script (e.g. the official evaluate-v1.1.py)")
+    p.add_argument("--max_seq_length", type=int, default=384)
+    p.add_argument("--doc_stride", type=int, default=128)
+    p.add_argument("--max_query_length", type=int, default=64)
+    p.add_argument("--predict_batch_size", type=int, default=8)
+    p.add_argument("--n_best_size", type=int, default=20)
+    p.add_argument("--max_answer_length", type=int, default=30)
+    p.add_argument("--verbose_logging", action="store_true", help="accepted for compatibility")
+    p.add_argument("--version_2_with_negative", action="store_true", help="SQuAD 2.0: questions may have no answer")
+    p.add_argument("--null_score_diff_threshold", type=float, default=0.0,
+                   help="SQuAD 2.0: answer nothing when null score - best span score exceeds this")
+    p.add_argument("--skip_cache", action="store_true", help="neither read nor write the feature cache")
+    p.add_argument("--cache_dir", help="feature cache folder (default: the data file's, else --output_dir)")
+    args = p.parse_args(argv)
+    if not (args.do_train or args.do_predict or args.do_eval):
+        raise InputError("nothing to do: pass --do_train, --do_predict and/or --do_eval")
+    if args.do_train and not args.train_file:
+        raise InputError("--do_train needs --train_file")
+    if (args.do_predict or args.do_eval) and not args.predict_file:
+        raise InputError("--do_predict/--do_eval need --predict_file")
+    if args.do_predict and not (args.do_train or args.init_checkpoint):
+        raise InputError("--do_predict without --do_train needs --init_checkpoint (a fine-tuned model)")
+    if args.doc_stride < 1 or args.max_query_length < 1:
+        raise InputError("--doc_stride and --max_query_length must be positive")
+    check_common_arguments(args)
+    args.max_steps = int(args.max_steps)
+    args.log_freq = max(1, args.log_freq)
+    return args
+
+
+def cache_dir_for(args: argparse.Namespace, data_file: str) -> Optional[Path]:
+    if args.skip_cache:
+        return None
+    if args.cache_dir:
+        return Path(args.cache_dir)
+    beside = Path(data_file).resolve().parent  # NVIDIA caches beside the data; not possible on read-only data
+    return beside if os.access(beside, os.W_OK) else Path(args.output_dir)
+
+
+def features_for(args: argparse.Namespace, tokenizer: Any, data_file: str,
+                 is_training: bool) -> tuple[list[squad.SquadExample], squad.SquadFeatures]:
+    examples = squad.read_squad_examples(data_file, is_training, args.version_2_with_negative)
+    settings = squad.WindowSettings(args.max_seq_length, args.doc_stride, args.max_query_length)
+    features = squad.cached_features(examples, tokenizer, settings, is_training, data_file,
+                                     args.version_2_with_negative, cache_dir_for(args, data_file))
+    if len(features) == 0:
+        raise InputError(f"{data_file}: no features (no questions with a usable context)")
+    return examples, features
+
+
+def qa_arrays(features: squad.SquadFeatures, with_positions: bool) -> dict[str, np.ndarray]:
+    arrays = {"input_ids": features.input_ids, "segment_ids": features.segment_ids,
+              "input_mask": features.input_mask}
+    if with_positions:
+        arrays.update(start_positions=features.start_positions, end_positions=features.end_positions)
+    return arrays
+
+
+def qa_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                 batch["start_positions"], batch["end_positions"])[0]
+
+
+def qa_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    _, start, end = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"])
+    return start, end
+
+
+def predict(args: argparse.Namespace, model: torch.nn.Module, tokenizer: Any, precision: Precision,
+            progress_bar: bool) -> dict[str, Any]:
+    """Predictions for --predict_file written to output_dir; returns the inference timings."""
+    examples, features = features_for(args, tokenizer, args.predict_file, is_training=False)
+    (start, end), latencies = timed_inference(model, qa_arrays(features, False), args.predict_batch_size,
+                                              precision, qa_logits, progress_bar)
+    settings = squad_answers.AnswerSettings(args.n_best_size, args.max_answer_length, args.do_lower_case,
+                                            args.version_2_with_negative, args.null_score_diff_threshold)
+    predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab, settings)
+    squad_answers.write_predictions(args.output_dir, predictions, args.version_2_with_negative)
+    return {**latency_summary(latencies, len(features)), "predict_features": len(features)}
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, float]:
+    """exact_match and F1 of output_dir/predictions.json (v2.0: "exact" read as exact_match)."""
+    output_dir = Path(args.output_dir)
+    pred_file = output_dir / "predictions.json"
+    null_odds = output_dir / "null_odds.json"
+    if args.eval_script:
+        cmd = [sys.executable, args.eval_script, args.predict_file, str(pred_file)]
+        if args.version_2_with_negative and null_odds.is_file():
+            cmd += ["--na-prob-file", str(null_odds)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise InputError(f"{args.eval_script}: exited with {done.returncode}: {done.stderr.strip()[-300:]}")
+        try:
+            scores = json.loads(done.stdout[done.stdout.index("{"):])
+        except ValueError:
+            raise InputError(f"{args.eval_script}: printed no JSON scores ({done.stdout.strip()[:200]!r})") from None
+    else:
+        na_file = null_odds if args.version_2_with_negative and null_odds.is_file() else None
+        scores = evaluate_squad.evaluate_files(args.predict_file, pred_file, na_file)
+    result = {"exact_match": float(scores.get("exact_match", scores.get("exact", float("nan")))),
+              "F1": float(scores["f1"])}
+    result.update({k: v for k, v in scores.items() if k not in ("exact_match", "exact", "f1")
+                   and isinstance(v, (int, float))})
+    return result
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parse_args(argv)
+    ctx = init_distributed(args.no_cuda)
+    try:
+        run(args, ctx)
+    finally:
+        shutdown(ctx)
+
+
+def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
+    precision = make_precision(ctx.device, args.fp16, args.bf16)
+    bar = ctx.is_main and not args.disable_progress_bar
+    log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar else print)
+    log.log("PARAMETER", {k: v for k, v in vars(args).items() if not k.startswith("_")}, echo=False)
+    for metric, unit in (("e2e_train_time", "s"), ("training_sequences_per_second", "sequences/s"),
+                         ("e2e_inference_time", "s"), ("inference_sequences_per_second", "sequences/s"),
+                         ("exact_match", "%"), ("F1", "%")):
+        log.metadata(metric, {"unit": unit})
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
+    results: dict[str, Any] = {}
+    model = None
+    if args.do_train or args.do_predict:
+        config, weights = model_config(args.config_file, args.init_checkpoint)
+        seed_everything(args.seed)  # the same new QA head on every process
+        model = build_model(BertForQuestionAnswering, config, weights, args.init_checkpoint, len(tokenizer.vocab),
+                            args.max_seq_length).to(ctx.device)
+        torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
+
+    if args.do_train:
+        if ctx.is_main:  # the first process builds (and caches) the features; the others then read the cache
+            _, features = features_for(args, tokenizer, args.train_file, is_training=True)
+        barrier(ctx)
+        if not ctx.is_main:
+            _, features = features_for(args, tokenizer, args.train_file, is_training=True)
+        settings = LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
+                                args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps, args.seed,
+                                args.log_freq, bar, args.num_workers)
+        total_steps = planned_steps(len(features), settings, ctx)
+        optimizer = build_adamw(model, args.learning_rate)
+        scheduler = LinearWarmUpScheduler(optimizer, args.warmup_proportion, total_steps)
+        results.update(train_loop(wrap_ddp(model, ctx), optimizer, scheduler, precision,
+                                  qa_arrays(features, True), qa_loss, settings, total_steps, ctx, log))
+        results.update(train_features=len(features), train_steps=total_steps)
+        if ctx.is_main:
+            save_finetuned(model, config, args.output_dir)
+        barrier(ctx)
+    if ctx.is_main and args.do_predict:
+        results.update(predict(args, model, tokenizer, precision, bar))
+    if ctx.is_main and args.do_eval:
+        results.update(evaluate(args))
+    barrier(ctx)
+    log.log([], results)
+    log.close()
+    return results
+
+
+if __name__ == "__main__":
+    run_cli(main)

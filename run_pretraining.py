@@ -207,7 +207,8 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     config = read_config(args.config_file)
     precision = make_precision(ctx.device, args.fp16, args.bf16, args.init_loss_scale)
     bar_enabled = ctx.is_main and not args.disable_progress_bar
-    log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar_enabled else print)
+    log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar_enabled else print,
+                       tensorboard_dir=Path(args.output_dir) / "tensorboard")
     log.log("PARAMETER", {k: v for k, v in vars(args).items() if not k.startswith("_")}, echo=False)
     for metric, unit in (("average_loss", None), ("step_loss", None), ("learning_rate", None),
                          ("training_sequences_per_second", "sequences/s"), ("e2e_train_time", "s")):

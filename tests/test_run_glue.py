@@ -129,3 +129,21 @@ def test_unknown_mode_or_nothing_to_do_is_an_input_error():
         run_glue.parse_args([*base, "--mode", "training"])
     with pytest.raises(InputError, match="nothing to do"):
         run_glue.parse_args(base)
+
+
+def test_run_glue_sh_passes_nvidia_positional_arguments(shared_data, tmp_path):
+    data = subset(shared_data / "glue" / "MRPC", tmp_path / "MRPC", 16, 8)
+    out = tmp_path / "out"
+    minilm = shared_data / "minilm"
+    # init data vocab config out task gpus batch accumulation lr warmup epochs max_steps precision seed mode
+    args = [str(minilm), str(data), str(minilm / "vocab.txt"), "checkpoint", str(out), "mrpc", "1", "8", "2",
+            "5e-5", "0.1", "1", "2", "fp32", "3", "train eval"]
+    result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_glue.sh"), *args], capture_output=True,
+                            text=True, env={**ENV, "PYTHON": sys.executable}, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    params = read_log(out / "dllogger.json")[0]["data"]
+    assert (params["train_batch_size"], params["gradient_accumulation_steps"], params["seed"]) == (8, 2, 3)
+    assert (params["do_train"], params["do_eval"], params["do_predict"]) == (True, True, False)
+    results = json.loads((out / "results.json").read_text())
+    assert results["train_steps"] == 2 and "eval_acc_and_f1" in results
+    assert (out / "logfile.txt").read_text().strip()

@@ -89,6 +89,22 @@ def test_reloaded_checkpoint_predicts_the_same_and_external_eval_script_agrees(t
     assert "e2e_train_time" not in again
 
 
+def test_run_squad_sh_prediction_mode_with_nvidia_positional_arguments(trained, files, shared_data, tmp_path):
+    squad_dir = tmp_path / "v1.1"
+    squad_dir.mkdir()
+    (squad_dir / "dev-v1.1.json").write_bytes(files["predict"].read_bytes())
+    out = tmp_path / "out"
+    # init epochs batch lr warmup precision gpus seed squad_dir vocab out mode config max_steps
+    args = [str(trained), "1.0", "16", "3e-5", "0.1", "fp32", "1", "1", str(squad_dir),
+            str(shared_data / "minilm" / "vocab.txt"), str(out), "eval", "checkpoint", "-1"]
+    result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_squad.sh"), *args], capture_output=True,
+                            text=True, env={**ENV, "PYTHON": sys.executable}, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    final = read_log(out / "dllogger.json")[-1]["data"]
+    assert {"exact_match", "F1", "inference_sequences_per_second"} <= set(final) and "final_loss" not in final
+    assert read_log(out / "dllogger.json")[0]["data"]["predict_batch_size"] == 16
+
+
 def test_features_are_cached_once_per_file_and_setting(trained, files):
     cached = sorted(p.name for p in (files["root"] / "cache").glob("squad_features_*.npz"))
     assert len(cached) == 2  # training and prediction features; the reload run reused the latter

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# GLUE fine-tuning and evaluation with NVIDIA's positional arguments in NVIDIA's order:
+#   bash scripts/run_glue.sh $(source scripts/configs/glue_config.sh && mrpc_dgxa100-80g_8gpu_fp16)
+# mode: "train", "eval", "prediction" or any combination ("train eval", the default; "train+eval" too).
+# config_file "checkpoint" takes the config from the checkpoint (e.g. a Hugging Face directory).
+set -euo pipefail
+
+init_checkpoint=${1:-"/workspace/bert/checkpoints/bert_uncased.pt"}
+data_dir=${2:-"${BERT_PREP_WORKING_DIR:-data}/download/glue/MRPC/"}
+vocab_file=${3:-"${BERT_PREP_WORKING_DIR:-data}/download/google_pretrained_weights/uncased_L-24_H-1024_A-16/vocab.txt"}
+config_file=${4:-"bert_configs/large.json"}
+out_dir=${5:-"results/MRPC"}
+task_name=${6:-"mrpc"}
+num_gpu=${7:-"8"}                    # processes (1 on a CPU)
+batch_size=${8:-"16"}
+gradient_accumulation_steps=${9:-"1"}
+learning_rate=${10:-"2.4e-5"}
+warmup_proportion=${11:-"0.1"}
+epochs=${12:-"3"}
+max_steps=${13:-"-1.0"}
+precision=${14:-"fp16"}              # fp16 | bf16 | tf32 | fp32
+seed=${15:-"2"}
+mode=${16:-"train eval"}
+CODEDIR=${CODEDIR:-"$(cd "$(dirname "$0")/.." && pwd)"}
+PYTHON=${PYTHON:-python3}
+
+flags=()
+case "$precision" in
+  fp16) flags+=(--fp16) ;;
+  bf16) flags+=(--bf16) ;;
+  tf32|fp32) ;;
+  *) echo "error: unknown precision '$precision' (fp16, bf16, tf32 or fp32)" >&2; exit 2 ;;
+esac
+[ "$config_file" != "checkpoint" ] && flags+=(--config_file="$config_file")
+mkdir -p "$out_dir"
+
+"$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$num_gpu" "$CODEDIR/run_glue.py" \
+  --task_name="$task_name" --data_dir="$data_dir" --vocab_file="$vocab_file" --init_checkpoint="$init_checkpoint" \
+  --output_dir="$out_dir" --mode="$mode" --bert_model=bert-large-uncased --do_lower_case --max_seq_length=128 \
+  --train_batch_size="$batch_size" --eval_batch_size="$batch_size" \
+  --gradient_accumulation_steps="$gradient_accumulation_steps" --learning_rate="$learning_rate" \
+  --warmup_proportion="$warmup_proportion" --num_train_epochs="$epochs" --max_steps="$max_steps" --seed="$seed" \
+  --json-summary="$out_dir/dllogger.json" "${flags[@]}" 2>&1 | tee "$out_dir/logfile.txt"

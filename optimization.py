@@ -14,6 +14,14 @@ from torch import Tensor, nn
 NO_DECAY_NAME_PARTS = ("bias", "LayerNorm", "layer_norm", "gamma", "beta")
 
 
+def global_grad_norm(optimizer: torch.optim.Optimizer) -> Tensor:
+    """The L2 norm over every gradient of the optimizer's parameters (a 0-dim float32 tensor)."""
+    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads, 2.0)]), 2.0)
+
+
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Two parameter groups: every weight decays by `weight_decay`, biases and LayerNorm parameters do not."""
     decay, no_decay = [], []
@@ -95,11 +103,9 @@ class Lamb(torch.optim.Optimizer):
         self.compiled = compiled
 
     def _global_grad_norm(self) -> Tensor | None:
-        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        if not grads:
+        if not any(p.grad is not None for g in self.param_groups for p in g["params"]):
             return None
-        per_tensor = torch._foreach_norm(grads, 2.0)
-        return torch.linalg.vector_norm(torch.stack([n.float() for n in per_tensor]), 2.0)
+        return global_grad_norm(self)
 
     def _state_lists(self, params: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
         exp_avgs, exp_avg_sqs = [], []
@@ -113,12 +119,13 @@ class Lamb(torch.optim.Optimizer):
         return exp_avgs, exp_avg_sqs
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
+    def step(self, closure: Any = None, global_grad_norm: Tensor | None = None) -> Any:
+        """`global_grad_norm`: the norm over all gradients when the caller has it already (saves a pass)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        global_norm = self._global_grad_norm()
+        global_norm = global_grad_norm if global_grad_norm is not None else self._global_grad_norm()
         if global_norm is None:
             return loss
         for group in self.param_groups:

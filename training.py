@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from distributed import DistributedContext
 from errors import InputError
+from optimization import Lamb, global_grad_norm
 
 MAX_CONSECUTIVE_NON_FINITE = 10
 
@@ -72,13 +73,6 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
-def _grads_finite(optimizer: torch.optim.Optimizer) -> bool:
-    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    if not grads:
-        return True
-    return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())
-
-
 @dataclass
 class StepResult:
     loss: float  # mean micro-batch loss of this process
@@ -112,7 +106,10 @@ class Stepper:
             total += loss.detach()
         if scaler is not None:
             scaler.unscale_(self.optimizer)
-        applied = _grads_finite(self.optimizer)
+        norm = global_grad_norm(self.optimizer)
+        applied = bool(torch.isfinite(norm))
+        # LAMB clips by this very norm: hand it over instead of computing it twice.
+        step_kwargs = {"global_grad_norm": norm} if isinstance(self.optimizer, Lamb) else {}
         if applied:
             self.scheduler.step()
             self.consecutive_non_finite = 0
@@ -120,10 +117,10 @@ class Stepper:
             self.skipped_steps += 1
             self.consecutive_non_finite += 1
         if scaler is not None:
-            scaler.step(self.optimizer)  # skips by itself when gradients overflowed
+            scaler.step(self.optimizer, **step_kwargs)  # skips by itself when gradients overflowed
             scaler.update()
         elif applied:
-            self.optimizer.step()
+            self.optimizer.step(**step_kwargs)
         elif self.consecutive_non_finite >= MAX_CONSECUTIVE_NON_FINITE:
             raise TrainingFailure(f"the loss was not finite for {self.consecutive_non_finite} steps in a row")
         self.optimizer.zero_grad(set_to_none=True)

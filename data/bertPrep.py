@@ -202,7 +202,7 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
     p.add_argument("--vocab_size", type=int, default=30522, help="size of the vocab trained by create_vocab")
     p.add_argument("--bookscorpus_url_list", type=Path,
                    help="BookCorpus book URLs, one a line (default: <working dir>/download/bookscorpus_url_list.txt)")
-    p.add_argument("--compression", choices=("gzip", "lzf", "none"), default="gzip",
+    p.add_argument("--compression", choices=("gzip", "lzf", "none"), default="none",
                    help="HDF5 compression of the shards (see create_pretraining_data.py --help)")
     p.add_argument("--skip_wikiextractor", type=int, default=0, help="accepted for compatibility")
     p.add_argument("--interactive_json_config_generator", help="accepted for compatibility")

@@ -7,6 +7,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from .ascii_wordpiece import non_ascii_lines
 from .errors import DataError
 from .tokenization import BertTokenizer
 
@@ -55,15 +56,31 @@ def read_text(path: Path) -> str:
         raise DataError(path, f"not UTF-8 text (invalid byte at offset {err.start})") from None
 
 
-def _slices(lines: list[str]) -> Iterable[list[str]]:
-    start, size = 0, 0
-    for i, line in enumerate(lines):
-        size += len(line)
-        if size >= BATCH_CHARS:
-            yield lines[start:i + 1]
-            start, size = i + 1, 0
-    if start < len(lines):
-        yield lines[start:]
+def _slices(text: str) -> Iterable[str]:
+    """Pieces of text cut at a "\\n" after about BATCH_CHARS characters: their lines are text.split("\\n")."""
+    start = 0
+    while True:
+        end = text.find("\n", start + BATCH_CHARS)
+        if end < 0:
+            yield text[start:]
+            return
+        yield text[start:end]
+        start = end + 1
+
+
+def _blank_lines(chunk: str, counts: np.ndarray) -> np.ndarray:
+    """Lines that strip to nothing, as Google's reader tests them, bool [len(counts)]."""
+    # In ASCII a line with tokens has a character that is neither whitespace nor control, so it is not blank:
+    # only lines without tokens and lines beyond ASCII need the test.
+    check = counts == 0
+    if not chunk.isascii():
+        check[non_ascii_lines(np.frombuffer(chunk.encode("utf-8"), np.uint8))[0]] = True
+    where = np.flatnonzero(check)
+    blank = np.zeros(len(counts), bool)
+    if where.size:
+        lines = chunk.split("\n")
+        blank[where] = [not lines[i].strip() for i in where.tolist()]
+    return blank
 
 
 def tokenize_documents(texts: Iterable[str], tokenizer: BertTokenizer,
@@ -73,19 +90,18 @@ def tokenize_documents(texts: Iterable[str], tokenizer: BertTokenizer,
     token_parts, length_parts, doc_parts = [], [], []
     doc_base = 0
     for text in texts:
-        lines = text.split("\n")  # only "\n", like a line reader: "\x0c" or "\u2028" stay inside a line
-        for batch in _slices(lines):
-            ids, offsets = tokenizer.encode_lines(batch)
+        # Lines end at "\n" only, like a line reader: "\x0c" or "\u2028" stay inside a line.
+        for chunk in _slices(text):
+            ids, offsets = tokenizer.encode_text(chunk)
             counts = np.diff(offsets)
-            blank = np.fromiter((not line.strip() for line in batch), dtype=bool, count=len(batch))
-            doc_of_line = doc_base + np.cumsum(blank)
+            doc_of_line = doc_base + np.cumsum(_blank_lines(chunk, counts))
             keep = counts > 0
             token_parts.append(ids)
             length_parts.append(counts[keep])
             doc_parts.append(doc_of_line[keep])
             doc_base = int(doc_of_line[-1])
             if on_progress is not None:
-                on_progress(sum(len(line) + 1 for line in batch))
+                on_progress(len(chunk) + 1)
         doc_base += 1
     tokens = np.concatenate(token_parts) if token_parts else np.zeros(0, np.int32)
     lengths = np.concatenate(length_parts) if length_parts else np.zeros(0, np.int64)

@@ -62,30 +62,30 @@ def pair_spans(docs: Documents, cfg: MaskingConfig, rng: random.Random,
             target = max_num_tokens
             if uniform() < cfg.short_seq_prob:
                 target = randint(2, max_num_tokens)
-            chunk_start, length, i = first, 0, first
-            while i < last:
-                length += sent[i + 1] - sent[i]
-                if i == last - 1 or length >= target:
-                    n_chunk = i - chunk_start + 1
-                    a_end = chunk_start + (randint(1, n_chunk - 1) if n_chunk >= 2 else 1)
-                    a_lo, a_hi = sent[chunk_start], sent[a_end]
-                    if n_chunk == 1 or uniform() < 0.5:
-                        target_b = target - (a_hi - a_lo)
-                        for _ in range(10):
-                            r = randint(0, n_docs - 1)
-                            if r != d:
-                                break
-                        r_first, r_last = bounds[r], bounds[r + 1]
-                        start = randint(r_first, r_last - 1)
-                        b_lo = sent[start]
-                        # Google adds sentences until B reaches target_b: the first end offset >= b_lo+target_b.
-                        b_hi = sent[bisect_left(sent, b_lo + target_b, start + 1, r_last)]
-                        rows += (a_lo, a_hi, b_lo, b_hi, 1)
-                        i = a_end - 1  # the unused sentences of the chunk start the next one
-                    else:
-                        rows += (a_lo, a_hi, a_hi, sent[i + 1], 0)
-                    chunk_start, length = i + 1, 0
-                i += 1
+            chunk_start = first
+            while chunk_start < last:
+                # Google adds sentences until the chunk reaches target or the document ends: i is the first
+                # sentence whose end offset is at least target tokens after the chunk's start.
+                i = bisect_left(sent, sent[chunk_start] + target, chunk_start + 1, last) - 1
+                n_chunk = i - chunk_start + 1
+                a_end = chunk_start + (randint(1, n_chunk - 1) if n_chunk >= 2 else 1)
+                a_lo, a_hi = sent[chunk_start], sent[a_end]
+                if n_chunk == 1 or uniform() < 0.5:
+                    target_b = target - (a_hi - a_lo)
+                    for _ in range(10):
+                        r = randint(0, n_docs - 1)
+                        if r != d:
+                            break
+                    r_first, r_last = bounds[r], bounds[r + 1]
+                    start = randint(r_first, r_last - 1)
+                    b_lo = sent[start]
+                    # Google adds sentences until B reaches target_b: the first end offset >= b_lo+target_b.
+                    b_hi = sent[bisect_left(sent, b_lo + target_b, start + 1, r_last)]
+                    rows += (a_lo, a_hi, b_lo, b_hi, 1)
+                    i = a_end - 1  # the unused sentences of the chunk start the next one
+                else:
+                    rows += (a_lo, a_hi, a_hi, sent[i + 1], 0)
+                chunk_start = i + 1
             if on_progress is not None:
                 on_progress(1)
     return np.asarray(rows, dtype=np.int64).reshape(-1, 5)
@@ -176,20 +176,37 @@ def _assemble_block(tokens: np.ndarray, spans: np.ndarray, cfg: MaskingConfig, i
 
 
 def _random_positions(candidates: np.ndarray, k: np.ndarray, preds: int, gen: np.random.Generator) -> np.ndarray:
-    """k[i] distinct candidate positions per row, uniformly at random, sorted, zero-padded: int32 [B, preds]."""
+    """k[i] distinct candidate positions per row, uniformly at random, sorted, zero-padded: int32 [B, preds].
+
+    A row takes the candidates with the k smallest of one uniform key per position (k <= its candidates).
+    """
     keys = gen.random(candidates.shape)
     keys[~candidates] = 2.0  # never chosen before every candidate has been
     width = min(preds, keys.shape[1])
-    chosen = np.argpartition(keys, width - 1, axis=1)[:, :width] if width < keys.shape[1] else \
-        np.argsort(keys, axis=1)
-    order = np.argsort(np.take_along_axis(keys, chosen, axis=1), axis=1)
-    chosen = np.take_along_axis(chosen, order, axis=1)
-    beyond = keys.shape[1]  # larger than any position: sorts after the chosen ones, then becomes padding
-    chosen = np.where(np.arange(width)[None, :] < k[:, None], chosen, beyond)
-    chosen.sort(axis=1)
-    chosen[chosen == beyond] = 0
+    # The k-th smallest key of each row, from a partition (values only: cheaper than argpartition).
+    smallest = np.partition(keys, width - 1, axis=1)[:, :width] if width < keys.shape[1] else keys.copy()
+    smallest.sort(axis=1)
+    rows_with_k = np.flatnonzero(k > 0)
+    threshold = np.full(len(k), -1.0)
+    threshold[rows_with_k] = smallest[rows_with_k, k[rows_with_k] - 1]
+    chosen = keys <= threshold[:, None]
+    r, c = np.nonzero(chosen)  # row-major: the positions of a row come out sorted
+    per_row = np.bincount(r, minlength=len(k))
+    if not np.array_equal(per_row, k):  # equal keys at the threshold (probability ~2**-40): choose by rank
+        return _random_positions_by_rank(keys, k, preds)
+    rank = np.arange(len(r)) - np.repeat(np.cumsum(per_row) - per_row, per_row)
     result = np.zeros((len(k), preds), np.int32)
-    result[:, :width] = chosen
+    result[r, rank] = c
+    return result
+
+
+def _random_positions_by_rank(keys: np.ndarray, k: np.ndarray, preds: int) -> np.ndarray:
+    """_random_positions for keys with ties: the k first positions in (key, position) order of each row."""
+    order = np.argsort(keys, axis=1, kind="stable")
+    result = np.zeros((len(k), preds), np.int32)
+    for row in range(len(k)):
+        chosen = np.sort(order[row, :k[row]])
+        result[row, :len(chosen)] = chosen
     return result
 
 

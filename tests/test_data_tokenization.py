@@ -206,3 +206,40 @@ def test_vocab_ids_follow_line_numbers(uncased_vocab_path):
     assert len(vocab) == 30522
     assert [vocab.id(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")] == [0, 100, 101, 102, 103]
     assert len(vocab.sha256) == 64
+
+
+def test_encode_text_equals_encode_lines_on_mixed_text(shared_data, uncased_vocab_path):
+    """The whole-text path (ASCII lines vectorised, non-ASCII lines cut out and encoded apart) changes nothing."""
+    tokenizer = BertTokenizer(load_vocab(uncased_vocab_path), do_lower_case=True)
+    lines = _books_lines(shared_data, 200)
+    for i, text in enumerate(CRAFTED):
+        lines.insert(i * 97, text)
+    for text in ("\n".join(lines), "\n".join(line for line in lines if line.isascii()), "", "\n\n", "x\n"):
+        ids, offsets = tokenizer.encode_text(text)
+        ref_ids, ref_offsets = BertTokenizer(tokenizer.vocab, True).encode_lines(text.split("\n"))
+        assert offsets.tolist() == ref_offsets.tolist()
+        assert ids.tolist() == ref_ids.tolist()
+    vocab_set = set(tokenizer.vocab.tokens)
+    ids, offsets = tokenizer.encode_text("\n".join(lines))
+    for i in range(0, len(lines), 7):
+        got = [tokenizer.vocab.tokens[t] for t in ids[offsets[i]:offsets[i + 1]].tolist()]
+        assert got == ref_tokenize(lines[i], vocab_set, True), repr(lines[i])
+
+
+def test_colliding_word_keys_fall_back_to_exact_words(shared_data, uncased_vocab_path, monkeypatch):
+    """Words are made unique by a 64-bit mix of their bytes; a collision must be detected, never merge words."""
+    import numpy as np
+
+    import data.ascii_wordpiece as ascii_wordpiece
+
+    vocab = load_vocab(uncased_vocab_path)
+    lines = _books_lines(shared_data, 50) + ["a" * 9 + "b", "a" * 9 + "c", "x" * 30, "x" * 31]
+    expected = BertTokenizer(vocab, True).encode_text("\n".join(lines))
+    # A zero multiplier keeps only bytes 9-16: every word of up to 8 bytes now has the same mixed value.
+    monkeypatch.setattr(ascii_wordpiece, "_MIX", np.uint64(0))
+    got = BertTokenizer(vocab, True).encode_text("\n".join(lines))
+    assert got[0].tolist() == expected[0].tolist() and got[1].tolist() == expected[1].tolist()
+    vocab_set = set(vocab.tokens)
+    for i, line in enumerate(lines):
+        assert [vocab.tokens[t] for t in got[0][got[1][i]:got[1][i + 1]].tolist()] == \
+            ref_tokenize(line, vocab_set, True)

@@ -1,0 +1,153 @@
+"""Google's BERT tokenization of pure-ASCII text, vectorised with numpy over the bytes of the whole text.
+
+For ASCII, Google's basic tokenizer is: drop control characters, lower-case (uncased), split on whitespace,
+then split runs of letters/digits from single punctuation marks. So a word is either a maximal run of
+[A-Za-z0-9] or one punctuation byte, and it can be found from byte classes alone, with no Python object per
+word. Words of up to 16 bytes are keyed by their zero-padded bytes (two uint64, exact since the cleaned text has
+no NUL), made unique with one numpy sort, and only the distinct words become Python strings and go through the
+`tokenizers` WordPiece model (once, batched; cached across calls). Longer words, rare, go through a dict.
+"""
+from __future__ import annotations
+
+import numpy as np
+from tokenizers import Tokenizer, models
+
+_LETTER, _PUNCT, _CONTROL = 1, 2, 3
+_CLASS = np.zeros(256, np.uint8)  # 0: whitespace (tab, newline, carriage return, space)
+# Google removes NUL and the Cc controls except tab, newline and carriage return (\x0b and \x0c included).
+_CLASS[[*range(0, 9), 11, 12, *range(14, 32), 127]] = _CONTROL
+_CLASS[np.frombuffer(b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", np.uint8)] = _LETTER
+_CLASS[[c for c in range(33, 127) if not chr(c).isalnum()]] = _PUNCT  # Google's ASCII punctuation ranges
+KEY_BYTES = 16
+_NEWLINE = 10
+_LOWER = np.arange(256, dtype=np.uint8)
+_LOWER[65:91] += 32
+_LOW_BYTES = np.array([(1 << (8 * k)) - 1 for k in range(9)], np.uint64)  # mask of the k low bytes of a uint64
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier: spreads the first key word before adding the second
+
+
+class AsciiWordPiece:
+    """Encodes ASCII text to WordPiece ids; distinct words are cached (word -> tuple of ids) across calls."""
+
+    def __init__(self, model: models.WordPiece, vocab_ids: dict[str, int], do_lower_case: bool,
+                 max_chars_per_word: int) -> None:
+        # Vocab words that WordPiece would keep whole: no "##" prefix, not too long.
+        self._whole = {w: i for w, i in vocab_ids.items() if len(w) <= max_chars_per_word and w.isascii()}
+        self._words_hf = Tokenizer(model)  # no normalizer, no pre-tokenizer: each given word is one word
+        self.do_lower_case = do_lower_case
+        self._cache: dict[str, tuple[int, ...]] = {}
+
+    def encode(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Ids of the lines of `text` (split on "\\n" only): flat int32 ids, int64 offsets [lines + 1]."""
+        return self.encode_bytes(np.frombuffer(text.encode("ascii"), np.uint8))
+
+    def encode_bytes(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """encode() of ASCII text given as uint8 [N]."""
+        kind = _CLASS[raw]
+        control = kind == _CONTROL
+        if control.any():
+            raw, kind = raw[~control], kind[~control]
+        if self.do_lower_case:
+            raw = _LOWER[raw]
+        text = raw.tobytes().decode("ascii")  # only distinct words are ever sliced out of it
+        letter = kind == _LETTER
+        punct = kind == _PUNCT
+        before = np.zeros_like(letter)
+        before[1:] = letter[:-1]
+        after = np.zeros_like(letter)
+        after[:-1] = letter[1:]
+        starts = np.flatnonzero(punct | (letter & ~before))
+        ends = np.flatnonzero(punct | (letter & ~after)) + 1  # words never nest: ends pair with starts in order
+        newlines = np.flatnonzero(raw == _NEWLINE)
+        line_words = np.empty(len(newlines) + 2, np.int64)
+        line_words[0], line_words[-1] = 0, len(starts)
+        line_words[1:-1] = np.searchsorted(starts, newlines)
+        rows, table_len, table = self._word_rows(text, raw, starts, ends)
+        counts = table_len[rows]
+        piece_end = np.zeros(len(starts) + 1, np.int64)
+        np.cumsum(counts, out=piece_end[1:])
+        table_start = np.zeros(len(table_len), np.int64)
+        np.cumsum(table_len[:-1], out=table_start[1:])
+        ids = table[spread(table_start[rows], piece_end)]
+        return ids, piece_end[line_words]
+
+    def _word_rows(self, text: str, raw: np.ndarray, starts: np.ndarray,
+                   ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For every word its row of a table of distinct words: (rows [W], pieces per row, flat piece ids)."""
+        lengths = ends - starts
+        short = np.flatnonzero(lengths <= KEY_BYTES)
+        padded = np.zeros(len(raw) + KEY_BYTES, np.uint8)
+        padded[:len(raw)] = raw
+        windows = np.lib.stride_tricks.sliding_window_view(padded, KEY_BYTES)[:len(raw)]
+        keys = windows[starts[short]].view(np.uint64)  # [S, 2]: the 16 bytes from the word's start
+        size = lengths[short]
+        keys[:, 0] &= _LOW_BYTES[np.minimum(size, 8)]  # zero the bytes after the word (no NUL in a word)
+        keys[:, 1] &= _LOW_BYTES[np.clip(size - 8, 0, 8)]
+        mixed = keys[:, 0] * _MIX + keys[:, 1]
+        distinct, inverse = _unique(mixed)
+        first = np.empty(len(distinct), np.int64)
+        first[inverse] = np.arange(len(inverse))  # one word with each value (the last)
+        # The mixed value is only a hash: check that every word equals the first word with its value.
+        exact = np.array_equal(keys[first[inverse]], keys)
+        rows = np.empty(len(starts), np.int64)
+        if exact:
+            rows[short] = inverse
+            words = [text[s:e] for s, e in zip(starts[short[first]].tolist(), ends[short[first]].tolist())]
+            rest = np.flatnonzero(lengths > KEY_BYTES)
+        else:  # two different words collided: key every word by its string instead
+            words = []
+            rest = np.arange(len(starts))
+        if rest.size:
+            index = {word: i for i, word in enumerate(words)}
+            for i, word in enumerate(text[s:e] for s, e in zip(starts[rest].tolist(), ends[rest].tolist())):
+                rows[rest[i]] = index.setdefault(word, len(index))
+            words = list(index)
+        return (rows, *self._pieces(words))
+
+    def _pieces(self, words: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(pieces per word int64 [len(words)], flat int32 piece ids) through the cache and one batched call."""
+        cache = self._cache
+        missing = [word for word in words if word not in cache]
+        whole = self._whole
+        for word in [word for word in missing if word in whole]:
+            cache[word] = (whole[word],)  # greedy longest-match-first takes a vocab word whole
+        missing = [word for word in missing if word not in cache]
+        if missing:
+            encoding = self._words_hf.encode(missing, is_pretokenized=True, add_special_tokens=False)
+            ids = encoding.ids
+            ends = np.cumsum(np.bincount(np.asarray(encoding.word_ids, np.int64), minlength=len(missing)))
+            starts = np.concatenate(([0], ends[:-1])).tolist()
+            for word, lo, hi in zip(missing, starts, ends.tolist()):
+                cache[word] = tuple(ids[lo:hi])
+        per_word = [cache[word] for word in words]
+        counts = np.fromiter(map(len, per_word), np.int64, count=len(per_word))
+        flat = np.fromiter((i for pieces in per_word for i in pieces), np.int32, count=int(counts.sum()))
+        return counts, flat
+
+
+def spread(dest_starts: np.ndarray, src_offsets: np.ndarray) -> np.ndarray:
+    """For every position of a CSR layout (src_offsets), its position in a layout whose segment k starts at
+    dest_starts[k]: int64 [src_offsets[-1] - src_offsets[0]]. Used both to scatter and to gather segments."""
+    lengths = np.diff(src_offsets)
+    total = int(src_offsets[-1] - src_offsets[0])
+    shift = np.repeat(dest_starts - src_offsets[:-1], lengths)
+    return shift + np.arange(src_offsets[0], src_offsets[0] + total)
+
+
+def _unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_inverse=True) for uint64: a plain sort and a binary search are ~3x faster than
+    the argsort np.unique does."""
+    ordered = np.sort(values)
+    new = np.ones(len(ordered), bool)
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    distinct = ordered[new]
+    return distinct, np.searchsorted(distinct, values)
+
+
+def non_ascii_lines(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For UTF-8 bytes: (numbers of the lines holding a non-ASCII byte, start and end byte of every line)."""
+    newlines = np.flatnonzero(raw == _NEWLINE)
+    starts = np.concatenate(([0], newlines + 1))
+    ends = np.concatenate((newlines, [len(raw)]))
+    bad = np.unique(np.searchsorted(newlines, np.flatnonzero(raw >= 0x80)))
+    return bad, starts, ends

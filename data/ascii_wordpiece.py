@@ -19,6 +19,7 @@ _CLASS[[*range(0, 9), 11, 12, *range(14, 32), 127]] = _CONTROL
 _CLASS[np.frombuffer(b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", np.uint8)] = _LETTER
 _CLASS[[c for c in range(33, 127) if not chr(c).isalnum()]] = _PUNCT  # Google's ASCII punctuation ranges
 KEY_BYTES = 16
+TINY_BYTES = 3  # 3 x 7 bits: a direct table of 2**21 entries
 _NEWLINE = 10
 _LOWER = np.arange(256, dtype=np.uint8)
 _LOWER[65:91] += 32
@@ -83,16 +84,32 @@ class AsciiWordPiece:
         size = lengths[short]
         keys[:, 0] &= _LOW_BYTES[np.minimum(size, 8)]  # zero the bytes after the word (no NUL in a word)
         keys[:, 1] &= _LOW_BYTES[np.clip(size - 8, 0, 8)]
-        mixed = keys[:, 0] * _MIX + keys[:, 1]
+        # Words of up to 3 bytes (about half of all: "the", ",", "of") pack exactly into 21 bits and are made
+        # distinct with a direct table instead of the sort.
+        tiny = np.flatnonzero(size <= TINY_BYTES)
+        other = np.flatnonzero(size > TINY_BYTES)
+        packed = keys[tiny, 0]
+        code = (packed & 0x7F) | ((packed >> 1) & 0x3F80) | ((packed >> 2) & 0x1FC000)
+        present = np.zeros(1 << 21, bool)
+        present[code] = True
+        tiny_codes = np.flatnonzero(present)
+        lookup = np.empty(1 << 21, np.int64)
+        lookup[tiny_codes] = np.arange(len(tiny_codes))
+        tiny_rows = lookup[code]
+        tiny_first = np.empty(len(tiny_codes), np.int64)
+        tiny_first[tiny_rows] = tiny
+        mixed = keys[other, 0] * _MIX + keys[other, 1]
         distinct, inverse = np.unique(mixed, return_inverse=True)
         first = np.empty(len(distinct), np.int64)
-        first[inverse] = np.arange(len(inverse))  # one word with each value (the last)
-        # The mixed value is only a hash: check that every word equals the first word with its value.
-        exact = np.array_equal(keys[first[inverse]], keys)
+        first[inverse] = other  # one word with each value (the last)
+        # The mixed value is only a hash: check that every word equals the word kept for its value.
+        exact = np.array_equal(keys[first[inverse]], keys[other])
         rows = np.empty(len(starts), np.int64)
         if exact:
-            rows[short] = inverse
-            words = [text[s:e] for s, e in zip(starts[short[first]].tolist(), ends[short[first]].tolist())]
+            rows[short[tiny]] = tiny_rows
+            rows[short[other]] = len(tiny_codes) + inverse
+            chosen = short[np.concatenate((tiny_first, first))]
+            words = [text[s:e] for s, e in zip(starts[chosen].tolist(), ends[chosen].tolist())]
             rest = np.flatnonzero(lengths > KEY_BYTES)
         else:  # two different words collided: key every word by its string instead
             words = []

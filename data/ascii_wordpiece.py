@@ -28,7 +28,7 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier: spreads the first key wo
 
 
 class AsciiWordPiece:
-    """Encodes ASCII text to WordPiece ids; distinct words are cached (word -> tuple of ids) across calls."""
+    """Encodes ASCII text to WordPiece ids; the pieces of distinct words are cached across calls."""
 
     def __init__(self, model: models.WordPiece, vocab_ids: dict[str, int], do_lower_case: bool,
                  max_chars_per_word: int) -> None:
@@ -36,7 +36,11 @@ class AsciiWordPiece:
         self._whole = {w: i for w, i in vocab_ids.items() if len(w) <= max_chars_per_word and w.isascii()}
         self._words_hf = Tokenizer(model)  # no normalizer, no pre-tokenizer: each given word is one word
         self.do_lower_case = do_lower_case
-        self._cache: dict[str, tuple[int, ...]] = {}
+        # The cache: word -> row of a table of pieces (row r is _flat[_starts[r]:_starts[r + 1]]).
+        self._row: dict[str, int] = {}
+        self._starts: list[int] = []
+        self._flat: list[int] = []
+        self._table = (np.zeros(1, np.int64), np.zeros(0, np.int32))
 
     def encode(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         """Ids of the lines of `text` (split on "\\n" only): flat int32 ids, int64 offsets [lines + 1]."""
@@ -63,12 +67,10 @@ class AsciiWordPiece:
         line_words = np.empty(len(newlines) + 2, np.int64)
         line_words[0], line_words[-1] = 0, len(starts)
         line_words[1:-1] = np.searchsorted(starts, newlines)
-        rows, table_len, table = self._word_rows(text, raw, starts, ends)
-        counts = table_len[rows]
+        rows, table_start, table = self._word_rows(text, raw, starts, ends)
+        counts = (table_start[1:] - table_start[:-1])[rows]
         piece_end = np.zeros(len(starts) + 1, np.int64)
         np.cumsum(counts, out=piece_end[1:])
-        table_start = np.zeros(len(table_len), np.int64)
-        np.cumsum(table_len[:-1], out=table_start[1:])
         ids = table[spread(table_start[rows], piece_end)]
         return ids, piece_end[line_words]
 
@@ -119,27 +121,31 @@ class AsciiWordPiece:
             for i, word in enumerate(text[s:e] for s, e in zip(starts[rest].tolist(), ends[rest].tolist())):
                 rows[rest[i]] = index.setdefault(word, len(index))
             words = list(index)
-        return (rows, *self._pieces(words))
+        word_rows, table_start, table = self._pieces(words)
+        return word_rows[rows], table_start, table
 
-    def _pieces(self, words: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(pieces per word int64 [len(words)], flat int32 piece ids) through the cache and one batched call."""
-        cache = self._cache
-        missing = [word for word in words if word not in cache]
-        whole = self._whole
-        for word in [word for word in missing if word in whole]:
-            cache[word] = (whole[word],)  # greedy longest-match-first takes a vocab word whole
-        missing = [word for word in missing if word not in cache]
+    def _pieces(self, words: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(row of each word in the cached piece table, first piece of every row int64, flat int32 piece ids).
+
+        Words not seen before go through one batched WordPiece call, vocab words directly."""
+        row = self._row
+        missing = [word for word in words if word not in row]
         if missing:
-            encoding = self._words_hf.encode(missing, is_pretokenized=True, add_special_tokens=False)
-            ids = encoding.ids
-            ends = np.cumsum(np.bincount(np.asarray(encoding.word_ids, np.int64), minlength=len(missing)))
-            starts = np.concatenate(([0], ends[:-1])).tolist()
-            for word, lo, hi in zip(missing, starts, ends.tolist()):
-                cache[word] = tuple(ids[lo:hi])
-        per_word = [cache[word] for word in words]
-        counts = np.fromiter(map(len, per_word), np.int64, count=len(per_word))
-        flat = np.fromiter((i for pieces in per_word for i in pieces), np.int32, count=int(counts.sum()))
-        return counts, flat
+            whole = self._whole
+            hard = [word for word in missing if word not in whole]  # greedy matching keeps a vocab word whole
+            pieces: dict[str, list[int]] = {}
+            if hard:
+                encoding = self._words_hf.encode(hard, is_pretokenized=True, add_special_tokens=False)
+                ids = encoding.ids
+                ends = np.cumsum(np.bincount(np.asarray(encoding.word_ids, np.int64), minlength=len(hard)))
+                for word, lo, hi in zip(hard, [0, *ends[:-1].tolist()], ends.tolist()):
+                    pieces[word] = ids[lo:hi]
+            for word in missing:
+                row[word] = len(self._starts)
+                self._starts.append(len(self._flat))
+                self._flat += pieces[word] if word in pieces else (whole[word],)
+            self._table = (np.asarray(self._starts + [len(self._flat)], np.int64), np.asarray(self._flat, np.int32))
+        return np.fromiter(map(row.__getitem__, words), np.int64, count=len(words)), *self._table
 
 
 def spread(dest_starts: np.ndarray, src_offsets: np.ndarray) -> np.ndarray:

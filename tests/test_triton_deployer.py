@@ -1,0 +1,205 @@
+"""triton/deployer.py on the real MiniLM with a QA head: ONNX Runtime and TorchScript equal PyTorch on real
+SQuAD windows at any batch size and length, config.pbtxt parses as Triton's ModelConfig, a difference above the
+tolerance is refused and writes nothing; and the triton/ folder does not shadow OpenAI's `triton` for torch."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "triton"))
+import deployer  # noqa: E402
+import squad  # noqa: E402
+from finetuning import load_tokenizer, save_finetuned  # noqa: E402
+from inference import load_qa_model  # noqa: E402
+from model import BertForQuestionAnswering  # noqa: E402
+from model_weights import load_weights_into, read_weights  # noqa: E402
+
+SEQ = 128
+WINDOW = squad.WindowSettings(SEQ, 64, 32)
+
+
+def squad_subset(shared_data: Path, target: Path, titles: list[str], paragraphs: int) -> Path:
+    data = json.loads((shared_data / "squad" / "dev-v1.1.json").read_text(encoding="utf-8"))
+    chosen = [dict(a, paragraphs=a["paragraphs"][:paragraphs]) for a in data["data"] if a["title"] in titles]
+    target.write_text(json.dumps({"version": data["version"], "data": chosen}), encoding="utf-8")
+    return target
+
+
+def make_qa_checkpoint(shared_data: Path, out: Path) -> Path:
+    """MiniLM's encoder with a seeded QA head, saved as run_squad.py saves a fine-tuned model."""
+    weights = read_weights(shared_data / "minilm")
+    torch.manual_seed(0)
+    model = BertForQuestionAnswering(weights.config)
+    load_weights_into(model, weights, "minilm")
+    save_finetuned(model, weights.config, out)
+    return out / "pytorch_model.bin"
+
+
+@pytest.fixture(scope="module")
+def setup(shared_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("deploy")
+    checkpoint = make_qa_checkpoint(shared_data, root / "finetuned")
+    predict = squad_subset(shared_data, root / "predict.json", ["Super_Bowl_50", "Warsaw"], 2)
+    tokenizer = load_tokenizer(shared_data / "minilm" / "vocab.txt", True)
+    model = load_qa_model(checkpoint, None, len(tokenizer.vocab), SEQ)
+    return {"root": root, "checkpoint": checkpoint, "predict": predict, "tokenizer": tokenizer, "model": model,
+            "vocab": shared_data / "minilm" / "vocab.txt"}
+
+
+def deploy(setup, repository: Path, *extra: str) -> None:
+    deployer.main(["--init_checkpoint", str(setup["checkpoint"]), "--vocab_file", str(setup["vocab"]),
+                   "--do_lower_case", "--predict_file", str(setup["predict"]), "--max_seq_length", str(SEQ),
+                   "--doc_stride", "64", "--max_query_length", "32", "--model_repository", str(repository),
+                   *extra])
+
+
+@pytest.fixture(scope="module")
+def onnx_repo(setup):
+    repository = setup["root"] / "repo_onnx"
+    deploy(setup, repository, "--format", "onnx", "--max_batch_size", "16", "--dynamic_batching",
+           "--preferred_batch_sizes", "4", "8", "--max_queue_delay_us", "200", "--instance_count", "2",
+           "--instance_kind", "KIND_CPU")
+    return repository
+
+
+def pytorch_logits(model, arrays):
+    with torch.no_grad():
+        _, start, end = model(*(torch.from_numpy(a.astype(np.int64)) for a in arrays))
+    return start.numpy(), end.numpy()
+
+
+def feature_arrays(setup):
+    examples = squad.read_squad_examples(setup["predict"], is_training=False)
+    features = squad.convert_examples_to_features(examples, setup["tokenizer"], WINDOW)
+    return features.input_ids, features.segment_ids, features.input_mask
+
+
+def test_onnx_runtime_equals_pytorch_on_squad_windows_at_other_batch_sizes_and_lengths(setup, onnx_repo):
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(onnx_repo / "bert" / "1" / "model.onnx"),
+                                           providers=["CPUExecutionProvider"])
+    ids, segments, mask = feature_arrays(setup)
+    worst = 0.0
+    for rows, length in ((slice(0, 13), SEQ), (slice(13, 14), SEQ), (slice(20, 25), 96)):
+        arrays = [np.ascontiguousarray(a[rows, :length], dtype=np.int64) for a in (ids, segments, mask)]
+        got = session.run(["output__0", "output__1"], dict(zip(deployer.INPUTS, arrays)))
+        expected = pytorch_logits(setup["model"], arrays)
+        assert got[0].shape == expected[0].shape == (arrays[0].shape[0], length)
+        worst = max(worst, *(float(np.abs(g - e).max()) for g, e in zip(got, expected)))
+    print(f"ONNX Runtime vs PyTorch, max abs difference: {worst:.3g}")
+    assert worst < 1e-4
+
+
+def test_onnx_inputs_and_outputs_have_dynamic_batch_and_sequence_axes(onnx_repo):
+    import onnx
+
+    graph = onnx.load(str(onnx_repo / "bert" / "1" / "model.onnx")).graph
+    for value in list(graph.input) + list(graph.output):
+        dims = value.type.tensor_type.shape.dim
+        assert [d.dim_param for d in dims] == ["batch", "sequence"], value.name
+    assert [i.name for i in graph.input] == ["input__0", "input__1", "input__2"]
+    assert [o.name for o in graph.output] == ["output__0", "output__1"]
+    assert all(i.type.tensor_type.elem_type == onnx.TensorProto.INT64 for i in graph.input)
+
+
+def parse_config(path: Path):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def test_config_pbtxt_parses_as_a_triton_model_config(onnx_repo):
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    config = parse_config(onnx_repo / "bert" / "config.pbtxt")
+    assert (config.name, config.platform, config.max_batch_size) == ("bert", "onnxruntime_onnx", 16)
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
+        (f"input__{k}", pb.TYPE_INT64, [-1]) for k in range(3)]
+    assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [
+        (f"output__{k}", pb.TYPE_FP32, [-1]) for k in range(2)]
+    assert list(config.dynamic_batching.preferred_batch_size) == [4, 8]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 200
+    [group] = config.instance_group
+    assert (group.count, group.kind) == (2, pb.ModelInstanceGroup.KIND_CPU)
+
+
+def test_torchscript_export_equals_pytorch_and_targets_libtorch(setup):
+    repository = setup["root"] / "repo_ts"
+    deploy(setup, repository, "--format", "torchscript", "--model_name", "bert_ts", "--model_version", "3")
+    loaded = torch.jit.load(str(repository / "bert_ts" / "3" / "model.pt"))
+    arrays = [np.ascontiguousarray(a[:6, :100], dtype=np.int64) for a in feature_arrays(setup)]
+    with torch.no_grad():
+        got = [t.numpy() for t in loaded(*(torch.from_numpy(a) for a in arrays))]
+    expected = pytorch_logits(setup["model"], arrays)
+    assert max(float(np.abs(g - e).max()) for g, e in zip(got, expected)) < 1e-4
+    config = parse_config(repository / "bert_ts" / "config.pbtxt")
+    assert (config.platform, config.max_batch_size) == ("pytorch_libtorch", 8)
+    assert not config.HasField("dynamic_batching")
+
+
+def test_glue_classifier_exports_one_logits_output(setup, shared_data):
+    repository = setup["root"] / "repo_glue"
+    deployer.main(["--init_checkpoint", str(shared_data / "minilm"), "--vocab_file", str(setup["vocab"]),
+                   "--do_lower_case", "--task", "glue", "--num_labels", "3", "--max_seq_length", str(SEQ),
+                   "--model_repository", str(repository), "--model_name", "mnli"])
+    config = parse_config(repository / "mnli" / "config.pbtxt")
+    assert [(o.name, list(o.dims)) for o in config.output] == [("output__0", [3])]
+
+
+def test_a_difference_above_the_tolerance_is_refused_and_nothing_is_written(setup, monkeypatch, capsys):
+    honest = deployer.runner_for
+
+    def skewed(path, fmt):
+        run = honest(path, fmt)
+        return lambda arrays: [out + 0.01 for out in run(arrays)]
+
+    monkeypatch.setattr(deployer, "runner_for", skewed)
+    repository = setup["root"] / "repo_refused"
+    with pytest.raises(deployer.InputError, match="differs from PyTorch"):
+        deploy(setup, repository, "--tolerance", "1e-3")
+    assert "max abs difference" in capsys.readouterr().out
+    assert not (repository / "bert" / "1").exists() and not (repository / "bert" / "config.pbtxt").exists()
+    assert not [p for p in (repository / "bert").iterdir()]  # no staging folder left behind
+
+
+def test_importing_triton_from_the_repository_root_never_yields_this_folder(tmp_path):
+    # torch imports `triton` (OpenAI's compiler) when it can; the repository's triton/ must not stand in for it.
+    probe = "import torch._dynamo, importlib.util, sys\ntry:\n import triton\n print(triton.MARK)\nexcept ImportError:\n print('absent')"
+    env = {**os.environ, "PYTHONPATH": ""}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.stdout.strip() == "absent", done.stderr[-2000:]
+    fake = tmp_path / "site" / "triton"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("MARK = 'installed triton'\n")
+    env["PYTHONPATH"] = str(tmp_path / "site")
+    done = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, ''); import triton; print(triton.MARK)"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "installed triton", done.stderr[-2000:]
+
+
+def test_server_function_pads_gathered_requests_of_different_lengths_and_cuts_answers_back(setup, onnx_repo):
+    import server
+
+    run = deployer.runner_for(onnx_repo / "bert" / "1" / "model.onnx", "onnx")
+    infer = server.make_infer(run, outputs=2, max_seq_length=SEQ)
+    ids, segments, mask = feature_arrays(setup)
+    requests = [dict(zip(deployer.INPUTS, (a[rows, :length].astype(np.int64) for a in (ids, segments, mask))))
+                for rows, length in ((slice(0, 3), SEQ), (slice(3, 4), 90))]
+    answers = infer(requests)
+    for request, answer in zip(requests, answers):
+        alone = run([request[name] for name in deployer.INPUTS])
+        assert answer["output__0"].shape == request["input__0"].shape
+        assert max(float(np.abs(answer[f"output__{i}"] - alone[i]).max()) for i in range(2)) < 1e-4
+    too_long = {name: np.zeros((1, SEQ + 1), dtype=np.int64) for name in deployer.INPUTS}
+    with pytest.raises(ValueError, match="exceeds"):
+        infer([too_long])

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Exports a fine-tuned SQuAD (or GLUE) checkpoint to a Triton Inference Server model repository.
+
+    python triton/deployer.py --init_checkpoint results/pytorch_model.bin --vocab_file vocab.txt --do_lower_case \
+        --predict_file dev-v1.1.json --format onnx --model_repository triton/model_repository --model_name bert \
+        --max_batch_size 8 --dynamic_batching --preferred_batch_sizes 4 8 --max_queue_delay_us 100
+
+writes <model_repository>/<model_name>/<model_version>/model.onnx (or model.pt for --format torchscript) and
+<model_repository>/<model_name>/config.pbtxt. Inputs input__0, input__1, input__2 are int64 [batch, seq] token
+ids, segment ids and attention mask; outputs output__0 and output__1 are float32 [batch, seq] start and end
+logits (GLUE: output__0 alone, float32 [batch, num_labels]). Batch and sequence axes are dynamic. Before
+anything is written, the export is run on real SQuAD features (--predict_file, else a built-in paragraph) at
+two batch sizes and two lengths and compared with PyTorch; a maximum absolute difference above --tolerance is
+refused (exit 2) and leaves the repository as it was.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import squad  # noqa: E402
+from errors import InputError, run_cli  # noqa: E402
+from finetuning import build_model, load_tokenizer, model_config  # noqa: E402
+from model import BertForQuestionAnswering, BertForSequenceClassification  # noqa: E402
+
+INPUTS = ("input__0", "input__1", "input__2")  # token ids, segment ids, attention mask
+PLATFORMS = {"onnx": ("onnxruntime_onnx", "model.onnx"), "torchscript": ("pytorch_libtorch", "model.pt")}
+SAMPLE_QUESTIONS = ("Where do the gentry of the county visit?", "Who came to the house that morning?")
+SAMPLE_CONTEXT = (
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want "
+    "of a wife. However little known the feelings or views of such a man may be on his first entering a "
+    "neighbourhood, this truth is so well fixed in the minds of the surrounding families, that he is considered "
+    "the rightful property of some one or other of their daughters. The gentry of the county visit the assembly "
+    "rooms at Meryton every month, and that morning a young man of large fortune from the north of England came "
+    "down on Monday in a chaise and four to see the place."
+)
+
+
+@dataclass(frozen=True)
+class TritonSettings:
+    """What config.pbtxt says beyond the tensors."""
+
+    max_batch_size: int = 8
+    dynamic_batching: bool = False
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    instance_count: int = 1
+    instance_kind: str = "KIND_GPU"  # KIND_GPU or KIND_CPU
+
+
+class TritonSignature(nn.Module):
+    """The model with Triton's calling convention: three int64 [B, S] inputs, logits only."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, input_mask: torch.Tensor):
+        outputs = self.model(input_ids, segment_ids, input_mask)
+        return tuple(outputs[1:])  # drop the (absent) loss
+
+
+def output_names(task: str) -> tuple[str, ...]:
+    return ("output__0", "output__1") if task == "squad" else ("output__0",)
+
+
+def config_pbtxt(name: str, platform: str, task: str, num_labels: int, settings: TritonSettings) -> str:
+    """A Triton ModelConfig in protobuf text format; dims exclude the batch axis (max_batch_size > 0)."""
+    out_dims = "[ -1 ]" if task == "squad" else f"[ {num_labels} ]"
+    lines = [f'name: "{name}"', f'platform: "{platform}"', f"max_batch_size: {settings.max_batch_size}", "input ["]
+    lines += [",\n".join(f'  {{\n    name: "{n}"\n    data_type: TYPE_INT64\n    dims: [ -1 ]\n  }}' for n in INPUTS)]
+    lines += ["]", "output ["]
+    lines += [",\n".join(f'  {{\n    name: "{n}"\n    data_type: TYPE_FP32\n    dims: {out_dims}\n  }}'
+                         for n in output_names(task))]
+    lines += ["]", "instance_group [", f"  {{\n    count: {settings.instance_count}\n    kind: {settings.instance_kind}\n  }}",
+              "]"]
+    if settings.dynamic_batching:
+        lines.append("dynamic_batching {")
+        if settings.preferred_batch_sizes:
+            lines.append(f"  preferred_batch_size: [ {', '.join(map(str, settings.preferred_batch_sizes))} ]")
+        lines += [f"  max_queue_delay_microseconds: {settings.max_queue_delay_us}", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def sample_inputs(tokenizer, predict_file: Optional[str], window: squad.WindowSettings,
+                  count: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Real windows (ids, segments, mask as int64 [N, L]) from a SQuAD file, else from the built-in paragraph."""
+    if predict_file:
+        examples = squad.read_squad_examples(predict_file, is_training=False, version_2_with_negative=True)
+    else:
+        words, _ = squad.split_context(SAMPLE_CONTEXT)
+        examples = [squad.SquadExample(str(i), q, words, [], context_id=0) for i, q in enumerate(SAMPLE_QUESTIONS)]
+    features = squad.convert_examples_to_features(examples[:count], tokenizer, window)
+    if len(features) == 0:
+        raise InputError(f"{predict_file or 'sample'}: no features to check the export with")
+    rows = slice(0, count)
+    return tuple(np.asarray(a[rows], dtype=np.int64) for a in (features.input_ids, features.segment_ids,
+                                                              features.input_mask))
+
+
+def export_onnx(module: nn.Module, example: tuple[torch.Tensor, ...], path: Path, task: str, opset: int) -> None:
+    """ONNX with dynamic batch and sequence axes (TorchScript-based exporter: SDPA becomes plain MatMul/Softmax)."""
+    axes = {name: {0: "batch", 1: "sequence"} for name in INPUTS}
+    for name in output_names(task):
+        axes[name] = {0: "batch", 1: "sequence"} if task == "squad" else {0: "batch"}
+    torch.onnx.export(module, example, str(path), input_names=list(INPUTS), output_names=list(output_names(task)),
+                      dynamic_axes=axes, opset_version=opset, dynamo=False)
+
+
+def export_torchscript(module: nn.Module, example: tuple[torch.Tensor, ...], path: Path) -> None:
+    with torch.no_grad():
+        traced = torch.jit.trace(module, example, check_trace=False)
+    traced.save(str(path))
+
+
+def runner_for(path: Path, fmt: str) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
+    """A function that runs the exported file on int64 arrays, as Triton's backend would."""
+    if fmt == "onnx":
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return lambda arrays: session.run(None, dict(zip(INPUTS, arrays)))
+    loaded = torch.jit.load(str(path))
+
+    def run(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        with torch.no_grad():
+            return [t.numpy() for t in loaded(*(torch.from_numpy(a) for a in arrays))]
+    return run
+
+
+def max_difference(module: nn.Module, run: Callable[[Sequence[np.ndarray]], list[np.ndarray]],
+                   inputs: tuple[np.ndarray, ...]) -> float:
+    """Largest |export - PyTorch| over all outputs, at the full batch and length and at a smaller batch and a
+    shorter length (which exercises the dynamic axes)."""
+    n, length = inputs[0].shape
+    shorter = max(8, int(inputs[2][: max(1, n // 2)].sum(axis=1).max()))  # still covers every real token
+    worst = 0.0
+    for rows, cols in ((slice(None), slice(None)), (slice(0, max(1, n // 2)), slice(0, min(length, shorter)))):
+        arrays = [np.ascontiguousarray(a[rows, cols]) for a in inputs]
+        with torch.no_grad():
+            expected = [t.numpy() for t in module(*(torch.from_numpy(a) for a in arrays))]
+        got = run(arrays)
+        worst = max(worst, *(float(np.abs(g - e).max()) for g, e in zip(got, expected)))
+    return worst
+
+
+def deploy(module: nn.Module, inputs: tuple[np.ndarray, ...], repository: Path, name: str, version: int, fmt: str,
+           task: str, num_labels: int, settings: TritonSettings, tolerance: float, opset: int = 17) -> tuple[Path, float]:
+    """Exports `module` (a TritonSignature in eval mode), checks it, writes the model repository entry.
+    Returns (model folder, max abs difference). Raises InputError above the tolerance, writing nothing."""
+    platform, filename = PLATFORMS[fmt]
+    model_dir = repository / name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=model_dir))
+    try:
+        example = tuple(torch.from_numpy(a[:2]) for a in inputs)
+        if fmt == "onnx":
+            export_onnx(module, example, staging / filename, task, opset)
+        else:
+            export_torchscript(module, example, staging / filename)
+        difference = max_difference(module, runner_for(staging / filename, fmt), inputs)
+        print(f"max abs difference {fmt} vs PyTorch: {difference:.3g} (tolerance {tolerance:g})")
+        if not difference <= tolerance:
+            raise InputError(f"{fmt} export differs from PyTorch by {difference:.3g} > --tolerance {tolerance:g}; "
+                             "nothing written")
+        target = model_dir / str(version)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    config = config_pbtxt(name, platform, task, num_labels, settings)
+    temporary = model_dir / ".config.pbtxt.tmp"
+    temporary.write_text(config)
+    temporary.replace(model_dir / "config.pbtxt")
+    return model_dir, difference
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--init_checkpoint", required=True, help="fine-tuned pytorch_model.bin, NVIDIA's or a HF folder")
+    p.add_argument("--config_file", help="bert_config.json (default: the checkpoint's own)")
+    p.add_argument("--vocab_file", required=True)
+    p.add_argument("--do_lower_case", action="store_true")
+    p.add_argument("--task", choices=("squad", "glue"), default="squad")
+    p.add_argument("--num_labels", type=int, default=2, help="GLUE: classes (1 for regression)")
+    p.add_argument("--predict_file", help="SQuAD JSON whose first windows check the export (default: built in)")
+    p.add_argument("--max_seq_length", type=int, default=384)
+    p.add_argument("--doc_stride", type=int, default=128)
+    p.add_argument("--max_query_length", type=int, default=64)
+    p.add_argument("--format", choices=tuple(PLATFORMS), default="onnx")
+    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--tolerance", type=float, default=1e-3, help="largest accepted |export - PyTorch|")
+    p.add_argument("--model_repository", default="triton/model_repository")
+    p.add_argument("--model_name", default="bert")
+    p.add_argument("--model_version", type=int, default=1)
+    p.add_argument("--max_batch_size", type=int, default=8)
+    p.add_argument("--dynamic_batching", action="store_true")
+    p.add_argument("--preferred_batch_sizes", type=int, nargs="*", default=[])
+    p.add_argument("--max_queue_delay_us", type=int, default=100)
+    p.add_argument("--instance_count", type=int, default=1)
+    p.add_argument("--instance_kind", choices=("KIND_GPU", "KIND_CPU"), default="KIND_GPU")
+    p.add_argument("--seed", type=int, default=42, help="initializes heads the checkpoint lacks, reproducibly")
+    args = p.parse_args(argv)
+    if args.max_batch_size < 1 or args.instance_count < 1 or args.model_version < 1:
+        raise InputError("--max_batch_size, --instance_count and --model_version must be at least 1")
+    if any(not 1 <= size <= args.max_batch_size for size in args.preferred_batch_sizes):
+        raise InputError(f"--preferred_batch_sizes must lie in 1..--max_batch_size ({args.max_batch_size})")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse_args(argv)
+    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
+    config, weights = model_config(args.config_file, args.init_checkpoint)
+    torch.manual_seed(args.seed)
+    if args.task == "squad":
+        make: Callable = BertForQuestionAnswering
+    else:
+        def make(c):
+            return BertForSequenceClassification(c, args.num_labels)
+    model = build_model(make, config, weights, args.init_checkpoint, len(tokenizer.vocab), args.max_seq_length)
+    window = squad.WindowSettings(args.max_seq_length, args.doc_stride, args.max_query_length)
+    inputs = sample_inputs(tokenizer, args.predict_file, window)
+    settings = TritonSettings(args.max_batch_size, args.dynamic_batching, tuple(args.preferred_batch_sizes),
+                              args.max_queue_delay_us, args.instance_count, args.instance_kind)
+    model_dir, _ = deploy(TritonSignature(model).eval(), inputs, Path(args.model_repository), args.model_name,
+                          args.model_version, args.format, args.task, args.num_labels, settings, args.tolerance,
+                          args.opset)
+    print(model_dir)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -81,16 +81,18 @@ class AsciiWordPiece:
         short = np.flatnonzero(lengths <= KEY_BYTES)
         padded = np.zeros(len(raw) + KEY_BYTES, np.uint8)
         padded[:len(raw)] = raw
-        windows = np.lib.stride_tricks.sliding_window_view(padded, KEY_BYTES)[:len(raw)]
-        keys = windows[starts[short]].view(np.uint64)  # [S, 2]: the 16 bytes from the word's start
+        # A little-endian uint64 starting at every byte (an unaligned view): 1-D gathers, no [S, 16] copy.
+        at = np.ndarray((len(raw) + KEY_BYTES - 7,), np.dtype("<u8"), padded, 0, (1,))
+        first_byte = starts[short]
         size = lengths[short]
-        keys[:, 0] &= _LOW_BYTES[np.minimum(size, 8)]  # zero the bytes after the word (no NUL in a word)
-        keys[:, 1] &= _LOW_BYTES[np.clip(size - 8, 0, 8)]
+        # The 16 bytes from the word's start with the bytes after the word zeroed (no NUL in a word): exact.
+        key0 = at[first_byte] & _LOW_BYTES[np.minimum(size, 8)]
+        key1 = at[first_byte + 8] & _LOW_BYTES[np.clip(size - 8, 0, 8)]
         # Words of up to 3 bytes (about half of all: "the", ",", "of") pack exactly into 21 bits and are made
         # distinct with a direct table instead of the sort.
         tiny = np.flatnonzero(size <= TINY_BYTES)
         other = np.flatnonzero(size > TINY_BYTES)
-        packed = keys[tiny, 0]
+        packed = key0[tiny]
         code = (packed & 0x7F) | ((packed >> 1) & 0x3F80) | ((packed >> 2) & 0x1FC000)
         present = np.zeros(1 << 21, bool)
         present[code] = True
@@ -100,12 +102,13 @@ class AsciiWordPiece:
         tiny_rows = lookup[code]
         tiny_first = np.empty(len(tiny_codes), np.int64)
         tiny_first[tiny_rows] = tiny
-        mixed = keys[other, 0] * _MIX + keys[other, 1]
+        mixed = key0[other] * _MIX + key1[other]
         distinct, inverse = np.unique(mixed, return_inverse=True)
         first = np.empty(len(distinct), np.int64)
         first[inverse] = other  # one word with each value (the last)
         # The mixed value is only a hash: check that every word equals the word kept for its value.
-        exact = np.array_equal(keys[first[inverse]], keys[other])
+        kept = first[inverse]
+        exact = np.array_equal(key0[kept], key0[other]) and np.array_equal(key1[kept], key1[other])
         rows = np.empty(len(starts), np.int64)
         if exact:
             rows[short[tiny]] = tiny_rows

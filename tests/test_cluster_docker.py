@@ -40,7 +40,7 @@ def pins(path: Path) -> dict[str, str]:
 
 
 def test_every_requirement_is_pinned():
-    for name in ("requirements.txt", "requirements-deploy.txt", "requirements-test.txt"):
+    for name in ("requirements.txt", "requirements-deploy.txt", "requirements-test.txt", "triton/requirements-server.txt"):
         assert pins(REPO_ROOT / name), name  # the parser above fails on anything but name==version
 
 
@@ -52,8 +52,9 @@ def test_image_is_a_versioned_ngc_pytorch_image_matching_build_sh():
 
 
 def test_image_installs_every_pin_but_torch_from_the_requirements_files(tmp_path):
-    copied = " ".join(only("COPY")[:-1]).split()[:-1]
-    assert copied == ["requirements.txt", "requirements-deploy.txt"]
+    copies = only("COPY")
+    assert copies[0].split() == ["requirements.txt", "requirements-deploy.txt", "./"]
+    assert copies[1].split() == ["triton/requirements-server.txt", "triton/"]
     [install] = [run for run in only("RUN") if "pip install" in run]
     # Run the Dockerfile's own filter on the real requirements.txt.
     sed = re.search(r"sed '([^']+)' requirements\.txt > (\S+)", install)
@@ -63,7 +64,7 @@ def test_image_installs_every_pin_but_torch_from_the_requirements_files(tmp_path
     expected = {k: v for k, v in pins(REPO_ROOT / "requirements.txt").items() if k != "torch"}
     assert pins(tmp_path / "filtered.txt") == expected  # only the image's own CUDA torch is kept
     assert f"-r {sed.group(2)}" in install and "-r requirements-deploy.txt" in install
-    assert "--no-cache-dir" in install
+    assert "--no-deps -r triton/requirements-server.txt" in install and "--no-cache-dir" in install
 
 
 def test_paths_agree_between_dockerfile_launch_sh_and_run_sub():
@@ -107,3 +108,10 @@ def test_launch_sh_passes_nvidia_arguments_and_mounts_to_docker(tmp_path):
                       f"{tmp_path / 'prep'}:/workspace/data"}
     assert args[-4:] == ["bert:test", "python", "run_squad.py", "--help"]
     assert (tmp_path / "results").is_dir()
+
+
+def test_pytriton_is_only_installed_without_dependency_resolution():
+    # nvidia-pytriton 0.7.0 declares numpy<2: resolved together with requirements.txt it would replace numpy 2.
+    for name in ("requirements.txt", "requirements-deploy.txt", "requirements-test.txt"):
+        assert "nvidia-pytriton" not in pins(REPO_ROOT / name), name
+    assert pins(REPO_ROOT / "triton" / "requirements-server.txt") == {"nvidia-pytriton": "0.7.0"}

@@ -9,6 +9,8 @@ no NUL), made unique with one numpy sort, and only the distinct words become Pyt
 """
 from __future__ import annotations
 
+from itertools import repeat
+
 import numpy as np
 from tokenizers import Tokenizer, models
 
@@ -36,10 +38,8 @@ class AsciiWordPiece:
         self._whole = {w: i for w, i in vocab_ids.items() if len(w) <= max_chars_per_word and w.isascii()}
         self._words_hf = Tokenizer(model)  # no normalizer, no pre-tokenizer: each given word is one word
         self.do_lower_case = do_lower_case
-        # The cache: word -> row of a table of pieces (row r is _flat[_starts[r]:_starts[r + 1]]).
+        # The cache: word -> row r of a table of pieces, (starts, flat): row r is flat[starts[r]:starts[r + 1]].
         self._row: dict[str, int] = {}
-        self._starts: list[int] = []
-        self._flat: list[int] = []
         self._table = (np.zeros(1, np.int64), np.zeros(0, np.int32))
 
     def encode(self, text: str) -> tuple[np.ndarray, np.ndarray]:
@@ -128,26 +128,35 @@ class AsciiWordPiece:
         return word_rows[rows], table_start, table
 
     def _pieces(self, words: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(row of each word in the cached piece table, first piece of every row int64, flat int32 piece ids).
-
-        Words not seen before go through one batched WordPiece call, vocab words directly."""
+        """(row of each word in the cached piece table, first piece of every row int64 [rows + 1], flat int32
+        piece ids). Words not seen before are added at once: vocab words directly, the others through one
+        batched WordPiece call."""
         row = self._row
         missing = [word for word in words if word not in row]
         if missing:
-            whole = self._whole
-            hard = [word for word in missing if word not in whole]  # greedy matching keeps a vocab word whole
-            pieces: dict[str, list[int]] = {}
-            if hard:
-                encoding = self._words_hf.encode(hard, is_pretokenized=True, add_special_tokens=False)
-                ids = encoding.ids
-                ends = np.cumsum(np.bincount(np.asarray(encoding.word_ids, np.int64), minlength=len(hard)))
-                for word, lo, hi in zip(hard, [0, *ends[:-1].tolist()], ends.tolist()):
-                    pieces[word] = ids[lo:hi]
-            for word in missing:
-                row[word] = len(self._starts)
-                self._starts.append(len(self._flat))
-                self._flat += pieces[word] if word in pieces else (whole[word],)
-            self._table = (np.asarray(self._starts + [len(self._flat)], np.int64), np.asarray(self._flat, np.int32))
+            # Greedy longest-match-first keeps a vocab word whole: one piece, its own id.
+            whole_id = np.fromiter(map(self._whole.get, missing, repeat(-1)), np.int64, count=len(missing))
+            hard = np.flatnonzero(whole_id < 0)
+            counts = np.ones(len(missing), np.int64)
+            hard_ids: list[int] = []
+            if hard.size:
+                encoding = self._words_hf.encode([missing[i] for i in hard.tolist()], is_pretokenized=True,
+                                                 add_special_tokens=False)
+                hard_ids = encoding.ids
+                counts[hard] = np.bincount(np.asarray(encoding.word_ids, np.int64), minlength=hard.size)
+            old_starts, old_flat = self._table
+            starts = np.empty(len(missing) + 1, np.int64)
+            starts[0] = old_starts[-1]
+            np.cumsum(counts, out=starts[1:])
+            starts[1:] += old_starts[-1]
+            flat = np.empty(int(counts.sum()), np.int32)
+            easy = whole_id >= 0
+            flat[starts[:-1][easy] - old_starts[-1]] = whole_id[easy]
+            hard_offsets = np.zeros(hard.size + 1, np.int64)
+            np.cumsum(counts[hard], out=hard_offsets[1:])
+            flat[spread(starts[:-1][hard] - old_starts[-1], hard_offsets)] = hard_ids
+            row.update(zip(missing, range(len(old_starts) - 1, len(old_starts) - 1 + len(missing))))
+            self._table = (np.concatenate((old_starts[:-1], starts)), np.concatenate((old_flat, flat)))
         return np.fromiter(map(row.__getitem__, words), np.int64, count=len(words)), *self._table
 
 

@@ -4,8 +4,9 @@ For ASCII, Google's basic tokenizer is: drop control characters, lower-case (unc
 then split runs of letters/digits from single punctuation marks. So a word is either a maximal run of
 [A-Za-z0-9] or one punctuation byte, and it can be found from byte classes alone, with no Python object per
 word. Words of up to 16 bytes are keyed by their zero-padded bytes (two uint64, exact since the cleaned text has
-no NUL), made unique with one numpy sort, and only the distinct words become Python strings and go through the
-`tokenizers` WordPiece model (once, batched; cached across calls). Longer words, rare, go through a dict.
+no NUL) and made distinct with a direct table (up to 3 bytes) or one numpy sort; only the distinct words become
+Python strings, and those not in the vocab go through the `tokenizers` WordPiece model (once, batched; cached
+across calls). Longer words, rare, go through a dict.
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ class AsciiWordPiece:
 
     def __init__(self, model: models.WordPiece, vocab_ids: dict[str, int], do_lower_case: bool,
                  max_chars_per_word: int) -> None:
-        # Vocab words that WordPiece would keep whole: no "##" prefix, not too long.
+        # Vocab words that WordPiece keeps whole when they are the whole word ("##" entries never match a word:
+        # "#" is punctuation).
         self._whole = {w: i for w, i in vocab_ids.items() if len(w) <= max_chars_per_word and w.isascii()}
         self._words_hf = Tokenizer(model)  # no normalizer, no pre-tokenizer: each given word is one word
         self.do_lower_case = do_lower_case
@@ -76,7 +78,7 @@ class AsciiWordPiece:
 
     def _word_rows(self, text: str, raw: np.ndarray, starts: np.ndarray,
                    ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For every word its row of a table of distinct words: (rows [W], pieces per row, flat piece ids)."""
+        """For every word its row of the piece table: (rows [W], first piece of every row, flat piece ids)."""
         lengths = ends - starts
         short = np.flatnonzero(lengths <= KEY_BYTES)
         padded = np.zeros(len(raw) + KEY_BYTES, np.uint8)
@@ -88,8 +90,8 @@ class AsciiWordPiece:
         # The 16 bytes from the word's start with the bytes after the word zeroed (no NUL in a word): exact.
         key0 = at[first_byte] & _LOW_BYTES[np.minimum(size, 8)]
         key1 = at[first_byte + 8] & _LOW_BYTES[np.clip(size - 8, 0, 8)]
-        # Words of up to 3 bytes (about half of all: "the", ",", "of") pack exactly into 21 bits and are made
-        # distinct with a direct table instead of the sort.
+        # Words of up to 3 bytes (many of the most frequent: "the", ",", "of") pack exactly into 21 bits and are
+        # made distinct with a direct table instead of the sort.
         tiny = np.flatnonzero(size <= TINY_BYTES)
         other = np.flatnonzero(size > TINY_BYTES)
         packed = key0[tiny]

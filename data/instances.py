@@ -65,7 +65,9 @@ def pair_spans(docs: Documents, cfg: MaskingConfig, rng: random.Random,
             while chunk_start < last:
                 # Google adds sentences until the chunk reaches target or the document ends: i is the first
                 # sentence whose end offset is at least target tokens after the chunk's start.
-                i = bisect_left(sent, sent[chunk_start] + target, chunk_start + 1, last) - 1
+                # Every sentence has a token: the answer is within target sentences (a short bisect window).
+                i = bisect_left(sent, sent[chunk_start] + target, chunk_start + 1,
+                                min(last, chunk_start + target + 1)) - 1
                 n_chunk = i - chunk_start + 1
                 a_end = chunk_start + (1 + int(uniform() * (n_chunk - 1)) if n_chunk >= 2 else 1)
                 a_lo, a_hi = sent[chunk_start], sent[a_end]
@@ -79,7 +81,8 @@ def pair_spans(docs: Documents, cfg: MaskingConfig, rng: random.Random,
                     start = r_first + int(uniform() * (r_last - r_first))
                     b_lo = sent[start]
                     # Google adds sentences until B reaches target_b: the first end offset >= b_lo+target_b.
-                    b_hi = sent[bisect_left(sent, b_lo + target_b, start + 1, r_last)]
+                    window = min(r_last, start + 1 + max(target_b, 0))
+                    b_hi = sent[bisect_left(sent, b_lo + target_b, start + 1, window)]
                     rows += (a_lo, a_hi, b_lo, b_hi, 1)
                     i = a_end - 1  # the unused sentences of the chunk start the next one
                 else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import sysconfig
 from pathlib import Path
@@ -111,8 +112,14 @@ def serve(args: argparse.Namespace) -> None:
         triton.serve()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # pytriton's serve() stops the server and its workers on KeyboardInterrupt only
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    serve(parse_args(argv))
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    serve(args)
 
 
 if __name__ == "__main__":

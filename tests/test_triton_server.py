@@ -1,0 +1,177 @@
+"""A real Triton server (pytriton's bundled tritonserver) serving the ONNX export on 127.0.0.1: SQuAD
+predictions through it equal run_squad.py's, one question through client.py equals inference.py's answer,
+oversized requests are refused, the perf client writes its CSV and PNG, and SIGTERM stops it in bounded time."""
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.test_triton_deployer import SEQ, WINDOW, deploy, make_qa_checkpoint, squad_subset
+
+pytest.importorskip("pytriton", reason="nvidia-pytriton is not installed (pip install -r requirements-deploy.txt)")
+sys.path.insert(0, str(REPO_ROOT / "triton"))
+import client  # noqa: E402
+import run_perf_client  # noqa: E402
+import run_squad_client  # noqa: E402
+import squad_answers  # noqa: E402
+from finetuning import load_tokenizer  # noqa: E402
+from inference import answer_questions, load_qa_model  # noqa: E402
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+SHORT = ["--max_seq_length", str(SEQ), "--doc_stride", "64", "--max_query_length", "32"]
+START_SECONDS, STOP_SECONDS = 240, 60
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@pytest.fixture(scope="module")
+def served(shared_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    checkpoint = make_qa_checkpoint(shared_data, root / "finetuned")
+    predict = squad_subset(shared_data, root / "predict.json", ["Super_Bowl_50", "Warsaw"], 2)
+    setup = {"checkpoint": checkpoint, "predict": predict, "vocab": shared_data / "minilm" / "vocab.txt"}
+    deploy(setup, root / "repo", "--format", "onnx")
+    http, grpc, metrics = free_ports(3)
+    log = open(root / "server.log", "w")
+    process = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "triton" / "server.py"), "--model_file", str(root / "repo/bert/1/model.onnx"),
+         "--http_port", str(http), "--grpc_port", str(grpc), "--metrics_port", str(metrics), "--max_batch_size", "8",
+         "--max_seq_length", str(SEQ)], env=ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    qa = client.TritonQA(f"127.0.0.1:{http}", "bert")
+    deadline = time.time() + START_SECONDS
+    try:
+        while True:
+            assert process.poll() is None, (root / "server.log").read_text()[-4000:]
+            assert time.time() < deadline, "server not ready in time:\n" + (root / "server.log").read_text()[-4000:]
+            try:
+                if qa.client.is_model_ready("bert"):
+                    break
+            except Exception:  # not listening yet
+                pass
+            time.sleep(1)
+        yield {**setup, "root": root, "process": process, "http": http, "grpc": grpc, "metrics": metrics}
+    finally:
+        qa.close()
+        if process.poll() is None:  # a failed test left it running: stop the group this fixture started
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        log.close()
+
+
+# 127.0.0.1, ::ffff:127.0.0.1 and ::1 as /proc/net/tcp{,6} write them (32-bit words, little-endian hex).
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses of the sockets listening on `port`, from /proc/net/tcp{,6} (no traffic sent)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def test_server_listens_on_loopback_only(served):
+    for port in (served["http"], served["grpc"], served["metrics"]):
+        addresses = listening_addresses(port)
+        assert addresses and addresses <= LOOPBACK, (port, addresses)
+
+
+def test_squad_predictions_through_triton_equal_run_squad(served, shared_data):
+    out_pt = served["root"] / "run_squad"
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "run_squad.py"), "--init_checkpoint",
+                           str(served["checkpoint"]), "--vocab_file", str(served["vocab"]), "--do_lower_case",
+                           "--predict_file", str(served["predict"]), "--output_dir", str(out_pt), "--do_predict",
+                           "--do_eval", "--skip_cache", "--disable_progress_bar", "--json-summary",
+                           str(out_pt / "log.json"), *SHORT], env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out_triton = served["root"] / "triton_client"
+    scores = run_squad_client.main(["--url", f"127.0.0.1:{served['http']}", "--predict_file", str(served["predict"]),
+                                    "--vocab_file", str(served["vocab"]), "--do_lower_case", "--output_dir",
+                                    str(out_triton), "--skip_cache", "--batch_size", "8", *SHORT])
+    expected = json.loads((out_pt / "predictions.json").read_text())
+    got = json.loads((out_triton / "predictions.json").read_text())
+    assert got == expected and sum(bool(answer) for answer in got.values()) >= len(got) // 2
+    assert (out_triton / "nbest_predictions.json").is_file()
+    final = next(json.loads(line[5:]) for line in (out_pt / "log.json").read_text().splitlines()
+                 if line.startswith("DLLL ") and json.loads(line[5:])["step"] == [])["data"]
+    assert scores["exact_match"] == pytest.approx(final["exact_match"])
+    assert scores["F1"] == pytest.approx(final["F1"])
+
+
+def test_one_question_over_grpc_gets_inference_py_answer(served):
+    tokenizer = load_tokenizer(served["vocab"], True)
+    context = json.loads(served["predict"].read_text())["data"][0]["paragraphs"][0]["context"]
+    question = "Which team won Super Bowl 50?"
+    model = load_qa_model(served["checkpoint"], None, len(tokenizer.vocab), SEQ)
+    [expected] = answer_questions(model, tokenizer, [question], context, WINDOW, squad_answers.AnswerSettings())
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "triton" / "client.py"), "--url",
+                           f"127.0.0.1:{served['grpc']}", "--protocol", "grpc", "--vocab_file", str(served["vocab"]),
+                           "--do_lower_case", "--question", question, "--context", context, *SHORT],
+                          env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout)
+    assert got["answer"] == expected["answer"] and got["answer"]
+    assert [n["text"] for n in got["nbest"]] == [n["text"] for n in expected["nbest"]]
+
+
+@pytest.mark.parametrize("rows, length", [(9, 32), (1, SEQ + 1)])
+def test_requests_beyond_the_bounds_are_refused(served, rows, length):
+    import numpy as np
+    from tritonclient.utils import InferenceServerException
+
+    qa = client.TritonQA(f"127.0.0.1:{served['http']}", "bert", timeout_s=60)
+    try:
+        with pytest.raises(InferenceServerException):
+            qa.infer([np.ones((rows, length), dtype=np.int64)] * 3)
+        start, _ = qa.infer([np.ones((2, 16), dtype=np.int64)] * 3)  # the server still answers
+        assert start.shape == (2, 16)
+    finally:
+        qa.close()
+
+
+def test_perf_client_writes_percentiles_and_throughput(served, capsys):
+    out = served["root"] / "perf"
+    rows = run_perf_client.main(["--url", f"127.0.0.1:{served['http']}", "--vocab_file", str(served["vocab"]),
+                                 "--do_lower_case", "--seq_length", str(SEQ), "--batch_sizes", "1", "4",
+                                 "--concurrency", "1", "2", "--requests", "6", "--max_seconds", "60",
+                                 "--output_dir", str(out)])
+    with open(out / "perf.csv") as f:
+        table = list(csv.DictReader(f))
+    assert [(r["batch_size"], r["concurrency"]) for r in table] == [("1", "1"), ("4", "1"), ("1", "2"), ("4", "2")]
+    for row in table:
+        assert int(row["requests"]) == 6
+        assert 0 < float(row["p50_ms"]) <= float(row["p90_ms"]) <= float(row["p99_ms"])
+        assert float(row["sequences_per_second"]) > 0
+    assert (out / "perf.png").stat().st_size > 10_000
+    print("\n" + (out / "perf.csv").read_text())
+    assert len(rows) == 4
+
+
+def test_sigterm_stops_the_server_within_the_time_bound(served):
+    process = served["process"]
+    began = time.time()
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=STOP_SECONDS)
+    print(f"server stopped {time.time() - began:.1f} s after SIGTERM")
+    time.sleep(1)
+    assert not listening_addresses(served["http"]) and not listening_addresses(served["grpc"])

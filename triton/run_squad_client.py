@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""SQuAD prediction through a Triton server: a SQuAD JSON file -> predictions.json -> exact match and F1.
+
+    python triton/run_squad_client.py --predict_file dev-v1.1.json --vocab_file vocab.txt --do_lower_case \
+        --output_dir results/triton --url 127.0.0.1:8001 --protocol grpc --model_name bert
+
+Windows, answer extraction, prediction files and scoring are run_squad.py's own (same flags and defaults), so
+for the same model the predictions equal `run_squad.py --do_predict --do_eval`'s. Prints the scores as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+import run_squad  # noqa: E402
+import squad_answers  # noqa: E402
+from client import TritonQA, add_server_arguments  # noqa: E402
+from errors import InputError, run_cli  # noqa: E402
+from finetuning import load_tokenizer  # noqa: E402
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_arguments(p)
+    p.add_argument("--predict_file", required=True, help="SQuAD JSON, e.g. dev-v1.1.json")
+    p.add_argument("--vocab_file", required=True)
+    p.add_argument("--do_lower_case", action="store_true")
+    p.add_argument("--output_dir", required=True, help="where predictions.json and nbest_predictions.json go")
+    p.add_argument("--max_seq_length", type=int, default=384)
+    p.add_argument("--doc_stride", type=int, default=128)
+    p.add_argument("--max_query_length", type=int, default=64)
+    p.add_argument("--n_best_size", type=int, default=20)
+    p.add_argument("--max_answer_length", type=int, default=30)
+    p.add_argument("--version_2_with_negative", action="store_true")
+    p.add_argument("--null_score_diff_threshold", type=float, default=0.0)
+    p.add_argument("--eval_script", help="an external evaluation script (default: the in-process official metric)")
+    p.add_argument("--skip_cache", action="store_true", help="neither read nor write the feature cache")
+    p.add_argument("--cache_dir", help="feature cache folder (default: the data file's, else --output_dir)")
+    args = p.parse_args(argv)
+    if args.batch_size < 1:
+        raise InputError("--batch_size must be at least 1")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
+    examples, features = run_squad.features_for(args, tokenizer, args.predict_file, is_training=False)
+    qa = TritonQA(args.url, args.model_name, args.protocol, args.model_version, args.timeout)
+    began = time.perf_counter()
+    try:
+        start, end = qa.logits(features, args.batch_size)
+    finally:
+        qa.close()
+    seconds = time.perf_counter() - began
+    settings = squad_answers.AnswerSettings(args.n_best_size, args.max_answer_length, args.do_lower_case,
+                                            args.version_2_with_negative, args.null_score_diff_threshold)
+    predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab, settings)
+    squad_answers.write_predictions(args.output_dir, predictions, args.version_2_with_negative)
+    scores = run_squad.evaluate(args)
+    scores.update(e2e_inference_time=seconds, inference_sequences_per_second=len(features) / seconds)
+    print(json.dumps(scores, indent=2))
+    return scores
+
+
+if __name__ == "__main__":
+    run_cli(main)

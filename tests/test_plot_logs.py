@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import matplotlib
+import matplotlib.axes
 import pytest
 
 from tests.conftest import REPO_ROOT

@@ -77,7 +77,9 @@ def make_infer(run: Callable[[Sequence[np.ndarray]], list[np.ndarray]], outputs:
         for arrays in batches:
             rows, length = arrays[0].shape
             # SQuAD's outputs are per token ([B, S]): cut back to the request's length; GLUE's [B, labels] not.
-            answers.append({f"output__{i}": r[first:first + rows, :length] if outputs == 2 else r[first:first + rows]
+            # Copies: the server sizes each output from a contiguous buffer of its own.
+            answers.append({f"output__{i}": np.ascontiguousarray(r[first:first + rows, :length] if outputs == 2
+                                                                 else r[first:first + rows])
                             for i, r in enumerate(results)})
             first += rows
         return answers

@@ -2,7 +2,9 @@
 
 Parameter names equal Hugging Face transformers' BERT names, so state dicts move between the two unchanged
 (see ../shared/docs/interfaces.md, section 3). Attention runs through `scaled_dot_product_attention`, and the
-masked-LM head runs only on the positions that are predicted.
+masked-LM head runs only on the positions that are predicted. The dense layers skip padding: they run on the
+real tokens of the batch only (attention still sees the padded layout), wherever padded positions cannot
+change a result (see `BertModel.skip_padding`).
 """
 from __future__ import annotations
 
@@ -106,6 +108,30 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(x))
 
 
+class TokenPacking:
+    """The real (attention_mask 1) tokens of a padded [B, S] batch: moves [B, S, H] <-> [T, H]."""
+
+    def __init__(self, attention_mask: Tensor) -> None:
+        self.batch, self.seq = attention_mask.shape
+        self.index = attention_mask.reshape(-1).nonzero().squeeze(1)
+
+    @classmethod
+    def of(cls, attention_mask: Optional[Tensor]) -> Optional["TokenPacking"]:
+        """None when there is nothing to skip."""
+        if attention_mask is None or attention_mask.dim() != 2:
+            return None
+        packing = cls(attention_mask)
+        return packing if packing.index.numel() < attention_mask.numel() else None
+
+    def pack(self, x: Tensor) -> Tensor:
+        return x.reshape(self.batch * self.seq, x.shape[-1]).index_select(0, self.index)
+
+    def unpack(self, x: Tensor) -> Tensor:
+        """Zeros at the padded positions."""
+        full = x.new_zeros(self.batch * self.seq, x.shape[-1]).index_copy(0, self.index, x)
+        return full.view(self.batch, self.seq, x.shape[-1])
+
+
 class BertSelfAttention(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -115,12 +141,16 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_prob = config.attention_probs_dropout_prob
 
-    def forward(self, x: Tensor, attention_bias: Optional[Tensor]) -> Tensor:
-        batch, seq, hidden = x.shape
+    def forward(self, x: Tensor, attention_bias: Optional[Tensor], packing: Optional[TokenPacking] = None) -> Tensor:
+        hidden = x.shape[-1]
         # One GEMM for Q, K and V; the weights stay separate parameters so names and LAMB trust ratios match.
         weight = torch.cat((self.query.weight, self.key.weight, self.value.weight))
         bias = torch.cat((self.query.bias, self.key.bias, self.value.bias))
-        qkv = F.linear(x, weight, bias).view(batch, seq, 3, self.num_heads, hidden // self.num_heads)
+        qkv = F.linear(x, weight, bias)
+        if packing is not None:
+            qkv = packing.unpack(qkv)  # attention needs the [B, S] layout; padded rows are zeros
+        batch, seq = qkv.shape[:2]
+        qkv = qkv.view(batch, seq, 3, self.num_heads, hidden // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [batch, heads, seq, head_dim]
         if self.training and torch.is_grad_enabled() and x.device.type == "cpu":
             # On CPUs SDPA's backward (and its dropout) is about 2.5x slower than these explicit steps.
@@ -133,7 +163,8 @@ class BertSelfAttention(nn.Module):
             context = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attention_bias, dropout_p=self.dropout_prob if self.training else 0.0
             )
-        return context.transpose(1, 2).reshape(batch, seq, hidden)
+        context = context.transpose(1, 2).reshape(batch, seq, hidden)
+        return packing.pack(context) if packing is not None else context
 
 
 class BertResidualOutput(nn.Module):
@@ -155,8 +186,8 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertResidualOutput(config, config.hidden_size)
 
-    def forward(self, x: Tensor, attention_bias: Optional[Tensor]) -> Tensor:
-        return self.output(self.self(x, attention_bias), x)
+    def forward(self, x: Tensor, attention_bias: Optional[Tensor], packing: Optional[TokenPacking] = None) -> Tensor:
+        return self.output(self.self(x, attention_bias, packing), x)
 
 
 class BertIntermediate(nn.Module):
@@ -176,8 +207,8 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertResidualOutput(config, config.intermediate_size)
 
-    def forward(self, x: Tensor, attention_bias: Optional[Tensor]) -> Tensor:
-        x = self.attention(x, attention_bias)
+    def forward(self, x: Tensor, attention_bias: Optional[Tensor], packing: Optional[TokenPacking] = None) -> Tensor:
+        x = self.attention(x, attention_bias, packing)
         return self.output(self.intermediate(x), x)
 
 
@@ -187,13 +218,14 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.checkpoint_activations = False
 
-    def forward(self, x: Tensor, attention_bias: Optional[Tensor]) -> Tensor:
+    def forward(self, x: Tensor, attention_bias: Optional[Tensor], packing: Optional[TokenPacking] = None) -> Tensor:
+        """x: [B, S, H], or the packed [T, H] real tokens when `packing` is given."""
         for layer in self.layer:
             if self.checkpoint_activations and self.training and torch.is_grad_enabled():
                 # Recompute each layer in backward: memory of one layer's activations instead of all of them.
-                x = checkpoint(layer, x, attention_bias, use_reentrant=False)
+                x = checkpoint(layer, x, attention_bias, packing, use_reentrant=False)
             else:
-                x = layer(x, attention_bias)
+                x = layer(x, attention_bias, packing)
         return x
 
 
@@ -217,7 +249,13 @@ def attention_bias_from_mask(attention_mask: Optional[Tensor], dtype: torch.dtyp
 
 class BertModel(nn.Module):
     """The encoder. forward(input_ids [B, S] long, token_type_ids [B, S], attention_mask [B, S] 1/0)
-    returns (sequence_output [B, S, H], pooled_output [B, H] or None)."""
+    returns (sequence_output [B, S, H], pooled_output [B, H] or None).
+
+    With `skip_padding` (the default) and a padded batch, every layer's dense parts run on the real tokens only
+    and sequence_output is 0 at padded positions; real positions are unchanged (padded keys are masked out of
+    attention either way). Callers that need the padded positions computed as a dense BERT does (the SQuAD loss
+    takes its softmax over them) pass keep_padded_positions=True. Set skip_padding False for graph export.
+    """
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
         super().__init__()
@@ -225,19 +263,26 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.skip_padding = True
 
     def forward(
         self,
         input_ids: Tensor,
         token_type_ids: Optional[Tensor] = None,
         attention_mask: Optional[Tensor] = None,
+        keep_padded_positions: bool = False,
     ) -> tuple[Tensor, Optional[Tensor]]:
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         x = self.embeddings(input_ids, token_type_ids)
         # Under autocast the attention scores are in the autocast dtype; the bias must match it.
         compute_dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        x = self.encoder(x, attention_bias_from_mask(attention_mask, compute_dtype))
+        attention_bias = attention_bias_from_mask(attention_mask, compute_dtype)
+        packing = TokenPacking.of(attention_mask) if self.skip_padding and not keep_padded_positions else None
+        if packing is None:
+            x = self.encoder(x, attention_bias)
+        else:
+            x = packing.unpack(self.encoder(packing.pack(x), attention_bias, packing))
         pooled = self.pooler(x) if self.pooler is not None else None
         return x, pooled
 
@@ -369,7 +414,10 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         start_positions: Optional[Tensor] = None,
         end_positions: Optional[Tensor] = None,
     ) -> tuple[Optional[Tensor], Tensor, Tensor]:
-        sequence_output, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        # The loss's softmax runs over every position, padded ones included, as in Google's and NVIDIA's code.
+        needs_padding = start_positions is not None
+        sequence_output, _ = self.bert(input_ids, token_type_ids, attention_mask,
+                                       keep_padded_positions=needs_padding)
         start_logits, end_logits = self.qa_outputs(sequence_output).float().unbind(-1)
         loss = None
         if start_positions is not None and end_positions is not None:

@@ -1,11 +1,19 @@
 """model.py and model_weights.py against Hugging Face transformers, the independent reference."""
+import copy
 import json
 
 import pytest
 import torch
 import transformers
 
-from model import BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertModel
+from model import (
+    BertConfig,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertModel,
+    TokenPacking,
+)
 from model_weights import (
     WeightsError,
     export_huggingface,
@@ -119,7 +127,8 @@ def test_predicts_every_position_without_labels(pair):
         out = ours(input_ids, token_type_ids, attention_mask)
         ref = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
     assert out.loss is None
-    assert_close(out.prediction_logits, ref.prediction_logits)
+    real = attention_mask.bool()  # padded positions are skipped (BertModel.skip_padding)
+    assert_close(out.prediction_logits[real], ref.prediction_logits[real])
 
 
 def test_decoder_is_tied_to_word_embeddings():
@@ -181,9 +190,42 @@ def test_question_answering_equals_transformers():
         loss, start_logits, end_logits = ours(input_ids, token_type_ids, attention_mask, start, end)
         ref = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
                      start_positions=start, end_positions=end)
-    assert_close(start_logits, ref.start_logits)
+    assert_close(start_logits, ref.start_logits)  # with positions every position is computed, as the loss needs
     assert_close(end_logits, ref.end_logits)
     assert_close(loss, ref.loss)
+    with torch.no_grad():  # prediction skips padding: the real positions are unchanged
+        _, start_only, end_only = ours(input_ids, token_type_ids, attention_mask)
+    real = attention_mask.bool()
+    assert_close(start_only[real], ref.start_logits[real])
+    assert_close(end_only[real], ref.end_logits[real])
+    assert not torch.equal(start_only, start_logits)  # the padded positions really were skipped
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_skipping_padding_changes_no_real_position_nor_gradient(mode):
+    """Packed (real tokens only) and dense encoders: same outputs at real positions, padded ones zero, same
+    gradients; a batch without padding takes the dense path."""
+    torch.manual_seed(0)
+    packed = BertForPreTraining(BertConfig(**TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    dense = copy.deepcopy(packed)
+    dense.bert.skip_padding = False
+    batch = make_batch(packed.config, seed=3)
+    input_ids, token_type_ids, attention_mask, labels, nsp = batch
+    results = []
+    for model in (packed, dense):
+        model.train(mode == "train")
+        hidden, _ = model.bert(input_ids, token_type_ids, attention_mask)
+        loss = model(input_ids, token_type_ids, attention_mask, masked_lm_labels=labels, next_sentence_labels=nsp).loss
+        loss.backward()
+        results.append((hidden, loss, {n: p.grad for n, p in model.named_parameters()}))
+    real = attention_mask.bool()
+    assert_close(results[0][0][real], results[1][0][real])
+    assert torch.count_nonzero(results[0][0][~real]) == 0 and torch.count_nonzero(results[1][0][~real]) > 0
+    assert_close(results[0][1], results[1][1])
+    for name, grad in results[0][2].items():
+        assert_close(grad, results[1][2][name])
+    assert TokenPacking.of(torch.ones_like(attention_mask)) is None
+    assert TokenPacking.of(attention_mask).index.numel() == int(attention_mask.sum())
 
 
 @pytest.mark.parametrize("num_labels", [1, 3])

@@ -27,14 +27,15 @@ import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import squad  # noqa: E402
 from errors import InputError, run_cli  # noqa: E402
 from finetuning import build_model, load_tokenizer, model_config  # noqa: E402
 from model import BertForQuestionAnswering, BertForSequenceClassification  # noqa: E402
+from runtime import INPUTS, runner_for  # noqa: E402
 
-INPUTS = ("input__0", "input__1", "input__2")  # token ids, segment ids, attention mask
 PLATFORMS = {"onnx": ("onnxruntime_onnx", "model.onnx"), "torchscript": ("pytorch_libtorch", "model.pt")}
 SAMPLE_QUESTIONS = ("Where do the gentry of the county visit?", "Who came to the house that morning?")
 SAMPLE_CONTEXT = (
@@ -65,6 +66,7 @@ class TritonSignature(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        model.bert.skip_padding = False  # one static dense graph, whatever padding the tracing example has
 
     def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, input_mask: torch.Tensor):
         outputs = self.model(input_ids, segment_ids, input_mask)
@@ -122,21 +124,6 @@ def export_torchscript(module: nn.Module, example: tuple[torch.Tensor, ...], pat
     with torch.no_grad():
         traced = torch.jit.trace(module, example, check_trace=False)
     traced.save(str(path))
-
-
-def runner_for(path: Path, fmt: str) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
-    """A function that runs the exported file on int64 arrays, as Triton's backend would."""
-    if fmt == "onnx":
-        import onnxruntime
-
-        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        return lambda arrays: session.run(None, dict(zip(INPUTS, arrays)))
-    loaded = torch.jit.load(str(path))
-
-    def run(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        with torch.no_grad():
-            return [t.numpy() for t in loaded(*(torch.from_numpy(a) for a in arrays))]
-    return run
 
 
 def max_difference(module: nn.Module, run: Callable[[Sequence[np.ndarray]], list[np.ndarray]],

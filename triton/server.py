@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Serves an exported BERT (deployer.py's model.onnx or model.pt) from a real Triton server on a CPU machine.
 
-    python triton/server.py --model_file triton/model_repository/bert/1/model.onnx --model_name bert \
-        --http_port 8000 --grpc_port 8001 --metrics_port 8002
+    bash triton/setup_server_env.sh    # once: .venv-triton with triton/requirements-server.txt
+    .venv-triton/bin/python triton/server.py --model_file triton/model_repository/bert/1/model.onnx \
+        --model_name bert --http_port 8000 --grpc_port 8001 --metrics_port 8002
 
 PyPI's nvidia-pytriton starts the Triton Inference Server it bundles (Python backend) and binds a Python
-function that runs the model with ONNX Runtime (model.onnx) or TorchScript (model.pt). The tensors are those of
-deployer.py's config.pbtxt (input__0..2 int64 [batch, seq]; output__0..1 float32), so the same clients work
-against a GPU Triton serving the model repository. Listens on 127.0.0.1 only unless --address says otherwise;
-requests hold at most --max_batch_size rows (Triton refuses more) of at most --max_seq_length tokens.
-Stops on SIGINT or SIGTERM.
+function that runs the model with ONNX Runtime (model.onnx) or TorchScript (model.pt). It runs in its own
+environment with NumPy 1: the bundled backend's stub cannot return outputs under NumPy 2 (refused at start).
+The tensors are those of deployer.py's config.pbtxt (input__0..2 int64 [batch, seq]; output__0..1 float32),
+so the same clients work against a GPU Triton serving the model repository. Listens on 127.0.0.1 only unless
+--address says otherwise; requests hold at most --max_batch_size rows (Triton refuses more) of at most
+--max_seq_length tokens. Stops on SIGINT or SIGTERM.
 """
 from __future__ import annotations
 
@@ -26,8 +28,17 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
-from deployer import INPUTS, runner_for  # noqa: E402
 from errors import InputError, run_cli  # noqa: E402
+from runtime import INPUTS, runner_for  # noqa: E402
+
+
+def require_numpy_1() -> None:
+    """pytriton 0.7.0's bundled Python backend stub reads NumPy 1's array descriptors: under NumPy 2 every
+    output it returns is empty, so the server would answer every request wrongly. Refused up front."""
+    if int(np.__version__.split(".")[0]) >= 2:
+        raise InputError(f"NumPy {np.__version__} in {sys.executable}: pytriton 0.7.0's bundled Python backend "
+                         "cannot return outputs under NumPy 2; run the server with .venv-triton/bin/python "
+                         "(created by `bash triton/setup_server_env.sh`)")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -120,6 +131,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
+    require_numpy_1()
     signal.signal(signal.SIGTERM, _interrupt)
     serve(args)
 

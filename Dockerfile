@@ -8,12 +8,12 @@ ENV BERT_PREP_WORKING_DIR=/workspace/data \
 WORKDIR /workspace/bert
 
 # Requirements first so that code changes reuse this layer. The image's torch stays: requirements.txt pins the
-# PyPI build, which would replace the image's CUDA one; pytriton comes without its numpy<2 bound.
+# PyPI build, which would replace the image's CUDA one. The CPU Triton server (pytriton, numpy<2, its own
+# environment from triton/requirements-server.txt) is not installed: on GPU machines, serve deployer.py's model
+# repository with NVIDIA's tritonserver container (nvcr.io/nvidia/tritonserver) instead.
 COPY requirements.txt requirements-deploy.txt ./
-COPY triton/requirements-server.txt triton/
 RUN sed '/^torch==/d' requirements.txt > /tmp/requirements-image.txt \
     && pip install --no-cache-dir -r /tmp/requirements-image.txt -r requirements-deploy.txt \
-    && pip install --no-cache-dir --no-deps -r triton/requirements-server.txt \
     && rm /tmp/requirements-image.txt
 
 COPY . .

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.test_shell_scripts import shell_scripts
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 
@@ -53,8 +54,7 @@ def test_image_is_a_versioned_ngc_pytorch_image_matching_build_sh():
 
 def test_image_installs_every_pin_but_torch_from_the_requirements_files(tmp_path):
     copies = only("COPY")
-    assert copies[0].split() == ["requirements.txt", "requirements-deploy.txt", "./"]
-    assert copies[1].split() == ["triton/requirements-server.txt", "triton/"]
+    assert [copy.split() for copy in copies] == [["requirements.txt", "requirements-deploy.txt", "./"], [".", "."]]
     [install] = [run for run in only("RUN") if "pip install" in run]
     # Run the Dockerfile's own filter on the real requirements.txt.
     sed = re.search(r"sed '([^']+)' requirements\.txt > (\S+)", install)
@@ -63,8 +63,8 @@ def test_image_installs_every_pin_but_torch_from_the_requirements_files(tmp_path
     (tmp_path / "filtered.txt").write_text(filtered)
     expected = {k: v for k, v in pins(REPO_ROOT / "requirements.txt").items() if k != "torch"}
     assert pins(tmp_path / "filtered.txt") == expected  # only the image's own CUDA torch is kept
-    assert f"-r {sed.group(2)}" in install and "-r requirements-deploy.txt" in install
-    assert "--no-deps -r triton/requirements-server.txt" in install and "--no-cache-dir" in install
+    assert f"-r {sed.group(2)}" in install and "-r requirements-deploy.txt" in install and "--no-cache-dir" in install
+    assert "--no-deps" not in install  # every requirement is installed with its dependencies resolved
 
 
 def test_paths_agree_between_dockerfile_launch_sh_and_run_sub():
@@ -79,7 +79,7 @@ def test_paths_agree_between_dockerfile_launch_sh_and_run_sub():
 
 def test_dockerignore_keeps_the_code_and_drops_local_state():
     ignored = (REPO_ROOT / ".dockerignore").read_text().split()
-    assert {".git", ".venv", "results"} <= set(ignored)
+    assert {".git", ".venv", ".venv-triton", "results"} <= set(ignored)
     assert "data" not in ignored  # data/ holds the data-preparation code
 
 
@@ -110,8 +110,50 @@ def test_launch_sh_passes_nvidia_arguments_and_mounts_to_docker(tmp_path):
     assert (tmp_path / "results").is_dir()
 
 
-def test_pytriton_is_only_installed_without_dependency_resolution():
-    # nvidia-pytriton 0.7.0 declares numpy<2: resolved together with requirements.txt it would replace numpy 2.
-    for name in ("requirements.txt", "requirements-deploy.txt", "requirements-test.txt"):
+def ensure_venv_calls() -> list[tuple[str, str, str]]:
+    """(script, requirements file, environment) of every `ensure_venv REQUIREMENTS [VENV_DIR]` in the scripts."""
+    calls = []
+    for script in shell_scripts():
+        for line in (REPO_ROOT / script).read_text().splitlines():
+            call = re.match(r"\s*ensure_venv\s+(\S+)(?:\s+(\S+))?\s*(?:#.*)?$", line)
+            if call:
+                calls.append((script, call.group(1), call.group(2) or ".venv"))
+    return calls
+
+
+def included_files(path: Path) -> set[Path]:
+    """The requirements file and those it includes (-r/-c), recursively."""
+    found = {path.resolve()}
+    for line in path.read_text().splitlines():
+        include = re.match(r"\s*(?:-r|-c|--requirement|--constraint)[\s=]*(\S+)", line)
+        if include:
+            found |= included_files(path.parent / include.group(1))
+    return found
+
+
+def test_pytriton_lives_only_in_the_server_environment():
+    # nvidia-pytriton 0.7.0 declares numpy<2, and its bundled Python backend returns empty outputs under NumPy 2:
+    # it has its own environment (.venv-triton) pinning numpy 1, never resolved together with requirements.txt.
+    server = REPO_ROOT / "triton" / "requirements-server.txt"
+    server_pins = pins(server)
+    assert server_pins["nvidia-pytriton"] == "0.7.0" and int(server_pins["numpy"].split(".")[0]) < 2
+    assert int(pins(REPO_ROOT / "requirements.txt")["numpy"].split(".")[0]) >= 2
+    assert included_files(server) == {server.resolve()}  # self-contained: pulls in no numpy 2 pin
+    main_files = ("requirements.txt", "requirements-deploy.txt", "requirements-test.txt")
+    for name in main_files:
+        assert server.resolve() not in included_files(REPO_ROOT / name), name
         assert "nvidia-pytriton" not in pins(REPO_ROOT / name), name
-    assert pins(REPO_ROOT / "triton" / "requirements-server.txt") == {"nvidia-pytriton": "0.7.0"}
+    # Packages both environments pin are the same versions, numpy aside (the server runs what deployer.py checked).
+    main_pins = {k: v for name in main_files for k, v in pins(REPO_ROOT / name).items()}
+    shared = (set(main_pins) & set(server_pins)) - {"numpy"}
+    assert {"onnxruntime", "torch", "tritonclient"} <= shared
+    assert {k: main_pins[k] for k in shared} == {k: server_pins[k] for k in shared}
+    # Installed only into .venv-triton: by the scripts (test.sh too, so CI runs the server test), never by the image.
+    calls = ensure_venv_calls()
+    assert ("scripts/test.sh", "requirements-test.txt", ".venv") in calls
+    assert {(script, venv) for script, requirements, venv in calls if requirements == "triton/requirements-server.txt"
+            } == {("scripts/test.sh", ".venv-triton"), ("triton/setup_server_env.sh", ".venv-triton")}
+    for script, requirements, venv in calls:
+        files = included_files(REPO_ROOT / requirements)
+        assert (server.resolve() in files) == (venv == ".venv-triton"), (script, requirements, venv)
+    assert not [rest for _, rest in instructions() if "requirements-server" in rest or "pytriton" in rest]

@@ -27,8 +27,9 @@ def shell_scripts() -> list[str]:
 
 def test_the_repository_has_the_expected_scripts():
     scripts = shell_scripts()
-    assert {"run.sub", "scripts/run_pretraining.sh", "scripts/docker/launch.sh", "scripts/docker/build.sh"} <= set(
-        scripts)
+    assert {"run.sub", "scripts/run_pretraining.sh", "scripts/docker/launch.sh", "scripts/docker/build.sh",
+            "scripts/ensure_venv.sh", "scripts/test.sh", "triton/setup_server_env.sh"} <= set(scripts)
+    assert not [name for name in scripts if name.startswith((".venv/", ".venv-triton/"))]  # ignored by git
 
 
 @pytest.mark.parametrize("script", shell_scripts())

@@ -1,6 +1,8 @@
-"""A real Triton server (pytriton's bundled tritonserver) serving the ONNX export on 127.0.0.1: SQuAD
-predictions through it equal run_squad.py's, one question through client.py equals inference.py's answer,
-oversized requests are refused, the perf client writes its CSV and PNG, and SIGTERM stops it in bounded time."""
+"""A real Triton server (pytriton's bundled tritonserver) serving the ONNX export on 127.0.0.1, run by
+.venv-triton's interpreter (numpy 1; scripts/test.sh makes it) while the clients run here: SQuAD predictions
+through it equal run_squad.py's, one question through client.py equals inference.py's answer, oversized requests
+are refused, the perf client writes its CSV and PNG, and SIGTERM stops it in bounded time. Under NumPy 2 (this
+environment) server.py refuses to start."""
 import csv
 import json
 import os
@@ -16,7 +18,6 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.test_triton_deployer import SEQ, WINDOW, deploy, make_qa_checkpoint, squad_subset
 
-pytest.importorskip("pytriton", reason="nvidia-pytriton is not installed (pip install -r requirements-deploy.txt)")
 sys.path.insert(0, str(REPO_ROOT / "triton"))
 import client  # noqa: E402
 import run_perf_client  # noqa: E402
@@ -24,8 +25,12 @@ import run_squad_client  # noqa: E402
 import squad_answers  # noqa: E402
 from finetuning import load_tokenizer  # noqa: E402
 from inference import answer_questions, load_qa_model  # noqa: E402
+from metric_logger import read_log  # noqa: E402
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+SERVER = REPO_ROOT / "triton" / "server.py"
+SERVER_PYTHON = REPO_ROOT / ".venv-triton" / "bin" / "python"  # bash triton/setup_server_env.sh
+SERVER_ENV = {k: v for k, v in ENV.items() if k != "PYTHONPATH"}  # its own environment, nothing of this one
 SHORT = ["--max_seq_length", str(SEQ), "--doc_stride", "64", "--max_query_length", "32"]
 START_SECONDS, STOP_SECONDS = 240, 60
 
@@ -40,8 +45,30 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def test_server_refuses_to_start_under_numpy_2(tmp_path):
+    import numpy as np
+
+    if int(np.__version__.split(".")[0]) < 2:
+        pytest.skip(f"this environment has NumPy {np.__version__}: the refusal concerns NumPy 2")
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"never read: the server refuses before loading it")
+    http, grpc, metrics = free_ports(3)
+    began = time.time()
+    done = subprocess.run([sys.executable, str(SERVER), "--model_file", str(model), "--http_port", str(http),
+                           "--grpc_port", str(grpc), "--metrics_port", str(metrics)],
+                          env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    [line] = done.stderr.splitlines()
+    assert line.startswith("error: NumPy 2") and "pytriton 0.7.0's bundled Python backend" in line, line
+    assert ".venv-triton/bin/python" in line and "bash triton/setup_server_env.sh" in line, line
+    assert done.stdout == "" and time.time() - began < 60 and not listening_addresses(http)
+
+
 @pytest.fixture(scope="module")
 def served(shared_data, tmp_path_factory):
+    if not SERVER_PYTHON.is_file():
+        pytest.skip(f"{SERVER_PYTHON} does not exist: `bash triton/setup_server_env.sh` (or scripts/test.sh) "
+                    "creates the server's environment")
     root = tmp_path_factory.mktemp("serve")
     checkpoint = make_qa_checkpoint(shared_data, root / "finetuned")
     predict = squad_subset(shared_data, root / "predict.json", ["Super_Bowl_50", "Warsaw"], 2)
@@ -50,9 +77,9 @@ def served(shared_data, tmp_path_factory):
     http, grpc, metrics = free_ports(3)
     log = open(root / "server.log", "w")
     process = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "triton" / "server.py"), "--model_file", str(root / "repo/bert/1/model.onnx"),
+        [str(SERVER_PYTHON), str(SERVER), "--model_file", str(root / "repo/bert/1/model.onnx"),
          "--http_port", str(http), "--grpc_port", str(grpc), "--metrics_port", str(metrics), "--max_batch_size", "8",
-         "--max_seq_length", str(SEQ)], env=ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+         "--max_seq_length", str(SEQ)], env=SERVER_ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     qa = client.TritonQA(f"127.0.0.1:{http}", "bert")
     deadline = time.time() + START_SECONDS
     try:
@@ -112,8 +139,7 @@ def test_squad_predictions_through_triton_equal_run_squad(served, shared_data):
     got = json.loads((out_triton / "predictions.json").read_text())
     assert got == expected and sum(bool(answer) for answer in got.values()) >= len(got) // 2
     assert (out_triton / "nbest_predictions.json").is_file()
-    final = next(json.loads(line[5:]) for line in (out_pt / "log.json").read_text().splitlines()
-                 if line.startswith("DLLL ") and json.loads(line[5:])["step"] == [])["data"]
+    final = next(r for r in read_log(out_pt / "log.json") if r["type"] == "LOG" and r["step"] == [])["data"]
     assert scores["exact_match"] == pytest.approx(final["exact_match"])
     assert scores["F1"] == pytest.approx(final["F1"])
 

@@ -109,7 +109,8 @@ class BertEmbeddings(nn.Module):
 
 
 class TokenPacking:
-    """The real (attention_mask 1) tokens of a padded [B, S] batch: moves [B, S, H] <-> [T, H]."""
+    """The real (attention_mask 1) tokens of a padded [B, S] batch: moves [B, S, H] <-> [T, H]. `seq` is S
+    without the trailing columns that are padding in every row (attention runs on [B, seq] only)."""
 
     def __init__(self, attention_mask: Tensor) -> None:
         self.batch, self.seq = attention_mask.shape
@@ -117,10 +118,13 @@ class TokenPacking:
 
     @classmethod
     def of(cls, attention_mask: Optional[Tensor]) -> Optional["TokenPacking"]:
-        """None when there is nothing to skip."""
+        """None when there is nothing to skip (or no token at all)."""
         if attention_mask is None or attention_mask.dim() != 2:
             return None
-        packing = cls(attention_mask)
+        occupied = attention_mask.any(0).nonzero()
+        if occupied.numel() == 0:
+            return None
+        packing = cls(attention_mask[:, : int(occupied[-1]) + 1])
         return packing if packing.index.numel() < attention_mask.numel() else None
 
     def pack(self, x: Tensor) -> Tensor:
@@ -140,13 +144,28 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_prob = config.attention_probs_dropout_prob
+        self._fused_cache: Optional[tuple[Any, Tensor, Tensor]] = None
+
+    def fused_qkv(self, device_type: str) -> tuple[Tensor, Tensor]:
+        """Q, K and V weights (and biases) stacked for one GEMM; the weights stay separate parameters so names
+        and LAMB trust ratios match. Without autograd the stack (cast to the autocast dtype) is kept until a
+        parameter changes, so inference does not rebuild it on every call."""
+        params = (self.query.weight, self.key.weight, self.value.weight, self.query.bias, self.key.bias,
+                  self.value.bias)
+        if torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return torch.cat(params[:3]), torch.cat(params[3:])
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+        key = (dtype, tuple((p.data_ptr(), p._version) for p in params))
+        if self._fused_cache is None or self._fused_cache[0] != key:
+            weight, bias = torch.cat(params[:3]), torch.cat(params[3:])
+            if dtype is not None:
+                weight, bias = weight.to(dtype), bias.to(dtype)
+            self._fused_cache = (key, weight, bias)
+        return self._fused_cache[1], self._fused_cache[2]
 
     def forward(self, x: Tensor, attention_bias: Optional[Tensor], packing: Optional[TokenPacking] = None) -> Tensor:
         hidden = x.shape[-1]
-        # One GEMM for Q, K and V; the weights stay separate parameters so names and LAMB trust ratios match.
-        weight = torch.cat((self.query.weight, self.key.weight, self.value.weight))
-        bias = torch.cat((self.query.bias, self.key.bias, self.value.bias))
-        qkv = F.linear(x, weight, bias)
+        qkv = F.linear(x, *self.fused_qkv(x.device.type))
         if packing is not None:
             qkv = packing.unpack(qkv)  # attention needs the [B, S] layout; padded rows are zeros
         batch, seq = qkv.shape[:2]
@@ -277,12 +296,14 @@ class BertModel(nn.Module):
         x = self.embeddings(input_ids, token_type_ids)
         # Under autocast the attention scores are in the autocast dtype; the bias must match it.
         compute_dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        attention_bias = attention_bias_from_mask(attention_mask, compute_dtype)
         packing = TokenPacking.of(attention_mask) if self.skip_padding and not keep_padded_positions else None
         if packing is None:
-            x = self.encoder(x, attention_bias)
+            x = self.encoder(x, attention_bias_from_mask(attention_mask, compute_dtype))
         else:
-            x = packing.unpack(self.encoder(packing.pack(x), attention_bias, packing))
+            full_length, seq = x.shape[1], packing.seq
+            attention_bias = attention_bias_from_mask(attention_mask[:, :seq], compute_dtype)
+            x = packing.unpack(self.encoder(packing.pack(x[:, :seq]), attention_bias, packing))
+            x = F.pad(x, (0, 0, 0, full_length - seq))
         pooled = self.pooler(x) if self.pooler is not None else None
         return x, pooled
 

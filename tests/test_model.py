@@ -202,15 +202,15 @@ def test_question_answering_equals_transformers():
 
 
 @pytest.mark.parametrize("mode", ["eval", "train"])
-def test_skipping_padding_changes_no_real_position_nor_gradient(mode):
+@pytest.mark.parametrize("rows", [[0, 1, 2], [1, 2]])  # without row 0 every row ends in padding (trimmed)
+def test_skipping_padding_changes_no_real_position_nor_gradient(mode, rows):
     """Packed (real tokens only) and dense encoders: same outputs at real positions, padded ones zero, same
     gradients; a batch without padding takes the dense path."""
     torch.manual_seed(0)
     packed = BertForPreTraining(BertConfig(**TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
     dense = copy.deepcopy(packed)
     dense.bert.skip_padding = False
-    batch = make_batch(packed.config, seed=3)
-    input_ids, token_type_ids, attention_mask, labels, nsp = batch
+    input_ids, token_type_ids, attention_mask, labels, nsp = (t[rows] for t in make_batch(packed.config, seed=3))
     results = []
     for model in (packed, dense):
         model.train(mode == "train")
@@ -225,7 +225,10 @@ def test_skipping_padding_changes_no_real_position_nor_gradient(mode):
     for name, grad in results[0][2].items():
         assert_close(grad, results[1][2][name])
     assert TokenPacking.of(torch.ones_like(attention_mask)) is None
-    assert TokenPacking.of(attention_mask).index.numel() == int(attention_mask.sum())
+    assert TokenPacking.of(torch.zeros_like(attention_mask)) is None
+    packing = TokenPacking.of(attention_mask)
+    assert packing.index.numel() == int(attention_mask.sum())
+    assert packing.seq == int(attention_mask.sum(1).max())  # trailing all-padding columns are not attended
 
 
 @pytest.mark.parametrize("num_labels", [1, 3])
@@ -362,3 +365,18 @@ def test_pickled_objects_are_never_unpickled(tmp_path):
     torch.save({"model": {"w": torch.zeros(1)}, "loader": Payload()}, path, pickle_module=pickle)
     with pytest.raises(WeightsError, match="weights-only"):
         read_weights(path)
+
+
+def test_inference_rebuilds_the_stacked_qkv_weights_when_a_parameter_changes(pair):
+    ours, theirs = pair
+    input_ids, token_type_ids, attention_mask, _, _ = make_batch(ours.config)
+    real = attention_mask.bool()
+    for autocast in (False, True):
+        for _ in range(2):
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                hidden, _ = ours.bert(input_ids, token_type_ids, attention_mask)
+                ref = theirs.bert(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+            assert_close(hidden[real].float(), ref.last_hidden_state[real].float(), 2e-2 if autocast else TOL)
+            with torch.no_grad():  # as an optimizer step would: in place, on both models
+                ours.bert.encoder.layer[0].attention.self.key.weight.mul_(1.5)
+                theirs.bert.encoder.layer[0].attention.self.key.weight.mul_(1.5)

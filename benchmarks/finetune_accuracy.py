@@ -49,7 +49,8 @@ def glue_task(task: str, data: Path, model: Path, out: Path, extra: list[str]) -
     results = json.loads((out / "results.json").read_text())
     scores = ", ".join(f"{m.removeprefix('eval_')} {100 * results[m]:.2f}" for m in metrics)
     settings = " ".join(flags[i].removeprefix("--") + "=" + flags[i + 1] for i in range(0, len(flags), 2))
-    return {"task": task, "scores": scores, "settings": f"seq 128, batch 32, {settings}", "minutes": minutes}
+    return {"task": task, "scores": scores, "settings": " ".join([f"seq 128, batch 32, {settings}", *extra]),
+            "minutes": minutes}
 
 
 def squad_split(dev_file: Path, out: Path, train_articles: int = 40) -> tuple[Path, Path]:
@@ -75,7 +76,7 @@ def squad_task(data: Path, model: Path, out: Path, extra: list[str]) -> dict:
              if line.startswith("DLLL ")][-1]["data"]
     settings = " ".join(flags[i].removeprefix("--") + "=" + flags[i + 1] for i in range(0, len(flags), 2))
     return {"task": "squad-v1.1 (dev 40/8 articles)", "scores": f"EM {final['exact_match']:.2f}, F1 {final['F1']:.2f}",
-            "settings": f"batch 32, {settings}", "minutes": minutes}
+            "settings": " ".join([f"batch 32, {settings}", *extra]), "minutes": minutes}
 
 
 def main() -> None:

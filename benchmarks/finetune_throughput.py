@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """SQuAD-shaped fine-tuning and inference throughput: our BertForQuestionAnswering against transformers'.
 
-Both run in this process on the same batch (seq 384 windows, some padded), the same precision and the same
-optimizer (AdamW): a training step is forward, backward and optimizer step; inference is a no-grad forward in
-eval mode. Reported: sequences per second (median step time) and our speed-up over the peer.
+Both run in this process on the same batches, the same precision and the same optimizer (AdamW): a training
+step is forward, backward and optimizer step; inference is a no-grad forward in eval mode. Reported: sequences
+per second over all timed steps and our speed-up over the peer, for two kinds of seq-384 batches:
+  real: windows of the real SQuAD v1.1 dev set (../shared/data, tokenized with its uncased vocab), drawn at
+        random; on average 178 of their 384 positions are tokens, the rest padding, as in any SQuAD run;
+  full: every position a token (no padding), the model's speed alone.
 
     python benchmarks/finetune_throughput.py                            # BERT-base, batch 4, bf16
-    python benchmarks/finetune_throughput.py --config large --precision fp32 bf16 --steps 5
+    python benchmarks/finetune_throughput.py --config large --precision fp32 bf16 --steps 5 --windows full
 """
 from __future__ import annotations
 
@@ -26,18 +29,37 @@ from model import BertConfig, BertForQuestionAnswering  # noqa: E402
 from optimization import build_adamw  # noqa: E402
 
 Batch = tuple[torch.Tensor, ...]
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
-def make_batch(config: BertConfig, batch: int, seq: int, seed: int = 0) -> Batch:
-    """[CLS] query [SEP] document [SEP] shaped windows: 24 query tokens, a quarter of the rows padded."""
-    g = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(1000, config.vocab_size, (batch, seq), generator=g)
-    token_type_ids = (torch.arange(seq) > 24).long().expand(batch, seq).contiguous()
-    attention_mask = torch.ones(batch, seq, dtype=torch.long)
-    attention_mask[::4, seq * 2 // 3 :] = 0  # last windows of long contexts are shorter
-    start = torch.randint(26, seq // 2, (batch,), generator=g)
-    end = start + torch.randint(0, 10, (batch,), generator=g)
-    return input_ids, token_type_ids, attention_mask, start, end
+def real_windows(squad_file: Path, vocab_file: Path, seq: int) -> Batch:
+    """Every training window of a SQuAD file (ids, segments, mask, start, end), as run_squad.py makes them."""
+    import squad
+    from finetuning import load_tokenizer
+
+    for path in (squad_file, vocab_file):
+        if not path.is_file():
+            raise SystemExit(f"{path}: not found (pass --squad_file/--vocab_file, or --windows full)")
+    examples = squad.read_squad_examples(squad_file, is_training=True)
+    features = squad.convert_examples_to_features(examples, load_tokenizer(vocab_file, True),
+                                                  squad.WindowSettings(max_seq_length=seq), is_training=True)
+    return tuple(torch.from_numpy(a).long() for a in (features.input_ids, features.segment_ids, features.input_mask,
+                                                      features.start_positions, features.end_positions))
+
+
+def make_batches(kind: str, windows: Batch | None, vocab_size: int, batch: int, seq: int, count: int) -> list[Batch]:
+    g = torch.Generator().manual_seed(0)
+    if kind == "real":
+        rows = torch.randperm(windows[0].shape[0], generator=g)[: batch * count].view(count, batch)
+        return [tuple(t[r] for t in windows) for r in rows]
+    batches = []
+    for _ in range(count):  # [CLS] 24-token query [SEP] document [SEP], no padding
+        input_ids = torch.randint(1000, vocab_size, (batch, seq), generator=g)
+        token_type_ids = (torch.arange(seq) > 25).long().expand(batch, seq).contiguous()
+        start = torch.randint(26, seq // 2, (batch,), generator=g)
+        batches.append((input_ids, token_type_ids, torch.ones(batch, seq, dtype=torch.long), start,
+                        start + torch.randint(0, 10, (batch,), generator=g)))
+    return batches
 
 
 def ours(config: BertConfig) -> torch.nn.Module:
@@ -51,12 +73,12 @@ def peer(config: BertConfig) -> torch.nn.Module:
     return transformers.BertForQuestionAnswering(hf_config)
 
 
-def train_step(model: torch.nn.Module, batch: Batch, is_peer: bool) -> Callable[[], None]:
+def train_step(model: torch.nn.Module, is_peer: bool) -> Callable[[Batch], None]:
     model.train()
     optimizer = build_adamw(model, 3e-5)
-    input_ids, token_type_ids, attention_mask, start, end = batch
 
-    def step() -> None:
+    def step(batch: Batch) -> None:
+        input_ids, token_type_ids, attention_mask, start, end = batch
         if is_peer:
             loss = model(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
                          start_positions=start, end_positions=end).loss
@@ -69,12 +91,12 @@ def train_step(model: torch.nn.Module, batch: Batch, is_peer: bool) -> Callable[
     return step
 
 
-def infer_step(model: torch.nn.Module, batch: Batch, is_peer: bool) -> Callable[[], None]:
+def infer_step(model: torch.nn.Module, is_peer: bool) -> Callable[[Batch], None]:
     model.eval()
-    input_ids, token_type_ids, attention_mask, _, _ = batch
 
     @torch.no_grad()
-    def step() -> None:
+    def step(batch: Batch) -> None:
+        input_ids, token_type_ids, attention_mask, _, _ = batch
         if is_peer:
             model(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
         else:
@@ -83,16 +105,24 @@ def infer_step(model: torch.nn.Module, batch: Batch, is_peer: bool) -> Callable[
     return step
 
 
-def seconds_per_step(step: Callable[[], None], precision: str, warmup: int, steps: int) -> float:
+def sequences_per_second(steps: dict[str, Callable[[Batch], None]], batches: list[Batch], precision: str,
+                         warmup: int, rounds: int) -> dict[str, float]:
+    """Each step function over every batch, `rounds` times, the functions taking turns so that a busy moment of
+    the machine hits both alike; the median round of each, after `warmup` untimed steps."""
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
-    times = []
+    sequences = sum(b[0].shape[0] for b in batches)
+    rates: dict[str, list[float]] = {name: [] for name in steps}
     with autocast:
-        for i in range(warmup + steps):
-            tick = time.perf_counter()
-            step()
-            if i >= warmup:
-                times.append(time.perf_counter() - tick)
-    return sorted(times)[len(times) // 2]
+        for step in steps.values():
+            for i in range(warmup):
+                step(batches[i % len(batches)])
+        for _ in range(rounds):
+            for name, step in steps.items():
+                tick = time.perf_counter()
+                for batch in batches:
+                    step(batch)
+                rates[name].append(sequences / (time.perf_counter() - tick))
+    return {name: sorted(r)[len(r) // 2] for name, r in rates.items()}
 
 
 def main() -> None:
@@ -102,7 +132,11 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=384)
     parser.add_argument("--precision", nargs="+", default=["bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4, help="batches per round, each a step")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds over the batches (median reported)")
+    parser.add_argument("--windows", nargs="+", default=["real", "full"], choices=["real", "full"])
+    parser.add_argument("--squad_file", type=Path, default=SHARED / "squad" / "dev-v1.1.json")
+    parser.add_argument("--vocab_file", type=Path, default=SHARED / "minilm" / "vocab.txt")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
@@ -111,19 +145,28 @@ def main() -> None:
     config = presets.get(args.config) or BertConfig.from_json_file(args.config)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; BERT {args.config}, batch {args.batch}, "
           f"seq {args.seq}")
-    batch = make_batch(config, args.batch, args.seq)
+    windows = real_windows(args.squad_file, args.vocab_file, args.seq) if "real" in args.windows else None
     results = []
-    for precision in args.precision:
-        for phase, build in (("training", train_step), ("inference", infer_step)):
-            row = {"phase": phase, "precision": precision, "batch": args.batch, "seq": args.seq}
-            for name, make in (("ours", ours), ("peer", peer)):
-                torch.manual_seed(0)
-                step = build(make(config), batch, name == "peer")
-                row[f"{name}_seq_per_s"] = args.batch / seconds_per_step(step, precision, args.warmup, args.steps)
-            row["speedup"] = row["ours_seq_per_s"] / row["peer_seq_per_s"]
-            results.append(row)
-            print(f"{phase} {precision}: ours {row['ours_seq_per_s']:.2f} seq/s, transformers "
-                  f"{row['peer_seq_per_s']:.2f} seq/s, speed-up {row['speedup']:.2f}x", flush=True)
+    for kind in args.windows:
+        batches = make_batches(kind, windows, config.vocab_size, args.batch, args.seq, args.steps)
+        filled = sum(int(b[2].sum()) for b in batches) / sum(b[2].numel() for b in batches)
+        for precision in args.precision:
+            for phase, build in (("training", train_step), ("inference", infer_step)):
+                row = {"windows": kind, "tokens_per_position": round(filled, 3), "phase": phase,
+                       "precision": precision, "batch": args.batch, "seq": args.seq, "steps": args.steps,
+                       "rounds": args.rounds}
+                steps = {}
+                for name, make in (("ours", ours), ("peer", peer)):
+                    torch.manual_seed(0)
+                    steps[name] = build(make(config), name == "peer")
+                rates = sequences_per_second(steps, batches, precision, args.warmup, args.rounds)
+                row.update({f"{name}_seq_per_s": rate for name, rate in rates.items()})
+                del steps
+                row["speedup"] = row["ours_seq_per_s"] / row["peer_seq_per_s"]
+                results.append(row)
+                print(f"{kind} windows ({filled:.0%} tokens), {phase} {precision}: ours {row['ours_seq_per_s']:.2f} "
+                      f"seq/s, transformers {row['peer_seq_per_s']:.2f} seq/s, speed-up {row['speedup']:.2f}x",
+                      flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

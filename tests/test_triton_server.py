@@ -95,9 +95,13 @@ def served(shared_data, tmp_path_factory):
         yield {**setup, "root": root, "process": process, "http": http, "grpc": grpc, "metrics": metrics}
     finally:
         qa.close()
-        if process.poll() is None:  # a failed test left it running: stop the group this fixture started
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
+        if process.poll() is None:  # a failed test left it running: stop it as a user would, then by force
+            process.send_signal(signal.SIGTERM)  # pytriton then stops tritonserver and its backend stubs
+            try:
+                process.wait(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
         log.close()
 
 

@@ -203,6 +203,9 @@ def train_loop(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
                unit="step", dynamic_ncols=True)
     start = time.perf_counter()
     steps, epoch, sequences = 0, 0, 0
+    # Per-step throughput: sequences of all processes since the previous record, over the wall time since then,
+    # read once the record's loss all-reduce has synchronised.
+    record_clock, sequences_at_record = start, 0
     final_loss = float("nan")
     model.train()
     while steps < total_steps:
@@ -220,8 +223,12 @@ def train_loop(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
             if steps % settings.log_freq == 0 or steps == total_steps:
                 final_loss = float(all_reduce_sum(torch.tensor([outcome.loss], dtype=torch.float64,
                                                                 device=ctx.device), ctx)) / ctx.world_size
+                now = time.perf_counter()
                 log.log([epoch, steps], {"step_loss": final_loss, "learning_rate": optimizer.param_groups[0]["lr"],
-                                         "skipped_steps": stepper.skipped_steps})
+                                         "skipped_steps": stepper.skipped_steps,
+                                         "training_sequences_per_second": (sequences - sequences_at_record)
+                                         / max(now - record_clock, 1e-9)})
+                record_clock, sequences_at_record = now, sequences
                 bar.set_postfix(loss=f"{final_loss:.4f}")
             if steps == total_steps:
                 break

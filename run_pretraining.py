@@ -284,6 +284,11 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
     model.train()
     last_loss = float("nan")
     result: dict[str, Any] = {}
+    # Per-step throughput: sequences of all processes since the previous training record, over the wall time
+    # since then (periodic evaluation excluded), read once the record's loss all-reduce has synchronised.
+    sequences_per_step = args.train_batch_size * ctx.world_size
+    steps_since_record = 0
+    record_clock = time.perf_counter()
 
     def save() -> None:
         # Never rotate a good checkpoint out for one taken in a run of non-finite steps.
@@ -304,22 +309,29 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
             position += plan.samples_per_step
             step_times.append(time.perf_counter() - tick)
             losses.append(outcome.loss)
+            steps_since_record += 1
             bar.update(1)
             last_of_run = index == steps_left - 1
             if phase_step % args.log_freq == 0 or last_of_run:
                 mean = all_reduce_sum(torch.tensor([np.mean(losses), outcome.loss], dtype=torch.float64,
                                                    device=ctx.device), ctx) / ctx.world_size
                 last_loss = float(mean[1])
+                now = time.perf_counter()
                 record = {"average_loss": float(mean[0]), "step_loss": last_loss,
-                          "learning_rate": optimizer.param_groups[0]["lr"], "skipped_steps": stepper.skipped_steps}
+                          "learning_rate": optimizer.param_groups[0]["lr"], "skipped_steps": stepper.skipped_steps,
+                          "training_sequences_per_second": sequences_per_step * steps_since_record
+                          / max(now - record_clock, 1e-9)}
+                steps_since_record, record_clock = 0, now
                 if precision.scaler is not None:
                     record["loss_scale"] = precision.scaler.get_scale()
                 log.log([resume["epoch"], phase_step + step_offset], record)
                 bar.set_postfix(loss=f"{last_loss:.4f}")
                 losses.clear()
             if args.eval_steps and phase_step % args.eval_steps == 0 and eval_shards:
+                evaluation_start = time.perf_counter()
                 result = evaluate(model, eval_shards, args, ctx, precision)
                 log.log([resume["epoch"], phase_step + step_offset], result)
+                record_clock += time.perf_counter() - evaluation_start  # not training time
             stopping = any_process(stop.requested, ctx)
             if stopping or last_of_run or phase_step % args.num_steps_per_checkpoint == 0:
                 save()

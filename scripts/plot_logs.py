@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""Draws loss, learning-rate and evaluation curves from dllogger JSON logs (pre-training or fine-tuning).
+"""Draws loss, learning-rate, throughput and evaluation curves from dllogger JSON logs (pre-training or
+fine-tuning) to a PNG.
 
     python scripts/plot_logs.py results/dllogger_phase1.json results/dllogger_phase2.json -o curves.png
 
-Each log is drawn against the global step it records; where logs follow each other (phase 1, phase 2) the
-boundary is marked. Throughput and other final figures are written in the title.
+One panel each, against the global step each log records: the loss (`average_loss` and `step_loss`, else
+`loss`/`train_loss`), the learning rate, the training throughput (sequences/s of all processes, from the
+per-step `training_sequences_per_second` that run_pretraining.py and the fine-tuning loop write; logs without
+it, e.g. NVIDIA's own, are drawn without that curve and the panel is left out when no log has it) and, when a
+log has them, `eval_loss`/`eval_mlm_accuracy`. Where logs follow each other (phase 1, phase 2) the boundary is
+marked on every panel. The final summaries' throughputs are written in the title.
 """
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ from errors import InputError, run_cli  # noqa: E402
 from metric_logger import read_log  # noqa: E402
 
 LOSS_KEYS = ("average_loss", "step_loss", "loss", "train_loss")
+THROUGHPUT_KEY = "training_sequences_per_second"
+EVAL_KEYS = ("eval_loss", "eval_mlm_accuracy")
 
 
 def series(path: Path) -> dict[str, list[tuple[int, float]]]:
@@ -46,48 +53,62 @@ def final_summary(path: Path) -> dict[str, float]:
     return {}
 
 
-def plot(paths: list[Path], output: Path) -> Path:
+def figure(paths: list[Path]):
+    """The matplotlib Figure of the logs, one panel (Axes) per quantity, top to bottom: "loss", "learning rate",
+    "sequences/s" (when a log has per-step throughput), "evaluation" (when a log has evaluation records)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     logs = [(p, series(p)) for p in paths]
-    has_eval = any("eval_mlm_accuracy" in s or "eval_loss" in s for _, s in logs)
-    panels = 3 if has_eval else 2
-    fig, axes = plt.subplots(panels, 1, figsize=(9, 3.2 * panels), sharex=True)
+    labels = ["loss", "learning rate"]
+    if any(THROUGHPUT_KEY in data for _, data in logs):
+        labels.append("sequences/s")
+    if any(key in data for _, data in logs for key in EVAL_KEYS):
+        labels.append("evaluation")
+    fig, axes = plt.subplots(len(labels), 1, figsize=(9, 3.2 * len(labels)), sharex=True, squeeze=False)
+    panel = dict(zip(labels, axes[:, 0]))
+
+    def draw(axis_label: str, key: str, data: dict, **style) -> None:
+        if axis_label in panel and key in data:
+            steps, values = zip(*data[key])
+            panel[axis_label].plot(steps, values, **style)
+
     for index, (path, data) in enumerate(logs):
         label = path.stem
         for key in LOSS_KEYS[:2] if "average_loss" in data else LOSS_KEYS:
-            if key in data:
-                steps, values = zip(*data[key])
-                axes[0].plot(steps, values, label=f"{label} {key}", alpha=0.9 if key == "average_loss" else 0.4)
-        if "learning_rate" in data:
-            steps, values = zip(*data["learning_rate"])
-            axes[1].plot(steps, values, label=label)
-        if has_eval:
-            for key in ("eval_loss", "eval_mlm_accuracy"):
-                if key in data:
-                    steps, values = zip(*data[key])
-                    axes[2].plot(steps, values, marker="o", label=f"{label} {key}")
+            draw("loss", key, data, label=f"{label} {key}", alpha=0.9 if key == "average_loss" else 0.4)
+        draw("learning rate", "learning_rate", data, label=label)
+        draw("sequences/s", THROUGHPUT_KEY, data, label=label)
+        for key in EVAL_KEYS:
+            draw("evaluation", key, data, marker="o", label=f"{label} {key}")
         if index > 0:  # the boundary between consecutive logs (phases)
             first = min(step for values in data.values() for step, _ in values)
-            for axis in axes:
+            for axis in panel.values():
                 axis.axvline(first, color="grey", linestyle="--", linewidth=1)
-            axes[0].annotate(f"{label} starts", (first, 0.95), xycoords=("data", "axes fraction"), fontsize=8)
-    axes[0].set_ylabel("loss")
-    axes[1].set_ylabel("learning rate")
-    if has_eval:
-        axes[2].set_ylabel("evaluation")
-    axes[-1].set_xlabel("global step")
-    for axis in axes:
+            panel["loss"].annotate(f"{label} starts", (first, 0.95), xycoords=("data", "axes fraction"),
+                                   fontsize=8)
+    for axis_label, axis in panel.items():
+        axis.set_ylabel(axis_label)
         axis.grid(alpha=0.3)
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=8)
+    if "sequences/s" in panel:
+        panel["sequences/s"].set_ylim(bottom=0)
+    axes[-1, 0].set_xlabel("global step")
     summaries = [final_summary(p) for p in paths]
-    speeds = [f"{s['training_sequences_per_second']:.1f}" for s in summaries if "training_sequences_per_second" in s]
-    fig.suptitle("training curves" + (f" (sequences/s: {', '.join(speeds)})" if speeds else ""))
+    speeds = [f"{s[THROUGHPUT_KEY]:.1f}" for s in summaries if THROUGHPUT_KEY in s]
+    fig.suptitle("training curves" + (f" (final sequences/s: {', '.join(speeds)})" if speeds else ""))
     fig.tight_layout()
+    return fig
+
+
+def plot(paths: list[Path], output: Path) -> Path:
+    """Writes figure(paths) to output (a PNG, through a temporary file and a rename)."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(paths)
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.tmp.png")
     fig.savefig(temporary, dpi=110)

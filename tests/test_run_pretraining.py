@@ -92,7 +92,9 @@ def test_loss_falls_on_real_text_and_logs_follow_dllogger_format(corpus, tmp_pat
     steps = step_records(tmp_path / "log.json")
     assert sorted(steps) == [(0, s) for s in range(5, 41, 5)]
     assert steps[(0, 40)]["average_loss"] < steps[(0, 5)]["average_loss"] - 1.0
-    assert set(steps[(0, 5)]) == {"average_loss", "step_loss", "learning_rate", "skipped_steps"}
+    assert set(steps[(0, 5)]) == {"average_loss", "step_loss", "learning_rate", "skipped_steps",
+                                  "training_sequences_per_second"}
+    assert all(data["training_sequences_per_second"] > 0 for data in steps.values())
     final = final_record(tmp_path / "log.json")
     assert {"e2e_train_time", "training_sequences_per_second", "final_loss", "raw_train_time"} <= set(final)
     assert final["training_sequences_per_second"] > 0
@@ -126,6 +128,15 @@ def test_two_processes_equal_one_process_with_double_accumulation(corpus, tmp_pa
     b = torch.load(two / "ckpt_3.pt", weights_only=True)["model"]
     differences = [float((a[k] - b[k]).abs().max()) for k in a]
     assert max(differences) < 1e-6
+    # Per-step throughput counts the sequences of both processes (4 x 2 a step): the intervals it implies hold
+    # rank 0's step times and lie within the run; the third step's interval is the one step the final
+    # throughput is timed on plus the logging, so counting one process only would halve it.
+    steps, summary = step_records(two / "log.json"), final_record(two / "log.json")
+    assert sorted(steps) == [(0, 1), (0, 2), (0, 3)]
+    taken = sum(8 / steps[key]["training_sequences_per_second"] for key in steps)
+    assert summary["raw_train_time"] * (1 - 1e-9) <= taken <= summary["e2e_train_time"], (taken, summary)
+    ratio = steps[(0, 3)]["training_sequences_per_second"] / summary["training_sequences_per_second"]
+    assert 0.55 < ratio <= 1 + 1e-9, (steps, summary)
     initial = BertForPreTraining(BertConfig(**TINY)).state_dict()
     assert any(not torch.equal(a[k], initial[k]) for k in a if k.endswith("query.weight"))
 

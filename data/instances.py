@@ -17,7 +17,8 @@ import numpy as np
 
 from .documents import Documents
 
-BLOCK = 4096  # instances assembled and masked at a time: bounds the [block, max_seq_length] temporaries
+BLOCK = 4096  # instances masked at a time (the order of the random draws depends on it: fixed)
+SUB_BLOCK = 512  # rows assembled at a time: their [rows, max_seq_length] temporaries stay in the cache
 
 
 @dataclass(frozen=True)
@@ -129,34 +130,71 @@ def build_instances(tokens: np.ndarray, spans: np.ndarray, cfg: MaskingConfig, i
         "masked_lm_ids": np.zeros((n, preds), np.int32),
         "next_sentence_labels": spans[:, 4].astype(np.int8),
     }
-    tokens = np.append(tokens.astype(np.int32, copy=False), np.int32(0))
+    # Rows of seq tokens starting anywhere: windows[j] is padded[j:j + seq], padded being the tokens with seq
+    # zeros before and after, so that a row can be read whole even where it runs past either end.
+    padded = np.zeros(len(tokens) + 2 * seq, np.int32)
+    padded[seq:seq + len(tokens)] = tokens
+    windows = np.lib.stride_tricks.sliding_window_view(padded, seq)
     for lo in range(0, n, BLOCK):
         hi = min(lo + BLOCK, n)
-        _assemble_block(tokens, spans[lo:hi], cfg, ids, gen, {k: v[lo:hi] for k, v in out.items()})
+        _assemble_block(windows, spans[lo:hi], cfg, ids, gen, {k: v[lo:hi] for k, v in out.items()})
     return out
 
 
-def _assemble_block(tokens: np.ndarray, spans: np.ndarray, cfg: MaskingConfig, ids: SpecialIds,
+def _assemble_block(windows: np.ndarray, spans: np.ndarray, cfg: MaskingConfig, ids: SpecialIds,
                     gen: np.random.Generator, out: dict[str, np.ndarray]) -> None:
+    # The random draws of a block are: the position keys of its rows in row order, then the three replacement
+    # draws of the whole block. Positions are chosen in sub-blocks of SUB_BLOCK rows, whose [rows, seq]
+    # temporaries stay in the core's cache; drawing the keys in row slices gives the same numbers.
+    seq = cfg.max_seq_length
+    input_ids, positions = out["input_ids"], out["masked_lm_positions"]
+    for lo in range(0, len(spans), SUB_BLOCK):
+        hi = min(lo + SUB_BLOCK, len(spans))
+        _positions_of_rows(windows, spans[lo:hi], cfg, ids, gen, input_ids[lo:hi], out["input_mask"][lo:hi],
+                           out["segment_ids"][lo:hi], positions[lo:hi])
+    valid = positions > 0
+    cells = positions + np.arange(len(positions))[:, None] * seq  # indices into the block's flat input_ids
+    flat_ids = input_ids.reshape(-1)  # a view: the rows of a block are contiguous
+    original = flat_ids[cells]
+    original *= valid
+    # 80 % [MASK], 10 % unchanged, 10 % a random vocab id (Google draws any word of the vocab).
+    u_mask = gen.random(positions.shape)
+    u_keep = gen.random(positions.shape)
+    replaced = gen.integers(0, ids.vocab_size, positions.shape).astype(np.int32)
+    np.copyto(replaced, original, where=u_keep < 0.5)
+    np.copyto(replaced, ids.mask, where=u_mask < 0.8)
+    # Padding slots point at column 0: they write [CLS] over [CLS].
+    np.copyto(replaced, ids.cls, where=~valid)
+    flat_ids[cells] = replaced
+    out["masked_lm_ids"][:] = original
+
+
+def _positions_of_rows(windows: np.ndarray, spans: np.ndarray, cfg: MaskingConfig, ids: SpecialIds,
+                       gen: np.random.Generator, input_ids: np.ndarray, input_mask: np.ndarray,
+                       segment_ids: np.ndarray, positions: np.ndarray) -> None:
+    """[CLS] A [SEP] B [SEP] and padding into input_ids, input_mask and segment_ids of these rows, and their
+    masked positions (sorted, zero-padded) into positions; input_ids are not masked yet."""
     seq = cfg.max_seq_length
     # int32 [B, seq] temporaries where offsets allow: half the memory traffic of int64.
-    spans = spans.astype(np.int32 if len(tokens) < 2**31 - seq else np.int64)
+    spans = spans.astype(np.int32 if len(windows) < 2**31 else np.int64)
     la = (spans[:, 1] - spans[:, 0])[:, None]
     lb = (spans[:, 3] - spans[:, 2])[:, None]
     length = la + lb + 3
     col = np.arange(seq, dtype=spans.dtype)[None, :]
-    # Tokens of A are columns 1..la, tokens of B la+2..length-2.
-    candidates = (col >= 1) & (col < length - 1) & (col != la + 1)
-    source = np.where(col <= la, spans[:, 0:1] - 1, spans[:, 2:3] - la - 2) + col
-    # tokens ends with one 0 (build_instances adds it): every cell that is no token of A or B reads it.
-    input_ids = tokens[np.where(candidates, source, len(tokens) - 1)]
+    in_sequence = col < length
+    # Tokens of A are columns 1..la, tokens of B la+2..length-2: whole rows of windows (one copy of seq
+    # contiguous tokens each), B's shifted so that column la + 2 is its first token, then A's columns over it.
+    # [CLS], [SEP] and padding are written over the cells that are no token of A or B.
+    input_ids[:] = windows[spans[:, 2] - la[:, 0] + (seq - 2)]
+    np.copyto(input_ids, windows[spans[:, 0] + (seq - 1)], where=col <= la)
+    np.copyto(input_ids, 0, where=~in_sequence)
     input_ids[:, 0] = ids.cls
     rows = np.arange(len(spans))
     input_ids[rows, la[:, 0] + 1] = ids.sep
     input_ids[rows, length[:, 0] - 1] = ids.sep
-    in_sequence = col < length
-    out["input_mask"][:] = in_sequence
-    out["segment_ids"][:] = in_sequence & (col >= la + 2)
+    input_mask[:] = in_sequence
+    segment_ids[:] = in_sequence & (col >= la + 2)
+    candidates = (col >= 1) & (col < length - 1) & (col != la + 1)
 
     n_cand = la[:, 0] + lb[:, 0]
     # Google: min(max_predictions, max(1, round(len(tokens) * prob))); Python's round and rint both round half
@@ -164,21 +202,9 @@ def _assemble_block(tokens: np.ndarray, spans: np.ndarray, cfg: MaskingConfig, i
     k = np.minimum(cfg.max_predictions_per_seq, np.maximum(1, np.rint(length[:, 0] * cfg.masked_lm_prob)))
     k = np.minimum(k, n_cand).astype(np.int64)
     if cfg.whole_word_masking:
-        positions = _whole_word_positions(input_ids, candidates, k, cfg.max_predictions_per_seq, ids, gen)
+        positions[:] = _whole_word_positions(input_ids, candidates, k, cfg.max_predictions_per_seq, ids, gen)
     else:
-        positions = _random_positions(candidates, k, cfg.max_predictions_per_seq, gen)
-    valid = positions > 0
-    original = np.where(valid, np.take_along_axis(input_ids, positions, axis=1), 0)
-    # 80 % [MASK], 10 % unchanged, 10 % a random vocab id (Google draws any word of the vocab).
-    u_mask = gen.random(positions.shape)
-    u_keep = gen.random(positions.shape)
-    random_ids = gen.integers(0, ids.vocab_size, positions.shape)
-    replaced = np.where(u_mask < 0.8, ids.mask, np.where(u_keep < 0.5, original, random_ids)).astype(np.int32)
-    # Padding slots point at column 0: they write [CLS] over [CLS].
-    np.put_along_axis(input_ids, positions, np.where(valid, replaced, ids.cls), axis=1)
-    out["input_ids"][:] = input_ids
-    out["masked_lm_positions"][:] = positions
-    out["masked_lm_ids"][:] = original
+        positions[:] = _random_positions(candidates, k, cfg.max_predictions_per_seq, gen)
 
 
 def _random_positions(candidates: np.ndarray, k: np.ndarray, preds: int, gen: np.random.Generator) -> np.ndarray:
@@ -196,13 +222,18 @@ def _random_positions(candidates: np.ndarray, k: np.ndarray, preds: int, gen: np
     threshold = np.full(len(k), -1.0)
     threshold[rows_with_k] = smallest[rows_with_k, k[rows_with_k] - 1]
     chosen = keys <= threshold[:, None]
-    r, c = np.nonzero(chosen)  # row-major: the positions of a row come out sorted
-    per_row = np.bincount(r, minlength=len(k))
-    if not np.array_equal(per_row, k):  # equal keys at the threshold (probability ~2**-40): choose by rank
+    flat = np.flatnonzero(chosen)
+    # A row has at least k[i] keys at or below its threshold, more only where keys are equal at the threshold
+    # (probability ~2**-40): then choose by rank.
+    if len(flat) != k.sum():
         return _random_positions_by_rank(keys, k, preds)
-    rank = np.arange(len(r)) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+    # Row-major: the positions of a row come out sorted, k[i] of them for row i. The j-th of row i (at
+    # flat index first[i] + j) is column flat - i * columns and goes to cell i * preds + j of the result.
+    first = np.cumsum(k) - k
+    rows = np.arange(len(k))
     result = np.zeros((len(k), preds), np.int32)
-    result[r, rank] = c
+    cell = np.arange(len(flat)) + np.repeat(rows * preds - first, k)
+    result.reshape(-1)[cell] = flat - np.repeat(rows * keys.shape[1], k)
     return result
 
 

@@ -1,15 +1,15 @@
 """Google's BERT pre-training instance algorithm (interfaces section 1), fast.
 
 Documents -> (A, B, is_random_next) pairs -> truncation -> [CLS] A [SEP] B [SEP] -> masked LM predictions.
-The pair loop is Google's, sentence by sentence, but an instance is kept as four token offsets into the flat
-token array instead of token lists; truncation and masking are then vectorised over blocks of instances.
+The pair loop is Google's, chunk by chunk, but it only draws the random numbers and keeps sentence numbers: chunk
+ends and the ends of random B segments are found with numpy, and an instance becomes four token offsets into the
+flat token array instead of token lists; truncation and masking are then vectorised over blocks of instances.
 Distributions are Google's exactly; the random streams differ (Python `random` for the pair loop, a numpy
 Generator for the rest), so the output is not bit-identical to Google's script for the same seed.
 """
 from __future__ import annotations
 
 import random
-from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Callable
 
@@ -40,16 +40,36 @@ class SpecialIds:
     continuation: np.ndarray | None = None  # bool [vocab_size]: token starts with "##" (whole-word masking)
 
 
+def _chunk_ends(sentence_offsets: np.ndarray, document_offsets: np.ndarray, target: int, first: int = 0,
+                last: int | None = None) -> list[int]:
+    """For every sentence s of first..last-1, the last sentence i of the chunk Google starts at s with this
+    target: it adds sentences until the chunk has at least target tokens or its document ends.
+
+    i is the sentence before the first one whose end offset is at least target tokens after s's start, within
+    s's document; every sentence has a token, so i < s + target. Item s - first of the list.
+    """
+    last = len(sentence_offsets) - 1 if last is None else last
+    s = np.arange(first, last)
+    doc_end = document_offsets[np.searchsorted(document_offsets, s, side="right")]  # one past s's document
+    found = np.searchsorted(sentence_offsets, sentence_offsets[first:last] + target, side="left")
+    return (np.clip(found, s + 1, np.minimum(doc_end, s + target + 1)) - 1).tolist()
+
+
 def pair_spans(docs: Documents, cfg: MaskingConfig, rng: random.Random,
                on_progress: Callable[[int], None] | None = None) -> np.ndarray:
     """All (a_start, a_end, b_start, b_end, is_random_next) rows, int64 [N, 5], over dupe_factor passes.
 
     Offsets index docs.tokens; A and B are contiguous runs of whole sentences before truncation.
     """
-    sent = docs.sentence_offsets.tolist()
     bounds = docs.document_offsets.tolist()
+    sizes = np.diff(docs.document_offsets).tolist()
     n_docs = len(bounds) - 1
     max_num_tokens = cfg.max_seq_length - 3
+    # The chunk ends for the usual target, for all sentences at once; a document with a short target (a
+    # fraction short_seq_prob of them) gets its own.
+    full_ends = _chunk_ends(docs.sentence_offsets, docs.document_offsets, max_num_tokens)
+    # The loop keeps sentence numbers, (chunk start, A's end, B's start, B's end, 0) for an actual next B and
+    # (chunk start, A's end, B's first sentence, target, 1) for a random B, whose end is found afterwards.
     rows: list[int] = []
     uniform = rng.random  # bound once: this loop is the only per-instance Python in the pipeline
 
@@ -59,39 +79,55 @@ def pair_spans(docs: Documents, cfg: MaskingConfig, rng: random.Random,
     for _ in range(cfg.dupe_factor):
         for d in range(n_docs):
             first, last = bounds[d], bounds[d + 1]
-            target = max_num_tokens
             if uniform() < cfg.short_seq_prob:
                 target = 2 + int(uniform() * (max_num_tokens - 1))
+                ends, base = _chunk_ends(docs.sentence_offsets, docs.document_offsets, target, first, last), first
+            else:
+                target, ends, base = max_num_tokens, full_ends, 0
             chunk_start = first
             while chunk_start < last:
-                # Google adds sentences until the chunk reaches target or the document ends: i is the first
-                # sentence whose end offset is at least target tokens after the chunk's start.
-                # Every sentence has a token: the answer is within target sentences (a short bisect window).
-                i = bisect_left(sent, sent[chunk_start] + target, chunk_start + 1,
-                                min(last, chunk_start + target + 1)) - 1
-                n_chunk = i - chunk_start + 1
-                a_end = chunk_start + (1 + int(uniform() * (n_chunk - 1)) if n_chunk >= 2 else 1)
-                a_lo, a_hi = sent[chunk_start], sent[a_end]
-                if n_chunk == 1 or uniform() < 0.5:
-                    target_b = target - (a_hi - a_lo)
-                    for _ in range(10):
+                i = ends[chunk_start - base]  # the chunk is chunk_start..i
+                if i > chunk_start:
+                    a_end = chunk_start + 1 + int(uniform() * (i - chunk_start))
+                    if uniform() >= 0.5:  # B is the rest of the chunk
+                        rows += (chunk_start, a_end, a_end, i + 1, 0)
+                        chunk_start = i + 1
+                        continue
+                else:
+                    a_end = chunk_start + 1
+                r = int(uniform() * n_docs)
+                if r == d:  # Google draws up to 10 times for another document
+                    for _ in range(9):
                         r = int(uniform() * n_docs)
                         if r != d:
                             break
-                    r_first, r_last = bounds[r], bounds[r + 1]
-                    start = r_first + int(uniform() * (r_last - r_first))
-                    b_lo = sent[start]
-                    # Google adds sentences until B reaches target_b: the first end offset >= b_lo+target_b.
-                    window = min(r_last, start + 1 + max(target_b, 0))
-                    b_hi = sent[bisect_left(sent, b_lo + target_b, start + 1, window)]
-                    rows += (a_lo, a_hi, b_lo, b_hi, 1)
-                    i = a_end - 1  # the unused sentences of the chunk start the next one
-                else:
-                    rows += (a_lo, a_hi, a_hi, sent[i + 1], 0)
-                chunk_start = i + 1
+                rows += (chunk_start, a_end, bounds[r] + int(uniform() * sizes[r]), target, 1)
+                chunk_start = a_end  # the unused sentences of the chunk start the next one
             if on_progress is not None:
                 on_progress(1)
-    return np.asarray(rows, dtype=np.int64).reshape(-1, 5)
+    return _token_spans(np.asarray(rows, dtype=np.int64).reshape(-1, 5), docs)
+
+
+def _token_spans(rows: np.ndarray, docs: Documents) -> np.ndarray:
+    """pair_spans' rows of sentence numbers -> token offsets, with the end of every random B."""
+    sent = docs.sentence_offsets
+    out = np.empty_like(rows)
+    out[:, 0] = sent[rows[:, 0]]
+    out[:, 1] = sent[rows[:, 1]]
+    out[:, 4] = rows[:, 4]
+    b_end = rows[:, 3].copy()
+    random_b = np.flatnonzero(rows[:, 4] == 1)
+    start = rows[random_b, 2]
+    target_b = rows[random_b, 3] - (out[random_b, 1] - out[random_b, 0])
+    # Google adds sentences until B has target_b tokens or its document ends: B ends at the first end offset
+    # at least target_b after its start, within its document (and within target_b sentences: each has a token).
+    doc_end = docs.document_offsets[np.searchsorted(docs.document_offsets, start, side="right")]
+    window = np.minimum(doc_end, start + 1 + np.maximum(target_b, 0))
+    found = np.searchsorted(sent, sent[start] + target_b, side="left")
+    b_end[random_b] = np.clip(found, start + 1, window)
+    out[:, 2] = sent[rows[:, 2]]
+    out[:, 3] = sent[b_end]
+    return out
 
 
 def truncate_spans(spans: np.ndarray, max_num_tokens: int, gen: np.random.Generator) -> np.ndarray:

@@ -4,7 +4,7 @@ For ASCII, Google's basic tokenizer is: drop control characters, lower-case (unc
 then split runs of letters/digits from single punctuation marks. So a word is either a maximal run of
 [A-Za-z0-9] or one punctuation byte, and it can be found from byte classes alone, with no Python object per
 word. Words of up to 16 bytes are keyed by their zero-padded bytes (two uint64, exact since the cleaned text has
-no NUL) and made distinct with a direct table (up to 3 bytes) or one numpy sort; only the distinct words become
+no NUL) and made distinct with a direct table (up to 3 bytes) or a hash table; only the distinct words become
 Python strings, and those not in the vocab go through the `tokenizers` WordPiece model (once, batched; cached
 across calls). Longer words, rare, go through a dict.
 """
@@ -21,11 +21,13 @@ _CLASS = np.zeros(256, np.uint8)  # 0: whitespace (tab, newline, carriage return
 _CLASS[[*range(0, 9), 11, 12, *range(14, 32), 127]] = _CONTROL
 _CLASS[np.frombuffer(b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", np.uint8)] = _LETTER
 _CLASS[[c for c in range(33, 127) if not chr(c).isalnum()]] = _PUNCT  # Google's ASCII punctuation ranges
+# The same as tables for bytes.translate, which maps and deletes bytes several times faster than a numpy lookup.
+_CLASS_TABLE = _CLASS.tobytes()
+_CONTROL_BYTES = bytes(np.flatnonzero(_CLASS == _CONTROL).tolist())
 KEY_BYTES = 16
 TINY_BYTES = 3  # 3 x 7 bits: a direct table of 2**21 entries
+HASH_BITS = 20  # slots of the table that makes the longer words distinct
 _NEWLINE = 10
-_LOWER = np.arange(256, dtype=np.uint8)
-_LOWER[65:91] += 32
 _LOW_BYTES = np.array([(1 << (8 * k)) - 1 for k in range(9)], np.uint64)  # mask of the k low bytes of a uint64
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier: spreads the first key word before adding the second
 
@@ -36,8 +38,11 @@ class AsciiWordPiece:
     def __init__(self, model: models.WordPiece, vocab_ids: dict[str, int], do_lower_case: bool,
                  max_chars_per_word: int) -> None:
         # Vocab words that WordPiece keeps whole when they are the whole word ("##" entries never match a word:
-        # "#" is punctuation).
-        self._whole = {w: i for w, i in vocab_ids.items() if len(w) <= max_chars_per_word and w.isascii()}
+        # "#" is punctuation; non-ASCII entries never match an ASCII word). Usually the vocab itself, unless it
+        # has entries longer than WordPiece's limit (those words become [UNK]).
+        self._whole = vocab_ids
+        if any(len(w) > max_chars_per_word for w in vocab_ids):
+            self._whole = {w: i for w, i in vocab_ids.items() if len(w) <= max_chars_per_word}
         self._words_hf = Tokenizer(model)  # no normalizer, no pre-tokenizer: each given word is one word
         self.do_lower_case = do_lower_case
         # The cache: word -> row r of a table of pieces, (starts, flat): row r is flat[starts[r]:starts[r + 1]].
@@ -46,17 +51,16 @@ class AsciiWordPiece:
 
     def encode(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         """Ids of the lines of `text` (split on "\\n" only): flat int32 ids, int64 offsets [lines + 1]."""
-        return self.encode_bytes(np.frombuffer(text.encode("ascii"), np.uint8))
+        return self.encode_bytes(text.encode("ascii"))
 
-    def encode_bytes(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """encode() of ASCII text given as uint8 [N]."""
-        kind = _CLASS[raw]
-        control = kind == _CONTROL
-        if control.any():
-            raw, kind = raw[~control], kind[~control]
+    def encode_bytes(self, data: bytes) -> tuple[np.ndarray, np.ndarray]:
+        """encode() of ASCII text given as bytes."""
+        data = data.translate(None, _CONTROL_BYTES)  # Google's _clean_text
         if self.do_lower_case:
-            raw = _LOWER[raw]
-        text = raw.tobytes().decode("ascii")  # only distinct words are ever sliced out of it
+            data = data.lower()  # ASCII letters only, as Google's lower() on ASCII
+        text = data.decode("ascii")  # only distinct words are ever sliced out of it
+        raw = np.frombuffer(data, np.uint8)
+        kind = np.frombuffer(data.translate(_CLASS_TABLE), np.uint8)
         letter = kind == _LETTER
         punct = kind == _PUNCT
         before = np.zeros_like(letter)
@@ -88,12 +92,14 @@ class AsciiWordPiece:
         first_byte = starts[short]
         size = lengths[short]
         # The 16 bytes from the word's start with the bytes after the word zeroed (no NUL in a word): exact.
+        # The second word is 0 for words of up to 8 bytes, most of them.
         key0 = at[first_byte] & _LOW_BYTES[np.minimum(size, 8)]
-        key1 = at[first_byte + 8] & _LOW_BYTES[np.clip(size - 8, 0, 8)]
+        key1 = np.zeros(len(short), np.uint64)
+        long = np.flatnonzero(size > 8)
+        key1[long] = at[first_byte[long] + 8] & _LOW_BYTES[size[long] - 8]
         # Words of up to 3 bytes (many of the most frequent: "the", ",", "of") pack exactly into 21 bits and are
-        # made distinct with a direct table instead of the sort.
+        # made distinct with a direct table.
         tiny = np.flatnonzero(size <= TINY_BYTES)
-        other = np.flatnonzero(size > TINY_BYTES)
         packed = key0[tiny]
         code = (packed & 0x7F) | ((packed >> 1) & 0x3F80) | ((packed >> 2) & 0x1FC000)
         present = np.zeros(1 << 21, bool)
@@ -104,28 +110,37 @@ class AsciiWordPiece:
         tiny_rows = lookup[code]
         tiny_first = np.empty(len(tiny_codes), np.int64)
         tiny_first[tiny_rows] = tiny
-        mixed = key0[other] * _MIX + key1[other]
-        distinct, inverse = np.unique(mixed, return_inverse=True)
-        first = np.empty(len(distinct), np.int64)
-        first[inverse] = other  # one word with each value (the last)
-        # The mixed value is only a hash: check that every word equals the word kept for its value.
-        kept = first[inverse]
-        exact = np.array_equal(key0[kept], key0[other]) and np.array_equal(key1[kept], key1[other])
+        # The others by a hash table: a slot keeps one word (the last written), the words equal to it take its
+        # row; the few that share a slot with a different word are made distinct by a sort.
+        other = np.flatnonzero(size > TINY_BYTES)
+        k0, k1 = key0[other], key1[other]
+        slot = ((k0 * _MIX + k1) * _MIX) >> np.uint64(64 - HASH_BITS)
+        owner = np.empty(1 << HASH_BITS, np.int64)
+        owner[slot] = np.arange(len(other))
+        kept = owner[slot]
+        settled = (k0[kept] == k0) & (k1[kept] == k1)
+        firsts = np.flatnonzero(kept == np.arange(len(other)))  # the words kept in a slot
+        row_of_slot = np.empty(1 << HASH_BITS, np.int64)
+        row_of_slot[slot[firsts]] = np.arange(len(firsts))
+        other_rows = row_of_slot[slot]
+        unsettled = np.flatnonzero(~settled)
+        if unsettled.size:  # their words differ from every kept word (equal words share a slot)
+            pairs = np.stack((k0[unsettled], k1[unsettled]), axis=1)
+            distinct, where, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
+            other_rows[unsettled] = len(firsts) + inverse.reshape(-1)
+            firsts = np.concatenate((firsts, unsettled[where]))
         rows = np.empty(len(starts), np.int64)
-        if exact:
-            rows[short[tiny]] = tiny_rows
-            rows[short[other]] = len(tiny_codes) + inverse
-            chosen = short[np.concatenate((tiny_first, first))]
-            words = [text[s:e] for s, e in zip(starts[chosen].tolist(), ends[chosen].tolist())]
-            rest = np.flatnonzero(lengths > KEY_BYTES)
-        else:  # two different words collided: key every word by its string instead
-            words = []
-            rest = np.arange(len(starts))
+        rows[short[tiny]] = tiny_rows
+        rows[short[other]] = len(tiny_codes) + other_rows
+        chosen = short[np.concatenate((tiny_first, other[firsts]))]
+        words = _slice_words(raw, starts[chosen], ends[chosen])
+        # Longer words (rare) by a dict; they never equal a shorter one.
+        rest = np.flatnonzero(lengths > KEY_BYTES)
         if rest.size:
-            index = {word: i for i, word in enumerate(words)}
+            index: dict[str, int] = {}
             for i, word in enumerate(text[s:e] for s, e in zip(starts[rest].tolist(), ends[rest].tolist())):
-                rows[rest[i]] = index.setdefault(word, len(index))
-            words = list(index)
+                rows[rest[i]] = len(words) + index.setdefault(word, len(index))
+            words += list(index)
         word_rows, table_start, table = self._pieces(words)
         return word_rows[rows], table_start, table
 
@@ -160,6 +175,19 @@ class AsciiWordPiece:
             row.update(zip(missing, range(len(old_starts) - 1, len(old_starts) - 1 + len(missing))))
             self._table = (np.concatenate((old_starts[:-1], starts)), np.concatenate((old_flat, flat)))
         return np.fromiter(map(row.__getitem__, words), np.int64, count=len(words)), *self._table
+
+
+def _slice_words(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[str]:
+    """The words raw[starts[i]:ends[i]] as strings: gathered with one space between them, decoded and split
+    once (ASCII words hold no space)."""
+    if len(starts) == 0:
+        return []
+    packed = np.zeros(len(starts) + 1, np.int64)  # the words end to end
+    np.cumsum(ends - starts, out=packed[1:])
+    spaced = packed[:-1] + np.arange(len(starts))  # each word after the previous one and a space
+    joined = np.full(int(packed[-1]) + len(starts) - 1, ord(" "), np.uint8)
+    joined[spread(spaced, packed)] = raw[spread(starts, packed)]
+    return joined.tobytes().decode("ascii").split(" ")
 
 
 def spread(dest_starts: np.ndarray, src_offsets: np.ndarray) -> np.ndarray:

@@ -71,15 +71,16 @@ def _slices(text: str) -> Iterable[str]:
 def _blank_lines(chunk: str, counts: np.ndarray) -> np.ndarray:
     """Lines that strip to nothing, as Google's reader tests them, bool [len(counts)]."""
     # In ASCII a line with tokens has a character that is neither whitespace nor control, so it is not blank:
-    # only lines without tokens and lines beyond ASCII need the test.
+    # only lines without tokens and lines beyond ASCII need the test, each decoded from its bytes alone.
     check = counts == 0
-    if not chunk.isascii():
-        check[non_ascii_lines(np.frombuffer(chunk.encode("utf-8"), np.uint8))[0]] = True
+    data = chunk.encode("utf-8")
+    bad, starts, ends = non_ascii_lines(np.frombuffer(data, np.uint8))
+    check[bad] = True
     where = np.flatnonzero(check)
     blank = np.zeros(len(counts), bool)
     if where.size:
-        lines = chunk.split("\n")
-        blank[where] = [not lines[i].strip() for i in where.tolist()]
+        blank[where] = [not data[s:e].decode("utf-8").strip()
+                        for s, e in zip(starts[where].tolist(), ends[where].tolist())]
     return blank
 
 

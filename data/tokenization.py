@@ -10,6 +10,7 @@ of all those lines at once and only distinct words reach the WordPiece model (`e
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -65,10 +66,10 @@ def load_vocab(path: str | Path) -> Vocab:
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    tokens = tuple(line.strip() for line in lines)
+    tokens = tuple([line.strip() for line in lines])
     if not tokens:
         raise DataError(path, "vocab file is empty")
-    ids = {token: index for index, token in enumerate(tokens)}
+    ids = dict(zip(tokens, range(len(tokens))))  # a repeated token keeps its last line, as Google's load_vocab
     missing = [token for token in SPECIAL_TOKENS if token not in ids]
     if missing:
         raise DataError(path, f"vocab lacks the special token(s) {' '.join(missing)}")
@@ -110,9 +111,6 @@ class BertTokenizer:
         )
         self._hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         self._model = model
-        self._stand_in = next(
-            (c for c in _STAND_IN_CANDIDATES if not any(c in token for token in vocab.tokens)), None
-        )
         self._ascii = AsciiWordPiece(model, vocab.ids, do_lower_case, MAX_CHARS_PER_WORD)
 
     # -- public -------------------------------------------------------------------------------------------
@@ -136,7 +134,7 @@ class BertTokenizer:
         keep = np.ones(len(raw), bool)
         for start, end in zip(starts[bad].tolist(), ends[bad].tolist()):
             keep[start:end] = False
-        ascii_ids, ascii_offsets = self._ascii.encode_bytes(raw[keep])
+        ascii_ids, ascii_offsets = self._ascii.encode_bytes(raw[keep].tobytes())
         lines = [raw[s:e].tobytes().decode("utf-8") for s, e in zip(starts[bad].tolist(), ends[bad].tolist())]
         return _merge(len(starts), [(np.arange(len(starts)), ascii_ids, ascii_offsets),
                                     (bad, *self._encode_unicode(lines))])
@@ -168,6 +166,11 @@ class BertTokenizer:
         np.cumsum([len(ids) for ids in id_lists], out=offsets[1:])
         ids = np.fromiter((i for ids in id_lists for i in ids), dtype=np.int32, count=int(offsets[-1]))
         return ids, offsets
+
+    @functools.cached_property
+    def _stand_in(self) -> str | None:
+        """A stand-in letter absent from every vocab token (looked for only when a private-use character comes)."""
+        return next((c for c in _STAND_IN_CANDIDATES if not any(c in token for token in self.vocab.tokens)), None)
 
     def _fix_for_hf(self, line: str) -> str:
         if _PRIVATE_USE.search(line):

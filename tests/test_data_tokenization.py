@@ -227,7 +227,7 @@ def test_encode_text_equals_encode_lines_on_mixed_text(shared_data, uncased_voca
 
 
 def test_colliding_word_keys_fall_back_to_exact_words(shared_data, uncased_vocab_path, monkeypatch):
-    """Words are made unique by a 64-bit mix of their bytes; a collision must be detected, never merge words."""
+    """Words are made unique by a hash table of their bytes; words sharing a slot must be told apart, never merged."""
     import numpy as np
 
     import data.ascii_wordpiece as ascii_wordpiece
@@ -235,7 +235,7 @@ def test_colliding_word_keys_fall_back_to_exact_words(shared_data, uncased_vocab
     vocab = load_vocab(uncased_vocab_path)
     lines = _books_lines(shared_data, 50) + ["a" * 9 + "b", "a" * 9 + "c", "x" * 30, "x" * 31]
     expected = BertTokenizer(vocab, True).encode_text("\n".join(lines))
-    # A zero multiplier keeps only bytes 9-16: every word of up to 8 bytes now has the same mixed value.
+    # A zero multiplier puts every word in slot 0: one is kept there, all others must be made distinct apart.
     monkeypatch.setattr(ascii_wordpiece, "_MIX", np.uint64(0))
     got = BertTokenizer(vocab, True).encode_text("\n".join(lines))
     assert got[0].tolist() == expected[0].tolist() and got[1].tolist() == expected[1].tolist()

@@ -105,7 +105,7 @@ def pair_spans(docs: Documents, cfg: MaskingConfig, rng: random.Random,
                 chunk_start = a_end  # the unused sentences of the chunk start the next one
             if on_progress is not None:
                 on_progress(1)
-    return _token_spans(np.asarray(rows, dtype=np.int64).reshape(-1, 5), docs)
+    return _token_spans(np.fromiter(rows, np.int64, count=len(rows)).reshape(-1, 5), docs)
 
 
 def _token_spans(rows: np.ndarray, docs: Documents) -> np.ndarray:

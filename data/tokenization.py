@@ -136,8 +136,7 @@ class BertTokenizer:
             keep[start:end] = False
         ascii_ids, ascii_offsets = self._ascii.encode_bytes(raw[keep].tobytes())
         lines = [raw[s:e].tobytes().decode("utf-8") for s, e in zip(starts[bad].tolist(), ends[bad].tolist())]
-        return _merge(len(starts), [(np.arange(len(starts)), ascii_ids, ascii_offsets),
-                                    (bad, *self._encode_unicode(lines))])
+        return _fill_lines(ascii_ids, ascii_offsets, bad, *self._encode_unicode(lines))
 
     def encode_lines(self, lines: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Ids of many lines (none may contain "\\n"): flat int32 ids and int64 offsets [len(lines)+1]."""
@@ -181,6 +180,22 @@ class BertTokenizer:
             # Python's lower() knows the final sigma; clean first so removed controls do not change the context.
             line = _google_clean(line).lower()
         return line
+
+
+def _fill_lines(ids: np.ndarray, offsets: np.ndarray, where: np.ndarray, line_ids: np.ndarray,
+                line_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, offsets) of lines with the lines `where` (empty there) given the ids of (line_ids, line_offsets):
+    _merge of the two for the usual case of a few lines into many, with one pass over the many."""
+    added = np.zeros(len(offsets), np.int64)
+    added[where + 1] = np.diff(line_offsets)
+    new_offsets = offsets + np.cumsum(added)
+    filled = spread(new_offsets[where], line_offsets)
+    out = np.empty(int(new_offsets[-1]), np.int32)
+    others = np.ones(len(out), bool)
+    others[filled] = False
+    out[others] = ids
+    out[filled] = line_ids
+    return out, new_offsets
 
 
 def _merge(n: int, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

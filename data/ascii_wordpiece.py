@@ -60,7 +60,6 @@ class AsciiWordPiece:
         data = data.translate(None, _CONTROL_BYTES)  # Google's _clean_text
         if self.do_lower_case:
             data = data.lower()  # ASCII letters only, as Google's lower() on ASCII
-        text = data.decode("ascii")  # only distinct words are ever sliced out of it
         raw = np.frombuffer(data, np.uint8)
         kind = np.frombuffer(data.translate(_CLASS_TABLE), np.uint8)
         letter = kind == _LETTER
@@ -71,18 +70,19 @@ class AsciiWordPiece:
         after[:-1] = letter[1:]
         starts = np.flatnonzero(punct | (letter & ~before))
         ends = np.flatnonzero(punct | (letter & ~after)) + 1  # words never nest: ends pair with starts in order
+        del kind, letter, punct, before, after  # a byte each: the peak memory of a run is here
         newlines = np.flatnonzero(raw == _NEWLINE)
         line_words = np.empty(len(newlines) + 2, np.int64)
         line_words[0], line_words[-1] = 0, len(starts)
         line_words[1:-1] = np.searchsorted(starts, newlines)
-        rows, table_start, table = self._word_rows(text, raw, starts, ends)
+        rows, table_start, table = self._word_rows(raw, starts, ends)
         counts = (table_start[1:] - table_start[:-1])[rows]
         piece_end = np.zeros(len(starts) + 1, np.int64)
         np.cumsum(counts, out=piece_end[1:])
         ids = table[spread(table_start[rows], piece_end)]
         return ids, piece_end[line_words]
 
-    def _word_rows(self, text: str, raw: np.ndarray, starts: np.ndarray,
+    def _word_rows(self, raw: np.ndarray, starts: np.ndarray,
                    ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For every word its row of the piece table: (rows [W], first piece of every row, flat piece ids)."""
         lengths = ends - starts
@@ -107,7 +107,7 @@ class AsciiWordPiece:
         present = np.zeros(1 << 21, bool)
         present[code] = True
         tiny_codes = np.flatnonzero(present)
-        lookup = np.empty(1 << 21, np.int64)
+        lookup = np.empty(1 << 21, np.int32)
         lookup[tiny_codes] = np.arange(len(tiny_codes))
         tiny_rows = lookup[code]
         tiny_first = np.empty(len(tiny_codes), np.int64)
@@ -117,12 +117,12 @@ class AsciiWordPiece:
         other = np.flatnonzero(size > TINY_BYTES)
         k0, k1 = key0[other], key1[other]
         slot = ((k0 * _MIX + k1) * _MIX) >> np.uint64(64 - HASH_BITS)
-        owner = np.empty(1 << HASH_BITS, np.int64)
+        owner = np.empty(1 << HASH_BITS, np.int32)
         owner[slot] = np.arange(len(other))
         kept = owner[slot]
         settled = (k0[kept] == k0) & (k1[kept] == k1)
         firsts = np.flatnonzero(kept == np.arange(len(other)))  # the words kept in a slot
-        row_of_slot = np.empty(1 << HASH_BITS, np.int64)
+        row_of_slot = np.empty(1 << HASH_BITS, np.int32)
         row_of_slot[slot[firsts]] = np.arange(len(firsts))
         other_rows = row_of_slot[slot]
         unsettled = np.flatnonzero(~settled)
@@ -140,7 +140,7 @@ class AsciiWordPiece:
         rest = np.flatnonzero(lengths > KEY_BYTES)
         if rest.size:
             index: dict[str, int] = {}
-            for i, word in enumerate(text[s:e] for s, e in zip(starts[rest].tolist(), ends[rest].tolist())):
+            for i, word in enumerate(_slice_words(raw, starts[rest], ends[rest])):
                 rows[rest[i]] = len(words) + index.setdefault(word, len(index))
             words += list(index)
         word_rows, table_start, table = self._pieces(words)

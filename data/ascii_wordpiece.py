@@ -151,7 +151,9 @@ class AsciiWordPiece:
         piece ids). Words not seen before are added at once: vocab words directly, the others through the
         WordPiece model."""
         row = self._row
-        missing = [word for word in words if word not in row]
+        first_row = len(row)
+        # The words are distinct: with an empty cache (the first text) all are new, in order.
+        missing = [word for word in words if word not in row] if row else words
         if missing:
             # Greedy longest-match-first keeps a vocab word whole: one piece, its own id.
             whole_id = np.fromiter(map(self._whole.get, missing, repeat(-1)), np.int64, count=len(missing))
@@ -175,6 +177,8 @@ class AsciiWordPiece:
             flat[spread(starts[:-1][hard] - old_starts[-1], hard_offsets)] = hard_ids
             row.update(zip(missing, range(len(old_starts) - 1, len(old_starts) - 1 + len(missing))))
             self._table = (np.concatenate((old_starts[:-1], starts)), np.concatenate((old_flat, flat)))
+        if missing is words:
+            return np.arange(first_row, first_row + len(words)), *self._table
         return np.fromiter(map(row.__getitem__, words), np.int64, count=len(words)), *self._table
 
 

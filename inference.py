@@ -163,8 +163,8 @@ def predict_logits(
 
 def keep_document_logits(features: squad.SquadFeatures, logits: np.ndarray) -> np.ndarray:
     """Logits with every position outside the document part except [CLS] pushed to -10000, so that the n best
-    starts and ends are all candidates. (run_squad.py keeps the reference behaviour of ranking all positions;
-    for a model whose padding logits are not low, e.g. an untrained head, that can leave no valid span.)"""
+    starts and ends are all candidates. (run_squad.py ranks the question's tokens too, as the reference does;
+    for a model whose logits there are not low, e.g. an untrained head, that can leave no valid span.)"""
     keep = features.token_to_orig >= 0
     keep[:, 0] = True
     return np.where(keep, logits, np.float32(-10000.0))

@@ -169,8 +169,11 @@ def extract_answers(
                 null_score = s_logits[0] + e_logits[0]
                 if null is None or null_score < null[0]:
                     null = (null_score, row, 0, 0, s_logits[0], e_logits[0])
-            starts = _top_indexes(start_logits[row], settings.n_best_size)[:, None]
-            ends = _top_indexes(end_logits[row], settings.n_best_size)[None, :]
+            # Padded positions never take an n-best slot: with padding skipped their logits are only the head's
+            # bias, where a dense model has learnt low values (its SQuAD loss spans them).
+            padded = features.input_mask[row] == 0
+            starts = _top_indexes(np.where(padded, -np.inf, start_logits[row]), settings.n_best_size)[:, None]
+            ends = _top_indexes(np.where(padded, -np.inf, end_logits[row]), settings.n_best_size)[None, :]
             in_doc = features.token_to_orig[row] >= 0
             valid = (
                 in_doc[starts] & in_doc[ends] & features.token_is_max_context[row][starts]

@@ -61,8 +61,10 @@ def reference_predictions(examples, features, start_logits, end_logits, vocab, n
             is_max = {p: bool(features.token_is_max_context[row, p]) for p in to_orig}
             s_log = [float(x) for x in start_logits[row]]
             e_log = [float(x) for x in end_logits[row]]
-            best_s = [k for k, _ in sorted(enumerate(s_log), key=lambda x: x[1], reverse=True)][:n_best]
-            best_e = [k for k, _ in sorted(enumerate(e_log), key=lambda x: x[1], reverse=True)][:n_best]
+            # The original ranks every position; ours leaves padding out (a dense model's padded logits are low,
+            # so it ranks them last anyway; with padding skipped they are not computed).
+            best_s = [k for k, _ in sorted(enumerate(s_log[:n_tokens]), key=lambda x: x[1], reverse=True)][:n_best]
+            best_e = [k for k, _ in sorted(enumerate(e_log[:n_tokens]), key=lambda x: x[1], reverse=True)][:n_best]
             if v2 and (null is None or s_log[0] + e_log[0] < null[0]):
                 null = (s_log[0] + e_log[0], row, 0, 0, s_log[0], e_log[0])
             for s in best_s:
@@ -147,6 +149,21 @@ def test_extract_answers_equals_reference(shared_data, tokenizer, version):
     assert len(set(answers.values())) > 100
     if v2:
         assert 30 < sum(a == "" for a in answers.values()) < 270  # the threshold decides both ways
+
+
+@pytest.mark.shared_data
+def test_padded_positions_never_take_an_nbest_slot(shared_data, tokenizer):
+    examples = squad.read_squad_examples(shared_data / "squad" / "dev-v1.1.json", False, False)[:60]
+    features = squad.convert_examples_to_features(examples, tokenizer, squad.WindowSettings(max_seq_length=256))
+    padded = features.input_mask == 0
+    assert padded.mean() > 0.2
+    start, end = random_logits(features, seed=3)
+    low = squad_answers.extract_answers(examples, features, np.where(padded, -50, start), np.where(padded, -50, end),
+                                        tokenizer.vocab)
+    high = squad_answers.extract_answers(examples, features, np.where(padded, 50, start), np.where(padded, 50, end),
+                                         tokenizer.vocab)
+    assert high.answers == low.answers and high.nbest == low.nbest
+    assert all(len(entries) == 20 for entries in high.nbest.values())
 
 
 def test_extract_answers_finds_a_planted_span_and_maps_it_to_the_original_text(tokenizer):

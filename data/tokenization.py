@@ -24,7 +24,8 @@ from .ascii_wordpiece import AsciiWordPiece, non_ascii_lines, spread
 from .errors import DataError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-MAX_CHARS_PER_WORD = 100  # Google's WordPiece limit: longer words become [UNK]
+# Google's WordpieceTokenizer(max_input_chars_per_word=200): a longer word becomes [UNK], a shorter one is split.
+MAX_CHARS_PER_WORD = 200
 
 _PRIVATE_USE = re.compile("[\ue000-\uf8ff\U000f0000-\U000ffffd\U00100000-\U0010fffd]")
 # Stand-ins for private-use characters: letters with no case, no decomposition and no punctuation class,

@@ -67,7 +67,7 @@ def ref_basic_tokens(text: str, lower: bool) -> list[str]:
 
 
 def ref_wordpiece(word: str, vocab: set[str]) -> list[str]:
-    if len(word) > 100:
+    if len(word) > 200:  # Google's max_input_chars_per_word
         return ["[UNK]"]
     out, start = [], 0
     while start < len(word):
@@ -178,10 +178,32 @@ def test_mixed_ascii_and_unicode_lines_keep_their_order(uncased_vocab_path):
     assert ids.dtype.name == "int32" and offsets.dtype.name == "int64"
 
 
-def test_long_word_is_unknown(uncased_vocab_path):
-    tokenizer = BertTokenizer(load_vocab(uncased_vocab_path), do_lower_case=True)
-    assert tokenizer.tokenize("x" * 101) == ["[UNK]"]
-    assert tokenizer.tokenize("é" * 101) == ["[UNK]"]
+@pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
+def test_long_word_limit_is_googles_200_characters(lower, uncased_vocab_path, cased_vocab_path):
+    """Up to 200 characters a word is split into pieces, beyond it is [UNK], on the ASCII path (lines of ASCII)
+    and on the `tokenizers` path (lines with a non-ASCII character elsewhere), whole-text and line by line."""
+    vocab = load_vocab(uncased_vocab_path if lower else cased_vocab_path)
+    vocab_set = set(vocab.tokens)
+    tokenizer = BertTokenizer(vocab, do_lower_case=lower)
+    for char in "xb":
+        for size in (101, 150, 200, 201, 250):
+            word = char * size
+            pieces = ref_wordpiece(word, vocab_set)
+            assert (pieces == ["[UNK]"]) == (size > 200) and (len(pieces) > 1) == (size <= 200), (char, size)
+            # Keyed words (up to 16 bytes) and the dict of longer ones share a line: both ASCII word paths.
+            lines = [f"the {word} end", f"É {word} É"]  # ASCII path, `tokenizers` path
+            assert lines[0].isascii() and not lines[1].isascii()
+            accent = "e" if lower else "É"  # in both vocabs
+            want = [["the", *pieces, "end"], [accent, *pieces, accent]]
+            for text, expected in zip(lines, want):
+                assert tokenizer.tokenize(text) == expected == ref_tokenize(text, vocab_set, lower), (text, size)
+            ids, offsets = BertTokenizer(vocab, do_lower_case=lower).encode_text("\n".join(lines))
+            for i, expected in enumerate(want):
+                assert [vocab.tokens[t] for t in ids[offsets[i]:offsets[i + 1]].tolist()] == expected, (i, size)
+    # Non-ASCII words count characters, not bytes: 150 two-byte letters are split, 201 are [UNK].
+    accented = "É" * 150 + " " + "É" * 201
+    assert tokenizer.tokenize(accented) == ref_tokenize(accented, vocab_set, lower)
+    assert tokenizer.tokenize(accented)[-1] == "[UNK]" and tokenizer.tokenize(accented).count("[UNK]") == 1
     assert "[UNK]" not in tokenizer.tokenize("the " * 30)
 
 

@@ -214,12 +214,15 @@ def _bad_cases(tmp_path: Path, good_vocab: Path) -> dict[str, tuple[Path, Path, 
     latin1.write_bytes("Caf\xe9 au lait.\n".encode("latin-1"))
     bad_vocab = tmp_path / "bad_vocab.txt"
     bad_vocab.write_text("[PAD]\n[UNK]\nthe\n", encoding="utf-8")
+    no_unk_vocab = tmp_path / "no_unk_vocab.txt"
+    no_unk_vocab.write_text("[PAD]\n[CLS]\n[SEP]\n[MASK]\nthe\n", encoding="utf-8")
     return {
         "empty input": (empty, good_vocab, [], "empty.txt: input holds no text"),
         "directory with no text": (no_text_dir, good_vocab, [], "no_text: directory holds no .txt files"),
         "non-UTF-8": (latin1, good_vocab, [], "latin1.txt: not UTF-8 text (invalid byte at offset 3)"),
         "missing vocab": (text, tmp_path / "nope.txt", [], "nope.txt: vocab file not found"),
         "vocab without specials": (text, bad_vocab, [], "bad_vocab.txt: vocab lacks the special token(s) [CLS] [SEP] [MASK]"),
+        "vocab without [UNK]": (text, no_unk_vocab, [], "no_unk_vocab.txt: vocab lacks the special token(s) [UNK]"),
         "max_seq_length below 8": (text, good_vocab, ["--max_seq_length", "7"], "--max_seq_length: must be at least 8"),
     }
 

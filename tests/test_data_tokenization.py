@@ -207,10 +207,15 @@ def test_long_word_limit_is_googles_200_characters(lower, uncased_vocab_path, ca
     assert "[UNK]" not in tokenizer.tokenize("the " * 30)
 
 
-def test_vocab_without_special_tokens_is_refused(tmp_path):
+@pytest.mark.parametrize("tokens,missing", [
+    ("[PAD] [UNK] [SEP] the", r"\[CLS\] \[MASK\]"),
+    # Without [UNK] an unknown word would have no id (the WordPiece model fails mid-run): refused up front.
+    ("[PAD] [CLS] [SEP] [MASK] the", r"\[UNK\]"),
+], ids=["no CLS MASK", "no UNK"])
+def test_vocab_without_special_tokens_is_refused(tmp_path, tokens, missing):
     path = tmp_path / "vocab.txt"
-    path.write_text("[PAD]\n[UNK]\n[SEP]\nthe\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"vocab\.txt: vocab lacks the special token\(s\) \[CLS\] \[MASK\]"):
+    path.write_text("\n".join(tokens.split()) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"vocab\.txt: vocab lacks the special token\(s\) {missing}$"):
         load_vocab(path)
 
 

@@ -5,6 +5,7 @@ The reference below is a plain-Python rendering of Google's create_pretraining_d
 """
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 from pathlib import Path
@@ -250,25 +251,78 @@ def test_same_seed_same_shard_other_seed_other_shard(books_text, vocab_path, tmp
     assert first.shape != other.shape or not np.array_equal(first, other)
 
 
-def test_whole_word_masking_masks_all_pieces_of_a_word(books_text, vocab_path, tmp_path):
+def _words(original: np.ndarray, length: int, continuation: np.ndarray, cls: int, sep: int) -> list[list[int]]:
+    """Google's whole words of one instance: its positions except [CLS]/[SEP], a "##" piece joining the word
+    before it (across [SEP] too, as Google's cand_indexes do; a "##" first piece opens a word)."""
+    words: list[list[int]] = []
+    for position in range(length):
+        token = int(original[position])
+        if token in (cls, sep):
+            continue
+        if continuation[token] and words:
+            words[-1].append(position)
+        else:
+            words.append([position])
+    return words
+
+
+@pytest.mark.parametrize("preds", [PREDS, 4], ids=["20 predictions", "4 predictions"])
+def test_whole_word_masking_masks_all_pieces_of_a_word(preds, books_text, vocab_path, tmp_path):
+    """Every word is masked whole or not at all, and a word that does not fit in what is left of the budget is
+    skipped (Google: `if len(masked_lms) + len(index_set) > num_to_predict: continue`): the loop goes on with the
+    other words, so an instance masks fewer than num_to_predict tokens only when every word left is too long
+    (never on this text: a rule that stopped at the first word too long would leave many instances short; one
+    that cut the word would mask part of it)."""
     out = tmp_path / "wwm.hdf5"
-    create_shard(ShardConfig(books_text, out, vocab_path, True, SEQ, PREDS, 0.15, 0.1, 1, 5, whole_word_masking=True))
+    create_shard(ShardConfig(books_text, out, vocab_path, True, SEQ, preds, 0.15, 0.1, 1, 5, whole_word_masking=True))
     vocab = load_vocab(vocab_path)
+    cls, sep = vocab.id("[CLS]"), vocab.id("[SEP]")
     continuation = np.array([t.startswith("##") for t in vocab.tokens])
     with h5py.File(out, "r") as f:
-        pos, lab, seg = f["masked_lm_positions"][:], f["masked_lm_ids"][:], f["segment_ids"][:]
-        mask = f["input_mask"][:]
-    checked = 0
+        ids, pos, lab, mask = (f[k][:] for k in ("input_ids", "masked_lm_positions", "masked_lm_ids", "input_mask"))
+    multi_piece_masked = 0
     for row in range(len(pos)):
-        p = pos[row][pos[row] > 0]
-        originals = dict(zip(p.tolist(), lab[row][: len(p)].tolist()))
-        for position, token in originals.items():
-            # A masked "##" piece implies its word's previous piece is masked too.
-            if continuation[token] and position - 1 > 0 and seg[row, position - 1] == seg[row, position]:
-                assert position - 1 in originals
-                checked += 1
-        assert len(p) <= min(PREDS, max(1, round(mask[row].sum() * 0.15)))
-    assert checked > 50
+        p = pos[row][pos[row] > 0].tolist()
+        original = ids[row].copy()
+        original[p] = lab[row][: len(p)]
+        length = int(mask[row].sum())
+        words = _words(original, length, continuation, cls, sep)
+        masked = set(p)
+        for word in words:
+            taken = [position in masked for position in word]
+            assert all(taken) or not any(taken), (row, word, sorted(masked))
+            multi_piece_masked += len(word) > 1 and all(taken)
+        budget = min(preds, max(1, round(length * 0.15)))
+        assert len(masked) <= budget
+        if len(masked) < budget:  # then every word left was visited and skipped: none of them fits
+            assert all(len(word) > budget - len(masked) for word in words if word[0] not in masked), row
+    assert multi_piece_masked > 20
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))), ids=str)
+def test_whole_word_masking_skips_a_word_that_does_not_fit(order):
+    """Words visited in every order: with a budget of 2 the word of 3 pieces never fits and is skipped, the
+    two single-piece words are taken even when it comes first (no stop at it, no part of it); with a budget of 4
+    it is taken whole when visited before both others, else skipped."""
+    from data.instances import SpecialIds, _whole_word_positions
+
+    class Order:  # a generator whose permutation() is the given visiting order
+        def permutation(self, n: int) -> np.ndarray:
+            assert n == 3
+            return np.array(order)
+
+    # [CLS] a ##b ##c d [SEP] e [SEP]: words [1, 2, 3], [4], [6] (ids 2 and 3 are "##" pieces).
+    input_ids = np.array([[9, 1, 2, 3, 4, 8, 5, 8]])
+    candidates = np.array([[False, True, True, True, True, False, True, False]])
+    continuation = np.zeros(10, bool)
+    continuation[[2, 3]] = True
+    special = SpecialIds(cls=9, sep=8, mask=7, vocab_size=10, continuation=continuation)
+    words = [[1, 2, 3], [4], [6]]
+    assert _whole_word_positions(input_ids, candidates, np.array([2]), 4, special, Order()).tolist() == [[4, 6, 0, 0]]
+    got = _whole_word_positions(input_ids, candidates, np.array([4]), 4, special, Order())[0].tolist()
+    first_single = next(w for w in order if w)  # the budget then holds the long word and this one
+    want = sorted(words[0] + words[first_single]) if order.index(0) < 2 else [4, 6, 0, 0]
+    assert got == want, (order, got)
 
 
 @pytest.mark.parametrize("levels", [2**30, 8])

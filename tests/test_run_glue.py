@@ -25,6 +25,15 @@ def subset(source: Path, target: Path, train_rows: int, dev_rows: int) -> Path:
     return target
 
 
+def mrpc_test_file(dev: Path, target: Path, skip: int, rows: int) -> None:
+    """GLUE's MRPC test layout (index, #1 ID, #2 ID, #1 String, #2 String: no label) from dev rows not otherwise
+    used."""
+    picked = dev.read_text(encoding="utf-8").splitlines()[1 + skip: 1 + skip + rows]
+    lines = ["index\t#1 ID\t#2 ID\t#1 String\t#2 String"]
+    lines += [f"{i}\t" + "\t".join(line.split("\t")[1:]) for i, line in enumerate(picked)]
+    target.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def glue(shared_data, data_dir, out, *extra, launcher=(sys.executable,), check=True):
     minilm = shared_data / "minilm"
     cmd = [*launcher, str(REPO_ROOT / "run_glue.py"), "--data_dir", str(data_dir), "--output_dir", str(out),
@@ -132,18 +141,35 @@ def test_unknown_mode_or_nothing_to_do_is_an_input_error():
 
 
 def test_run_glue_sh_passes_nvidia_positional_arguments(shared_data, tmp_path):
+    """Also the one end-to-end run of --bf16 and of prediction (with eval in the same run): cheapest here."""
     data = subset(shared_data / "glue" / "MRPC", tmp_path / "MRPC", 16, 8)
+    mrpc_test_file(shared_data / "glue" / "MRPC" / "dev.tsv", data / "test.tsv", skip=8, rows=12)
     out = tmp_path / "out"
     minilm = shared_data / "minilm"
     # init data vocab config out task gpus batch accumulation lr warmup epochs max_steps precision seed mode
     args = [str(minilm), str(data), str(minilm / "vocab.txt"), "checkpoint", str(out), "mrpc", "1", "8", "2",
-            "5e-5", "0.1", "1", "2", "fp32", "3", "train eval"]
+            "5e-5", "0.1", "1", "2", "bf16", "3", "train eval prediction"]
     result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_glue.sh"), *args], capture_output=True,
                             text=True, env={**ENV, "PYTHON": sys.executable}, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:]
     params = read_log(out / "dllogger.json")[0]["data"]
     assert (params["train_batch_size"], params["gradient_accumulation_steps"], params["seed"]) == (8, 2, 3)
-    assert (params["do_train"], params["do_eval"], params["do_predict"]) == (True, True, False)
+    assert (params["do_train"], params["do_eval"], params["do_predict"]) == (True, True, True)
+    assert params["bf16"] is True
     results = json.loads((out / "results.json").read_text())
-    assert results["train_steps"] == 2 and "eval_acc_and_f1" in results
+    assert results["train_steps"] == 2 and math.isfinite(results["final_loss"])
+    assert 0 <= results["eval_acc"] <= 1 and 0 <= results["eval_acc_and_f1"] <= 1 and results["eval_examples"] == 8
+    # Both passes keep their timings: the dev pass under the plain keys, the test pass under prediction_*.
+    for key in ("e2e_inference_time", "inference_sequences_per_second", "latency_p50_ms", "latency_p99_ms"):
+        assert results[key] > 0 and results[f"prediction_{key}"] > 0, key
+    assert results["prediction_examples"] == 12
+    # Throughput times time gives back each pass's own example count: 8 dev rows, 12 test rows.
+    assert results["inference_sequences_per_second"] * results["e2e_inference_time"] == pytest.approx(8)
+    assert results["prediction_inference_sequences_per_second"] * results["prediction_e2e_inference_time"] == \
+        pytest.approx(12)
+    rows = (out / "test_predictions.tsv").read_text().splitlines()
+    assert rows[0] == "index\tprediction" and len(rows) == 13
+    assert [row.split("\t")[0] for row in rows[1:]] == [str(i) for i in range(12)]
+    assert all(row.split("\t")[1] in ("0", "1") for row in rows[1:])
+    assert len((out / "eval_predictions.tsv").read_text().splitlines()) == 9
     assert (out / "logfile.txt").read_text().strip()

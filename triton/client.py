@@ -41,14 +41,52 @@ class TritonQA:
             import tritonclient.http as client_module
         else:
             raise InputError(f"--protocol must be http or grpc, not {protocol!r}")
+        from tritonclient.utils import InferenceServerException
+
+        if "://" in url:  # tritonclient refuses it, and its half-made client then prints a traceback on exit
+            raise InputError(f"--url {url}: give host:port, without the scheme (e.g. 127.0.0.1:8000)")
         self.module = client_module
-        self.protocol = protocol
+        self.server_error = InferenceServerException
+        self.url, self.protocol = url, protocol
         self.model_name, self.model_version, self.timeout_s = model_name, model_version, timeout_s
-        if protocol == "http":
-            self.client = client_module.InferenceServerClient(url, connection_timeout=timeout_s,
-                                                              network_timeout=timeout_s)
+        try:
+            if protocol == "http":
+                self.client = client_module.InferenceServerClient(url, connection_timeout=timeout_s,
+                                                                  network_timeout=timeout_s)
+            else:
+                self.client = client_module.InferenceServerClient(url)
+        except InferenceServerException as error:
+            raise InputError(f"--url {url}: {error.message()}") from None
+
+    def unreachable(self, error: BaseException) -> Optional[InputError]:
+        """The one-line report for a connection failure (refused, unknown host, timed out), else None: errors
+        the server itself returned stay InferenceServerException."""
+        if isinstance(error, TimeoutError) or (isinstance(error, self.server_error)
+                                               and error.status() == "StatusCode.DEADLINE_EXCEEDED"):
+            return InputError(f"Triton server {self.url} ({self.protocol}): no answer within {self.timeout_s:g} s "
+                              "(--timeout)")
+        if isinstance(error, OSError):  # HTTP: refused, reset, unknown host
+            reason = error.strerror or str(error) or type(error).__name__
+        elif isinstance(error, self.server_error) and error.status() == "StatusCode.UNAVAILABLE":  # gRPC
+            reason = error.message() or "unavailable"
         else:
-            self.client = client_module.InferenceServerClient(url)
+            return None
+        return InputError(f"Triton server {self.url} ({self.protocol}) unreachable: {reason}; is it running, and "
+                          f"is --url its {self.protocol} port?")
+
+    def check_ready(self) -> None:
+        """InputError, naming the URL, unless the server answers and has the model ready."""
+        try:
+            ready = self.client.is_model_ready(self.model_name, self.model_version)
+        except Exception as error:
+            report = self.unreachable(error)
+            if report is None:
+                raise
+            raise report from None
+        if not ready:
+            version = f" version {self.model_version}" if self.model_version else ""
+            raise InputError(f"Triton server {self.url}: model {self.model_name!r}{version} is not ready "
+                             "(--model_name, --model_version)")
 
     def infer(self, arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """One request: three int [B, L] arrays -> (start, end) float32 [B, L]."""
@@ -59,8 +97,14 @@ class TritonQA:
             inputs.append(tensor)
         outputs = [self.module.InferRequestedOutput(name) for name in OUTPUTS]
         extra = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
-        result = self.client.infer(self.model_name, inputs, model_version=self.model_version, outputs=outputs,
-                                   **extra)
+        try:
+            result = self.client.infer(self.model_name, inputs, model_version=self.model_version, outputs=outputs,
+                                       **extra)
+        except Exception as error:
+            report = self.unreachable(error)
+            if report is None:
+                raise
+            raise report from None
         start, end = (result.as_numpy(name) for name in OUTPUTS)
         return start.astype(np.float32), end.astype(np.float32)
 
@@ -109,6 +153,20 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
 
 
+def read_context(path: str) -> str:
+    """The text of --context_file; InputError naming the file when it cannot be read as UTF-8 text."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found (--context_file)") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a text file (--context_file)") from None
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path}: not UTF-8 (byte {error.start}) (--context_file)") from None
+    except OSError as error:
+        raise InputError(f"{path}: cannot be read ({error.strerror}) (--context_file)") from None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_arguments(p)
@@ -126,10 +184,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--version_2_with_negative", action="store_true")
     p.add_argument("--null_score_diff_threshold", type=float, default=0.0)
     args = p.parse_args(argv)
-    context = args.context if args.context is not None else Path(args.context_file).read_text(encoding="utf-8")
+    context = args.context if args.context is not None else read_context(args.context_file)
     tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
     qa = TritonQA(args.url, args.model_name, args.protocol, args.model_version, args.timeout)
     try:
+        qa.check_ready()
         result = answer_question(
             qa, tokenizer, args.question, context,
             squad.WindowSettings(args.max_seq_length, args.doc_stride, args.max_query_length),

@@ -45,8 +45,9 @@ def measure(make_client, arrays: Sequence[np.ndarray], batch_size: int, concurre
     errors: list[BaseException] = []
 
     def worker() -> None:
-        qa = make_client()
+        qa = None
         try:
+            qa = make_client()
             qa.infer(batch)  # warm-up, not counted
             while time.perf_counter() < deadline:
                 with lock:
@@ -60,7 +61,8 @@ def measure(make_client, arrays: Sequence[np.ndarray], batch_size: int, concurre
         except BaseException as error:  # reported by the caller, not lost in the thread
             errors.append(error)
         finally:
-            qa.close()
+            if qa is not None:
+                qa.close()
 
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     began = time.perf_counter()
@@ -111,7 +113,10 @@ def plot(rows: list[dict[str, float]], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> list[dict[str, float]]:
+MAX_CONCURRENCY = 64
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_arguments(p)
     p.add_argument("--vocab_file", required=True)
@@ -124,14 +129,30 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict[str, float]]:
     p.add_argument("--max_seconds", type=float, default=60.0, help="time limit per point")
     p.add_argument("--output_dir", default="results/perf")
     args = p.parse_args(argv)
-    if min(args.batch_sizes + args.concurrency) < 1 or args.requests < 1 or args.concurrency[-1] > 64:
-        raise InputError("--batch_sizes, --concurrency (<= 64) and --requests must be at least 1")
+    # Every value is checked, not only the last: each one becomes a measured point.
+    for flag, values in (("--batch_sizes", args.batch_sizes), ("--concurrency", args.concurrency),
+                         ("--requests", [args.requests])):
+        if min(values) < 1:
+            raise InputError(f"{flag} {min(values)}: must be at least 1")
+    if max(args.concurrency) > MAX_CONCURRENCY:
+        raise InputError(f"--concurrency {max(args.concurrency)}: at most {MAX_CONCURRENCY} (one thread and client "
+                         "each)")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> list[dict[str, float]]:
+    args = parse_args(argv)
     tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
     arrays = sample_inputs(tokenizer, args.predict_file, squad.WindowSettings(args.seq_length, 128, 64))
 
     def make_client() -> TritonQA:
         return TritonQA(args.url, args.model_name, args.protocol, args.model_version, args.timeout)
 
+    probe = make_client()  # one clear error for a dead server, before any thread starts
+    try:
+        probe.check_ready()
+    finally:
+        probe.close()
     rows = []
     for concurrency in args.concurrency:
         for batch_size in args.batch_sizes:

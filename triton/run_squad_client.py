@@ -53,6 +53,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     args = parse_args(argv)
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
+    # A dead server is reported before the features, which take a minute on a full dev set; the probe's client
+    # is closed rather than left idle meanwhile.
+    probe = TritonQA(args.url, args.model_name, args.protocol, args.model_version, args.timeout)
+    try:
+        probe.check_ready()
+    finally:
+        probe.close()
     examples, features = run_squad.features_for(args, tokenizer, args.predict_file, is_training=False)
     qa = TritonQA(args.url, args.model_name, args.protocol, args.model_version, args.timeout)
     began = time.perf_counter()

@@ -1,0 +1,129 @@
+"""The Triton clients without a Triton server: bad input files, a closed port and bad flags end with exit status 2
+and one line on stderr naming the file or the URL; a stand-in HTTP endpoint answers the readiness check."""
+import http.server
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "triton"))
+import client  # noqa: E402
+import run_perf_client  # noqa: E402
+from errors import InputError  # noqa: E402
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+TRITON = REPO_ROOT / "triton"
+
+
+def closed_port() -> int:
+    """A port nothing listens on: bound by us, then released."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_line_error(script: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, str(TRITON / script), *args], env=ENV, capture_output=True, text=True,
+                          timeout=120, cwd=REPO_ROOT)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-3000:]
+    assert done.stdout == ""
+    return lines[0]
+
+
+@pytest.fixture
+def vocab(shared_data):
+    return str(shared_data / "minilm" / "vocab.txt")
+
+
+def test_client_missing_context_file_names_the_file(vocab, tmp_path):
+    missing = tmp_path / "no_such_context.txt"
+    line = one_line_error("client.py", "--vocab_file", vocab, "--question", "Who?", "--context_file", str(missing),
+                          "--url", f"127.0.0.1:{closed_port()}")
+    assert str(missing) in line and "not found" in line, line
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_client_with_unreachable_server_names_the_url(vocab, protocol):
+    url = f"127.0.0.1:{closed_port()}"
+    line = one_line_error("client.py", "--vocab_file", vocab, "--question", "Who?", "--context", "Ann went home.",
+                          "--url", url, "--protocol", protocol, "--timeout", "10")
+    assert url in line and "unreachable" in line and protocol in line, line
+
+
+def test_squad_client_with_unreachable_server_names_the_url(vocab, shared_data, tmp_path):
+    url = f"127.0.0.1:{closed_port()}"
+    line = one_line_error("run_squad_client.py", "--vocab_file", vocab, "--do_lower_case", "--predict_file",
+                          str(shared_data / "squad" / "dev-v1.1.json"), "--output_dir", str(tmp_path / "out"),
+                          "--url", url, "--timeout", "10")
+    assert url in line and "unreachable" in line, line
+    assert not (tmp_path / "out" / "predictions.json").exists()
+
+
+def test_perf_client_with_unreachable_server_names_the_url(vocab, tmp_path):
+    url = f"127.0.0.1:{closed_port()}"
+    line = one_line_error("run_perf_client.py", "--vocab_file", vocab, "--do_lower_case", "--seq_length", "64",
+                          "--batch_sizes", "1", "--concurrency", "1", "2", "--url", url, "--timeout", "10",
+                          "--output_dir", str(tmp_path / "perf"))
+    assert url in line and "unreachable" in line, line
+    assert not (tmp_path / "perf" / "perf.csv").exists()
+
+
+@pytest.mark.parametrize("concurrency, problem", [
+    (["65", "1"], "--concurrency 65"),  # once only the last value was held to the limit
+    (["1", "100", "2"], "--concurrency 100"),
+    (["0", "2"], "--concurrency 0"),
+])
+def test_perf_client_checks_every_concurrency_value(concurrency, problem):
+    with pytest.raises(InputError, match=problem):
+        run_perf_client.parse_args(["--vocab_file", "v", "--concurrency", *concurrency])
+
+
+def test_perf_client_accepts_values_within_the_limits():
+    args = run_perf_client.parse_args(["--vocab_file", "v", "--concurrency", "64", "1", "--batch_sizes", "1", "8"])
+    assert args.concurrency == [64, 1] and args.batch_sizes == [1, 8]
+    with pytest.raises(InputError, match="--batch_sizes 0"):
+        run_perf_client.parse_args(["--vocab_file", "v", "--batch_sizes", "4", "0"])
+
+
+def test_url_with_a_scheme_is_an_input_error():
+    with pytest.raises(InputError, match="without the scheme"):
+        client.TritonQA("http://127.0.0.1:8000", "bert")
+
+
+class ReadyHandler(http.server.BaseHTTPRequestHandler):
+    """Triton's HTTP readiness endpoint for one model, "bert"; every other path is 400, as Triton answers."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_response(200 if self.path == "/v2/models/bert/ready" else 400)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:  # keep the test output clean
+        pass
+
+
+def test_readiness_check_names_a_model_the_server_lacks():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ReadyHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        ready = client.TritonQA(url, "bert", timeout_s=10)
+        missing = client.TritonQA(url, "roberta", timeout_s=10)
+        try:
+            ready.check_ready()
+            with pytest.raises(InputError, match=f"{url}: model 'roberta' is not ready"):
+                missing.check_ready()
+        finally:
+            ready.close()
+            missing.close()
+    finally:
+        server.shutdown()
+        server.server_close()

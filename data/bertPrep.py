@@ -75,18 +75,25 @@ def default_vocab(cfg: PrepConfig) -> Path:
     return layout.download_dir(cfg.root) / "google_pretrained_weights" / name / "vocab.txt"
 
 
+def default_book_list(root: Path) -> Path:
+    """Where --action download looks for the BookCorpus URL list without --bookscorpus_url_list."""
+    return layout.download_dir(root) / "bookscorpus_url_list.txt"
+
+
 def do_download(cfg: PrepConfig) -> None:
     root = layout.download_dir(cfg.root)
     wanted = set(DATASETS[:-1]) - {"books_wiki_en_corpus", "python_docs"} if cfg.dataset == "all" else {cfg.dataset}
     if "books_wiki_en_corpus" in wanted:
         wanted |= {"bookscorpus", "wikicorpus_en"}
+    # Beside, not inside, download/bookscorpus/: every .txt in there is taken for a book.
+    url_list = cfg.bookscorpus_url_list or default_book_list(cfg.root)
+    if "bookscorpus" in wanted:
+        download.read_book_urls(url_list)  # a missing or bad list fails now, not after the other downloads
     if "wikicorpus_en" in wanted:
         download.fetch(download.WIKI_URL, root / "wikicorpus_en" / "wikicorpus_en.xml.bz2")
     if "bookscorpus" in wanted:
-        # Beside, not inside, download/bookscorpus/: every .txt in there is taken for a book.
-        url_list = cfg.bookscorpus_url_list or root / "bookscorpus_url_list.txt"
-        ok, failed = download.download_books(url_list, root / "bookscorpus")
-        print(f"bookscorpus: {ok} books present, {failed} URLs failed and were skipped")
+        ok, skipped = download.download_books(url_list, root / "bookscorpus")
+        print(f"bookscorpus: {ok} books present, {skipped} entries failed or had no .txt URL and were skipped")
     if "google_pretrained_weights" in wanted:
         for folder in download.download_google_weights(root):
             print(f"verified {folder}")
@@ -200,8 +207,10 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
     p.add_argument("--whole_word_masking", action="store_true")
     p.add_argument("--vocab_file", type=Path, help="vocab.txt to use (create_hdf5_files) or write (create_vocab)")
     p.add_argument("--vocab_size", type=int, default=30522, help="size of the vocab trained by create_vocab")
-    p.add_argument("--bookscorpus_url_list", type=Path,
-                   help="BookCorpus book URLs, one a line (default: <working dir>/download/bookscorpus_url_list.txt)")
+    p.add_argument("--bookscorpus_url_list", "--bookcorpus_url_list", type=Path,
+                   help="BookCorpus list for --action download (none is shipped): one plain-text book URL a line, "
+                        "or soskek/bookcorpus's url_list.jsonl (its \"txt\" URLs are used) "
+                        "(default: <working dir>/download/bookscorpus_url_list.txt)")
     p.add_argument("--compression", choices=("gzip", "lzf", "none"), default="none",
                    help="HDF5 compression of the shards (see create_pretraining_data.py --help)")
     p.add_argument("--skip_wikiextractor", type=int, default=0, help="accepted for compatibility")

@@ -6,6 +6,7 @@ otherwise) and renamed to `<dest>` only when complete, so an existing `<dest>` i
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import urllib.error
@@ -179,13 +180,54 @@ def _download_mrpc(folder: Path, urls: dict[str, str]) -> None:
         os.replace(tmp, folder / name)
 
 
-def download_books(url_list: Path, dest_dir: Path) -> tuple[int, int]:
-    """Fetch every URL of a BookCorpus list (one a line) as <dest_dir>/<name>.txt; (fetched/present, failed)."""
+BOOK_LIST_FORMAT = ("one plain-text book URL a line, or as the url_list.jsonl of the soskek/bookcorpus scraper "
+                    '(one JSON object a line; its "txt" URLs are used, epub-only entries skipped)')
+
+
+def read_book_urls(url_list: Path) -> tuple[list[str], int]:
+    """The book URLs of a BookCorpus list and the number of JSON-lines entries without a .txt URL (skipped:
+    only plain text is downloaded). Lines are URLs, or JSON objects as soskek/bookcorpus's download_list.py
+    writes them; blank lines are ignored."""
     try:
-        urls = [u.strip() for u in url_list.read_text(encoding="utf-8").split("\n") if u.strip()]
-    except OSError:
-        raise DataError(url_list, "BookCorpus URL list not found (one book URL a line)") from None
-    ok = failed = 0
+        text = url_list.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        # The repository ships no list (BookCorpus is no longer distributed): say what to put there.
+        raise DataError(url_list, "BookCorpus URL list not found; this repository ships none. Write this file "
+                                  f"with {BOOK_LIST_FORMAT}; or pass another file with --bookscorpus_url_list"
+                        ) from None
+    except IsADirectoryError:
+        raise DataError(url_list, "BookCorpus URL list is a directory, not a file") from None
+    except UnicodeDecodeError as err:
+        raise DataError(url_list, f"BookCorpus URL list is not UTF-8 (byte {err.start})") from None
+    except OSError as err:
+        raise DataError(url_list, f"cannot read the BookCorpus URL list ({err.strerror})") from None
+    urls: list[str] = []
+    no_txt = 0
+    for number, line in enumerate(text.split("\n"), 1):
+        line = line.strip()
+        if not line.startswith("{"):
+            if line:
+                urls.append(line)
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(url_list, f"line {number}: not a JSON object ({err.msg})") from None
+        url = entry.get("txt") if isinstance(entry, dict) else None
+        if isinstance(url, str) and url.strip():
+            urls.append(url.strip())
+        else:
+            no_txt += 1  # epub-only books: this recipe formats plain text only
+    if not urls:
+        raise DataError(url_list, f"BookCorpus URL list holds no book URL; write it with {BOOK_LIST_FORMAT}")
+    return urls, no_txt
+
+
+def download_books(url_list: Path, dest_dir: Path) -> tuple[int, int]:
+    """Fetch every .txt URL of a BookCorpus list (see read_book_urls) as <dest_dir>/<name>.txt;
+    (fetched/present, failed or without a .txt URL)."""
+    urls, no_txt = read_book_urls(url_list)
+    ok, failed = 0, no_txt
     for url in urls:
         name = url.rstrip("/").rsplit("/", 1)[-1] or "book"
         dest = dest_dir / (name if name.endswith(".txt") else name + ".txt")

@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import json
+import os
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 import zipfile
@@ -175,3 +180,67 @@ def test_books_skip_dead_links_and_count_them(server, tmp_path):
     url_list.write_text(f"{base}book1.txt\n{base}gone.txt\n{base}also-gone\n", encoding="utf-8")
     assert download.download_books(url_list, tmp_path / "books") == (1, 2)
     assert (tmp_path / "books" / "book1.txt").read_text(encoding="utf-8") == "Once upon a time."
+
+
+def test_books_from_a_soskek_jsonl_list_use_the_txt_urls(server, tmp_path):
+    """soskek/bookcorpus's url_list.jsonl: one JSON object a line; "txt" is fetched, epub-only entries skipped."""
+    base, root, _ = server
+    (root / "52").mkdir()
+    (root / "52" / "style-guide.txt").write_text("A guide.", encoding="utf-8")
+    entries = [
+        {"page": "https://example.invalid/books/view/52", "epub": "", "txt": f"{base}52/style-guide.txt",
+         "title": "A", "num_words": 2, "b_idx": 1},
+        {"page": "https://example.invalid/books/view/53", "epub": f"{base}53/only.epub", "txt": "", "b_idx": 2},
+        {"page": "https://example.invalid/books/view/54", "epub": "", "txt": f"{base}54/gone.txt", "b_idx": 3},
+    ]
+    url_list = tmp_path / "url_list.jsonl"
+    url_list.write_text("\n".join(json.dumps(e) for e in entries) + "\n\n", encoding="utf-8")
+    assert download.read_book_urls(url_list) == ([f"{base}52/style-guide.txt", f"{base}54/gone.txt"], 1)
+    assert download.download_books(url_list, tmp_path / "books") == (1, 2)
+    assert (tmp_path / "books" / "style-guide.txt").read_text(encoding="utf-8") == "A guide."
+
+
+@pytest.mark.parametrize("content,problem", [
+    ("", "BookCorpus URL list holds no book URL; write it with one plain-text book URL a line, or as the url_list"),
+    ('{"txt": ""}\n', "holds no book URL"),
+    ('{"txt": "http://x/a.txt"}\n{"txt": \n', "line 2: not a JSON object"),
+])
+def test_bad_book_lists_are_refused(tmp_path, content, problem):
+    url_list = tmp_path / "list.txt"
+    url_list.write_text(content, encoding="utf-8")
+    with pytest.raises(DataError, match=problem.replace("(", r"\(")):
+        download.read_book_urls(url_list)
+
+
+def _prep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "data" / "bertPrep.py"),
+                           "--action", "download", *args], env={**os.environ, "BERT_PREP_WORKING_DIR": str(tmp_path)},
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("flag", [None, "--bookscorpus_url_list", "--bookcorpus_url_list"])
+def test_missing_book_list_says_what_to_provide(tmp_path, flag):
+    """No URL list is shipped: the download stops at once (before any other download of the dataset) with one
+    line and exit 2 naming the file to write, its formats and the flag."""
+    expected = tmp_path / "download" / "bookscorpus_url_list.txt" if flag is None else tmp_path / "mine.jsonl"
+    for dataset in ("bookscorpus", "books_wiki_en_corpus"):
+        run = _prep(tmp_path, "--dataset", dataset, *([flag, str(expected)] if flag else []))
+        assert run.returncode == 2, run.stderr
+        lines = run.stderr.strip().split("\n")
+        assert len(lines) == 1, run.stderr
+        assert lines[0].startswith(f"error: {expected}: BookCorpus URL list not found"), lines[0]
+        for part in ("one plain-text book URL a line", "url_list.jsonl", "soskek/bookcorpus", '"txt"',
+                     "--bookscorpus_url_list"):
+            assert part in lines[0], (part, lines[0])
+        assert not (tmp_path / "download" / "wikicorpus_en").exists()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not found")
+def test_create_datasets_wiki_books_stops_at_the_missing_book_list(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "data" / "create_datasets_from_start.sh"
+    run = subprocess.run(["bash", str(script), "wiki_books"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "BERT_PREP_WORKING_DIR": str(tmp_path), "PYTHON": sys.executable})
+    lines = run.stderr.strip().split("\n")
+    assert run.returncode == 2 and len(lines) == 1, run.stderr
+    assert f"{tmp_path}/download/bookscorpus_url_list.txt: BookCorpus URL list not found" in lines[0], lines[0]
+    assert not (tmp_path / "download" / "wikicorpus_en").exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -67,6 +68,15 @@ def any_process(flag: bool, ctx: DistributedContext) -> bool:
     value = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
+
+
+def all_gather_objects(value: Any, ctx: DistributedContext) -> list[Any]:
+    """Every process's `value` (picklable; e.g. RNG states), indexed by rank, on every process."""
+    if not ctx.enabled:
+        return [value]
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, value)
+    return gathered
 
 
 def barrier(ctx: DistributedContext) -> None:

@@ -27,7 +27,7 @@ from metric_logger import MetricLogger
 from model import BertConfig
 from model_weights import LoadedWeights, load_weights_into, read_config, read_weights, save_torch_atomic
 from squad import write_atomic
-from training import Precision, Stepper, batches_to_device, take, unwrap
+from training import Precision, Stepper, allow_tf32, batches_to_device, take, unwrap
 
 Arrays = dict[str, np.ndarray]
 Batch = dict[str, torch.Tensor]
@@ -52,6 +52,7 @@ def add_common_arguments(p: argparse.ArgumentParser, *, batch_size: int, learnin
     p.add_argument("--do_lower_case", action="store_true")
     p.add_argument("--fp16", "--amp", dest="fp16", action="store_true", help="fp16 autocast + loss scaling (CUDA)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU or GPU)")
+    p.add_argument("--tf32", action="store_true", help="TF32 matmuls in fp32 training (Ampere+ GPUs)")
     p.add_argument("--loss_scale", type=float, default=0, help="accepted for compatibility; scaling is dynamic")
     p.add_argument("--json-summary", dest="json_summary", default=None, help="dllogger JSON-lines file")
     p.add_argument("--log_freq", type=int, default=50, help="log the loss every N optimizer steps")
@@ -63,6 +64,7 @@ def add_common_arguments(p: argparse.ArgumentParser, *, batch_size: int, learnin
 
 
 def check_common_arguments(args: argparse.Namespace) -> None:
+    """Refuses inconsistent flags (InputError) and applies --tf32."""
     if args.gradient_accumulation_steps < 1:
         raise InputError(f"--gradient_accumulation_steps must be >= 1, got {args.gradient_accumulation_steps}")
     if args.do_train and args.train_batch_size % args.gradient_accumulation_steps:
@@ -70,6 +72,7 @@ def check_common_arguments(args: argparse.Namespace) -> None:
                          f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
     if args.do_train and args.num_train_epochs <= 0 and args.max_steps <= 0:
         raise InputError("--do_train needs --num_train_epochs > 0 or --max_steps > 0")
+    allow_tf32(args.tf32)
 
 
 def seed_everything(seed: int) -> None:

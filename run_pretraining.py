@@ -11,6 +11,7 @@ import argparse
 import math
 import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -22,7 +23,15 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 import checkpointing
-from distributed import DistributedContext, all_reduce_sum, any_process, barrier, init_distributed, shutdown
+from distributed import (
+    DistributedContext,
+    all_gather_objects,
+    all_reduce_sum,
+    any_process,
+    barrier,
+    init_distributed,
+    shutdown,
+)
 from errors import InputError, run_cli
 from metric_logger import MetricLogger
 from model import BertConfig, BertForPreTraining
@@ -40,6 +49,7 @@ from training import (
     Stepper,
     StopSignal,
     TrainingFailure,
+    allow_tf32,
     batches_to_device,
     make_precision,
     take,
@@ -68,6 +78,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--gradient_accumulation_steps", type=int, default=1)
     p.add_argument("--fp16", "--amp", dest="fp16", action="store_true", help="fp16 autocast + loss scaling (CUDA)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU or GPU)")
+    p.add_argument("--tf32", action="store_true", help="TF32 matmuls in fp32 training (Ampere+ GPUs)")
     p.add_argument("--loss_scale", type=float, default=0.0, help="accepted for compatibility; scaling is dynamic")
     p.add_argument("--init_loss_scale", type=float, default=2.0**20)
     p.add_argument("--log_freq", type=float, default=1.0, help="log every N steps")
@@ -102,6 +113,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                          f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
     if args.do_eval and not args.eval_dir:
         raise InputError("--do_eval needs --eval_dir")
+    if args.do_eval and not args.do_train and not (args.init_checkpoint or args.resume_from_checkpoint):
+        raise InputError("--do_eval without --do_train evaluates given weights: pass --init_checkpoint or "
+                         "--resume_from_checkpoint")
     args.max_steps = int(args.max_steps)
     args.log_freq = max(1, int(args.log_freq))
     return args
@@ -119,6 +133,12 @@ def build_model(args: argparse.Namespace, config: BertConfig, device: torch.devi
     if args.init_checkpoint:
         load_weights_into(model, read_weights(args.init_checkpoint), args.init_checkpoint)
     return model.to(device)
+
+
+def ignore_sigterm(worker_id: int) -> None:
+    """DataLoader workers outlive a SIGTERM sent to the whole job (torch's own worker handler would end them and
+    fail the main process): the main process finishes its step and checkpoint, then stops them itself."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def pretraining_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -152,8 +172,8 @@ def evaluate(model: torch.nn.Module, shards: list, args: argparse.Namespace, ctx
     return {"eval_loss": float(sums[0]) / count, "eval_mlm_accuracy": float(sums[1]) / count}
 
 
-def restore_state(args: argparse.Namespace, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                  precision: Any, log: MetricLogger) -> dict[str, Any]:
+def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module,
+                  optimizer: torch.optim.Optimizer, log: MetricLogger) -> dict[str, Any]:
     """Loads the checkpoint to resume from; returns where to continue (phase step, stream position, rng)."""
     path, ckpt = checkpointing.load_newest_checkpoint(args.output_dir, args.resume_step)
     unwrap(model).load_state_dict(ckpt["model"])
@@ -167,12 +187,16 @@ def restore_state(args: argparse.Namespace, model: torch.nn.Module, optimizer: t
         log.log("PARAMETER", {"phase2_start_from": str(path)})
         return {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None, "epoch": 0}
     log.log("PARAMETER", {"resumed_from": str(path)})
+    per_rank = ckpt.get("rng_per_rank") or []
+    # Same world size: each rank continues its own stream; otherwise rank 0's (not bit-exact, but seeded).
+    rng = per_rank[ctx.rank] if len(per_rank) == ctx.world_size else ckpt.get("rng")
     return {"phase_step": int(ckpt["phase_step"]), "position": int(ckpt["data"]["stream_position"]),
-            "scheduler": ckpt.get("scheduler"), "rng": ckpt.get("rng"), "scaler": ckpt.get("scaler"),
+            "scheduler": ckpt.get("scheduler"), "rng": rng, "scaler": ckpt.get("scaler"),
             "epoch": int(ckpt.get("epoch", 0))}
 
 
-def checkpoint_payload(args, model, optimizer, scheduler, precision, stream, position, phase_step, config):
+def checkpoint_payload(args, model, optimizer, scheduler, precision, stream, position, phase_step, config,
+                       rng_per_rank):
     epoch, slot, offset = stream.locate(position)
     order = stream.file_order(epoch)
     return {
@@ -184,7 +208,8 @@ def checkpoint_payload(args, model, optimizer, scheduler, precision, stream, pos
         "data": {"stream_position": position, "seed": args.seed,
                  "file_order": [stream.shards[i].path.name for i in order], "file_index": slot,
                  "sample_offset": offset},
-        "rng": checkpointing.rng_state(),
+        "rng": rng_per_rank[0],
+        "rng_per_rank": rng_per_rank,  # each rank's dropout stream, so that a multi-process resume is exact
         "phase2": bool(args.phase2),
         "phase1_end_step": args.phase1_end_step if args.phase2 else None,
         "phase_step": phase_step,
@@ -206,6 +231,7 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     start_time = time.time()
     config = read_config(args.config_file)
     precision = make_precision(ctx.device, args.fp16, args.bf16, args.init_loss_scale)
+    allow_tf32(args.tf32)
     bar_enabled = ctx.is_main and not args.disable_progress_bar
     log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar_enabled else print,
                        tensorboard_dir=Path(args.output_dir) / "tensorboard")
@@ -233,7 +259,7 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     optimizer = build_lamb(weight_decay_groups(model, 0.01), lr=args.learning_rate, compiled=args.compile_optimizer)
     resume = {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None, "epoch": 0}
     if args.resume_from_checkpoint and (existing or args.resume_step >= 0):
-        resume = restore_state(args, model, optimizer, precision, log)
+        resume = restore_state(args, ctx, model, optimizer, log)
     elif args.resume_from_checkpoint and args.do_train and args.phase2:
         raise InputError(f"{args.output_dir}: phase 2 needs the phase-1 checkpoint to resume from")
     scheduler = PolyWarmUpScheduler(optimizer, args.warmup_proportion, max(args.max_steps, 1))
@@ -270,12 +296,14 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
     # A private generator for the loader, so that creating it draws nothing from the dropout RNG.
     loader = DataLoader(dataset, batch_size=None, num_workers=args.num_workers,
                         pin_memory=ctx.device.type == "cuda", generator=torch.Generator().manual_seed(args.seed),
-                        persistent_workers=False)
+                        persistent_workers=False, worker_init_fn=ignore_sigterm)
+    # Before the workers fork: they inherit the handler, so a SIGTERM sent to the whole job (Slurm) only
+    # sets a flag in them instead of killing them under the main process.
+    stop = StopSignal()
     batches = iter(loader)
     if resume["rng"] is not None:
         checkpointing.set_rng_state(resume["rng"])
     stepper = Stepper(model, optimizer, scheduler, precision, pretraining_loss)
-    stop = StopSignal()
     step_offset = args.phase1_end_step if args.phase2 else 0
     position = resume["position"]
     losses: list[float] = []
@@ -290,13 +318,15 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
     steps_since_record = 0
     record_clock = time.perf_counter()
 
-    def save() -> None:
-        # Never rotate a good checkpoint out for one taken in a run of non-finite steps.
-        if args.skip_checkpoint or stepper.consecutive_non_finite:
+    def save(periodic: bool) -> None:
+        # A periodic checkpoint never rotates a good one out during a run of non-finite (not fp16-overflow)
+        # steps; the SIGTERM and end-of-run ones are always written (skipped steps left the weights good).
+        if args.skip_checkpoint or (periodic and precision.scaler is None and stepper.consecutive_non_finite):
             return
+        rng_per_rank = all_gather_objects(checkpointing.rng_state(), ctx)
         if ctx.is_main:
             payload = checkpoint_payload(args, model, optimizer, scheduler, precision, stream, position,
-                                         phase_step, config)
+                                         phase_step, config, rng_per_rank)
             checkpointing.save_checkpoint(args.output_dir, phase_step + step_offset, payload)
         barrier(ctx)
 
@@ -324,17 +354,17 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
                 steps_since_record, record_clock = 0, now
                 if precision.scaler is not None:
                     record["loss_scale"] = precision.scaler.get_scale()
-                log.log([resume["epoch"], phase_step + step_offset], record)
+                log.log([stream.locate(position)[0], phase_step + step_offset], record)
                 bar.set_postfix(loss=f"{last_loss:.4f}")
                 losses.clear()
             if args.eval_steps and phase_step % args.eval_steps == 0 and eval_shards:
                 evaluation_start = time.perf_counter()
                 result = evaluate(model, eval_shards, args, ctx, precision)
-                log.log([resume["epoch"], phase_step + step_offset], result)
+                log.log([stream.locate(position)[0], phase_step + step_offset], result)
                 record_clock += time.perf_counter() - evaluation_start  # not training time
             stopping = any_process(stop.requested, ctx)
             if stopping or last_of_run or phase_step % args.num_steps_per_checkpoint == 0:
-                save()
+                save(periodic=not (stopping or last_of_run))
             if stopping:
                 log.log("PARAMETER", {"stopped_by": "SIGTERM", "global_step": phase_step + step_offset})
                 break

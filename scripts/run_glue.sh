@@ -28,7 +28,8 @@ flags=()
 case "$precision" in
   fp16) flags+=(--fp16) ;;
   bf16) flags+=(--bf16) ;;
-  tf32|fp32) ;;
+  tf32) flags+=(--tf32) ;;
+  fp32) ;;
   *) echo "error: unknown precision '$precision' (fp16, bf16, tf32 or fp32)" >&2; exit 2 ;;
 esac
 [ "$config_file" != "checkpoint" ] && flags+=(--config_file="$config_file")

@@ -40,7 +40,8 @@ flags=()
 case "$precision" in
   fp16) flags+=(--fp16) ;;
   bf16) flags+=(--bf16) ;;
-  tf32|fp32) ;;
+  tf32) flags+=(--tf32) ;;
+  fp32) ;;
   *) echo "error: unknown precision '$precision' (fp16, bf16, tf32 or fp32)" >&2; exit 2 ;;
 esac
 [ "$accumulate_gradients" = "true" ] || { gradient_accumulation_steps=1; gradient_accumulation_steps_phase2=1; }
@@ -60,6 +61,13 @@ log() { if [ "$create_logfile" = "true" ]; then tee -a "$RESULTS_DIR/$job_name.l
   --num_steps_per_checkpoint="$save_checkpoint_steps" --learning_rate="$learning_rate" --seed="$seed" \
   --gradient_accumulation_steps="$gradient_accumulation_steps" --do_train \
   --json-summary="$RESULTS_DIR/dllogger_phase1.json" "${flags[@]}" "${resume[@]}" "${extra[@]}" 2>&1 | log
+
+# A preempted phase 1 (SIGTERM: checkpoint, exit 0) or a shortened one (--steps_this_run) must not hand over.
+if [ ! -f "$CHECKPOINTS_DIR/ckpt_${train_steps}.pt" ]; then
+  echo "phase 1 stopped before step $train_steps: run again with resume_training=true to finish it;" \
+    "phase 2 not started" | log
+  exit 0
+fi
 
 "${launch[@]}" --input_dir="$DATA_DIR_PHASE2" --output_dir="$CHECKPOINTS_DIR" --config_file="$BERT_CONFIG" \
   --bert_model=bert-large-uncased --train_batch_size="$train_batch_size_phase2" --max_seq_length=512 \

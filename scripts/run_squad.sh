@@ -26,7 +26,8 @@ flags=()
 case "$precision" in
   fp16) flags+=(--fp16) ;;
   bf16) flags+=(--bf16) ;;
-  tf32|fp32) ;;
+  tf32) flags+=(--tf32) ;;
+  fp32) ;;
   *) echo "error: unknown precision '$precision' (fp16, bf16, tf32 or fp32)" >&2; exit 2 ;;
 esac
 [[ $mode == *train* ]] && flags+=(--do_train --train_file="$squad_dir/train-v1.1.json" --train_batch_size="$batch_size")

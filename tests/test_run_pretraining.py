@@ -66,7 +66,9 @@ def pretrain(corpus, out, *extra, config="bert_config.json", phase=1, nproc=1, c
     else:
         command = [sys.executable, str(REPO_ROOT / "run_pretraining.py"), *args]
     if popen:
-        return subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Its own process group, so that a test can signal the whole job as Slurm does.
+        return subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
     result = subprocess.run(command, env=ENV, capture_output=True, text=True)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
@@ -101,14 +103,18 @@ def test_loss_falls_on_real_text_and_logs_follow_dllogger_format(corpus, tmp_pat
     assert sorted(p.name for p in tmp_path.glob("ckpt_*.pt")) == ["ckpt_40.pt"]
 
 
-def test_resume_continues_bit_for_bit(corpus, tmp_path):
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_resume_continues_bit_for_bit(corpus, tmp_path, nproc):
     straight, split = tmp_path / "straight", tmp_path / "split"
     common = ["--train_batch_size", 8, "--gradient_accumulation_steps", 2, "--max_steps", 8,
               "--num_steps_per_checkpoint", 4]
-    pretrain(corpus, straight, *common)
-    pretrain(corpus, split, *common, "--steps_this_run", 3)
+    pretrain(corpus, straight, *common, nproc=nproc)
+    pretrain(corpus, split, *common, "--steps_this_run", 3, nproc=nproc)
     assert sorted(p.name for p in split.glob("ckpt_*.pt")) == ["ckpt_3.pt"]
-    pretrain(corpus, split, *common, "--resume_from_checkpoint")
+    if nproc > 1:  # each rank's dropout stream is kept: the ranks draw different masks
+        states = torch.load(split / "ckpt_3.pt", weights_only=True)["rng_per_rank"]
+        assert len(states) == 2 and not torch.equal(states[0]["torch"], states[1]["torch"])
+    pretrain(corpus, split, *common, "--resume_from_checkpoint", nproc=nproc)
     a, b = step_records(straight / "log.json"), step_records(split / "log.json")
     assert sorted(a) == sorted(b) == [(0, s) for s in range(1, 9)]
     for step in range(4, 9):  # after the resume: identical to the last bit, dropout and data order included
@@ -165,14 +171,19 @@ def test_phase2_starts_from_phase1_with_reset_schedule_and_continued_numbers(cor
     assert (tmp_path / "ckpt_10.pt").exists()
 
 
-def test_sigterm_finishes_the_step_checkpoints_and_exits_0(corpus, tmp_path):
+@pytest.mark.parametrize("workers, whole_job", [(0, False), (1, True)])
+def test_sigterm_finishes_the_step_checkpoints_and_exits_0(corpus, tmp_path, workers, whole_job):
+    """SIGTERM to the main process, or (as Slurm does) to the whole job including DataLoader workers."""
     process = pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 100000,
-                       "--num_steps_per_checkpoint", 100000, popen=True)
+                       "--num_steps_per_checkpoint", 100000, "--num_workers", workers, popen=True)
     deadline = time.time() + 120
     while time.time() < deadline and not (tmp_path / "log.json").exists() or not step_records_safe(tmp_path):
         time.sleep(0.2)
         assert process.poll() is None, process.stderr.read()
-    process.send_signal(signal.SIGTERM)
+    if whole_job:
+        os.killpg(process.pid, signal.SIGTERM)
+    else:
+        process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stderr
     checkpoints = list(tmp_path.glob("ckpt_*.pt"))
@@ -333,6 +344,14 @@ def test_output_dir_of_another_run_needs_resume(corpus, tmp_path):
     assert_clear_error(cli(corpus, tmp_path, corpus / "p1"), "ckpt_7.pt", "--resume_from_checkpoint")
 
 
+def test_do_eval_alone_needs_weights(corpus, tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "run_pretraining.py"), "--input_dir", str(corpus / "p1"), "--config_file",
+         str(corpus / "bert_config.json"), "--output_dir", str(tmp_path / "out"), "--do_eval", "--eval_dir",
+         str(corpus / "eval")], env=ENV, capture_output=True, text=True)
+    assert_clear_error(result, "--init_checkpoint")
+
+
 def test_fp16_on_cpu_points_to_bf16(corpus, tmp_path):
     assert_clear_error(cli(corpus, tmp_path, corpus / "p1", "--fp16"), "--bf16")
 
@@ -361,3 +380,20 @@ def test_run_pretraining_sh_runs_both_phases_on_one_cpu_process(shared_data, cor
     assert checkpoints == ["ckpt_2.pt", "ckpt_3.pt", "ckpt_5.pt"]  # phase 2 numbers continue after step 3
     phase2 = step_records(tmp_path / "results" / "dllogger_phase2.json")
     assert sorted(phase2) == [(0, 4), (0, 5)]
+
+
+def test_run_pretraining_sh_maps_tf32_and_stops_after_an_unfinished_phase_1(tmp_path):
+    """With a stand-in python that records its arguments and trains nothing, phase 1 leaves no ckpt_<steps>.pt
+    (as after a SIGTERM), so phase 2 must not start; precision tf32 becomes --tf32."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho "$@" >> "$ARGS_LOG"\n')
+    fake.chmod(0o755)
+    positional = [8, "1e-2", "tf32", 1, 0.1, 3, 2, "false", "false", "true", 2, 42, "job", "false", "false",
+                  4, "5e-3", 0.1, 2, 2, tmp_path / "p1", tmp_path / "config.json", tmp_path / "p2", REPO_ROOT]
+    env = {**ENV, "RESULTS_DIR": str(tmp_path / "results"), "PYTHON": str(fake), "ARGS_LOG": str(tmp_path / "args")}
+    result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_pretraining.sh"), *map(str, positional)],
+                            env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    calls = (tmp_path / "args").read_text().splitlines()
+    assert len(calls) == 1 and "--tf32" in calls[0].split() and "--phase2" not in calls[0]
+    assert "phase 2 not started" in result.stdout

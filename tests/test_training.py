@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from optimization import PolyWarmUpScheduler
+import training
 from training import MAX_CONSECUTIVE_NON_FINITE, Precision, Stepper, TrainingFailure, make_precision
 from errors import InputError
 
@@ -76,3 +77,15 @@ def test_precision_flags():
         make_precision(torch.device("cpu"), fp16=True, bf16=False)
     with pytest.raises(InputError, match="exclude"):
         make_precision(torch.device("cpu"), fp16=True, bf16=True)
+
+
+def test_tf32_switch_turns_on_tf32_matmuls_and_convolutions():
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        training.allow_tf32(False)
+        assert not torch.backends.cuda.matmul.allow_tf32
+        training.allow_tf32(True)
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

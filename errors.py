@@ -2,11 +2,26 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Callable, NoReturn
 
 
 class InputError(ValueError):
     """A file, flag or value the user supplied that cannot be used; the message names it and says why."""
+
+
+def read_text_file(path: str | Path, what: str = "file") -> str:
+    """The UTF-8 text of a user-given file; InputError naming the file (as `what`) when it cannot be read."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: {what} not found") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: {what} is a directory") from None
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path}: {what} is not UTF-8 (byte {error.start})") from None
+    except OSError as error:
+        raise InputError(f"{path}: cannot read the {what} ({error.strerror})") from None
 
 
 def fail(message: str) -> NoReturn:

@@ -11,7 +11,6 @@ same sliding windows as run_squad.py (--max_seq_length, --doc_stride).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from dataclasses import dataclass
@@ -21,12 +20,13 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-import model_weights
+import finetuning
 import squad
 import squad_answers
-from data.tokenization import BertTokenizer, load_vocab
-from errors import InputError, run_cli
-from model import BertConfig, BertForQuestionAnswering
+from data.tokenization import BertTokenizer
+from errors import InputError, read_text_file, run_cli
+from model import BertForQuestionAnswering
+from training import make_precision
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
         if getattr(args, flag) < 1:
             p.error(f"--{flag} must be at least 1")
     if args.context_file is not None:
-        context = _read_text(Path(args.context_file))
+        context = read_text_file(args.context_file, "context file")
     else:
         context = args.context
     return InferenceOptions(
@@ -95,70 +95,37 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
     )
 
 
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{path}: context file not found") from None
-    except UnicodeDecodeError as error:
-        raise InputError(f"{path}: context file is not UTF-8 (byte {error.start})") from None
-    except OSError as error:
-        raise InputError(f"{path}: cannot read the context file ({error.strerror})") from None
-
-
 def load_tokenizer(vocab_file: Path, do_lower_case: bool) -> BertTokenizer:
     """The WordPiece tokenizer of a vocab.txt; a bad vocab file is an InputError (data.errors.DataError)."""
-    return BertTokenizer(load_vocab(vocab_file), do_lower_case)
+    return finetuning.load_tokenizer(vocab_file, do_lower_case)
 
 
 def load_qa_model(
     init_checkpoint: Path, config_file: Optional[Path], vocab_size: int, max_seq_length: int
 ) -> BertForQuestionAnswering:
-    """A BertForQuestionAnswering with the checkpoint's weights, in eval mode. The config comes from
-    config_file or from the checkpoint; it must hold the vocab and the sequence length. A checkpoint without
-    a QA head (e.g. a pre-trained one) loads with a warning: its answers are then meaningless."""
-    weights = model_weights.read_weights(init_checkpoint)
-    config: Optional[BertConfig] = model_weights.read_config(config_file) if config_file else weights.config
-    if config is None:
-        raise InputError(f"{init_checkpoint}: the checkpoint carries no config; pass --config_file")
-    if vocab_size > config.vocab_size:
-        raise InputError(f"the vocab has {vocab_size} tokens but the model's config only {config.vocab_size}")
-    if max_seq_length > config.max_position_embeddings:
-        raise InputError(
-            f"--max_seq_length {max_seq_length} exceeds the model's max_position_embeddings"
-            f" {config.max_position_embeddings}"
-        )
-    model = BertForQuestionAnswering(config)
-    missing = model_weights.load_weights_into(model, weights, init_checkpoint)
-    if any(name.startswith("qa_outputs.") for name in missing):
+    """A BertForQuestionAnswering with the checkpoint's weights, in eval mode (run_squad's loading: the config
+    comes from config_file or the checkpoint and must hold the vocab and the sequence length). A checkpoint
+    without a QA head (e.g. a pre-trained one) loads with a warning: its answers are then meaningless."""
+    config, weights = finetuning.model_config(str(config_file) if config_file else None, str(init_checkpoint))
+    model = finetuning.build_model(BertForQuestionAnswering, config, weights, str(init_checkpoint), vocab_size,
+                                   max_seq_length)
+    if weights is not None and not any(name.startswith("qa_outputs.") for name in weights.state_dict):
         print(f"warning: {init_checkpoint} has no QA head (qa_outputs); answers come from an untrained head",
               file=sys.stderr)
     return model.eval()
 
 
-def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.float16 if precision == "fp16" else torch.bfloat16)
-
-
-@torch.no_grad()
 def predict_logits(
     model: BertForQuestionAnswering, features: squad.SquadFeatures, batch_size: int, precision: str = "fp32"
 ) -> tuple[np.ndarray, np.ndarray]:
     """Start and end logits, float32 [N, L], of every window, batch_size windows at a time."""
     device = next(model.parameters()).device
-    starts, ends = [], []
-    for first in range(0, len(features), batch_size):
-        rows = slice(first, first + batch_size)
-        input_ids = torch.from_numpy(features.input_ids[rows]).long().to(device)
-        segment_ids = torch.from_numpy(features.segment_ids[rows]).long().to(device)
-        input_mask = torch.from_numpy(features.input_mask[rows]).long().to(device)
-        with _autocast(device, precision):
-            _, start, end = model(input_ids, segment_ids, input_mask)
-        starts.append(start.float().cpu().numpy())
-        ends.append(end.float().cpu().numpy())
-    return np.concatenate(starts), np.concatenate(ends)
+    arrays = {"input_ids": features.input_ids, "segment_ids": features.segment_ids,
+              "input_mask": features.input_mask}
+    (start, end), _ = finetuning.timed_inference(
+        model, arrays, batch_size, make_precision(device, precision == "fp16", precision == "bf16"),
+        lambda m, b: m(b["input_ids"], b["segment_ids"], b["input_mask"])[1:])
+    return start, end
 
 
 def keep_document_logits(features: squad.SquadFeatures, logits: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import squad  # noqa: E402
 import squad_answers  # noqa: E402
-from errors import InputError, run_cli  # noqa: E402
+from errors import InputError, read_text_file, run_cli  # noqa: E402
 from finetuning import load_tokenizer  # noqa: E402
 from inference import keep_document_logits  # noqa: E402
 
@@ -153,20 +153,6 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
 
 
-def read_context(path: str) -> str:
-    """The text of --context_file; InputError naming the file when it cannot be read as UTF-8 text."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{path}: file not found (--context_file)") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not a text file (--context_file)") from None
-    except UnicodeDecodeError as error:
-        raise InputError(f"{path}: not UTF-8 (byte {error.start}) (--context_file)") from None
-    except OSError as error:
-        raise InputError(f"{path}: cannot be read ({error.strerror}) (--context_file)") from None
-
-
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_arguments(p)
@@ -184,7 +170,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--version_2_with_negative", action="store_true")
     p.add_argument("--null_score_diff_threshold", type=float, default=0.0)
     args = p.parse_args(argv)
-    context = args.context if args.context is not None else read_context(args.context_file)
+    context = args.context if args.context is not None else read_text_file(args.context_file, "--context_file")
     tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
     qa = TritonQA(args.url, args.model_name, args.protocol, args.model_version, args.timeout)
     try:

@@ -30,12 +30,21 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def _without_worker_traceback(message: str) -> str:
+    """An error raised in a DataLoader worker reaches the main process with the worker's traceback in its
+    message; the user needs only its last line, the original message."""
+    if "Original Traceback" not in message:
+        return message
+    last = [line for line in message.splitlines() if line.strip()][-1].strip()
+    return last.split(": ", 1)[1] if last.startswith(InputError.__name__ + ": ") or ".InputError: " in last else last
+
+
 def run_cli(main: Callable[[], object]) -> NoReturn:
     """Runs an entry point's main(): InputError becomes the one-line exit-2 report, Ctrl-C exit 130."""
     try:
         main()
     except InputError as error:
-        fail(str(error))
+        fail(_without_worker_traceback(str(error)))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     raise SystemExit(0)

@@ -8,10 +8,8 @@ process: `torchrun --nproc_per_node=8 run_pretraining.py ...`.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import random
-import signal
 import sys
 import time
 from pathlib import Path
@@ -50,6 +48,7 @@ from training import (
     StopSignal,
     TrainingFailure,
     allow_tf32,
+    outlive_job_sigterm,
     batches_to_device,
     make_precision,
     take,
@@ -133,12 +132,6 @@ def build_model(args: argparse.Namespace, config: BertConfig, device: torch.devi
     if args.init_checkpoint:
         load_weights_into(model, read_weights(args.init_checkpoint), args.init_checkpoint)
     return model.to(device)
-
-
-def ignore_sigterm(worker_id: int) -> None:
-    """DataLoader workers outlive a SIGTERM sent to the whole job (torch's own worker handler would end them and
-    fail the main process): the main process finishes its step and checkpoint, then stops them itself."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def pretraining_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -296,7 +289,7 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
     # A private generator for the loader, so that creating it draws nothing from the dropout RNG.
     loader = DataLoader(dataset, batch_size=None, num_workers=args.num_workers,
                         pin_memory=ctx.device.type == "cuda", generator=torch.Generator().manual_seed(args.seed),
-                        persistent_workers=False, worker_init_fn=ignore_sigterm)
+                        persistent_workers=False, worker_init_fn=outlive_job_sigterm)
     # Before the workers fork: they inherit the handler, so a SIGTERM sent to the whole job (Slurm) only
     # sets a flag in them instead of killing them under the main process.
     stop = StopSignal()

@@ -4,7 +4,9 @@ non-finite handling, and a SIGTERM-triggered stop. Pre-training and fine-tuning 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
@@ -133,6 +135,22 @@ class Stepper:
             raise TrainingFailure(f"the loss was not finite for {self.consecutive_non_finite} steps in a row")
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(float(total), applied)
+
+
+def outlive_job_sigterm(worker_id: int) -> None:
+    """DataLoader worker_init_fn: a SIGTERM sent to the whole job (Slurm signals every process of it) must not end
+    the workers under the main process while it finishes its step and checkpoint, but the main process's own
+    SIGTERM at shutdown (torch's way to stop a worker) must. So SIGTERM is taken by a thread that tells the two
+    apart by the sender's pid."""
+    parent = os.getppid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def wait_for_parent() -> None:
+        while True:
+            if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+                os._exit(0)
+
+    threading.Thread(target=wait_for_parent, daemon=True, name="sigterm-filter").start()
 
 
 class StopSignal:

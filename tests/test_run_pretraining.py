@@ -291,7 +291,8 @@ def cli(corpus, tmp_path, input_dir, *extra):
                str(corpus / "bert_config.json"), "--output_dir", str(tmp_path / "out"), "--max_seq_length", "64",
                "--max_predictions_per_seq", "10", "--train_batch_size", "8", "--max_steps", "2", "--do_train",
                "--disable_progress_bar", "--json-summary", str(tmp_path / "log.json"), *map(str, extra)]
-    return subprocess.run(command, env=ENV, capture_output=True, text=True)
+    # A bounded wait: a DataLoader worker that outlived its main process's shutdown would hang here otherwise.
+    return subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
 
 
 def assert_clear_error(result, *fragments):
@@ -308,6 +309,7 @@ def assert_clear_error(result, *fragments):
     ("missing_key", ["books_training_0.hdf5", "masked_lm_ids"]),
     ("wrong_shape", ["books_training_0.hdf5", "--max_seq_length"]),
     ("id_beyond_vocab", ["books_training_0.hdf5", "outside the model's vocab"]),
+    ("id_beyond_vocab_in_a_worker", ["books_training_0.hdf5", "outside the model's vocab"]),
     ("too_long_for_positions", ["books_training_0.hdf5", "max_position_embeddings"]),
     ("vocab_attr_mismatch", ["books_training_0.hdf5", "vocab of 50000"]),
     ("not_hdf5", ["books_training_0.hdf5", "HDF5"]),
@@ -325,8 +327,9 @@ def test_bad_shards_are_clear_errors(corpus, tmp_path, case, fragments):
         write_shard(shard, drop="masked_lm_ids")
     elif case == "wrong_shape":
         write_shard(shard, seq_override=32)
-    elif case == "id_beyond_vocab":
+    elif case.startswith("id_beyond_vocab"):
         write_shard(shard, bad_id=40000)
+        extra = ["--num_workers", "1"] if case.endswith("worker") else []
     elif case == "too_long_for_positions":
         write_shard(shard, seq_override=256)
         extra = ["--max_seq_length", "256"]

@@ -12,6 +12,7 @@ import bz2
 import io
 import logging
 import os
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, TextIO
@@ -60,6 +61,9 @@ def iter_wiki_pages(path: Path) -> Iterator[tuple[str, str]]:
         raise DataError(path, f"not UTF-8 ({err.reason})") from None
 
 
+LEFTOVER_TEMPLATE = re.compile(r"\{\{[^{}]*\}\}")
+
+
 def wikitext_to_text(wikitext: str, title: str = "") -> str:
     """Visible prose of one article as a single line (no markup, templates, tables, references or headings)."""
     out = io.StringIO()
@@ -68,7 +72,10 @@ def wikitext_to_text(wikitext: str, title: str = "") -> str:
     lines = [" ".join(line.split()) for line in out.getvalue().split("\n")]
     if lines and lines[0] == title:  # the extractor may print the title first; NVIDIA's recipe drops it
         lines = lines[1:]
-    return " ".join(line for line in lines if line)
+    text = " ".join(line for line in lines if line)
+    if "{{" in text:  # the extractor leaves templates inside tags it does not expand, e.g. {{eqm}} in <chem>
+        text = " ".join(LEFTOVER_TEMPLATE.sub(" ", text).split())
+    return text
 
 
 def wiki_articles(path: Path) -> Iterator[str]:

@@ -46,9 +46,9 @@ def test_wiki_dump_becomes_one_clean_article_per_line(shared_data):
     articles = list(wiki_articles(dump))
     assert len(articles) == _count_articles_in_dump(dump) == 105
     assert all("\n" not in a and a == a.strip() for a in articles)
-    # One known leftover: "{{eqm}}" inside chemistry markup of one article; anything more is a regression.
     marked = [a[max(0, m.start() - 30):m.end() + 30] for a in articles for m in [MARKUP.search(a)] if m]
-    assert len(marked) <= 1, marked
+    assert not marked, marked
+    assert "CO2 + H2O H2CO3 H+ + HCO3−" in " ".join(articles)  # {{eqm}} inside <chem> removed, the rest kept
     assert sum(map(len, articles)) > 2_000_000
     assert articles[0].startswith("Anarchism is a political philosophy")
 

@@ -137,6 +137,11 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
         if wanted:
             examples = glue.read_examples(task, args.data_dir, split)
             splits[split] = glue.convert_examples_to_features(examples, task, tokenizer, args.max_seq_length)
+    mismatched = glue.get_task("mnli-mm")
+    if task.name == "mnli" and args.do_eval and (Path(args.data_dir) / mismatched.dev_file).is_file():
+        # MNLI is reported on both dev sets, as GLUE does: matched (eval_*) and mismatched (eval_mm_*).
+        examples = glue.read_examples(mismatched, args.data_dir, "dev")
+        splits["dev_mm"] = glue.convert_examples_to_features(examples, mismatched, tokenizer, args.max_seq_length)
     seed_everything(args.seed)  # the same new classifier on every process
     model = build_model(lambda c: BertForSequenceClassification(c, task.num_labels), config, weights,
                         args.init_checkpoint, len(tokenizer.vocab), args.max_seq_length).to(ctx.device)
@@ -169,6 +174,16 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
         results["eval_examples"] = len(dev)
         results.update(latency_summary(latencies, len(dev)))
         write_predictions(Path(args.output_dir) / "eval_predictions.tsv", task, preds, dev.labels)
+        if "dev_mm" in splits:
+            dev_mm = splits["dev_mm"]
+            (logits,), _ = timed_inference(model, feature_arrays(dev_mm), args.eval_batch_size, precision,
+                                           classification_logits, bar, trim=True)
+            preds = predictions_of(mismatched, logits)
+            results.update({f"eval_mm_{k}": v for k, v in glue.compute_metrics(mismatched, preds,
+                                                                                dev_mm.labels).items()})
+            results["eval_mm_examples"] = len(dev_mm)
+            write_predictions(Path(args.output_dir) / "eval_mismatched_predictions.tsv", mismatched, preds,
+                              dev_mm.labels)
     if ctx.is_main and args.do_predict:
         test = splits["test"]
         (logits,), latencies = timed_inference(model, feature_arrays(test), args.eval_batch_size, precision,

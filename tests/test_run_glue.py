@@ -173,3 +173,31 @@ def test_run_glue_sh_passes_nvidia_positional_arguments(shared_data, tmp_path):
     assert all(row.split("\t")[1] in ("0", "1") for row in rows[1:])
     assert len((out / "eval_predictions.tsv").read_text().splitlines()) == 9
     assert (out / "logfile.txt").read_text().strip()
+
+
+def mnli_file(path: Path, pairs: list[tuple[str, str]], labels: list[str]) -> None:
+    """GLUE's MNLI dev layout (ten fields, five annotator labels, gold label last) around real sentence pairs."""
+    header = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+              "sentence2_parse\tsentence1\tsentence2\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label")
+    rows = [f"{i}\t{i}\t{i}e\tfiction\t( a )\t( b )\t(ROOT a)\t(ROOT b)\t{a}\t{b}\t" + "\t".join([label] * 6)
+            for i, ((a, b), label) in enumerate(zip(pairs, labels))]
+    path.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8")
+
+
+def test_mnli_reports_matched_and_mismatched_dev_sets(shared_data, tmp_path):
+    lines = (shared_data / "glue" / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:20]
+    pairs = [tuple(line.split("\t")[1:3]) for line in lines]
+    classes = ["entailment", "neutral", "contradiction"]
+    data = tmp_path / "MNLI"
+    data.mkdir()
+    mnli_file(data / "train.tsv", pairs[:8], [classes[i % 3] for i in range(8)])
+    mnli_file(data / "dev_matched.tsv", pairs[8:14], [classes[i % 3] for i in range(6)])
+    mnli_file(data / "dev_mismatched.tsv", pairs[14:19], [classes[i % 3] for i in range(5)])
+    out = tmp_path / "out"
+    glue(shared_data, data, out, "--task_name", "mnli", "--init_checkpoint", str(shared_data / "minilm"),
+         "--do_train", "--do_eval", "--max_seq_length", "32", "--train_batch_size", "4", "--max_steps", "1")
+    results = json.loads((out / "results.json").read_text())
+    assert results["eval_examples"] == 6 and results["eval_mm_examples"] == 5
+    assert 0 <= results["eval_acc"] <= 1 and 0 <= results["eval_mm_acc"] <= 1
+    rows = (out / "eval_mismatched_predictions.tsv").read_text().splitlines()[1:]
+    assert len(rows) == 5 and all(row.split("\t")[1] in classes for row in rows)

@@ -108,6 +108,29 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(x))
 
 
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and names) that, outside autograd under autocast, keeps its weight cast to the
+    autocast dtype until the weight changes: inference then casts each weight once, not on every call."""
+
+    _cast: Optional[tuple[Any, Tensor, Optional[Tensor]]] = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.is_grad_enabled() or not torch.is_autocast_enabled(x.device.type) or \
+                torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return super().forward(x)
+        dtype = torch.get_autocast_dtype(x.device.type)
+        params = (self.weight,) if self.bias is None else (self.weight, self.bias)
+        key = (dtype, tuple((p.data_ptr(), p._version) for p in params))
+        if self._cast is None or self._cast[0] != key:
+            bias = None if self.bias is None else self.bias.to(dtype)
+            self._cast = (key, self.weight.to(dtype), bias)
+        return F.linear(x, self._cast[1], self._cast[2])
+
+    def train(self, mode: bool = True) -> "Linear":
+        self._cast = None  # training changes the weights: no stale copy is kept alive meanwhile
+        return super().train(mode)
+
+
 class TokenPacking:
     """The real (attention_mask 1) tokens of a padded [B, S] batch: moves [B, S, H] <-> [T, H]. `seq` is S
     without the trailing columns that are padding in every row (attention runs on [B, seq] only)."""
@@ -191,7 +214,7 @@ class BertResidualOutput(nn.Module):
 
     def __init__(self, config: BertConfig, in_features: int) -> None:
         super().__init__()
-        self.dense = nn.Linear(in_features, config.hidden_size)
+        self.dense = Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
@@ -212,7 +235,7 @@ class BertAttention(nn.Module):
 class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.dense = Linear(config.hidden_size, config.intermediate_size)
         self.activation = ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -251,7 +274,7 @@ class BertEncoder(nn.Module):
 class BertPooler(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, sequence_output: Tensor) -> Tensor:
         return torch.tanh(self.dense(sequence_output[:, 0]))
@@ -311,7 +334,7 @@ class BertModel(nn.Module):
 class BertPredictionHeadTransform(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
         self.activation = ACTIVATIONS[config.hidden_act]
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
@@ -340,7 +363,7 @@ class BertPreTrainingHeads(nn.Module):
     def __init__(self, config: BertConfig, word_embeddings: nn.Embedding) -> None:
         super().__init__()
         self.predictions = BertLMPredictionHead(config, word_embeddings)
-        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+        self.seq_relationship = Linear(config.hidden_size, 2)
 
 
 class BertPreTrainedModel(nn.Module):
@@ -424,7 +447,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         super().__init__()
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=False)
-        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.qa_outputs = Linear(config.hidden_size, 2)
         self.init_weights()
 
     def forward(
@@ -463,7 +486,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
         self.num_labels = num_labels
         self.bert = BertModel(config)
         self.dropout = Dropout(config.hidden_dropout_prob)
-        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        self.classifier = Linear(config.hidden_size, num_labels)
         self.init_weights()
 
     def forward(

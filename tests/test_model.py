@@ -12,6 +12,7 @@ from model import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertModel,
+    Linear,
     TokenPacking,
 )
 from model_weights import (
@@ -380,3 +381,33 @@ def test_inference_rebuilds_the_stacked_qkv_weights_when_a_parameter_changes(pai
             with torch.no_grad():  # as an optimizer step would: in place, on both models
                 ours.bert.encoder.layer[0].attention.self.key.weight.mul_(1.5)
                 theirs.bert.encoder.layer[0].attention.self.key.weight.mul_(1.5)
+
+
+def test_linear_reuses_its_cast_weight_only_while_the_weight_is_unchanged():
+    torch.manual_seed(0)
+    layer, x = Linear(16, 8), torch.randn(4, 16)
+
+    def plain() -> torch.Tensor:  # autocast's own cast, every call
+        return torch.nn.functional.linear(x, layer.weight, layer.bias)
+
+    def bf16():  # a fresh autocast region: autocast's own cast cache lives only as long as one region
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    with torch.no_grad():
+        with bf16():
+            first = layer(x)
+            assert layer._cast is not None and first.dtype == torch.bfloat16
+            assert torch.equal(layer(x), first)
+        with bf16():
+            assert torch.equal(plain(), first)
+        layer.weight.mul_(2)  # in place, as an optimizer step or load_state_dict does
+        with bf16():
+            second = layer(x)
+        with bf16():
+            assert torch.equal(plain(), second) and not torch.equal(second, first)
+    layer.train()
+    assert layer._cast is None  # no stale copy kept during training
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)  # with autograd: autocast's path, gradients reach the fp32 weight
+    out.float().sum().backward()
+    assert layer.weight.grad is not None and layer._cast is None

@@ -400,3 +400,40 @@ def test_run_pretraining_sh_maps_tf32_and_stops_after_an_unfinished_phase_1(tmp_
     calls = (tmp_path / "args").read_text().splitlines()
     assert len(calls) == 1 and "--tf32" in calls[0].split() and "--phase2" not in calls[0]
     assert "phase 2 not started" in result.stdout
+
+
+PRESETS = ["dgxa100_8gpu_fp16", "dgxa100_8gpu_tf32", "dgx2_16gpu_fp16", "dgx1_8gpu_fp16", "h100_8gpu_bf16", "cpu"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_pretrain_presets_give_consistent_two_phase_commands(preset, tmp_path):
+    """Each preset through run_pretraining.sh with a stand-in python that records its command and writes the
+    phase's last checkpoint: the flags of both phases, and the global batches of the LAMB recipe."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho "$@" >> "$ARGS_LOG"\nout=; steps=\nfor a in "$@"; do case "$a" in\n'
+                    '  --output_dir=*) out=${a#--output_dir=} ;; --max_steps=*) steps=${a#--max_steps=} ;;\n'
+                    'esac; done\ntouch "$out/ckpt_$steps.pt"\n')
+    fake.chmod(0o755)
+    configs = REPO_ROOT / "scripts" / "configs" / "pretrain_config.sh"
+    positional = subprocess.run(["bash", "-c", f"source {configs} && {preset}"], capture_output=True, text=True,
+                                check=True).stdout.split()
+    env = {**ENV, "RESULTS_DIR": str(tmp_path / "results"), "PYTHON": str(fake), "ARGS_LOG": str(tmp_path / "args")}
+    result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_pretraining.sh"), *positional],
+                            env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    phases = [dict(arg.split("=", 1) for arg in line.split() if arg.startswith("--") and "=" in arg)
+              for line in (tmp_path / "args").read_text().splitlines()]
+    assert len(phases) == 2
+    flags = [set(line.split()) for line in (tmp_path / "args").read_text().splitlines()]
+    gpus = int(positional[3])
+    for phase, (batch, accumulation) in enumerate([(positional[0], positional[10]), (positional[15], positional[19])]):
+        args = phases[phase]
+        assert args["--nproc_per_node"] == str(gpus)
+        assert args["--train_batch_size"] == batch and args["--gradient_accumulation_steps"] == accumulation
+        assert int(batch) % int(accumulation) == 0  # a whole micro-batch per accumulation step
+        if preset != "cpu":
+            assert int(batch) * gpus == (65536 if phase == 0 else 32768)
+        precision = {"fp16": "--fp16", "bf16": "--bf16", "tf32": "--tf32"}[positional[2]]
+        assert precision in flags[phase]
+    assert "--phase2" in flags[1] and phases[1]["--phase1_end_step"] == positional[5]
+    assert (phases[0]["--max_seq_length"], phases[1]["--max_seq_length"]) == ("128", "512")

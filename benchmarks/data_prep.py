@@ -8,7 +8,8 @@ two half-shards.
 Each run is a fresh process with one tokenizer thread (RAYON_NUM_THREADS=1), timed inside create_shard (the
 ~0.5 s of interpreter start-up and imports is reported separately). Google's reference builds instances at
 0.27 MB/s on this machine (issue 4); the goal is 5.4 MB/s per process.
---segmenters also compares the sentence segmenters on the Wikipedia sample (quality and speed).
+--segmenters also compares the sentence segmenters on the Wikipedia sample (quality and speed); the candidates
+besides blingfire come from benchmarks/requirements.txt.
 """
 from __future__ import annotations
 

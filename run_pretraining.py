@@ -178,14 +178,13 @@ def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torc
             group["lr"] = args.learning_rate  # phase 2 has its own peak lr
             group.pop("initial_lr", None)
         log.log("PARAMETER", {"phase2_start_from": str(path)})
-        return {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None, "epoch": 0}
+        return {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None}
     log.log("PARAMETER", {"resumed_from": str(path)})
     per_rank = ckpt.get("rng_per_rank") or []
     # Same world size: each rank continues its own stream; otherwise rank 0's (not bit-exact, but seeded).
     rng = per_rank[ctx.rank] if len(per_rank) == ctx.world_size else ckpt.get("rng")
     return {"phase_step": int(ckpt["phase_step"]), "position": int(ckpt["data"]["stream_position"]),
-            "scheduler": ckpt.get("scheduler"), "rng": rng, "scaler": ckpt.get("scaler"),
-            "epoch": int(ckpt.get("epoch", 0))}
+            "scheduler": ckpt.get("scheduler"), "rng": rng, "scaler": ckpt.get("scaler")}
 
 
 def checkpoint_payload(args, model, optimizer, scheduler, precision, stream, position, phase_step, config,
@@ -250,7 +249,7 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     seed_everything(args.seed + ctx.rank)
     model = build_model(args, config, ctx.device)
     optimizer = build_lamb(weight_decay_groups(model, 0.01), lr=args.learning_rate, compiled=args.compile_optimizer)
-    resume = {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None, "epoch": 0}
+    resume = {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None}
     if args.resume_from_checkpoint and (existing or args.resume_step >= 0):
         resume = restore_state(args, ctx, model, optimizer, log)
     elif args.resume_from_checkpoint and args.do_train and args.phase2:
@@ -290,8 +289,8 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
     loader = DataLoader(dataset, batch_size=None, num_workers=args.num_workers,
                         pin_memory=ctx.device.type == "cuda", generator=torch.Generator().manual_seed(args.seed),
                         persistent_workers=False, worker_init_fn=outlive_job_sigterm)
-    # Before the workers fork: they inherit the handler, so a SIGTERM sent to the whole job (Slurm) only
-    # sets a flag in them instead of killing them under the main process.
+    # Before the loader starts: a SIGTERM from then on is a request to checkpoint and stop, never a crash
+    # (the workers take theirs through outlive_job_sigterm).
     stop = StopSignal()
     batches = iter(loader)
     if resume["rng"] is not None:

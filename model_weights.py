@@ -8,19 +8,19 @@ unpickled beyond tensors and plain containers (`torch.load(..., weights_only=Tru
 from __future__ import annotations
 
 import json
-import os
+import pickle
 import re
-import shutil
-import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 from safetensors.torch import load_file as load_safetensors
-from safetensors.torch import save_file as save_safetensors
+from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
 
+from atomic_files import write_atomic
 from errors import InputError
 from model import BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertModel
 
@@ -48,12 +48,36 @@ class LoadedWeights:
     source_format: str  # "ours", "nvidia" or "huggingface"
 
 
-def _torch_load(path: Path) -> Any:
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since torch 1.6
+PICKLE_MAGIC = b"\x80"  # the legacy format: a pickle with a protocol header
+
+
+def load_torch_file(path: str | Path, mmap: bool = False) -> Any:
+    """torch.load with weights_only=True; any failure is one WeightsError line that says what the file is and
+    never suggests unpickling it (torch's own hint ends by recommending weights_only=False)."""
+    path = Path(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - any unpickling failure is reported the same way
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise WeightsError(f"{path}: cannot be read as a weights-only torch checkpoint ({first_line})") from None
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except IsADirectoryError:
+        raise WeightsError(f"{path}: is a directory, not a checkpoint file") from None
+    except OSError as error:
+        raise WeightsError(f"{path}: cannot read the checkpoint ({error.strerror})") from None
+    if not head.startswith((ZIP_MAGIC, PICKLE_MAGIC)):
+        raise WeightsError(f"{path}: not a torch checkpoint (neither a torch.save zip archive nor a pickle); "
+                           "pass a .pt/.bin checkpoint or a Hugging Face directory")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about pickle protocols on stderr: not one line
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and head == ZIP_MAGIC)
+    except pickle.UnpicklingError:
+        raise WeightsError(f"{path}: not a tensor checkpoint: it holds Python objects besides tensors, numbers, "
+                           "strings and containers, and this recipe never unpickles those (they can run code); "
+                           "re-save its state dict with torch.save") from None
+    except Exception as error:  # noqa: BLE001 - zip and storage errors of a damaged file come as several types
+        why = "truncated or damaged" if head == ZIP_MAGIC else "damaged"
+        raise WeightsError(f"{path}: {why} checkpoint ({type(error).__name__}); use an earlier or a fresh copy") \
+            from None
 
 
 def _find_config_beside(path: Path) -> Optional[BertConfig]:
@@ -121,7 +145,7 @@ def read_weights(path: str | Path) -> LoadedWeights:
         except Exception as error:  # noqa: BLE001 - safetensors raises several types for a bad file
             raise WeightsError(f"{path}: not a readable safetensors file ({error})") from None
     else:
-        raw = _torch_load(path)
+        raw = load_torch_file(path)
     if isinstance(raw, dict) and isinstance(raw.get("model"), dict):
         if isinstance(raw.get("config"), dict):
             config = BertConfig.from_dict(raw["config"])
@@ -234,38 +258,34 @@ def _hf_config(model: nn.Module) -> dict[str, Any]:
     return config
 
 
-def export_huggingface(model: nn.Module, out_dir: str | Path, vocab_file: Optional[str | Path] = None) -> Path:
-    """Writes a Hugging Face directory (config.json, model.safetensors, vocab.txt when given) atomically."""
+def export_huggingface(model: nn.Module, out_dir: str | Path, vocab_file: Optional[str | Path] = None,
+                       overwrite: bool = False) -> Path:
+    """Writes a Hugging Face directory: config.json, model.safetensors and (when given) vocab.txt, each atomically.
+    An existing directory keeps every other file; an export file already there is refused unless `overwrite`."""
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        (staging / "config.json").write_text(json.dumps(_hf_config(model), indent=2) + "\n", encoding="utf-8")
-        save_safetensors(export_state_dict(model), str(staging / "model.safetensors"), metadata={"format": "pt"})
-        if vocab_file is not None:
-            shutil.copyfile(vocab_file, staging / "vocab.txt")
-        if out_dir.exists():
-            backup = out_dir.with_name(f".{out_dir.name}.old")
-            shutil.rmtree(backup, ignore_errors=True)
-            os.replace(out_dir, backup)
-            os.replace(staging, out_dir)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            os.replace(staging, out_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    names = ["config.json", "model.safetensors"] + (["vocab.txt"] if vocab_file is not None else [])
+    check_export_target(out_dir, names, overwrite)
+    config_text = json.dumps(_hf_config(model), indent=2) + "\n"
+    tensors = safetensors_bytes(export_state_dict(model), metadata={"format": "pt"})
+    write_atomic(out_dir / "config.json", lambda f: f.write(config_text.encode("utf-8")))
+    write_atomic(out_dir / "model.safetensors", lambda f: f.write(tensors))
+    if vocab_file is not None:
+        vocab = Path(vocab_file).read_bytes()
+        write_atomic(out_dir / "vocab.txt", lambda f: f.write(vocab))
     return out_dir
+
+
+def check_export_target(out_dir: Path, names: list[str], overwrite: bool) -> None:
+    """Refuses (WeightsError) a target that is a file, or a directory already holding one of the export's files."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise WeightsError(f"{out_dir}: exists and is not a directory; choose a directory for the Hugging Face "
+                           "export")
+    taken = [name for name in names if (out_dir / name).exists()]
+    if taken and not overwrite:
+        raise WeightsError(f"{out_dir}: already holds {', '.join(taken)}; pass --overwrite to replace them or "
+                           "choose another directory")
 
 
 def save_torch_atomic(obj: Any, path: str | Path) -> None:
     """torch.save to a temporary name beside `path`, then rename: a reader never sees a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    write_atomic(path, lambda f: torch.save(obj, f))

@@ -6,6 +6,9 @@ one, or a path without a suffix) becomes a Hugging Face directory; a file (.pt/.
 {"model": state_dict, "config": ...}, in NVIDIA's names when the source is ours or Hugging Face's and in ours
 when the source is NVIDIA's. --to overrides the inference.
 
+Nothing is deleted: into an existing directory only config.json, model.safetensors (and vocab.txt) are written,
+and an existing file of those, or an existing DST file, is replaced only with --overwrite. DST may not be SRC.
+
 Examples:
   convert_checkpoint.py results/ckpt_8601.pt hf_bert/                      # ours -> Hugging Face
   convert_checkpoint.py hf_bert/ bert_nvidia.pt                             # Hugging Face -> NVIDIA names
@@ -21,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import InputError, run_cli  # noqa: E402
 from model_weights import (  # noqa: E402
+    check_export_target,
     export_huggingface,
     export_state_dict,
     load_weights_into,
@@ -38,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config_file", type=Path, help="bert_config.json, needed when SRC carries no config")
     parser.add_argument("--vocab_file", type=Path, help="vocab.txt to place in a Hugging Face directory")
     parser.add_argument("--to", choices=("huggingface", "ours", "nvidia"), help="target kind (default: inferred)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing DST file, or the export's files in an existing DST directory")
     return parser.parse_args(argv)
 
 
@@ -47,8 +53,34 @@ def target_kind(dst: Path, source_format: str) -> str:
     return "ours" if source_format == "nvidia" else "nvidia"
 
 
+def check_paths(args: argparse.Namespace, kind: str) -> None:
+    """Refuses, before anything is read or written, a DST that is SRC or would overwrite a file without
+    --overwrite, and a --vocab_file that is not a file."""
+    if args.vocab_file is not None and not args.vocab_file.is_file():
+        raise InputError(f"{args.vocab_file}: --vocab_file not found")
+    if kind == "huggingface":
+        names = ["config.json", "model.safetensors"] + (["vocab.txt"] if args.vocab_file else [])
+        targets = [args.dst / name for name in names]
+        check_export_target(args.dst, names, args.overwrite)
+    else:
+        targets = [args.dst]
+        if args.dst.is_dir():
+            raise InputError(f"{args.dst}: is a directory; a {kind} checkpoint is one .pt file (or pass --to "
+                             "huggingface)")
+        if args.dst.exists() and not args.overwrite:
+            raise InputError(f"{args.dst}: exists; pass --overwrite to replace it or choose another name")
+    sources = [args.src, *args.src.iterdir()] if args.src.is_dir() else [args.src]
+    for source in sources:
+        if any(target.resolve() == source.resolve() for target in targets + [args.dst]):
+            raise InputError(f"{args.dst}: would overwrite the source {source}; choose another destination")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if not args.src.exists():
+        raise InputError(f"{args.src}: no such checkpoint file or directory")
+    # Whether DST is a directory or a file does not depend on the source's naming: check it before reading.
+    check_paths(args, "huggingface" if (args.to or target_kind(args.dst, "ours")) == "huggingface" else "checkpoint")
     weights = read_weights(args.src)
     config = read_config(args.config_file) if args.config_file else weights.config
     if config is None:
@@ -57,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     load_weights_into(model, weights, args.src)
     kind = args.to or target_kind(args.dst, weights.source_format)
     if kind == "huggingface":
-        export_huggingface(model, args.dst, vocab_file=args.vocab_file)
+        export_huggingface(model, args.dst, vocab_file=args.vocab_file, overwrite=args.overwrite)
     else:
         save_torch_atomic({"model": export_state_dict(model, naming=kind), "config": config.to_dict()}, args.dst)
     print(f"{args.src} ({weights.source_format}, {type(model).__name__}) -> {args.dst} ({kind})")

@@ -78,3 +78,71 @@ def test_nvidia_checkpoint_without_config_asks_for_one(tmp_path):
 def test_help_explains_the_directions():
     result = convert("--help")
     assert result.returncode == 0 and "Hugging Face directory" in result.stdout and "NVIDIA" in result.stdout
+
+
+# --- Nothing lost (issue 13, item 1) --------------------------------------------------------------------------
+def _our_checkpoint(folder):
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig(**TINY))
+    folder.mkdir(exist_ok=True)
+    torch.save({"model": model.state_dict(), "config": model.config.to_dict()}, folder / "ours.pt")
+    return folder / "ours.pt"
+
+
+def _snapshot(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_export_into_an_existing_folder_writes_only_its_files_and_keeps_the_rest(tmp_path):
+    source = _our_checkpoint(tmp_path / "results")
+    (tmp_path / "results" / "notes.txt").write_text("mine")
+    before = _snapshot(tmp_path / "results")
+    result = convert(source, tmp_path / "results")
+    assert result.returncode == 0, result.stderr
+    after = _snapshot(tmp_path / "results")
+    assert {k: after[k] for k in before} == before  # the source and the user's file untouched
+    assert set(after) - set(before) == {"config.json", "model.safetensors"}
+    transformers.BertForPreTraining.from_pretrained(tmp_path / "results")
+
+
+def test_export_refuses_to_replace_its_files_without_overwrite(tmp_path):
+    source = _our_checkpoint(tmp_path / "results")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    result = convert(source, tmp_path / "hf")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "--overwrite" in result.stderr
+    assert (tmp_path / "hf" / "config.json").read_text() == "{}" and len(list((tmp_path / "hf").iterdir())) == 1
+    result = convert(source, tmp_path / "hf", "--overwrite")
+    assert result.returncode == 0, result.stderr
+    assert '"model_type": "bert"' in (tmp_path / "hf" / "config.json").read_text()
+
+
+def test_an_existing_destination_file_is_kept_unless_overwrite(tmp_path):
+    source = _our_checkpoint(tmp_path / "results")
+    (tmp_path / "nvidia.pt").write_bytes(b"precious")
+    result = convert(source, tmp_path / "nvidia.pt")
+    assert result.returncode == 2 and "--overwrite" in result.stderr
+    assert (tmp_path / "nvidia.pt").read_bytes() == b"precious"
+    assert convert(source, tmp_path / "nvidia.pt", "--overwrite").returncode == 0
+    assert read_weights(tmp_path / "nvidia.pt").source_format == "nvidia"
+
+
+def test_destination_equal_to_the_source_is_refused(tmp_path):
+    source = _our_checkpoint(tmp_path / "results")
+    before = source.read_bytes()
+    for dst, extra in ((source, ["--overwrite"]), (tmp_path / "results" / "." / "ours.pt", ["--overwrite"])):
+        result = convert(source, dst, *extra)
+        assert result.returncode == 2 and "source" in result.stderr, result.stderr
+    assert source.read_bytes() == before
+    export_huggingface(BertForPreTraining(BertConfig(**TINY)), tmp_path / "hf")
+    weights = (tmp_path / "hf" / "model.safetensors").read_bytes()
+    result = convert(tmp_path / "hf", tmp_path / "hf", "--overwrite")
+    assert result.returncode == 2 and "source" in result.stderr
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == weights
+
+
+def test_missing_vocab_file_is_one_line_before_anything_is_written(tmp_path):
+    source = _our_checkpoint(tmp_path / "results")
+    result = convert(source, tmp_path / "hf", "--vocab_file", tmp_path / "nope.txt")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "nope.txt" in result.stderr
+    assert not (tmp_path / "hf").exists()

@@ -1,18 +1,31 @@
 """SQuAD evaluation exactly as the official evaluate-v1.1.py and evaluate-v2.0.py compute it, importable and as
 a drop-in command line:
 
-    python evaluate_squad.py DATA_FILE PRED_FILE [--na-prob-file F] [--na-prob-thresh T] [--out-file F]
+    python evaluate_squad.py DATA_FILE PRED_FILE [--na-prob-file F] [--na-prob-thresh T] [--out-file F] [--strict]
 
 The version comes from the data file (SQuAD 2.0 files say "version": "v2.0" or carry `is_impossible`).
 v1.1 prints {"exact_match", "f1"}; v2.0 prints exact, f1, total, the HasAns_/NoAns_ breakdown and, with a
-na-prob file, best_exact/best_f1 and their thresholds (in percent, like the official scripts). One difference
-on purpose: a question without a prediction is an error (exit 2), where the official v1.1 script scores it 0
-with a warning and v2.0 crashes; `--allow-missing` restores the v1.1 script's behaviour for v1.1 files.
+na-prob file, best_exact/best_f1 and their thresholds (in percent, like the official scripts).
+
+Questions without a prediction are treated as the official scripts treat them, so that numbers compare:
+- v1.1 scores such a question 0, still counts it in the total, and prints
+  `Unanswered question <id> will receive score 0.` to stderr for each one;
+- v2.0 leaves it out and prints `Missing prediction for <id>` to stdout (before the scores) for each one;
+  exact, f1 and total are over the predicted questions. The official v2.0 script itself then stops with a
+  KeyError in its HasAns_/NoAns_ breakdown, so it prints no scores at all; here the breakdown and best_* are
+  over the predicted questions too (a group with no predicted question is left out, as the official script
+  leaves out an empty group), consistent with the main scores. A v2.0 file with no prediction at all, where
+  the official script divides by zero, is an error (exit 2).
+`--strict` refuses predictions that miss any question (exit 2); `--allow-missing`, once needed to get the
+v1.1 behaviour, is accepted and changes nothing. `--out-file` must name a file in an existing folder (checked
+before anything is read); it is written whole or not at all.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
 import string
 import sys
@@ -69,31 +82,38 @@ def _questions(dataset: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [qa for article in dataset for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
 
 
-def _check_predictions(
-    questions: list[dict[str, Any]], predictions: dict[str, Any], pred_file: str, allow_missing: bool
-) -> None:
+def _missing_predictions(
+    questions: list[dict[str, Any]], predictions: dict[str, Any], pred_file: str, strict: bool
+) -> list[str]:
+    """Ids of the questions without a prediction, in data order; InputError for predictions that are not
+    strings, for a data set without questions, and (strict) for any missing prediction."""
     if not isinstance(predictions, dict):
         raise InputError(f"{pred_file}: predictions must be a JSON object mapping question ids to answers")
+    if not questions:
+        raise InputError("the data set holds no questions to score")
     missing = [qa["id"] for qa in questions if qa["id"] not in predictions]
-    if missing and not allow_missing:
+    if missing and strict:
         raise InputError(
-            f"{pred_file}: no prediction for {len(missing)} of {len(questions)} questions (first: {missing[0]})"
+            f"{pred_file}: no prediction for {len(missing)} of {len(questions)} questions (first: {missing[0]});"
+            " without --strict they are scored as the official scripts do"
         )
     for qa in questions:
         if qa["id"] in predictions and not isinstance(predictions[qa["id"]], str):
             raise InputError(f"{pred_file}: the prediction for {qa['id']} is not a string")
+    return missing
 
 
 def evaluate_v1(
     dataset: list[dict[str, Any]],
     predictions: dict[str, str],
     pred_file: str = "predictions",
-    allow_missing: bool = False,
+    strict: bool = False,
 ) -> dict[str, float]:
     """{"exact_match", "f1"} in percent over every question of `dataset` (the file's "data" list), each the
-    maximum over its gold answers. A missing prediction raises InputError, or scores 0 with allow_missing."""
+    maximum over its gold answers. As evaluate-v1.1.py, a question without a prediction scores 0 and is
+    reported on stderr; with `strict` it raises InputError instead."""
     questions = _questions(dataset)
-    _check_predictions(questions, predictions, pred_file, allow_missing)
+    _missing_predictions(questions, predictions, pred_file, strict)
     exact = f1 = 0.0
     for qa in questions:
         if qa["id"] not in predictions:
@@ -147,8 +167,10 @@ def _best_threshold(
     predictions: dict[str, str], scores: dict[str, float], na_probs: dict[str, float], has_answer: dict[str, bool]
 ) -> tuple[float, float]:
     """Best score (percent) over thresholds on the na-prob, and that threshold: start from "answer nothing
-    anywhere", then answer questions in increasing na-prob order."""
-    current = best = sum(1 for qid in has_answer if not has_answer[qid])
+    anywhere", then answer questions in increasing na-prob order. Over the scored (predicted) questions only,
+    the same questions as the denominator (the official script counts every no-answer question of the data
+    set at the start; the two agree whenever every question has a prediction)."""
+    current = best = sum(1 for qid in scores if not has_answer[qid])
     best_threshold = 0.0
     for qid in sorted(na_probs, key=lambda q: na_probs[q]):
         if qid not in scores:
@@ -169,25 +191,31 @@ def evaluate_v2(
     na_probs: Optional[dict[str, float]] = None,
     na_prob_thresh: float = 1.0,
     pred_file: str = "predictions",
+    strict: bool = False,
 ) -> dict[str, Any]:
     """The evaluate-v2.0.py summary: exact, f1, total, HasAns_*/NoAns_* (when such questions exist) and, given
     na_probs (qid -> probability of no answer), best_exact, best_exact_thresh, best_f1, best_f1_thresh.
-    A question counts as answerable when its `answers` list is not empty. Every question needs a prediction
-    (InputError otherwise) and, given na_probs, a probability."""
+    A question counts as answerable when its `answers` list is not empty. A question without a prediction is
+    left out of every number and reported on stdout, as evaluate-v2.0.py does (InputError with `strict`, or
+    when no question has one); every predicted question needs a probability in na_probs."""
     questions = _questions(dataset)
-    _check_predictions(questions, predictions, pred_file, allow_missing=False)
+    missing = _missing_predictions(questions, predictions, pred_file, strict)
+    if len(missing) == len(questions):
+        raise InputError(f"{pred_file}: no prediction for any of the {len(questions)} questions")
     has_answer = {qa["id"]: bool(qa["answers"]) for qa in questions}
     exact_raw, f1_raw = raw_scores_v2(dataset, predictions)
     probs = na_probs if na_probs is not None else {qid: 0.0 for qid in predictions}
     missing_probs = [qid for qid in exact_raw if qid not in probs]
     if missing_probs:
         raise InputError(f"na-prob file: no probability for question {missing_probs[0]}")  # named by the caller
+    for qid in missing:  # after the errors: a refused file prints only the error line
+        print(f"Missing prediction for {qid}")
     exact = _apply_threshold(exact_raw, probs, has_answer, na_prob_thresh)
     f1 = _apply_threshold(f1_raw, probs, has_answer, na_prob_thresh)
     result = _summary(exact, f1)
     for prefix, wanted in (("HasAns", True), ("NoAns", False)):
-        qids = [qid for qid, has in has_answer.items() if has == wanted]
-        if qids:
+        qids = [qid for qid, has in has_answer.items() if has == wanted and qid in exact]
+        if qids:  # a group without predicted questions is left out, like an empty group
             for key, value in _summary(exact, f1, qids).items():
                 result[f"{prefix}_{key}"] = value
     if na_probs is not None:
@@ -206,6 +234,8 @@ def _load_json_object(path: str | Path, what: str) -> dict[str, Any]:
             value = json.load(f)
     except FileNotFoundError:
         raise InputError(f"{path}: {what} file not found") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a {what} file") from None
     except UnicodeDecodeError as error:
         raise InputError(f"{path}: not UTF-8 (byte {error.start})") from None
     except json.JSONDecodeError as error:
@@ -220,17 +250,20 @@ def evaluate_predictions(
     predictions: dict[str, str],
     na_probs: Optional[dict[str, float]] = None,
     na_prob_thresh: float = 1.0,
-    allow_missing: bool = False,
+    strict: bool = False,
     pred_file: str = "predictions",
 ) -> dict[str, Any]:
     """The official summary of `predictions` (qid -> text) against a SQuAD data file of either version, for
-    training scripts (in process) and the command line. For v2.0, na_probs (e.g. the null odds) adds best_*;
-    allow_missing applies to v1.1 files. `pred_file` names the predictions in error messages."""
+    training scripts (in process) and the command line. For v2.0, na_probs (e.g. the null odds) adds best_*.
+    Missing predictions are handled as the official scripts do, or refused with `strict`. `pred_file` names the
+    predictions in error messages."""
     data = load_squad_json(data_file)
     try:
+        if not _questions(data["data"]):
+            raise InputError(f"{data_file}: the data file holds no questions to score")
         if is_squad_v2(data):
-            return evaluate_v2(data["data"], predictions, na_probs, na_prob_thresh, pred_file)
-        return evaluate_v1(data["data"], predictions, pred_file, allow_missing)
+            return evaluate_v2(data["data"], predictions, na_probs, na_prob_thresh, pred_file, strict)
+        return evaluate_v1(data["data"], predictions, pred_file, strict)
     except (KeyError, TypeError, AttributeError) as error:
         raise InputError(f"{data_file}: not a SQuAD file ({type(error).__name__}: {error})") from None
 
@@ -240,42 +273,83 @@ def evaluate_files(
     pred_file: str | Path,
     na_prob_file: Optional[str | Path] = None,
     na_prob_thresh: float = 1.0,
-    allow_missing: bool = False,
+    strict: bool = False,
 ) -> dict[str, Any]:
     """evaluate_predictions with the predictions (and na-probs) read from JSON files."""
     load_squad_json(data_file)  # a bad data file is reported first
     predictions = _load_json_object(pred_file, "predictions")
     na_probs = _load_json_object(na_prob_file, "na-prob") if na_prob_file else None
     try:
-        return evaluate_predictions(data_file, predictions, na_probs, na_prob_thresh, allow_missing, str(pred_file))
+        return evaluate_predictions(data_file, predictions, na_probs, na_prob_thresh, strict, str(pred_file))
     except InputError as error:
         if str(error).startswith("na-prob file:"):
             raise InputError(f"{na_prob_file}:{str(error).removeprefix('na-prob file:')}") from None
         raise
 
 
-def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+def check_out_file(path: str | Path) -> Path:
+    """The --out-file path, checked before any work: not a directory, in a folder that exists. The folder is
+    not created: a mistyped path should fail here, not leave new folders behind."""
+    out = Path(path)
+    try:
+        if out.is_dir():
+            raise InputError(f"{out}: --out-file is a directory; give a file name such as {out / 'eval.json'}")
+        folder = out.parent
+        if not folder.is_dir():
+            problem = "is not a folder" if folder.exists() else "does not exist (create it first)"
+            raise InputError(f"{out}: the --out-file folder {folder} {problem}, or choose another path")
+    except OSError as error:  # e.g. a name too long for the file system
+        raise InputError(f"{out}: cannot be used as --out-file ({error.strerror})") from None
+    return out
+
+
+def write_scores(path: Path, result: dict[str, Any]) -> None:
+    """The scores as one JSON line (as evaluate-v2.0.py writes them), through a temporary file in the same
+    folder (with the permissions a plain open gives), so that a failed write leaves no partial file."""
+    temporary = path.parent / f".scores.{os.getpid()}.tmp"
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump(result, f)
+        os.replace(temporary, path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        raise InputError(f"{path}: cannot write the scores ({error.strerror})") from None
+
+
+def _parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Official SQuAD v1.1 / v2.0 evaluation (version from the data file).")
     parser.add_argument("data_file", metavar="data.json", help="SQuAD data file (v1.1 or v2.0)")
     parser.add_argument("pred_file", metavar="pred.json", help="predictions: question id -> answer text")
-    parser.add_argument("--out-file", "-o", metavar="eval.json", help="write the scores here instead of stdout")
+    parser.add_argument("--out-file", "-o", metavar="eval.json", help="write the scores here (v2.0: instead of stdout)")
     parser.add_argument("--na-prob-file", "-n", metavar="na_prob.json", help="v2.0: question id -> no-answer score")
     parser.add_argument(
         "--na-prob-thresh", "-t", type=float, default=1.0,
         help="v2.0: predict no answer when the na-prob is above this (default 1.0)",
     )
     parser.add_argument(
+        "--strict", action="store_true",
+        help="refuse predictions that miss a question (exit 2) instead of the official scripts' handling",
+    )
+    parser.add_argument(
         "--allow-missing", action="store_true",
-        help="v1.1: score questions without a prediction as 0 (the official script's behaviour)",
+        help="accepted for compatibility; missing predictions are handled as the official scripts do by default",
     )
     args = parser.parse_args(argv)
-    result = evaluate_files(args.data_file, args.pred_file, args.na_prob_file, args.na_prob_thresh, args.allow_missing)
+    if args.strict and args.allow_missing:
+        raise InputError("--strict and --allow-missing contradict each other: pass one of them")
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    args = _parse_args(argv)
+    out_file = check_out_file(args.out_file) if args.out_file else None
+    result = evaluate_files(args.data_file, args.pred_file, args.na_prob_file, args.na_prob_thresh, args.strict)
     is_v2 = "exact" in result
-    if args.out_file:
-        with open(args.out_file, "w", encoding="utf-8") as f:
-            json.dump(result, f)
-    # The official scripts print v1.1 on one line and v2.0 indented by 2.
-    if not (is_v2 and args.out_file):
+    if out_file is not None:
+        write_scores(out_file, result)
+    # The official scripts print v1.1 on one line and v2.0 indented by 2 (v2.0 not at all with --out-file).
+    if not (is_v2 and out_file is not None):
         print(json.dumps(result, indent=2) if is_v2 else json.dumps(result))
     return result
 

@@ -1,7 +1,9 @@
 """SQuAD metrics against a plain reference written here (crafted cases and real leaderboard predictions),
 the published dev scores of those systems, and the drop-in command line."""
+import errno
 import functools
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -57,10 +59,16 @@ def ref_f1(pred, gold, v2):
 
 
 def ref_evaluate(questions, preds, v2, na_probs=None, thresh=1.0):
-    """questions: list of (id, [gold texts]); returns the official summary."""
+    """questions: list of (id, [gold texts]); returns the official summary. A question without a prediction
+    counts 0 in v1.1 (evaluate-v1.1.py divides by every question) and is left out in v2.0 (evaluate-v2.0.py
+    scores the predicted questions; its breakdown, which crashes there, is taken over them too)."""
     rows = []
     for qid, golds in questions:
         has = bool(golds)
+        if qid not in preds:
+            if not v2:
+                rows.append((qid, has, 0.0, 0.0))
+            continue
         if v2:
             golds = [g for g in golds if ref_normalize(g)] or [""]
         pred = preds[qid]
@@ -101,6 +109,21 @@ def as_dataset(questions):
     qas = [{"id": qid, "question": "?", "answers": [{"text": g, "answer_start": 0} for g in golds]}
            for qid, golds in questions]
     return [{"title": "t", "paragraphs": [{"context": "c", "qas": qas}]}]
+
+
+def as_articles(questions, per_paragraph=2, paragraphs_per_article=2):
+    """The questions spread over several articles of several paragraphs, in order."""
+    paragraphs = [as_dataset(questions[i : i + per_paragraph])[0]["paragraphs"][0]
+                  for i in range(0, len(questions), per_paragraph)]
+    return [{"title": f"t{i}", "paragraphs": paragraphs[i : i + paragraphs_per_article]}
+            for i in range(0, len(paragraphs), paragraphs_per_article)]
+
+
+def ref_messages(questions, preds, v2):
+    """The lines the official scripts print for missing predictions, in data order (v1.1 on stderr, v2.0 on
+    stdout)."""
+    form = "Missing prediction for {}" if v2 else "Unanswered question {} will receive score 0."
+    return [form.format(qid) for qid, _ in questions if qid not in preds]
 
 
 CRAFTED = [  # (gold answers, prediction)
@@ -185,16 +208,15 @@ PUBLISHED_V1 = {
 
 
 @pytest.mark.shared_data
-def test_leaderboard_predictions_v1(shared_data, dev):
+def test_leaderboard_predictions_v1(shared_data, dev, capsys):
     data, questions = dev("1.1")
     files = sorted((shared_data / "squad" / "predictions-v1.1").glob("*.json"))
     assert len(files) == 5
     for path in files:
         preds = json.loads(path.read_text(encoding="utf-8"))
-        complete = all(qid in preds for qid, _ in questions)
-        got = ev.evaluate_v1(data, preds, allow_missing=not complete)
-        reference = ref_evaluate(questions, {qid: preds.get(qid, "\x00") for qid, _ in questions}, False)
-        assert got == pytest.approx(reference, abs=1e-9), path.name
+        got = ev.evaluate_v1(data, preds)
+        assert got == pytest.approx(ref_evaluate(questions, preds, False), abs=1e-9), path.name
+        assert capsys.readouterr().err.splitlines() == ref_messages(questions, preds, False), path.name
         if path.name in PUBLISHED_V1:
             assert (round(got["exact_match"], 1), round(got["f1"], 1)) == PUBLISHED_V1[path.name]
 
@@ -229,15 +251,74 @@ def test_best_thresholds_on_real_predictions_equal_reference(shared_data, dev):
     assert got["best_exact"] >= got["exact"] - 1e-9
 
 
-def test_missing_prediction_is_an_input_error():
+# Missing predictions: the official scripts' handling by default, refusal with strict.
+MIXED = [(f"q{i}", golds) for i, (golds, _) in enumerate(CRAFTED)] + [("n1", []), ("n2", []), ("n3", [])]
+MIXED_PREDS = {**{f"q{i}": pred for i, (_, pred) in enumerate(CRAFTED)}, "n1": "", "n2": "something", "n3": "the"}
+DROPPED = ("q0", "q4", "q5", "q11", "n2")  # answerable and unanswerable, right and wrong predictions
+
+
+def test_missing_predictions_v1_score_zero_over_every_question_with_one_message_each(capsys):
+    questions = [q for q in MIXED if q[1]]
+    preds = {qid: text for qid, text in MIXED_PREDS.items() if qid not in DROPPED}
+    got = ev.evaluate_v1(as_articles(questions), preds)
+    assert got == pytest.approx(ref_evaluate(questions, preds, False), abs=1e-12)
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == ref_messages(questions, preds, False)
+    assert err.splitlines()[0] == "Unanswered question q0 will receive score 0."
+    # Every question counts: the same predictions minus one question score lower.
+    assert got["f1"] < ev.evaluate_v1(as_articles(questions), MIXED_PREDS)["f1"]
+
+
+@pytest.mark.parametrize("with_na_probs", [False, True])
+def test_missing_predictions_v2_are_left_out_with_one_message_each(capsys, with_na_probs):
+    preds = {qid: text for qid, text in MIXED_PREDS.items() if qid not in DROPPED}
+    na = None
+    if with_na_probs:
+        na = dict(zip(MIXED_PREDS, np.random.default_rng(1).uniform(size=len(MIXED_PREDS)).tolist()))
+    got = ev.evaluate_v2(as_articles(MIXED), preds, na)
+    assert got == pytest.approx(ref_evaluate(MIXED, preds, True, na), abs=1e-12)
+    assert (got["total"], got["HasAns_total"], got["NoAns_total"]) == (len(MIXED) - 5, len(CRAFTED) - 4, 2)
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out.splitlines() == ref_messages(MIXED, preds, True) == [f"Missing prediction for {q}" for q in DROPPED]
+
+
+def test_v2_group_without_predicted_questions_is_left_out(capsys):
+    questions = [("a", ["Paris"]), ("b", ["two"]), ("n", [])]
+    got = ev.evaluate_v2(as_articles(questions), {"a": "Paris", "b": "three"})
+    assert got == pytest.approx(ref_evaluate(questions, {"a": "Paris", "b": "three"}, True))
+    assert "NoAns_total" not in got and got["HasAns_total"] == 2 and got["exact"] == 50.0
+    assert capsys.readouterr().out == "Missing prediction for n\n"
+
+
+def test_strict_refuses_missing_predictions_and_other_bad_predictions_are_errors():
     data = as_dataset([("a", ["x"]), ("b", ["y"])])
-    with pytest.raises(InputError, match="preds.json: no prediction for 1 of 2 questions .first: b"):
-        ev.evaluate_v1(data, {"a": "x"}, pred_file="preds.json")
-    with pytest.raises(InputError, match="no prediction"):
-        ev.evaluate_v2(data, {"a": "x"})
-    assert ev.evaluate_v1(data, {"a": "x"}, allow_missing=True) == {"exact_match": 50.0, "f1": 50.0}
+    for evaluate in (ev.evaluate_v1, ev.evaluate_v2):
+        with pytest.raises(InputError, match="preds.json: no prediction for 1 of 2 questions .first: b.; without --st"):
+            evaluate(data, {"a": "x"}, pred_file="preds.json", strict=True)
     with pytest.raises(InputError, match="not a string"):
         ev.evaluate_v1(data, {"a": "x", "b": 3})
+    # Where the official v2.0 script divides by zero, and an empty data set.
+    with pytest.raises(InputError, match="preds.json: no prediction for any of the 2 questions"):
+        ev.evaluate_v2(data, {"c": "x"}, pred_file="preds.json")
+    assert ev.evaluate_v1(data, {}) == {"exact_match": 0.0, "f1": 0.0}  # as evaluate-v1.1.py
+    with pytest.raises(InputError, match="no questions"):
+        ev.evaluate_v1([], {})
+
+
+@pytest.mark.shared_data
+def test_leaderboard_predictions_v2_with_missing_questions(shared_data, dev, capsys):
+    data, questions = dev("2.0")
+    for path in sorted((shared_data / "squad" / "predictions-v2.0").glob("*.json")):
+        preds = json.loads(path.read_text(encoding="utf-8"))
+        dropped = {qid for qid, _ in questions[::97]}  # answerable and unanswerable ones
+        kept = {qid: text for qid, text in preds.items() if qid not in dropped}
+        got = ev.evaluate_v2(data, kept)
+        assert got == pytest.approx(ref_evaluate(questions, kept, True), abs=1e-9), path.name
+        assert got["total"] == 11873 - len(dropped) == got["HasAns_total"] + got["NoAns_total"]
+        lines = capsys.readouterr().out.splitlines()
+        assert lines == ref_messages(questions, kept, True) and len(lines) == len(dropped) == 123, path.name
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -275,23 +356,113 @@ def test_cli_v2_with_na_probs_and_out_file(tmp_path):
     assert json.loads((tmp_path / "eval.json").read_text())["total"] == 3
 
 
-@pytest.mark.parametrize("case", ["malformed data", "malformed predictions", "missing id", "missing file"])
+@pytest.mark.parametrize(
+    "case", ["malformed data", "malformed predictions", "missing id with --strict", "missing file",
+             "predictions are a directory", "--strict with --allow-missing"])
 def test_cli_bad_input_exits_2_with_one_line_naming_the_file(tmp_path, case):
     data, pred = tmp_path / "data.json", tmp_path / "pred.json"
     data.write_text(json.dumps({"version": "1.1", "data": as_dataset([("a", ["x"]), ("b", ["y"])])}))
     pred.write_text(json.dumps({"a": "x", "b": "y"}))
-    named = {"malformed data": data, "malformed predictions": pred, "missing id": pred, "missing file": pred}[case]
+    named, flags = pred, []
     if case.startswith("malformed"):
+        named = data if case == "malformed data" else pred
         named.write_text('{"a": "x",')
-    elif case == "missing id":
+    elif case == "missing id with --strict":
         pred.write_text(json.dumps({"a": "x"}))
-    else:
+        flags = ["--strict"]
+    elif case == "missing file":
         pred.unlink()
-    done = run_cli(data, pred)
+    elif case == "predictions are a directory":
+        pred.unlink()
+        pred.mkdir()
+    else:
+        named, flags = "--allow-missing", ["--strict", "--allow-missing"]
+    done = run_cli(data, pred, *flags)
     assert done.returncode == 2
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and str(named) in lines[0], done.stderr
+
+
+def write_v2_fixture(tmp_path, preds):
+    questions = [("a", ["Paris"]), ("b", []), ("c", ["two"]), ("d", ["x y"]), ("e", [])]
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({"version": "v2.0", "data": as_articles(questions)}))
+    (tmp_path / "pred.json").write_text(json.dumps(preds))
+    return questions, data, tmp_path / "pred.json"
+
+
+def test_cli_missing_predictions_print_what_the_official_scripts_print(tmp_path):
+    # v1.1: the scores on stdout as one line, a message per missing question on stderr.
+    questions = [("a", ["x"]), ("b", ["y"]), ("c", ["z w"]), ("d", ["v"])]
+    preds = {"a": "x", "c": "z"}
+    (tmp_path / "v1.json").write_text(json.dumps({"version": "1.1", "data": as_articles(questions)}))
+    (tmp_path / "p1.json").write_text(json.dumps(preds))
+    outputs = [run_cli(tmp_path / "v1.json", tmp_path / "p1.json", *flags) for flags in ([], ["--allow-missing"])]
+    for done in outputs:
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == pytest.approx(ref_evaluate(questions, preds, False))
+        assert len(done.stdout.splitlines()) == 1
+        assert done.stderr.splitlines() == ref_messages(questions, preds, False)
+    assert outputs[0].stdout == outputs[1].stdout  # --allow-missing changes nothing
+    # v2.0: the messages on stdout, then the indented scores.
+    questions, data, pred = write_v2_fixture(tmp_path, {"a": "Paris", "c": "three", "e": ""})
+    done = run_cli(data, pred)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["Missing prediction for b", "Missing prediction for d"]
+    printed = json.loads("\n".join(lines[2:]))
+    assert printed == pytest.approx(ref_evaluate(questions, {"a": "Paris", "c": "three", "e": ""}, True))
+    assert printed["total"] == 3 and lines[2:] == json.dumps(printed, indent=2).splitlines()
+
+
+def test_cli_v2_refused_na_prob_file_prints_only_the_error_line(tmp_path):
+    _, data, pred = write_v2_fixture(tmp_path, {"a": "Paris", "c": "three", "e": ""})
+    na = tmp_path / "na.json"
+    na.write_text(json.dumps({"a": 0.1, "e": 0.9}))  # none for the predicted question c
+    done = run_cli(data, pred, "--na-prob-file", na)
+    assert done.returncode == 2 and done.stdout == ""  # no "Missing prediction" lines before the error
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0] == f"error: {na}: no probability for question c", done.stderr
+
+
+@pytest.mark.shared_data
+def test_cli_logistic_regression_baseline_like_evaluate_v1_1(shared_data, dev):
+    _, questions = dev("1.1")
+    [pred] = (shared_data / "squad" / "predictions-v1.1").glob("Logistic_Regression_Baseline_*.json")
+    preds = json.loads(pred.read_text(encoding="utf-8"))
+    done = run_cli(shared_data / "squad" / "dev-v1.1.json", pred)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == pytest.approx(ref_evaluate(questions, preds, False), abs=1e-9)
+    messages = done.stderr.splitlines()
+    assert messages == ref_messages(questions, preds, False) and len(messages) == 13
+    assert all(line.startswith("Unanswered question ") for line in messages)
+
+
+@pytest.mark.parametrize("case", ["missing folder", "a directory", "folder is a file", "name too long"])
+def test_cli_unusable_out_file_is_one_line_before_any_work(tmp_path, case):
+    _, data, pred = write_v2_fixture(tmp_path, {"a": "Paris", "b": "", "c": "2", "d": "x", "e": ""})
+    out = {"missing folder": tmp_path / "no" / "such" / "eval.json", "a directory": tmp_path,
+           "folder is a file": pred / "eval.json", "name too long": tmp_path / ("e" * 300)}[case]
+    data.write_text("{")  # would be reported first if the data were read before the out-file is checked
+    done = run_cli(data, pred, "--out-file", out)
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(out) in lines[0] and "--out-file" in lines[0], done.stderr
+    if case == "missing folder":
+        assert str(out.parent) in lines[0] and "does not exist" in lines[0]
+        assert not (tmp_path / "no").exists()  # nothing created
+
+
+def test_cli_out_file_is_written_whole_and_nothing_else(tmp_path):
+    _, data, pred = write_v2_fixture(tmp_path, {"a": "Paris", "b": "", "c": "2", "d": "x", "e": ""})
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "eval.json"
+    out.write_text("old scores")
+    done = run_cli(data, pred, "-o", out)
+    assert done.returncode == 0 and done.stdout == "", done.stderr
+    assert json.loads(out.read_text()) == ev.evaluate_files(data, pred)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["eval.json"]  # no temporary left behind
 
 
 @pytest.mark.shared_data
@@ -304,3 +475,18 @@ def test_in_process_evaluation_equals_the_file_evaluation(shared_data, tmp_path)
     in_process = ev.evaluate_predictions(data_file, preds, na)
     assert in_process == ev.evaluate_files(data_file, pred_file, tmp_path / "na.json")
     assert in_process["best_exact"] >= in_process["exact"]
+
+
+def test_failed_out_file_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    _, data, pred = write_v2_fixture(tmp_path, {"a": "Paris", "b": "", "c": "2", "d": "x", "e": ""})
+    out = tmp_path / "eval.json"
+    out.write_text("old scores")
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    def full_disk(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ev.os, "replace", full_disk)
+    with pytest.raises(InputError, match=f"{out}: cannot write the scores .No space left on device."):
+        ev.main([str(data), str(pred), "--out-file", str(out)])
+    assert out.read_text() == "old scores" and sorted(p.name for p in tmp_path.iterdir()) == before

@@ -140,7 +140,7 @@ def read_squad_examples(
                     impossible = version_2_with_negative and bool(qa.get("is_impossible", False) or not qa["answers"])
                     answers = [] if impossible else [_locate(ans, char_to_word) for ans in qa["answers"]]
                     example = SquadExample(
-                        str(qa["id"]), str(qa["question"]), words, answers, impossible, context_id
+                        str(qa["id"]), _question_text(qa), words, answers, impossible, context_id
                     )
                     if is_training and not impossible:
                         if not answers:
@@ -158,22 +158,31 @@ def read_squad_examples(
     except (KeyError, TypeError, AttributeError) as error:
         detail = f"missing key {error}" if isinstance(error, KeyError) else "unexpected structure"
         raise InputError(f"{path}: not a SQuAD file ({where}: {detail})") from None
-    except _BadAnswer as error:
+    except _BadEntry as error:
         raise InputError(f"{path}: {where}: {error}") from None
     if skipped:
         logger.warning("%s: %d training question(s) skipped", path, skipped)
     return examples
 
 
-class _BadAnswer(Exception):
-    pass
+class _BadEntry(Exception):
+    """A question or answer that cannot be used; read_squad_examples adds the file and the question."""
+
+
+def _question_text(qa: dict[str, Any]) -> str:
+    # The reference code accepts an empty question and trains or predicts on "[CLS] [SEP] context [SEP]":
+    # an answer with no question to answer, almost surely a broken entry, so it is refused.
+    question = qa["question"]
+    if not isinstance(question, str) or not question.strip():
+        raise _BadEntry(f"the question text is {question!r}; write the question or remove this entry")
+    return question
 
 
 def _locate(answer: dict[str, Any], char_to_word: list[int]) -> SquadAnswer:
     text, start = str(answer["text"]), answer["answer_start"]
     end = start + len(text) - 1 if isinstance(start, int) else -1
     if not isinstance(start, int) or not text or start < 0 or end >= len(char_to_word):
-        raise _BadAnswer(f"answer {text!r} at {start!r} lies outside the context")
+        raise _BadEntry(f"answer {text!r} at {start!r} lies outside the context")
     return SquadAnswer(text, start, max(char_to_word[start], 0), char_to_word[end])
 
 

@@ -96,6 +96,21 @@ def test_bad_squad_files_are_input_errors_naming_the_file(tmp_path, content, mes
     assert str(error.value).startswith(str(path)) and message in str(error.value)
 
 
+@pytest.mark.parametrize("question", ["", "   ", "\n\t\u3000", None])
+@pytest.mark.parametrize("is_training", [True, False])
+def test_empty_question_is_an_input_error_naming_the_file_and_the_question(tmp_path, question, is_training):
+    # Before, "" was read as a question and became windows "[CLS] [SEP] context [SEP]" without a word of it.
+    empty = {"id": "q-empty", "question": question, "answers": [{"text": "brown fox", "answer_start": 12}]}
+    path = write_squad(tmp_path / "d.json", [dict(PARAGRAPH, qas=PARAGRAPH["qas"] + [empty])])
+    with pytest.raises(InputError) as error:
+        squad.read_squad_examples(path, is_training=is_training)
+    message = str(error.value)
+    assert message.startswith(f"{path}: question 'q-empty': the question text is {question!r}")
+    assert "\n" not in message
+    assert [e.question_text for e in squad.read_squad_examples(write_squad(path, [PARAGRAPH]), is_training)] == [
+        "What jumped?", "What did it do?"]  # real questions are read as they are
+
+
 def test_missing_and_non_utf8_files(tmp_path):
     with pytest.raises(InputError, match="file not found"):
         squad.read_squad_examples(tmp_path / "absent.json", is_training=False)

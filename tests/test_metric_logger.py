@@ -1,7 +1,10 @@
 """metric_logger.py: NVIDIA dllogger's JSON-lines layout, the readable copy, TensorBoard scalars."""
 import json
 
-from metric_logger import MetricLogger, read_log
+import pytest
+
+from errors import InputError
+from metric_logger import MetricLogger, check_log_paths, read_log
 
 
 def test_records_follow_the_dllogger_layout(tmp_path):
@@ -43,3 +46,41 @@ def test_tensorboard_scalars_are_written(tmp_path):
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("average_loss")] == [(1, 3.0), (2, 2.0), (3, 1.0)]
+
+
+def test_nothing_is_created_before_the_first_record(tmp_path):
+    """An entry point may build its logger before its inputs are checked: a refused run leaves no log file and
+    no TensorBoard event file behind."""
+    log = MetricLogger(tmp_path / "logs" / "log.json", printer=lambda _: None, tensorboard_dir=tmp_path / "tb")
+    log.close()
+    assert list(tmp_path.iterdir()) == []
+    log = MetricLogger(tmp_path / "logs" / "log.json", printer=lambda _: None, tensorboard_dir=tmp_path / "tb")
+    log.log("PARAMETER", {"lr": 0.1})  # the JSON file opens with its first record; TensorBoard with its first scalar
+    assert (tmp_path / "logs" / "log.json").is_file() and not (tmp_path / "tb").exists()
+    log.log([0, 1], {"loss": 1.0})
+    log.close()
+    assert list((tmp_path / "tb").iterdir())
+
+
+@pytest.mark.parametrize("case", ["json is a folder", "json folder is a file", "tensorboard dir is a file"])
+def test_unusable_log_paths_are_one_line_input_errors_that_create_nothing(tmp_path, case):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("mine\n")
+    json_path, tensorboard_dir, named = {
+        "json is a folder": (tmp_path / "folder", None, "--json-summary"),
+        "json folder is a file": (tmp_path / "file" / "log.json", None, "--json-summary"),
+        "tensorboard dir is a file": (tmp_path / "log.json", tmp_path / "file", "TensorBoard"),
+    }[case]
+    with pytest.raises(InputError, match=named) as error:
+        check_log_paths(json_path, tensorboard_dir)
+    assert "\n" not in str(error.value)
+    with pytest.raises(InputError, match=named):
+        MetricLogger(json_path, tensorboard_dir=tensorboard_dir)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder"]
+    assert (tmp_path / "file").read_text() == "mine\n" and not list((tmp_path / "folder").iterdir())
+
+
+def test_usable_log_paths_pass_the_check(tmp_path):
+    check_log_paths(tmp_path / "new" / "deeper" / "log.json", tmp_path / "tb")
+    check_log_paths(None, None)
+    assert list(tmp_path.iterdir()) == []

@@ -1,5 +1,6 @@
-"""Training checkpoints: `<output_dir>/ckpt_<global_step>.pt`, written atomically, newest 3 kept, and found
-again on resume with a corrupt newest file skipped in favour of the previous one (interfaces.md, section 3).
+"""Training checkpoints: `<output_dir>/ckpt_<global_step>.pt`, written atomically, the newest 3 that load kept
+(and the one a run resumed from), a corrupt one moved aside as `*.corrupt`, and found again on resume with a
+corrupt newest file skipped in favour of the previous one (interfaces.md, section 3).
 
 A checkpoint holds only tensors, numbers, strings, lists and dicts, so `torch.load(weights_only=True)` reads it.
 """
@@ -15,9 +16,10 @@ import numpy as np
 import torch
 
 from errors import InputError
-from model_weights import save_torch_atomic
+from model_weights import load_torch_file, save_torch_atomic
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
+CHECKPOINT_NAME = re.compile(r"ckpt_\d+\.pt")  # for atomic_files.remove_stale_temporaries
 KEEP_NEWEST = 3
 
 
@@ -61,21 +63,56 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(output_dir: str | Path, global_step: int, payload: dict[str, Any]) -> Path:
-    """Writes ckpt_<global_step>.pt atomically and removes all but the newest KEEP_NEWEST checkpoints."""
+def save_checkpoint(output_dir: str | Path, global_step: int, payload: dict[str, Any],
+                    keep: Optional[Path] = None) -> Path:
+    """Writes ckpt_<global_step>.pt atomically, then rotates: the newest KEEP_NEWEST checkpoints that load stay,
+    and so does `keep` (the one this run resumed from); a checkpoint that does not load is moved aside as
+    `*.corrupt`, never counted and never deleted. A failed write (disk full) is an InputError that names the
+    file, with every earlier checkpoint intact."""
     path = checkpoint_path(output_dir, global_step)
-    save_torch_atomic({**payload, "global_step": global_step}, path)
-    for _, old in list_checkpoints(output_dir)[:-KEEP_NEWEST]:
-        old.unlink(missing_ok=True)
+    try:
+        save_torch_atomic({**payload, "global_step": global_step}, path)
+    except OSError as error:
+        raise InputError(f"{path}: cannot write the checkpoint ({error.strerror or error}); the earlier checkpoints "
+                         f"in {output_dir} are intact: free space there and resume with --resume_from_checkpoint"
+                         ) from None
+    loadable = []
+    for _, candidate in list_checkpoints(output_dir):
+        if checkpoint_loads(candidate):
+            loadable.append(candidate)
+        else:
+            aside = _corrupt_name(candidate)
+            candidate.rename(aside)
+            print(f"warning: {candidate} does not load; moved aside to {aside.name}", file=sys.stderr, flush=True)
+    keep_resolved = keep.resolve() if keep is not None else None
+    for old in loadable[:-KEEP_NEWEST]:
+        if old.resolve() != keep_resolved:
+            old.unlink(missing_ok=True)
     return path
+
+
+def checkpoint_loads(path: Path) -> bool:
+    """Whether torch can open the file as a weights-only checkpoint with a model in it. Memory-mapped, so that
+    only the archive's index and the pickled structure are read, not the tensors."""
+    try:
+        payload = load_torch_file(path, mmap=True)
+    except InputError:
+        return False
+    return isinstance(payload, dict) and "model" in payload
+
+
+def _corrupt_name(path: Path) -> Path:
+    aside = path.with_name(path.name + ".corrupt")
+    serial = 1
+    while aside.exists():  # never overwrite an earlier one
+        aside = path.with_name(f"{path.name}.{serial}.corrupt")
+        serial += 1
+    return aside
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Reads one checkpoint (weights only); raises InputError naming the file when it is unreadable."""
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - truncated zips, bad pickles and I/O errors alike
-        raise InputError(f"{path}: unreadable checkpoint ({str(error).strip().splitlines()[0][:200]})") from None
+    payload = load_torch_file(path)
     if not isinstance(payload, dict) or "model" not in payload:
         raise InputError(f"{path}: not a training checkpoint (no 'model' entry)")
     return payload

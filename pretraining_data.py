@@ -34,6 +34,7 @@ class ShardInfo:
     num_samples: int
     seq_length: int
     max_predictions: int
+    type_vocab_size: int = 2  # segment ids must lie below it (BERT: 0 and 1)
 
 
 def find_shards(directory: str | Path, name_must_contain: str = "") -> list[Path]:
@@ -51,7 +52,7 @@ def find_shards(directory: str | Path, name_must_contain: str = "") -> list[Path
 
 
 def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_length: Optional[int] = None,
-                  max_predictions: Optional[int] = None) -> ShardInfo:
+                  max_predictions: Optional[int] = None, type_vocab_size: int = 2) -> ShardInfo:
     """Checks keys, dtypes and shapes (and the writer's attributes when present) without reading the data."""
     try:
         with h5py.File(path, "r") as f:
@@ -88,23 +89,41 @@ def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_lengt
     if "vocab_size" in attrs and int(attrs["vocab_size"]) > vocab_size:
         raise InputError(f"{path}: written for a vocab of {int(attrs['vocab_size'])} tokens, the model has "
                          f"{vocab_size}")
-    return ShardInfo(path, int(n), int(seq), int(preds[1]))
+    return ShardInfo(path, int(n), int(seq), int(preds[1]), type_vocab_size)
 
 
 def load_shard(info: ShardInfo, vocab_size: int) -> dict[str, np.ndarray]:
-    """The six arrays of a shard in memory, token ids checked against the vocabulary."""
+    """The six arrays of a shard in memory, every value checked against its range (one pass of numpy each)."""
     try:
         with h5py.File(info.path, "r") as f:
             arrays = {k: f[k][()] for k in SHARD_KEYS}
     except OSError as error:
-        raise InputError(f"{info.path}: cannot read the shard ({error})") from None
+        raise InputError(f"{info.path}: cannot read the shard ({error}); rewrite it or remove it from the "
+                         "input directory") from None
     arrays["next_sentence_labels"] = arrays["next_sentence_labels"].reshape(-1)
-    for key in ("input_ids", "masked_lm_ids"):
-        values = arrays[key]
-        if values.size and (values.max() >= vocab_size or values.min() < 0):
-            raise InputError(f"{info.path}: {key} holds token id {int(values.max())} outside the model's vocab "
-                             f"of {vocab_size}")
+    check_value_ranges(info.path, arrays, vocab_size, info.type_vocab_size)
     return arrays
+
+
+def check_value_ranges(path: Path, arrays: dict[str, np.ndarray], vocab_size: int, type_vocab_size: int) -> None:
+    """InputError naming the file, key, row and value of the first value a model could not take: a token id
+    outside the vocab, a masked position outside the sequence, a segment id above 1 or the config's
+    type_vocab_size, a label other than 0/1."""
+    seq_length = arrays["input_ids"].shape[1]
+    segments = min(2, type_vocab_size)
+    limits = (("input_ids", vocab_size, f"the model's vocab of {vocab_size}"),
+              ("masked_lm_ids", vocab_size, f"the model's vocab of {vocab_size}"),
+              ("masked_lm_positions", seq_length, f"the sequence of {seq_length} tokens"),
+              ("segment_ids", segments, f"segment ids 0..{segments - 1} (type_vocab_size {type_vocab_size})"),
+              ("input_mask", 2, "mask values 0 and 1"),
+              ("next_sentence_labels", 2, "labels 0 and 1"))
+    for key, end, allowed in limits:
+        values = arrays[key]
+        if not values.size or (values.min() >= 0 and values.max() < end):
+            continue
+        bad = np.argwhere((values < 0) | (values >= end))[0]
+        raise InputError(f"{path}: {key} row {int(bad[0])} holds {int(values[tuple(bad)])}, outside {allowed}; "
+                         "the shard was written for another vocab or config, or is damaged")
 
 
 def make_batch(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:

@@ -8,6 +8,7 @@ process: `torchrun --nproc_per_node=8 run_pretraining.py ...`.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import sys
@@ -26,10 +27,10 @@ from distributed import (
     all_gather_objects,
     all_reduce_sum,
     any_process,
-    barrier,
     init_distributed,
     shutdown,
 )
+from atomic_files import remove_stale_temporaries
 from errors import InputError, run_cli
 from metric_logger import MetricLogger
 from model import BertConfig, BertForPreTraining
@@ -44,6 +45,7 @@ from pretraining_data import (
     inspect_shard,
 )
 from training import (
+    MAX_CONSECUTIVE_NON_FINITE,
     Stepper,
     StopSignal,
     TrainingFailure,
@@ -105,6 +107,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="fuse the LAMB update with torch.compile (CPU: about 4x faster steps of the optimizer)")
     p.add_argument("--no_cuda", action="store_true")
     args = p.parse_args(argv)
+    check_numbers(args)
     if not args.do_train and not args.do_eval:
         raise InputError("nothing to do: pass --do_train and/or --do_eval")
     if args.train_batch_size % args.gradient_accumulation_steps:
@@ -118,6 +121,44 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     args.max_steps = int(args.max_steps)
     args.log_freq = max(1, int(args.log_freq))
     return args
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Refuses flag values that make no sense (a zero divisor, a NaN rate, a negative count) with one line,
+    before anything runs: each would otherwise end in a traceback, a NaN loss or a NaN checkpoint."""
+    positive = ("train_batch_size", "gradient_accumulation_steps", "num_steps_per_checkpoint", "max_seq_length",
+                "max_predictions_per_seq")
+    for name in positive:
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    for name in ("eval_steps", "eval_batch_size", "num_workers"):
+        if getattr(args, name) < 0:
+            raise InputError(f"--{name} must be 0 or more, got {getattr(args, name)}")
+    if not math.isfinite(args.max_steps) or args.max_steps < 1:
+        raise InputError(f"--max_steps must be a whole number of steps >= 1, got {args.max_steps}")
+    if not (0 < args.learning_rate <= torch.finfo(torch.float32).max):  # the update is computed in fp32
+        raise InputError(f"--learning_rate must be a number > 0 that fp32 can hold, got {args.learning_rate}")
+    if not 0 <= args.warmup_proportion <= 1:  # also false for NaN
+        raise InputError(f"--warmup_proportion must lie in [0, 1], got {args.warmup_proportion}")
+    if not (math.isfinite(args.init_loss_scale) and args.init_loss_scale > 0):
+        raise InputError(f"--init_loss_scale must be a finite number > 0, got {args.init_loss_scale}")
+    if args.steps_this_run == 0 or args.steps_this_run < -1:
+        raise InputError(f"--steps_this_run must be -1 (all of --max_steps) or >= 1, got {args.steps_this_run}")
+    if not (math.isfinite(args.log_freq) and args.log_freq > 0):
+        raise InputError(f"--log_freq must be a number > 0, got {args.log_freq}")
+
+
+def check_output_paths(args: argparse.Namespace) -> None:
+    """The output folder and the JSON log must be creatable where the flags point (checked before any write)."""
+    output = Path(args.output_dir)
+    if output.exists() and not output.is_dir():
+        raise InputError(f"{output}: --output_dir exists and is not a directory; choose a directory")
+    if args.json_summary and Path(args.json_summary).is_dir():
+        raise InputError(f"{args.json_summary}: --json-summary is a directory; give a file name inside it")
+    for path, flag in ((output, "--output_dir"), (Path(args.json_summary or "."), "--json-summary")):
+        existing = next((parent for parent in path.parents if parent.exists()), None)
+        if existing is not None and not existing.is_dir():
+            raise InputError(f"{path}: {flag} cannot be created because {existing} is a file")
 
 
 def seed_everything(seed: int) -> None:
@@ -166,10 +207,14 @@ def evaluate(model: torch.nn.Module, shards: list, args: argparse.Namespace, ctx
 
 
 def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module,
-                  optimizer: torch.optim.Optimizer, log: MetricLogger) -> dict[str, Any]:
-    """Loads the checkpoint to resume from; returns where to continue (phase step, stream position, rng)."""
-    path, ckpt = checkpointing.load_newest_checkpoint(args.output_dir, args.resume_step)
+                  optimizer: torch.optim.Optimizer, log: MetricLogger, path: Path,
+                  ckpt: dict[str, Any]) -> dict[str, Any]:
+    """Loads the checkpoint to resume from; returns where to continue (phase step, stream position, rng) and the
+    checkpoint's path, which rotation must keep."""
     unwrap(model).load_state_dict(ckpt["model"])
+    if "optimizer" not in ckpt:  # evaluation of a weights-only checkpoint (training refused it already)
+        log.log("PARAMETER", {"evaluated": str(path)})
+        return {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None, "path": path}
     handoff = args.phase2 and not ckpt.get("phase2", False)
     optimizer.load_state_dict(ckpt["optimizer"])
     if handoff:  # phase 1 -> phase 2: same weights and moments, optimizer step and schedule start again
@@ -178,13 +223,17 @@ def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torc
             group["lr"] = args.learning_rate  # phase 2 has its own peak lr
             group.pop("initial_lr", None)
         log.log("PARAMETER", {"phase2_start_from": str(path)})
-        return {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None}
+        return {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None, "path": path}
     log.log("PARAMETER", {"resumed_from": str(path)})
     per_rank = ckpt.get("rng_per_rank") or []
     # Same world size: each rank continues its own stream; otherwise rank 0's (not bit-exact, but seeded).
     rng = per_rank[ctx.rank] if len(per_rank) == ctx.world_size else ckpt.get("rng")
     return {"phase_step": int(ckpt["phase_step"]), "position": int(ckpt["data"]["stream_position"]),
-            "scheduler": ckpt.get("scheduler"), "rng": rng, "scaler": ckpt.get("scaler")}
+            "scheduler": ckpt.get("scheduler"), "rng": rng, "scaler": ckpt.get("scaler"), "path": path}
+
+
+def weights_are_finite(model: torch.nn.Module) -> bool:
+    return bool(torch.stack([p.detach().isfinite().all() for p in unwrap(model).parameters()]).all())
 
 
 def checkpoint_payload(args, model, optimizer, scheduler, precision, stream, position, phase_step, config,
@@ -219,41 +268,79 @@ def main(argv: Optional[list[str]] = None) -> None:
         shutdown(ctx)
 
 
-def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
-    start_time = time.time()
-    config = read_config(args.config_file)
-    precision = make_precision(ctx.device, args.fp16, args.bf16, args.init_loss_scale)
-    allow_tf32(args.tf32)
-    bar_enabled = ctx.is_main and not args.disable_progress_bar
+def inspect_inputs(args: argparse.Namespace, config: BertConfig) -> tuple[list, list]:
+    """The training and held-out shards, their keys, shapes and attributes checked against the flags and config."""
+    limits = {"vocab_size": config.vocab_size, "max_positions": config.max_position_embeddings,
+              "type_vocab_size": config.type_vocab_size}
+    train_shards = []
+    if args.do_train:
+        train_shards = [inspect_shard(f, max_seq_length=args.max_seq_length,
+                                      max_predictions=args.max_predictions_per_seq, **limits)
+                        for f in find_shards(args.input_dir, "training")]
+    eval_shards = [inspect_shard(f, **limits) for f in find_shards(args.eval_dir)] if args.eval_dir else []
+    return train_shards, eval_shards
+
+
+def find_resume_checkpoint(args: argparse.Namespace, config: BertConfig) -> Optional[tuple[Path, dict[str, Any]]]:
+    """The checkpoint this run continues from (None for a fresh start), checked to fit the run."""
+    existing = checkpointing.list_checkpoints(args.output_dir)
+    if args.do_train and existing and not args.resume_from_checkpoint:
+        raise InputError(f"{args.output_dir}: holds checkpoints of another run ({existing[-1][1].name}); pass "
+                         "--resume_from_checkpoint to continue it or choose another --output_dir")
+    if not args.resume_from_checkpoint:
+        return None
+    if not existing and args.resume_step < 0:
+        if args.do_train and args.phase2:
+            raise InputError(f"{args.output_dir}: phase 2 needs the phase-1 checkpoint to resume from")
+        return None  # NVIDIA's scripts always pass --resume_from_checkpoint: the first run starts fresh
+    path, ckpt = checkpointing.load_newest_checkpoint(args.output_dir, args.resume_step)
+    if args.do_train:
+        missing = [key for key in ("optimizer", "phase_step", "data") if key not in ckpt]
+        if missing:
+            raise InputError(f"{path}: holds weights but no training state ({', '.join(missing)}), so a run cannot "
+                             "resume from it; pass it as --init_checkpoint in a new --output_dir instead")
+    saved = ckpt.get("config")
+    if isinstance(saved, dict):
+        ours = config.to_dict()
+        changed = [f"{key} {saved.get(key)} -> {ours.get(key)}" for key in sorted(set(saved) | set(ours))
+                   if saved.get(key) != ours.get(key)]
+        if changed:
+            raise InputError(f"{path}: was trained with another config than {args.config_file} "
+                             f"({'; '.join(changed)}); resume with the same --config_file or use a new --output_dir")
+    return path, ckpt
+
+
+def open_log(args: argparse.Namespace, ctx: DistributedContext, bar_enabled: bool) -> MetricLogger:
     log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar_enabled else print,
                        tensorboard_dir=Path(args.output_dir) / "tensorboard")
     log.log("PARAMETER", {k: v for k, v in vars(args).items() if not k.startswith("_")}, echo=False)
     for metric, unit in (("average_loss", None), ("step_loss", None), ("learning_rate", None),
                          ("training_sequences_per_second", "sequences/s"), ("e2e_train_time", "s")):
         log.metadata(metric, {"unit": unit} if unit else {})
+    return log
 
-    train_shards = []
-    if args.do_train:
-        train_shards = [inspect_shard(f, config.vocab_size, config.max_position_embeddings, args.max_seq_length,
-                                      args.max_predictions_per_seq) for f in find_shards(args.input_dir, "training")]
-    eval_shards = []
-    if args.eval_dir:
-        eval_shards = [inspect_shard(f, config.vocab_size, config.max_position_embeddings)
-                       for f in find_shards(args.eval_dir)]
-    existing = checkpointing.list_checkpoints(args.output_dir)
-    if args.do_train and existing and not args.resume_from_checkpoint:
-        raise InputError(f"{args.output_dir}: holds checkpoints of another run ({existing[-1][1].name}); pass "
-                         "--resume_from_checkpoint to continue it or choose another --output_dir")
-    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
 
+def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
+    start_time = time.time()
+    # Every input is checked before the first write: a refused run leaves --output_dir as it was.
+    config = read_config(args.config_file)
+    precision = make_precision(ctx.device, args.fp16, args.bf16, args.init_loss_scale)
+    allow_tf32(args.tf32)
+    train_shards, eval_shards = inspect_inputs(args, config)
+    check_output_paths(args)
+    resume_from = find_resume_checkpoint(args, config)
     seed_everything(args.seed + ctx.rank)
-    model = build_model(args, config, ctx.device)
+    model = build_model(args, config, ctx.device)  # reads --init_checkpoint
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    if ctx.is_main:
+        remove_stale_temporaries(args.output_dir, checkpointing.CHECKPOINT_NAME)
+    bar_enabled = ctx.is_main and not args.disable_progress_bar
+    log = open_log(args, ctx, bar_enabled)
+
     optimizer = build_lamb(weight_decay_groups(model, 0.01), lr=args.learning_rate, compiled=args.compile_optimizer)
-    resume = {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None}
-    if args.resume_from_checkpoint and (existing or args.resume_step >= 0):
-        resume = restore_state(args, ctx, model, optimizer, log)
-    elif args.resume_from_checkpoint and args.do_train and args.phase2:
-        raise InputError(f"{args.output_dir}: phase 2 needs the phase-1 checkpoint to resume from")
+    resume = {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None, "path": None}
+    if resume_from is not None:
+        resume = restore_state(args, ctx, model, optimizer, log, *resume_from)
     scheduler = PolyWarmUpScheduler(optimizer, args.warmup_proportion, max(args.max_steps, 1))
     if resume["scheduler"] is not None:
         scheduler.load_state_dict(resume["scheduler"])
@@ -302,6 +389,7 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
     step_times: list[float] = []
     bar = tqdm(total=steps_left, disable=not bar_enabled, desc="pre-training", unit="step", dynamic_ncols=True)
     model.train()
+    current_step = phase_step + step_offset
     last_loss = float("nan")
     result: dict[str, Any] = {}
     # Per-step throughput: sequences of all processes since the previous training record, over the wall time
@@ -315,18 +403,31 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
         # steps; the SIGTERM and end-of-run ones are always written (skipped steps left the weights good).
         if args.skip_checkpoint or (periodic and precision.scaler is None and stepper.consecutive_non_finite):
             return
+        if not weights_are_finite(model):
+            raise TrainingFailure("the weights are no longer finite numbers; no checkpoint written")
         rng_per_rank = all_gather_objects(checkpointing.rng_state(), ctx)
+        failure = None
         if ctx.is_main:
             payload = checkpoint_payload(args, model, optimizer, scheduler, precision, stream, position,
                                          phase_step, config, rng_per_rank)
-            checkpointing.save_checkpoint(args.output_dir, phase_step + step_offset, payload)
-        barrier(ctx)
+            try:
+                checkpointing.save_checkpoint(args.output_dir, phase_step + step_offset, payload,
+                                              keep=resume["path"])
+            except InputError as error:  # e.g. disk full: every rank stops, the earlier checkpoints are intact
+                failure = error
+        if any_process(failure is not None, ctx):
+            raise failure or InputError(f"{args.output_dir}: the first process could not write the checkpoint")
 
     try:
         for index in range(steps_left):
             tick = time.perf_counter()
             micro = [batches_to_device(b, ctx.device) for b in take(batches, plan.accumulation)]
+            current_step = phase_step + step_offset + 1
             outcome = stepper.step(micro)
+            if not outcome.applied and precision.scaler is None:
+                print(f"warning: step {current_step}: the loss or gradients are not finite; step skipped "
+                      f"({stepper.consecutive_non_finite} in a row, stopping at {MAX_CONSECUTIVE_NON_FINITE})",
+                      file=sys.stderr, flush=True)
             phase_step += 1
             position += plan.samples_per_step
             step_times.append(time.perf_counter() - tick)
@@ -362,7 +463,9 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
                 break
     except TrainingFailure as error:
         bar.close()
-        print(f"error: {error}; stopping, the last good checkpoint is in {args.output_dir}", file=sys.stderr)
+        saved = checkpointing.list_checkpoints(args.output_dir)
+        last = f"the last good checkpoint is {saved[-1][1]}" if saved else f"no checkpoint in {args.output_dir}"
+        print(f"error: step {current_step}: {error}; stopping, {last}", file=sys.stderr, flush=True)
         raise SystemExit(1)
     finally:
         stop.restore()

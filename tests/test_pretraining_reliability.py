@@ -1,0 +1,291 @@
+"""run_pretraining.py never loses work and answers bad input with one line (issue 13): checkpoint rotation around
+corrupt files, shard values out of range, flags that make no sense, resuming into another config, a full disk,
+non-finite training and the messages of unreadable checkpoints. Self-contained: tiny random shards and model."""
+import errno
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import run_pretraining
+from errors import InputError
+from tests.conftest import REPO_ROOT
+
+VOCAB, SEQ, PREDS = 128, 16, 3
+CONFIG = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "intermediate_size": 64, "max_position_embeddings": 32, "type_vocab_size": 2, "hidden_act": "gelu",
+          "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "initializer_range": 0.02}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def shard_arrays(n=32, seed=0):
+    """What create_pretraining_data writes: ids in the vocab, two segments, positions 1..PREDS masked."""
+    rng = np.random.default_rng(seed)
+    segment_ids = np.zeros((n, SEQ), np.int8)
+    segment_ids[:, SEQ // 2:] = 1
+    return {"input_ids": rng.integers(5, VOCAB, (n, SEQ)).astype(np.int32),
+            "input_mask": np.ones((n, SEQ), np.int8),
+            "segment_ids": segment_ids,
+            "masked_lm_positions": np.tile(np.arange(1, PREDS + 1, dtype=np.int32), (n, 1)),
+            "masked_lm_ids": rng.integers(5, VOCAB, (n, PREDS)).astype(np.int32),
+            "next_sentence_labels": rng.integers(0, 2, n).astype(np.int8)}
+
+
+def write_shard(path, arrays):
+    with h5py.File(path, "w") as f:
+        for key, value in arrays.items():
+            f.create_dataset(key, data=value)
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_shard(data / "tiny_training_0.hdf5", shard_arrays(seed=0))
+    write_shard(data / "tiny_training_1.hdf5", shard_arrays(seed=1))
+    (tmp_path / "bert_config.json").write_text(json.dumps(CONFIG))
+    return tmp_path
+
+
+def flags(ws, *extra, out="out"):
+    return ["--input_dir", str(ws / "data"), "--config_file", str(ws / "bert_config.json"),
+            "--output_dir", str(ws / out), "--max_seq_length", str(SEQ), "--max_predictions_per_seq", str(PREDS),
+            "--train_batch_size", "4", "--learning_rate", "1e-3", "--max_steps", "10", "--do_train",
+            "--disable_progress_bar", "--json-summary", str(ws / out / "log.json"), *map(str, extra)]
+
+
+def pretrain(ws, *extra, out="out"):
+    command = [sys.executable, str(REPO_ROOT / "run_pretraining.py"), *flags(ws, *extra, out=out)]
+    return subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+def one_line_error(result, *fragments, code=2):
+    assert result.returncode == code, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def checkpoint_names(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("ckpt_"))
+
+
+# --- Rotation (item 2) -----------------------------------------------------------------------------------------
+def test_rotation_after_resuming_past_a_corrupt_checkpoint_keeps_the_good_ones(workspace):
+    out = workspace / "out"
+    assert pretrain(workspace, "--num_steps_per_checkpoint", 2, "--steps_this_run", 6).returncode == 0
+    assert checkpoint_names(out) == ["ckpt_2.pt", "ckpt_4.pt", "ckpt_6.pt"]
+    (out / "ckpt_6.pt").write_bytes((out / "ckpt_6.pt").read_bytes()[:2000])  # killed mid-copy
+    good = {name: (out / name).read_bytes() for name in ("ckpt_2.pt", "ckpt_4.pt")}
+    result = pretrain(workspace, "--num_steps_per_checkpoint", 2, "--resume_from_checkpoint", "--steps_this_run", 1)
+    assert result.returncode == 0, result.stderr
+    assert "ckpt_6.pt" in result.stderr and "moved aside" in result.stderr
+    assert checkpoint_names(out) == ["ckpt_2.pt", "ckpt_4.pt", "ckpt_5.pt", "ckpt_6.pt.corrupt"]
+    assert all((out / name).read_bytes() == data for name, data in good.items())
+    # The next resume meets no corrupt file and continues from step 5.
+    result = pretrain(workspace, "--num_steps_per_checkpoint", 2, "--resume_from_checkpoint", "--steps_this_run", 1)
+    assert result.returncode == 0 and "skipping" not in result.stderr, result.stderr
+    assert torch.load(out / "ckpt_6.pt", weights_only=True)["phase_step"] == 6
+
+
+def test_rotation_never_deletes_the_checkpoint_it_resumed_from(workspace):
+    out = workspace / "out"
+    assert pretrain(workspace, "--num_steps_per_checkpoint", 1, "--steps_this_run", 6).returncode == 0
+    assert checkpoint_names(out) == ["ckpt_4.pt", "ckpt_5.pt", "ckpt_6.pt"]
+    result = pretrain(workspace, "--num_steps_per_checkpoint", 1, "--resume_from_checkpoint", "--resume_step", 4,
+                      "--steps_this_run", 1)
+    assert result.returncode == 0, result.stderr
+    # Step 5 again: the newest three that load are 5 (new), 6 and 4, the one resumed from, kept in any case.
+    assert "ckpt_4.pt" in checkpoint_names(out)
+
+
+def test_stale_temporary_checkpoints_of_a_killed_save_are_removed_and_nothing_else(workspace):
+    out = workspace / "out"
+    out.mkdir()
+    stale = out / ".ckpt_4.pt.abcd1234.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    mine = out / "notes.tmp"
+    mine.write_text("the user's")
+    assert pretrain(workspace, "--max_steps", 2).returncode == 0
+    assert not stale.exists() and mine.read_text() == "the user's"
+
+
+# --- Shard values out of range (item 6) -------------------------------------------------------------------------
+@pytest.mark.parametrize("key, row, value, expected", [
+    ("masked_lm_positions", 3, SEQ, "outside the sequence of 16 tokens"),
+    ("masked_lm_positions", 5, -2, "outside the sequence of 16 tokens"),
+    ("segment_ids", 7, 2, "segment ids 0..1"),
+    ("next_sentence_labels", 9, 2, "labels 0 and 1"),
+    ("input_ids", 11, -7, "outside the model's vocab of 128"),
+    ("masked_lm_ids", 2, VOCAB, "outside the model's vocab of 128"),
+    ("input_mask", 4, 3, "mask values 0 and 1"),
+])
+def test_out_of_range_shard_values_name_file_key_row_and_value(workspace, key, row, value, expected):
+    arrays = shard_arrays(seed=0)
+    if arrays[key].ndim == 1:
+        arrays[key][row] = value
+    else:
+        arrays[key][row, 1] = value
+    write_shard(workspace / "data" / "tiny_training_0.hdf5", arrays)
+    (workspace / "data" / "tiny_training_1.hdf5").unlink()  # the run must meet the bad shard first
+    line = one_line_error(pretrain(workspace, "--max_steps", 2), "tiny_training_0.hdf5", key, f"row {row}",
+                          f"holds {value}", expected)
+    assert "Traceback" not in line
+    assert not list((workspace / "out").glob("ckpt_*.pt"))
+
+
+def test_second_segment_with_type_vocab_size_1_names_the_config_value(workspace):
+    (workspace / "bert_config.json").write_text(json.dumps({**CONFIG, "type_vocab_size": 1}))
+    one_line_error(pretrain(workspace, "--max_steps", 2), "segment_ids", "type_vocab_size 1")
+
+
+# --- Flags that make no sense (item 7) ---------------------------------------------------------------------------
+@pytest.mark.parametrize("extra, fragment", [
+    (["--max_steps", 0], "--max_steps"),
+    (["--max_steps", -5], "--max_steps"),
+    (["--learning_rate", "nan"], "--learning_rate"),
+    (["--learning_rate=-1e-3"], "--learning_rate"),
+    (["--learning_rate", "1e39"], "--learning_rate"),
+    (["--gradient_accumulation_steps", 0], "--gradient_accumulation_steps"),
+    (["--num_steps_per_checkpoint", 0], "--num_steps_per_checkpoint"),
+    (["--train_batch_size=-4"], "--train_batch_size"),
+    (["--warmup_proportion", 2], "--warmup_proportion"),
+    (["--steps_this_run", 0], "--steps_this_run"),
+    (["--init_loss_scale", "inf"], "--init_loss_scale"),
+])
+def test_senseless_flags_are_one_line_and_create_nothing(workspace, extra, fragment):
+    one_line_error(pretrain(workspace, *extra), fragment)
+    assert not (workspace / "out").exists()
+
+
+def test_output_dir_that_is_a_file_and_json_summary_that_is_a_folder(workspace):
+    (workspace / "afile").write_text("keep me")
+    one_line_error(pretrain(workspace, out="afile"), "afile", "--output_dir")
+    assert (workspace / "afile").read_text() == "keep me"
+    command_flags = flags(workspace)
+    command_flags[command_flags.index("--json-summary") + 1] = str(workspace)
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *command_flags], env=ENV,
+                            capture_output=True, text=True, timeout=300)
+    one_line_error(result, "--json-summary", "directory")
+    assert not (workspace / "out").exists()
+
+
+def test_refused_resume_with_another_config_names_the_changed_keys(workspace):
+    assert pretrain(workspace, "--max_steps", 4, "--steps_this_run", 2).returncode == 0
+    before = checkpoint_names(workspace / "out")
+    (workspace / "bert_config.json").write_text(json.dumps({**CONFIG, "intermediate_size": 96}))
+    one_line_error(pretrain(workspace, "--max_steps", 4, "--resume_from_checkpoint"), "ckpt_2.pt",
+                   "intermediate_size 64 -> 96")
+    assert checkpoint_names(workspace / "out") == before
+
+
+def test_resume_from_a_weights_only_checkpoint_points_to_init_checkpoint(workspace):
+    out = workspace / "out"
+    out.mkdir()
+    from model import BertConfig, BertForPreTraining
+    model = BertForPreTraining(BertConfig.from_dict(CONFIG))
+    torch.save({"model": model.state_dict(), "config": CONFIG}, out / "ckpt_3.pt")
+    one_line_error(pretrain(workspace, "--resume_from_checkpoint"), "ckpt_3.pt", "--init_checkpoint")
+    assert checkpoint_names(out) == ["ckpt_3.pt"] and not (out / "log.json").exists()
+
+
+# --- A full disk (item 7) ----------------------------------------------------------------------------------------
+def test_disk_full_while_saving_keeps_the_previous_checkpoint_and_says_so(workspace, monkeypatch, capsys):
+    real_save = torch.save
+    calls = []
+
+    def save_until_the_disk_fills(obj, f, *args, **kwargs):
+        calls.append(1)
+        if len(calls) < 2:
+            return real_save(obj, f, *args, **kwargs)
+        f.write(b"x" * 1000)  # part of it made it to disk
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", save_until_the_disk_fills)
+    with pytest.raises(InputError, match="ckpt_4.pt: cannot write the checkpoint .No space left on device.") as error:
+        run_pretraining.main(flags(workspace, "--num_steps_per_checkpoint", 2, "--max_steps", 6))
+    assert "intact" in str(error.value)
+    out = workspace / "out"
+    assert sorted(p.name for p in out.iterdir() if p.name != "tensorboard") == ["ckpt_2.pt", "log.json"]
+    assert torch.load(out / "ckpt_2.pt", weights_only=True)["phase_step"] == 2
+
+
+# --- Non-finite training (item 8) ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("precision", [[], ["--bf16"]])
+def test_nan_loss_is_skipped_with_a_warning_then_stops_naming_the_step(workspace, monkeypatch, capsys, precision):
+    real_loss = run_pretraining.pretraining_loss
+    steps = []
+
+    def loss_nan_from_the_third_step(model, batch):
+        steps.append(1)
+        loss = real_loss(model, batch)
+        return loss * float("nan") if len(steps) >= 3 else loss
+
+    monkeypatch.setattr(run_pretraining, "pretraining_loss", loss_nan_from_the_third_step)
+    with pytest.raises(SystemExit) as stop:
+        run_pretraining.main(flags(workspace, "--num_steps_per_checkpoint", 1, "--max_steps", 30, *precision))
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert "warning: step 3: the loss or gradients are not finite; step skipped (1 in a row" in err
+    assert "error: step 12: the loss was not finite for 10 steps in a row" in err
+    assert "the last good checkpoint is" in err and "ckpt_2.pt" in err
+    for path in (workspace / "out").glob("ckpt_*.pt"):
+        state = torch.load(path, weights_only=True)["model"]
+        assert all(torch.isfinite(t).all() for t in state.values() if t.is_floating_point())
+
+
+def test_weights_that_become_infinite_are_never_checkpointed(workspace, monkeypatch, capsys):
+    real_build = run_pretraining.build_lamb
+
+    def optimizer_that_overflows_a_weight(*args, **kwargs):
+        optimizer = real_build(*args, **kwargs)
+        real_step = optimizer.step
+
+        def step(*step_args, **step_kwargs):  # finite gradients, but an update fp32 cannot hold
+            result = real_step(*step_args, **step_kwargs)
+            with torch.no_grad():
+                optimizer.param_groups[0]["params"][0].view(-1)[0] = float("inf")
+            return result
+
+        optimizer.step = step
+        return optimizer
+
+    monkeypatch.setattr(run_pretraining, "build_lamb", optimizer_that_overflows_a_weight)
+    with pytest.raises(SystemExit) as stop:
+        run_pretraining.main(flags(workspace, "--num_steps_per_checkpoint", 1))
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert "error: step 1: the weights are no longer finite numbers; no checkpoint written" in err
+    assert not list((workspace / "out").glob("ckpt_*.pt"))
+
+
+# --- Messages of unreadable checkpoints (item 9) ----------------------------------------------------------------
+class Marker:
+    def __reduce__(self):
+        return (print, ("unpickled!",))
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("text", "not a torch checkpoint"),
+    ("pickle", "never unpickles"),
+    ("truncated", "truncated or damaged"),
+])
+def test_unreadable_init_checkpoint_is_one_true_line(workspace, content, expected):
+    path = workspace / "weights.pt"
+    if content == "text":
+        path.write_text("hello world\n" * 20)
+    elif content == "pickle":
+        torch.save({"model": {"x": torch.zeros(1)}, "extra": Marker()}, path)
+    else:
+        torch.save({"model": {"x": torch.zeros(1000)}}, path)
+        path.write_bytes(path.read_bytes()[:-300])
+    line = one_line_error(pretrain(workspace, "--init_checkpoint", path), "weights.pt", expected)
+    assert "(101)" not in line and "weights_only" not in line and "unpickled!" not in line
+    assert not (workspace / "out").exists()

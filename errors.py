@@ -1,6 +1,7 @@
 """Bad input ends an entry point with exit status 2 and one line on stderr naming the file and the problem."""
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Callable, NoReturn
@@ -28,6 +29,14 @@ def fail(message: str) -> NoReturn:
     # One line, whatever the message held, so that scripts and users can grep it.
     print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
     raise SystemExit(2)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose errors (unknown flag, bad value, missing flag) are one line,
+    `error: <prog>: <problem>; see --help`, exit 2, instead of the whole usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{self.prog}: {message}; see --help")
 
 
 def _without_worker_traceback(message: str) -> str:

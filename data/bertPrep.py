@@ -8,7 +8,6 @@ Everything lives under $BERT_PREP_WORKING_DIR (default `data/` in the checkout);
 """
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import sys
 import threading
@@ -24,8 +23,9 @@ from tqdm import tqdm
 tqdm.set_lock(threading.RLock())
 
 from data import download, layout, text_formatting
-from data.create_pretraining_data import ShardConfig, create_shard, shard_attributes, validate
-from data.errors import DataError, run_cli
+from data.create_pretraining_data import ShardConfig, check_paths, create_shard, shard_attributes, validate
+from data.errors import ArgumentParser, DataError, run_cli
+from data.outputs import inside, refuse_input_as_output, remove_stale_temporaries
 from data.sharding import ShardingConfig, shard_corpus
 from data.shard_writer import is_complete
 from data.tokenization import load_vocab
@@ -89,6 +89,9 @@ def do_download(cfg: PrepConfig) -> None:
     url_list = cfg.bookscorpus_url_list or default_book_list(cfg.root)
     if "bookscorpus" in wanted:
         download.read_book_urls(url_list)  # a missing or bad list fails now, not after the other downloads
+        if inside(url_list, root / "bookscorpus"):
+            raise DataError(url_list, f"--bookscorpus_url_list is inside {root / 'bookscorpus'}, where every .txt "
+                                      f"is read as a book; move it (e.g. to {default_book_list(cfg.root)})")
     if "wikicorpus_en" in wanted:
         download.fetch(download.WIKI_URL, root / "wikicorpus_en" / "wikicorpus_en.xml.bz2")
     if "bookscorpus" in wanted:
@@ -105,22 +108,41 @@ def do_download(cfg: PrepConfig) -> None:
     print(f"downloads are in {root}")
 
 
+def _format_sources(cfg: PrepConfig, corpus: str) -> list[Path]:
+    """The raw files of a corpus (none for the embedded one); refuses an output that is, or lies among, them."""
+    output = layout.formatted_text(cfg.root, corpus)
+    source = layout.download_dir(cfg.root) / corpus
+    if corpus == "wikicorpus_en":
+        dumps = sorted(source.glob("*.xml.bz2")) + sorted(source.glob("*.xml"))
+        if not dumps:
+            raise DataError(source, "no Wikipedia dump (*.xml.bz2 or *.xml) found; run --action download")
+        refuse_input_as_output(output, "the formatted text", [("dump", d) for d in dumps],
+                               f"make {output.parent} a folder of its own")
+        return dumps
+    if corpus == "bookscorpus":
+        books = text_formatting.book_files(source)
+        if inside(output, source):  # a symlinked folder: the output would be read as a book next time
+            raise DataError(output, f"the formatted text would be written inside the book folder {source}, where "
+                                    f"every .txt is read as a book; make {output.parent} a folder of its own")
+        return books
+    return []
+
+
 def do_text_formatting(cfg: PrepConfig) -> None:
-    for corpus in corpus_members(cfg.dataset):
+    corpora = corpus_members(cfg.dataset)
+    sources = {corpus: _format_sources(cfg, corpus) for corpus in corpora}  # all checked before any write
+    for corpus in corpora:
         output = layout.formatted_text(cfg.root, corpus)
-        source = layout.download_dir(cfg.root) / corpus
         with tqdm(desc=f"format {corpus}", unit="article", disable=None) as bar:
             if corpus == "wikicorpus_en":
-                dumps = sorted(source.glob("*.xml.bz2")) + sorted(source.glob("*.xml"))
-                if not dumps:
-                    raise DataError(source, "no Wikipedia dump (*.xml.bz2 or *.xml) found; run --action download")
-                articles = (a for dump in dumps for a in text_formatting.wiki_articles(dump))
+                articles = (a for dump in sources[corpus] for a in text_formatting.wiki_articles(dump))
             elif corpus == "bookscorpus":
-                articles = (text_formatting.book_text(p) for p in text_formatting.book_files(source))
+                articles = (text_formatting.book_text(p) for p in sources[corpus])
             else:
                 from data.default_corpus import articles as python_docs
                 articles = python_docs()
-            count = text_formatting.write_articles(articles, output, on_article=bar.update)
+            source = layout.download_dir(cfg.root) / corpus if sources[corpus] else None
+            count = text_formatting.write_articles(articles, output, on_article=bar.update, source=source)
         print(f"{corpus}: {count} articles -> {output}")
 
 
@@ -158,12 +180,30 @@ def _run_job(job: ShardConfig) -> int:
     return create_shard(job, progress=False).instances
 
 
+def _prepare_hdf5_dirs(jobs: list[ShardConfig]) -> None:
+    """After every check passed: make the shard folders (so that workers never race to make or remove them) and
+    remove the temporaries that killed runs left beside any of the shards."""
+    for folder in sorted({job.output_file.parent for job in jobs}):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise DataError(folder, f"cannot create the shard folder ({err.strerror}); check the permissions of "
+                                    "$BERT_PREP_WORKING_DIR") from None
+    for job in jobs:
+        remove_stale_temporaries(job.output_file)
+
+
 def do_create_hdf5_files(cfg: PrepConfig) -> None:
     corpus_members(cfg.dataset)
+    if cfg.n_training_shards < 1:
+        raise DataError("--n_training_shards", f"must be at least 1, got {cfg.n_training_shards}")
     vocab_file = cfg.vocab_file or default_vocab(cfg)
     vocab = load_vocab(vocab_file)
     jobs = _shard_jobs(cfg, vocab_file)
     validate(jobs[0])
+    for job in jobs:
+        check_paths(job)  # no shard may be the vocab or a text shard, whatever symlinks the working dir holds
+    _prepare_hdf5_dirs(jobs)
     # A shard that exists with the same parameters is complete (it was renamed into place): skip it.
     todo = [j for j in jobs if not is_complete(j.output_file, shard_attributes(j, len(vocab), vocab.sha256))]
     print(f"{len(jobs) - len(todo)} of {len(jobs)} shards already complete")
@@ -188,7 +228,7 @@ def do_create_vocab(cfg: PrepConfig) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> PrepConfig:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="bertPrep.py", description=__doc__.split("\n")[0])
     p.add_argument("--action", choices=ACTIONS, required=True)
     p.add_argument("--dataset", choices=DATASETS, required=True)
     p.add_argument("--input_files", help="accepted for compatibility; inputs come from the working directory")

@@ -8,7 +8,6 @@ all under $BERT_PREP_WORKING_DIR (default `data/`). Prints where each product we
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ if __package__ in (None, ""):  # run as a script: make `data` importable from th
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data import bertPrep, layout
-from data.errors import run_cli
+from data.errors import ArgumentParser, run_cli
 from data.vocab_training import vocab_path
 
 CORPUS = "python_docs"
@@ -26,7 +25,7 @@ PHASES = {"phase1": ("128", "20"), "phase2": ("512", "80")}
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="build_default_corpus.py", description=__doc__.split("\n")[0])
     p.add_argument("--n_processes", type=int, default=2)
     p.add_argument("--vocab_size", type=int, default=8192)
     p.add_argument("--dupe_factor", type=int, default=5)

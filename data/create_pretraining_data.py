@@ -1,8 +1,9 @@
 """Make one HDF5 pre-training shard from text (one sentence per line, blank line between documents).
 
-Same flags as NVIDIA's script: --input_file (file or directory of .txt) --output_file --vocab_file
---do_lower_case --max_seq_length --max_predictions_per_seq --masked_lm_prob --short_seq_prob --dupe_factor
---random_seed, plus --whole_word_masking. Bad input: exit status 2 and one line on stderr.
+Same flags as NVIDIA's script: --input_file (file, directory of .txt, or Google's comma-separated list and globs)
+--output_file --vocab_file --do_lower_case --max_seq_length --max_predictions_per_seq --masked_lm_prob
+--short_seq_prob --dupe_factor --random_seed, plus --whole_word_masking. Bad input: exit status 2 and one line on
+stderr, before anything is written.
 """
 from __future__ import annotations
 
@@ -19,16 +20,17 @@ if __package__ in (None, ""):  # run as a script: make `data` importable from th
 import numpy as np
 from tqdm import tqdm
 
-from data.documents import input_files, read_text, tokenize_documents
-from data.errors import DataError, run_cli
+from data.documents import input_files, input_paths, read_text, tokenize_documents
+from data.errors import ArgumentParser, DataError, run_cli
 from data.instances import MaskingConfig, SpecialIds, build_instances, pair_spans, truncate_spans
-from data.shard_writer import prepare_output, write_shard
+from data.outputs import check_writable, refuse_input_as_output
+from data.shard_writer import write_shard
 from data.tokenization import BertTokenizer, load_vocab
 
 
 @dataclass(frozen=True)
 class ShardConfig:
-    input_file: Path
+    input_file: Path | str  # see documents.input_paths
     output_file: Path
     vocab_file: Path
     do_lower_case: bool = True
@@ -77,13 +79,29 @@ def shard_attributes(cfg: ShardConfig, vocab_size: int, vocab_sha256: str) -> di
     }
 
 
+def check_paths(cfg: ShardConfig) -> list[Path]:
+    """The input files; refuses, before anything is written, an output that is one of the inputs, the vocab,
+    a .txt that a folder input would read next time, or a place that cannot be written."""
+    named, files = input_paths(cfg.input_file), input_files(cfg.input_file)
+    output = Path(cfg.output_file)
+    inputs = [("--input_file", p) for p in named + files] + [("--vocab_file", Path(cfg.vocab_file))]
+    refuse_input_as_output(output, "--output_file", inputs)
+    for folder in (p for p in named if p.is_dir()):
+        if output.suffix == ".txt" and output.resolve().parent == folder.resolve():
+            raise DataError(output, f"--output_file is inside the --input_file folder {folder}, whose .txt files "
+                                    "are all read as input; choose another --output_file")
+    check_writable(output, "--output_file")
+    return files
+
+
 def create_shard(cfg: ShardConfig, progress: bool | None = None) -> ShardResult:
-    """Text file(s) -> one HDF5 shard at cfg.output_file. Depends only on the input, the vocab and cfg."""
+    """Text file(s) -> one HDF5 shard at cfg.output_file. Depends only on the input, the vocab and cfg.
+    Every input is checked before the first write: a refused run leaves the output location as it was."""
     started = time.perf_counter()
     validate(cfg)
     vocab = load_vocab(cfg.vocab_file)
-    files = input_files(cfg.input_file)
-    output = prepare_output(cfg.output_file)
+    files = check_paths(cfg)
+    output = Path(cfg.output_file)
     texts = [read_text(path) for path in files]  # all decoded before any output: bad bytes fail early
     input_bytes = sum(path.stat().st_size for path in files)
     tokenizer = BertTokenizer(vocab, cfg.do_lower_case)
@@ -94,7 +112,8 @@ def create_shard(cfg: ShardConfig, progress: bool | None = None) -> ShardResult:
         docs = tokenize_documents(texts, tokenizer, on_progress=bar.update)
     del texts
     if docs.num_documents == 0:
-        raise DataError(cfg.input_file, "input holds no text (no non-empty line)")
+        raise DataError(cfg.input_file, "input holds no text (no non-empty line); --input_file takes text of one "
+                                        "sentence a line, documents separated by blank lines")
     masking = MaskingConfig(cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.masked_lm_prob,
                             cfg.short_seq_prob, cfg.dupe_factor, cfg.whole_word_masking)
     rng = random.Random(cfg.random_seed)
@@ -115,8 +134,10 @@ def create_shard(cfg: ShardConfig, progress: bool | None = None) -> ShardResult:
 
 
 def parse_args(argv: list[str] | None = None) -> ShardConfig:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--input_file", type=Path, required=True, help="a text file or a directory of .txt files")
+    p = ArgumentParser(prog="create_pretraining_data.py", description=__doc__.split("\n")[0])
+    p.add_argument("--input_file", required=True,
+                   help="a text file, a directory of .txt files, or (as Google's) a comma-separated list of files, "
+                        "directories and glob patterns")
     p.add_argument("--output_file", type=Path, required=True, help="the .hdf5 shard to write")
     p.add_argument("--vocab_file", type=Path, required=True, help="BERT vocab.txt")
     p.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction, default=True,

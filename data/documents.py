@@ -1,6 +1,7 @@
 """Read pre-training text (one sentence per line, documents separated by blank lines) into token arrays."""
 from __future__ import annotations
 
+import glob
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -31,17 +32,45 @@ class Documents:
         return len(self.document_offsets) - 1
 
 
-def input_files(path: str | Path) -> list[Path]:
-    """A file, or the *.txt files of a directory in name order (the order fixes the output)."""
-    path = Path(path)
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix == ".txt")
-        if not files:
-            raise DataError(path, "directory holds no .txt files")
-        return files
-    raise DataError(path, "input file not found")
+def input_paths(spec: str | Path) -> list[Path]:
+    """The files and folders an --input_file names: one path, or (as Google's script takes) a comma-separated
+    list of paths and glob patterns. A pattern that matches nothing is an error, not an empty input."""
+    text = str(spec)
+    if Path(text).exists() or "," not in text and not glob.has_magic(text):
+        return [Path(text)]  # an existing name is taken as it is, commas or brackets included
+    paths = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if glob.has_magic(part):
+            matches = sorted(glob.glob(part))
+            if not matches:
+                raise DataError(part, "no file matches this --input_file pattern; check the pattern")
+            paths += [Path(m) for m in matches]
+        else:
+            paths.append(Path(part))
+    if not paths:
+        raise DataError(text, "--input_file names no file; give a file, a folder of .txt files or a "
+                              "comma-separated list of them")
+    return paths
+
+
+def input_files(spec: str | Path) -> list[Path]:
+    """The files of input_paths(spec): a file as it is, a folder as its *.txt files in name order (the order
+    fixes the output)."""
+    files = []
+    for path in input_paths(spec):
+        if path.is_file():
+            files.append(path)
+        elif path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix == ".txt")
+            if not found:
+                raise DataError(path, "directory holds no .txt files; --input_file takes a text file, a folder of "
+                                      ".txt files or a comma-separated list of them")
+            files += found
+        else:
+            raise DataError(path, "input file not found; check --input_file")
+    return files
 
 
 def read_text(path: Path) -> str:
@@ -49,11 +78,12 @@ def read_text(path: Path) -> str:
     try:
         raw = path.read_bytes()
     except OSError as err:
-        raise DataError(path, f"cannot read ({err.strerror})") from None
+        raise DataError(path, f"cannot read the input file ({err.strerror}); check --input_file") from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise DataError(path, f"not UTF-8 text (invalid byte at offset {err.start})") from None
+        raise DataError(path, f"not UTF-8 text (invalid byte at offset {err.start}); convert it to UTF-8, e.g. "
+                              "iconv -f <its encoding> -t utf-8") from None
 
 
 def _slices(text: str) -> Iterable[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import DataError
+from .outputs import atomic_output, remove_stale_temporaries, temporary_name
 
 TIMEOUT = 15  # seconds without a byte: offline or a dead mirror fails fast, with the URL in the message
 CHUNK = 1 << 20
@@ -94,12 +95,14 @@ def fetch(url: str, dest: Path, on_bytes: Callable[[int], None] | None = None, t
         if err.code == 416 and part.is_file():  # the part file already holds everything
             os.replace(part, dest)
             return True
-        raise DataError(url, f"download failed (HTTP {err.code} {err.reason})") from None
+        raise DataError(url, f"download failed (HTTP {err.code} {err.reason}); check the URL, or try again "
+                             "later") from None
     except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
         reason = getattr(err, "reason", err)
         raise DataError(url, f"download failed ({reason}); are you offline?") from None
     except OSError as err:
-        raise DataError(dest, f"cannot write download ({err.strerror or err})") from None
+        raise DataError(dest, f"cannot write download ({err.strerror or err}); check free space and permissions "
+                              f"of {dest.parent}") from None
     return True
 
 
@@ -117,23 +120,35 @@ def fetch_zip(url: str, dest_dir: Path, expected: dict[str, str] | None = None) 
     folder = dest_dir / archive.stem
     fetch(url, archive)
     if not folder.is_dir():
-        tmp = dest_dir / f".{archive.stem}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            with zipfile.ZipFile(archive) as z:
-                z.extractall(tmp)
-        except zipfile.BadZipFile:
-            archive.unlink()  # a corrupt archive would otherwise be "complete" forever
-            raise DataError(archive, "not a valid zip file (deleted; run again to download it anew)") from None
-        inner = tmp / archive.stem
-        os.replace(inner if inner.is_dir() else tmp, folder)
-        shutil.rmtree(tmp, ignore_errors=True)
+        _extract(archive, folder)
     for name, sha in (expected or {}).items():
         if not (folder / name).is_file():
-            raise DataError(folder / name, f"missing from {url}")
+            raise DataError(folder / name, f"missing from {url}; delete {folder} and {archive} and run --action "
+                                           "download again")
         if sha256_file(folder / name) != sha:
-            raise DataError(folder / name, f"sha256 does not match the published value for {url}")
+            raise DataError(folder / name, f"sha256 does not match the published value for {url}; delete {folder} "
+                                           f"and {archive} and run --action download again")
     return folder
+
+
+def _extract(archive: Path, folder: Path) -> None:
+    """Unzip into `.<folder name>.tmp-<pid>` beside folder, then rename into place; the temporary folder a
+    killed run left there is removed first, ours whatever happens."""
+    remove_stale_temporaries(folder)
+    tmp = temporary_name(folder)
+    try:
+        with zipfile.ZipFile(archive) as z:
+            z.extractall(tmp)
+        inner = tmp / archive.stem
+        os.replace(inner if inner.is_dir() else tmp, folder)  # a zip with one top folder: that folder
+    except zipfile.BadZipFile:
+        archive.unlink()  # a corrupt archive would otherwise be "complete" forever
+        raise DataError(archive, "not a valid zip file (deleted; run again to download it anew)") from None
+    except OSError as err:
+        raise DataError(archive, f"cannot extract ({err.strerror or err}); check free space and permissions of "
+                                 f"{folder.parent}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def download_google_weights(root: Path, base: str = GOOGLE_BERT) -> list[Path]:
@@ -161,8 +176,8 @@ def _download_mrpc(folder: Path, urls: dict[str, str]) -> None:
     """MRPC ships as Microsoft's two files plus GLUE's list of dev pairs; build train/dev/test.tsv from them."""
     for name, url in urls.items():
         fetch(url, folder / "raw" / name)
-    if (folder / "dev.tsv").is_file():
-        return
+    if all((folder / name).is_file() for name in ("train.tsv", "dev.tsv", "test.tsv")):
+        return  # a run killed between the three renames left some missing: those are written again
     dev_ids = {tuple(line.split("\t")[:2]) for line in (folder / "raw" / "dev_ids.tsv").read_text("utf-8-sig").split("\n")
                if line.strip()}
     lines = (folder / "raw" / "msr_paraphrase_train.txt").read_text("utf-8-sig").split("\n")
@@ -175,9 +190,9 @@ def _download_mrpc(folder: Path, urls: dict[str, str]) -> None:
         "test.tsv": test,
     }
     for name, body in outputs.items():
-        tmp = folder / f".{name}.tmp"
-        tmp.write_text("\n".join([header] + body) + "\n", encoding="utf-8")
-        os.replace(tmp, folder / name)
+        (folder / f".{name}.tmp").unlink(missing_ok=True)  # the fixed temporary name of earlier versions
+        with atomic_output(folder / name) as tmp:
+            tmp.write_text("\n".join([header] + body) + "\n", encoding="utf-8")
 
 
 BOOK_LIST_FORMAT = ("one plain-text book URL a line, or as the url_list.jsonl of the soskek/bookcorpus scraper "
@@ -196,9 +211,11 @@ def read_book_urls(url_list: Path) -> tuple[list[str], int]:
                                   f"with {BOOK_LIST_FORMAT}; or pass another file with --bookscorpus_url_list"
                         ) from None
     except IsADirectoryError:
-        raise DataError(url_list, "BookCorpus URL list is a directory, not a file") from None
+        raise DataError(url_list, "BookCorpus URL list is a directory, not a file; pass the list file with "
+                                  "--bookscorpus_url_list") from None
     except UnicodeDecodeError as err:
-        raise DataError(url_list, f"BookCorpus URL list is not UTF-8 (byte {err.start})") from None
+        raise DataError(url_list, f"BookCorpus URL list is not UTF-8 (byte {err.start}); save it as UTF-8"
+                        ) from None
     except OSError as err:
         raise DataError(url_list, f"cannot read the BookCorpus URL list ({err.strerror})") from None
     urls: list[str] = []
@@ -212,7 +229,8 @@ def read_book_urls(url_list: Path) -> tuple[list[str], int]:
         try:
             entry = json.loads(line)
         except json.JSONDecodeError as err:
-            raise DataError(url_list, f"line {number}: not a JSON object ({err.msg})") from None
+            raise DataError(url_list, f"line {number}: not a JSON object ({err.msg}); write the list with "
+                                      f"{BOOK_LIST_FORMAT}") from None
         url = entry.get("txt") if isinstance(entry, dict) else None
         if isinstance(url, str) and url.strip():
             urls.append(url.strip())
@@ -237,5 +255,6 @@ def download_books(url_list: Path, dest_dir: Path) -> tuple[int, int]:
         except DataError:
             failed += 1  # many BookCorpus links are dead: count them, keep going
     if ok == 0:
-        raise DataError(url_list, f"none of the {len(urls)} book URLs could be downloaded")
+        raise DataError(url_list, f"none of the {len(urls)} book URLs could be downloaded; check the network "
+                                  "and the URLs in the list")
     return ok, failed

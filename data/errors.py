@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from errors import InputError, run_cli
+from errors import ArgumentParser, InputError, run_cli
 
-__all__ = ["DataError", "run_cli"]
+__all__ = ["ArgumentParser", "DataError", "run_cli"]
 
 
 class DataError(InputError):

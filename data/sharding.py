@@ -12,7 +12,7 @@ initials, decimals) at ~25x its speed, and needs no model download.
 from __future__ import annotations
 
 import heapq
-import os
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -21,6 +21,7 @@ import blingfire
 
 from .errors import DataError
 from .layout import SPLITS
+from .outputs import atomic_output, refuse_input_as_output
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def iter_articles(paths: Sequence[Path]) -> Iterator[str]:
         except FileNotFoundError:
             raise DataError(path, "formatted text not found (run --action text_formatting first)") from None
         except UnicodeDecodeError as err:
-            raise DataError(path, f"not UTF-8 text ({err.reason})") from None
+            raise DataError(path, f"not UTF-8 text ({err.reason}); run --action text_formatting again") from None
 
 
 def count_articles(paths: Sequence[Path]) -> int:
@@ -74,32 +75,53 @@ def is_test_article(index: int, fraction: float) -> bool:
     return int((index + 1) * fraction) > int(index * fraction)
 
 
-def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = None) -> ShardingResult:
-    """Write all shards (to temporary names, renamed at the end). Refuses fewer articles than shards."""
+def _check(cfg: ShardingConfig) -> int:
+    """Refuse bad counts and shards that would overwrite an input, before anything is written; the article
+    count (reading every input, so unreadable text fails here too)."""
     if cfg.n_training_shards < 1:
         raise DataError("--n_training_shards", f"must be at least 1, got {cfg.n_training_shards}")
-    if cfg.n_test_shards < 0 or not 0.0 <= cfg.fraction_test_set < 1.0:
-        raise DataError("--fraction_test_set", "must be in [0, 1) with --n_test_shards >= 0")
+    if cfg.n_test_shards < 0:
+        raise DataError("--n_test_shards", f"must be at least 0, got {cfg.n_test_shards}")
+    if not 0.0 <= cfg.fraction_test_set < 1.0:
+        raise DataError("--fraction_test_set", f"must be in [0, 1), got {cfg.fraction_test_set}")
+    inputs = [("formatted text", path) for path in cfg.inputs]
+    for path in (p for ps in shard_paths(cfg).values() for p in ps):
+        refuse_input_as_output(path, "the text shard", inputs, "write the shards to a folder apart from the "
+                                                               "formatted text")
+    return count_articles(cfg.inputs)
+
+
+def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = None) -> ShardingResult:
+    """Write all shards (to temporary names, renamed at the end). Refuses fewer articles than shards."""
+    n_articles = _check(cfg)
     fraction = cfg.fraction_test_set if cfg.n_test_shards > 0 else 0.0
-    n_articles = count_articles(cfg.inputs)
     n_test = int(n_articles * fraction)
     if n_articles - n_test < cfg.n_training_shards or n_test < cfg.n_test_shards:
         raise DataError(cfg.inputs[0], f"{n_articles} articles ({n_articles - n_test} training, {n_test} test) "
                                        f"are fewer than the {cfg.n_training_shards} training and "
-                                       f"{cfg.n_test_shards} test shards asked for")
+                                       f"{cfg.n_test_shards} test shards asked for; ask for fewer shards "
+                                       "(--n_training_shards, --n_test_shards, --fraction_test_set)")
     paths = shard_paths(cfg)
     try:
-        cfg.output_dir.mkdir(parents=True, exist_ok=True)
+        with ExitStack() as outputs:
+            # The first shard creates the folder; each removes its own stale temporaries of killed runs.
+            tmp = {split: [outputs.enter_context(atomic_output(p)) for p in paths[split]] for split in SPLITS}
+            sentences = _write_shards(cfg.inputs, tmp, fraction, on_article)
     except OSError as err:
-        raise DataError(cfg.output_dir, f"cannot create output directory ({err.strerror})") from None
-    tmp = {split: [p.with_name(f".{p.name}.tmp-{os.getpid()}") for p in paths[split]] for split in SPLITS}
-    files = []
-    try:
-        handles = {split: [open(p, "w", encoding="utf-8") for p in tmp[split]] for split in SPLITS}
-        files = [h for hs in handles.values() for h in hs]
-        sentences = {split: [0] * len(paths[split]) for split in SPLITS}
-        heaps = {split: [(0, i) for i in range(len(paths[split]))] for split in SPLITS}
-        for index, article in enumerate(iter_articles(cfg.inputs)):
+        raise DataError(cfg.output_dir, f"cannot write shards ({err.strerror or err}); check free space and "
+                                        "permissions") from None
+    return ShardingResult(n_articles, sentences, paths)
+
+
+def _write_shards(inputs: Sequence[Path], tmp: dict[str, list[Path]], fraction: float,
+                  on_article: Callable[[], None] | None) -> dict[str, list[int]]:
+    """Stream the articles into the shard files (greedy balance); sentences per shard."""
+    sentences = {split: [0] * len(tmp[split]) for split in SPLITS}
+    heaps = {split: [(0, i) for i in range(len(tmp[split]))] for split in SPLITS}
+    with ExitStack() as files:
+        handles = {split: [files.enter_context(open(t, "w", encoding="utf-8")) for t in tmp[split]]
+                   for split in SPLITS}
+        for index, article in enumerate(iter_articles(inputs)):
             split = "test" if fraction and is_test_article(index, fraction) else "training"
             sents = split_sentences(article)
             count, shard = heapq.heappop(heaps[split])
@@ -108,17 +130,4 @@ def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = No
             handles[split][shard].write("\n".join(sents) + "\n\n")
             if on_article is not None:
                 on_article()
-        for h in files:
-            h.close()
-        for split in SPLITS:
-            for t, p in zip(tmp[split], paths[split]):
-                os.replace(t, p)
-    except OSError as err:
-        raise DataError(cfg.output_dir, f"cannot write shards ({err.strerror or err})") from None
-    finally:
-        for h in files:
-            h.close()
-        for split in SPLITS:
-            for t in tmp[split]:
-                t.unlink(missing_ok=True)
-    return ShardingResult(n_articles, sentences, paths)
+    return sentences

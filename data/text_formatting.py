@@ -11,7 +11,6 @@ from __future__ import annotations
 import bz2
 import io
 import logging
-import os
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Callable, Iterable, Iterator, TextIO
 from wikiextractor.extract import Extractor
 
 from .errors import DataError
+from .outputs import atomic_output
 
 def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
@@ -52,13 +52,14 @@ def iter_wiki_pages(path: Path) -> Iterator[tuple[str, str]]:
                     title, namespace, text, redirect = "", "", "", False
                     root.clear()  # drop finished pages from the tree: memory stays flat over the whole dump
     except EOFError as err:
-        raise DataError(path, f"truncated or corrupt compressed dump ({err})") from None
+        raise DataError(path, f"truncated or corrupt compressed dump ({err}); delete it and run --action "
+                              "download again") from None
     except OSError as err:
-        raise DataError(path, f"cannot read dump ({err})") from None
+        raise DataError(path, f"cannot read dump ({err}); delete it and run --action download again") from None
     except ET.ParseError as err:
-        raise DataError(path, f"malformed XML ({err})") from None
+        raise DataError(path, f"malformed XML ({err}); delete it and run --action download again") from None
     except UnicodeDecodeError as err:
-        raise DataError(path, f"not UTF-8 ({err.reason})") from None
+        raise DataError(path, f"not UTF-8 ({err.reason}); delete it and run --action download again") from None
 
 
 LEFTOVER_TEMPLATE = re.compile(r"\{\{[^{}]*\}\}")
@@ -92,11 +93,12 @@ def book_text(path: Path) -> str:
     try:
         raw = path.read_bytes()
     except OSError as err:
-        raise DataError(path, f"cannot read ({err.strerror})") from None
+        raise DataError(path, f"cannot read the book ({err.strerror}); fix its permissions or remove it") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
-        raise DataError(path, f"not UTF-8 text (invalid byte at offset {err.start})") from None
+        raise DataError(path, f"not UTF-8 text (invalid byte at offset {err.start}); convert the book to UTF-8 "
+                              "or remove it") from None
     return " ".join(text.split())
 
 
@@ -107,28 +109,24 @@ def book_files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(p for p in path.rglob("*.txt") if p.is_file())
         if not files:
-            raise DataError(path, "directory holds no .txt files")
+            raise DataError(path, "directory holds no .txt files; run --action download --dataset bookscorpus")
         return files
-    raise DataError(path, "input not found")
+    raise DataError(path, "book folder not found; run --action download --dataset bookscorpus")
 
 
-def write_articles(articles: Iterable[str], output: Path, on_article: Callable[[], None] | None = None) -> int:
-    """Write one article per line with a blank line between, atomically; returns the article count."""
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    count = 0
+def write_articles(articles: Iterable[str], output: Path, on_article: Callable[[], None] | None = None,
+                   source: Path | str | None = None) -> int:
+    """Write one article per line with a blank line between, atomically; returns the article count.
+    A failure (unreadable input, no article) leaves no file and no folder behind."""
     try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as out:
-            count = _write_all(articles, out, on_article)
-        if count == 0:
-            raise DataError(output, "no article with text was found in the input")
-        os.replace(tmp, output)
+        with atomic_output(output) as tmp:
+            with open(tmp, "w", encoding="utf-8") as out:
+                count = _write_all(articles, out, on_article)
+            if count == 0:
+                raise DataError(source or output, "no article with text was found in the input; check that it "
+                                                  "holds the corpus (or run --action download again)")
     except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise DataError(output, f"cannot write ({err.strerror})") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        raise DataError(output, f"cannot write ({err.strerror}); check free space and permissions") from None
     return count
 
 

@@ -244,3 +244,53 @@ def test_create_datasets_wiki_books_stops_at_the_missing_book_list(tmp_path):
     assert run.returncode == 2 and len(lines) == 1, run.stderr
     assert f"{tmp_path}/download/bookscorpus_url_list.txt: BookCorpus URL list not found" in lines[0], lines[0]
     assert not (tmp_path / "download" / "wikicorpus_en").exists()
+
+
+def test_a_killed_extraction_is_cleaned_and_redone(server, tmp_path):
+    """A run killed while unzipping leaves `.<folder>.tmp-<pid>/`: the next run removes it (only it) and extracts."""
+    base, root, _ = server
+    sums = _zip(root, "uncased_L-2_H-8_A-2", {"vocab.txt": b"[PAD]\n"})
+    dest = tmp_path / "w"
+    stale = dest / ".uncased_L-2_H-8_A-2.tmp-999999999"
+    (stale / "uncased_L-2_H-8_A-2").mkdir(parents=True)
+    (stale / "uncased_L-2_H-8_A-2" / "vocab.txt").write_bytes(b"[PA")
+    kept = [dest / "notes.tmp", dest / ".other.tmp-999999999"]
+    for path in kept:
+        path.write_bytes(b"mine")
+    folder = download.fetch_zip(base + "uncased_L-2_H-8_A-2.zip", dest, sums)
+    assert (folder / "vocab.txt").read_bytes() == b"[PAD]\n"
+    assert not stale.exists() and all(p.read_bytes() == b"mine" for p in kept)
+    assert sorted(p.name for p in dest.iterdir()) == sorted(["uncased_L-2_H-8_A-2", "uncased_L-2_H-8_A-2.zip",
+                                                             "notes.tmp", ".other.tmp-999999999"])
+
+
+def test_mrpc_killed_between_its_three_files_is_completed(server, tmp_path):
+    base, root, _ = server
+    header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
+    (root / "train.txt").write_text(header + "\n1\t1\t2\tA.\tB.\n0\t3\t4\tC.\tD.\n", encoding="utf-8")
+    (root / "test.txt").write_text(header + "\n1\t7\t8\tG.\tH.\n", encoding="utf-8")
+    (root / "dev_ids.tsv").write_text("3\t4\n", encoding="utf-8")
+    urls = {"msr_paraphrase_train.txt": base + "train.txt", "msr_paraphrase_test.txt": base + "test.txt",
+            "dev_ids.tsv": base + "dev_ids.tsv"}
+    download.download_glue(tmp_path, ["mrpc"], mrpc_urls=urls)
+    mrpc = tmp_path / "glue" / "MRPC"
+    expected = (mrpc / "test.tsv").read_bytes()
+    (mrpc / "test.tsv").unlink()  # killed while writing the last of the three (train and dev are in place)
+    (mrpc / ".test.tsv.tmp").write_bytes(b"Quality\t#1")
+    (mrpc / ".test.tsv.tmp-999999999").write_bytes(b"Quality\t#1")
+    download.download_glue(tmp_path, ["mrpc"], mrpc_urls=urls)
+    assert (mrpc / "test.tsv").read_bytes() == expected
+    assert sorted(p.name for p in mrpc.iterdir()) == ["dev.tsv", "raw", "test.tsv", "train.tsv"]
+
+
+def test_book_list_inside_the_book_folder_is_refused(tmp_path):
+    """Every .txt of download/bookscorpus/ is formatted as a book: a URL list there would become one."""
+    url_list = tmp_path / "download" / "bookscorpus" / "urls.txt"
+    url_list.parent.mkdir(parents=True)
+    url_list.write_text("http://127.0.0.1:9/book.txt\n", encoding="utf-8")
+    run = _prep(tmp_path, "--dataset", "bookscorpus", "--bookscorpus_url_list", str(url_list))
+    lines = run.stderr.strip().split("\n")
+    assert run.returncode == 2 and len(lines) == 1, run.stderr
+    assert lines[0].startswith(f"error: {url_list}: --bookscorpus_url_list is inside {url_list.parent}, where every "
+                               ".txt is read as a book; move it"), lines[0]
+    assert sorted(p.name for p in url_list.parent.iterdir()) == ["urls.txt"]

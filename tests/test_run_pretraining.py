@@ -1,6 +1,7 @@
 """run_pretraining.py end to end on shards made from real books: learning, exact resume, DDP equivalence,
 the phase-2 hand-off, preemption, evaluation and every bad input of the pre-training issue."""
 import json
+import math
 import os
 import signal
 import subprocess
@@ -54,7 +55,9 @@ def corpus(shared_data, tmp_path_factory):
     return root
 
 
-def pretrain(corpus, out, *extra, config="bert_config.json", phase=1, nproc=1, check=True, **popen):
+def pretrain(corpus, out, *extra, config="bert_config.json", phase=1, nproc=1, check=True, script=None, **popen):
+    """run_pretraining.py (or `script`, a wrapper around its main) on the corpus, in 1 or `nproc` processes."""
+    script = str(script or REPO_ROOT / "run_pretraining.py")
     shards, seq, preds = ("p1", 64, 10) if phase == 1 else ("p2", 128, 20)
     args = ["--input_dir", str(corpus / shards), "--config_file", str(corpus / config), "--output_dir", str(out),
             "--max_seq_length", str(seq), "--max_predictions_per_seq", str(preds), "--learning_rate", "2e-2",
@@ -62,9 +65,9 @@ def pretrain(corpus, out, *extra, config="bert_config.json", phase=1, nproc=1, c
             "--json-summary", str(out / "log.json"), *map(str, extra)]
     if nproc > 1:
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-                   "--master_port", str(29500 + os.getpid() % 1000), str(REPO_ROOT / "run_pretraining.py"), *args]
+                   "--master_port", str(29500 + os.getpid() % 1000), script, *args]
     else:
-        command = [sys.executable, str(REPO_ROOT / "run_pretraining.py"), *args]
+        command = [sys.executable, script, *args]
     if popen:
         # Its own process group, so that a test can signal the whole job as Slurm does.
         return subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -147,10 +150,82 @@ def test_two_processes_equal_one_process_with_double_accumulation(corpus, tmp_pa
     assert any(not torch.equal(a[k], initial[k]) for k in a if k.endswith("query.weight"))
 
 
-def test_fp16_compressed_allreduce_runs_on_two_processes(corpus, tmp_path):
+# run_pretraining.main with torch's fp16 all-reduce hook wrapped: each rank records the gradients it sent and
+# what the all-reduce handed back.
+HOOK_SPY = """
+import sys
+sys.path.insert(0, {repo!r})
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+import run_pretraining
+
+calls = []
+real_hook = default_hooks.fp16_compress_hook
+
+
+def spy(state, bucket):
+    sent = bucket.buffer().clone()
+
+    def record(future):
+        calls.append((sent, future.value().clone()))
+        torch.save(calls, {out!r} + f"/hook_rank{{torch.distributed.get_rank()}}.pt")
+        return future.value()
+
+    return real_hook(state, bucket).then(record)
+
+
+default_hooks.fp16_compress_hook = spy
+run_pretraining.main(sys.argv[1:])
+"""
+
+
+def test_fp16_compressed_allreduce_hands_every_rank_the_fp16_rounded_mean(corpus, tmp_path):
+    """--allreduce_post_accumulation_fp16 with --fp16 on two gloo processes: the gradients DDP hands back are
+    the mean of both ranks' gradients rounded to fp16, as a plain computation here gives, not the fp32 mean."""
+    spy = tmp_path / "spy_run.py"
+    spy.write_text(HOOK_SPY.format(repo=str(REPO_ROOT), out=str(tmp_path)))
     pretrain(corpus, tmp_path, "--train_batch_size", 4, "--gradient_accumulation_steps", 2, "--max_steps", 2,
-             "--allreduce_post_accumulation", "--allreduce_post_accumulation_fp16", nproc=2)
+             "--allreduce_post_accumulation", "--allreduce_post_accumulation_fp16", "--fp16", "--init_loss_scale",
+             256, nproc=2, script=spy)
+    ranks = [torch.load(tmp_path / f"hook_rank{rank}.pt", weights_only=True) for rank in range(2)]
+    assert len(ranks[0]) == len(ranks[1]) >= 2  # a bucket or more per step, two steps
+    for (sent0, got0), (sent1, got1) in zip(*ranks):
+        assert torch.isfinite(got0).all() and not torch.equal(sent0, sent1)  # the ranks saw different data
+        expected = (sent0.half() / 2 + sent1.half() / 2).float()  # cast, divide by the world size, sum in fp16
+        assert torch.equal(got0, expected) and torch.equal(got1, expected)
+        mean = (sent0 + sent1) / 2
+        touched = mean != 0  # rows of the embedding that no token of the batch used stay 0 either way
+        assert (got0[touched] != mean[touched]).float().mean() > 0.5  # the fp16 rounding is visible
     assert (tmp_path / "ckpt_2.pt").exists()
+
+
+def test_fp16_on_cpu_checkpoints_the_loss_scale_and_resumes_bit_for_bit(corpus, tmp_path):
+    """--fp16 on a CPU from NVIDIA's initial scale 2**20: the first steps overflow in fp16 and halve the scale;
+    ckpt_3 keeps the scaler's state and the resumed run goes on from it exactly (from 2**20 again it would skip
+    steps the straight run made)."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = ["--train_batch_size", 8, "--gradient_accumulation_steps", 2, "--max_steps", 8,
+              "--num_steps_per_checkpoint", 4, "--fp16", "--init_loss_scale", 2.0**20]
+    pretrain(corpus, straight, *common)
+    pretrain(corpus, split, *common, "--steps_this_run", 3)
+    a = step_records(straight / "log.json")
+    skipped = [a[(0, step)]["skipped_steps"] for step in range(1, 9)]
+    assert skipped[2] >= 1 and all(math.isfinite(a[key]["step_loss"]) for key in a)
+    scaler = torch.load(split / "ckpt_3.pt", weights_only=True)["scaler"]
+    # torch's dynamic scaling: halved per skipped step; the doubling waits for 2000 good steps in a row.
+    assert scaler["scale"] == 2.0**20 * 0.5 ** skipped[2] == a[(0, 3)]["loss_scale"]
+    good_since_last_skip = 3 - max([step for step in range(1, 4) if skipped[step - 1] > (skipped[step - 2] if
+                                                                                        step > 1 else 0)])
+    assert scaler["_growth_tracker"] == good_since_last_skip
+    pretrain(corpus, split, *common, "--resume_from_checkpoint")
+    b = step_records(split / "log.json")
+    for step in range(4, 9):
+        assert a[(0, step)]["step_loss"] == b[(0, step)]["step_loss"]
+        assert a[(0, step)]["loss_scale"] == b[(0, step)]["loss_scale"]
+    end_a = torch.load(straight / "ckpt_8.pt", weights_only=True)
+    end_b = torch.load(split / "ckpt_8.pt", weights_only=True)
+    assert end_a["scaler"] == end_b["scaler"]
+    assert all(torch.equal(end_a["model"][k], end_b["model"][k]) for k in end_a["model"])
 
 
 def test_phase2_starts_from_phase1_with_reset_schedule_and_continued_numbers(corpus, tmp_path):
@@ -337,8 +412,9 @@ def test_bad_shards_are_clear_errors(corpus, tmp_path, case, fragments):
         write_shard(shard, vocab_size=50000)
     elif case == "not_hdf5":
         shard.write_text("plain text")
-    assert_clear_error(cli(corpus, tmp_path, data, *extra), *fragments)
-    assert not list((tmp_path / "out").glob("ckpt_*.pt")) if (tmp_path / "out").exists() else True
+    # A checkpoint every step: a shard found bad only after a step had trained on it would leave ckpt_1.pt.
+    assert_clear_error(cli(corpus, tmp_path, data, *extra, "--num_steps_per_checkpoint", 1), *fragments)
+    assert not list((tmp_path / "out").glob("ckpt_*.pt"))
 
 
 def test_output_dir_of_another_run_needs_resume(corpus, tmp_path):
@@ -355,8 +431,8 @@ def test_do_eval_alone_needs_weights(corpus, tmp_path):
     assert_clear_error(result, "--init_checkpoint")
 
 
-def test_fp16_on_cpu_points_to_bf16(corpus, tmp_path):
-    assert_clear_error(cli(corpus, tmp_path, corpus / "p1", "--fp16"), "--bf16")
+def test_fp16_with_a_loss_scale_of_0_is_a_clear_error(corpus, tmp_path):
+    assert_clear_error(cli(corpus, tmp_path, corpus / "p1", "--fp16", "--init_loss_scale", "0"), "--init_loss_scale")
 
 
 def test_bf16_and_workers_train(corpus, tmp_path):

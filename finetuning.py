@@ -9,10 +9,12 @@ import json
 import math
 import os
 import random
+import re
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, BinaryIO, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -20,13 +22,13 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
+from atomic_files import remove_stale_temporaries
 from data.tokenization import BertTokenizer, load_vocab
 from distributed import DistributedContext, all_reduce_sum
 from errors import InputError
-from metric_logger import MetricLogger
+from metric_logger import MetricLogger, check_log_paths
 from model import BertConfig
-from model_weights import LoadedWeights, load_weights_into, read_config, read_weights, save_torch_atomic
-from squad import write_atomic
+from model_weights import LoadedWeights, load_weights_into, read_config, read_weights
 from training import Precision, Stepper, allow_tf32, batches_to_device, take, unwrap
 
 Arrays = dict[str, np.ndarray]
@@ -64,15 +66,48 @@ def add_common_arguments(p: argparse.ArgumentParser, *, batch_size: int, learnin
 
 
 def check_common_arguments(args: argparse.Namespace) -> None:
-    """Refuses inconsistent flags (InputError) and applies --tf32."""
-    if args.gradient_accumulation_steps < 1:
-        raise InputError(f"--gradient_accumulation_steps must be >= 1, got {args.gradient_accumulation_steps}")
+    """Refuses flag values that make no sense with one line naming the flag (InputError), before anything is
+    read or written, and applies --tf32. --max_steps keeps NVIDIA's meaning: -1 trains --num_train_epochs."""
+    check_positive(args, "train_batch_size", "gradient_accumulation_steps")
+    if args.num_workers < 0:
+        raise InputError(f"--num_workers must be 0 or more, got {args.num_workers}")
+    if not (math.isfinite(args.learning_rate) and args.learning_rate > 0):
+        raise InputError(f"--learning_rate must be a finite number > 0, got {args.learning_rate}")
+    if not (math.isfinite(args.num_train_epochs) and args.num_train_epochs >= 0):
+        raise InputError(f"--num_train_epochs must be a finite number >= 0, got {args.num_train_epochs}")
+    if not 0 <= args.warmup_proportion <= 1:  # also false for NaN
+        raise InputError(f"--warmup_proportion must lie in [0, 1], got {args.warmup_proportion}")
+    # NVIDIA's scripts pass -1 (or "-1.0") for "use the epochs"; 0 and other negatives are refused rather than
+    # guessed at (0 could mean "no training" as well).
+    if not (args.max_steps == -1 or (args.max_steps >= 1 and float(args.max_steps).is_integer())):
+        raise InputError(f"--max_steps must be -1 (train --num_train_epochs) or a whole number of optimizer "
+                         f"steps >= 1, got {args.max_steps}")
     if args.do_train and args.train_batch_size % args.gradient_accumulation_steps:
         raise InputError(f"--train_batch_size {args.train_batch_size} is not a multiple of "
                          f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
-    if args.do_train and args.num_train_epochs <= 0 and args.max_steps <= 0:
+    if args.do_train and args.num_train_epochs == 0 and args.max_steps == -1:
         raise InputError("--do_train needs --num_train_epochs > 0 or --max_steps > 0")
+    check_output_dir(args.output_dir)
+    check_log_paths(args.json_summary)
     allow_tf32(args.tf32)
+
+
+def check_positive(args: argparse.Namespace, *names: str) -> None:
+    """InputError unless each named integer flag is at least 1."""
+    for name in names:
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name} must be at least 1, got {getattr(args, name)}")
+
+
+def check_output_dir(path: str | Path, flag: str = "--output_dir") -> None:
+    """InputError when the folder cannot be used: it is a file, or a file stands where a parent folder would be
+    created. Creates nothing (the folder is made at the first write)."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"{folder}: {flag} exists and is a file, not a folder; choose a folder")
+    existing = next((parent for parent in folder.parents if parent.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise InputError(f"{folder}: {flag} cannot be created because {existing} is a file")
 
 
 def seed_everything(seed: int) -> None:
@@ -112,20 +147,112 @@ def build_model(make: Callable[[BertConfig], nn.Module], config: BertConfig, wei
     return model
 
 
-def write_json(path: str | Path, obj: Any) -> None:
-    """JSON (2-space indent, UTF-8) through a temporary file and a rename: never half written."""
-    text = json.dumps(obj, indent=2) + "\n"
-    write_atomic(Path(path), lambda f: f.write(text.encode("utf-8")))
+MODEL_FILES = ("pytorch_model.bin", "bert_config.json")
+
+
+def remove_stale_output_temporaries(output_dir: str | Path, names: Sequence[str]) -> list[Path]:
+    """Removes what killed writes of `names` left in output_dir: our `.<name>.<random>.tmp` names (see
+    atomic_files) and the names earlier versions used, `.<name>.tmp` and `<name>.<random>.tmp`. Nothing else."""
+    removed = remove_stale_temporaries(output_dir, names)
+    alternatives = "|".join(re.escape(name) for name in names)
+    legacy = re.compile(rf"\.(?:{alternatives})\.tmp|(?:{alternatives})\.[a-z0-9_]{{8}}\.tmp")
+    for path in Path(output_dir).iterdir():
+        if legacy.fullmatch(path.name) and path.is_file():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+class StagedOutputs:
+    """The output files of one run, written under temporary names in output_dir (`.<name>.<random>.tmp`) and
+    renamed into place together by commit(): a run that fails before commit() leaves output_dir as it was.
+
+    A file that describes a model (results, predictions) must never sit beside another model. commit()
+    therefore, when it replaces the model, first removes the old copies of the other files it replaces, then
+    renames the model, then the rest: a crash between two renames (only a kill or power loss can stop a
+    burst of renames) leaves the new model without its results, never the old results beside the new model.
+    Used as a context manager, an exception discards the staged files. The folder is created, and stale
+    temporaries of `names` removed, at the first write."""
+
+    def __init__(self, output_dir: str | Path, names: Sequence[str]) -> None:
+        self.output_dir = Path(output_dir)
+        self.names = tuple(names)
+        self._staged: dict[str, Path] = {}
+        self._opened = False
+
+    def write(self, name: str, write: Callable[[BinaryIO], None]) -> Path:
+        """Runs write(file) on a new temporary file that commit() will rename to `name`; returns its path."""
+        if name not in self.names:
+            raise ValueError(f"{name} is not one of the outputs {self.names}")
+        if not self._opened:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            remove_stale_output_temporaries(self.output_dir, self.names)
+            self._opened = True
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.output_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide the model from other users
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        if name in self._staged:
+            self._staged[name].unlink(missing_ok=True)
+        self._staged[name] = Path(tmp)
+        return Path(tmp)
+
+    def write_text(self, name: str, text: str) -> Path:
+        return self.write(name, lambda f: f.write(text.encode("utf-8")))
+
+    def write_json(self, name: str, obj: Any, indent: int = 2) -> Path:
+        return self.write_text(name, json.dumps(obj, indent=indent) + "\n")  # serialized before the file opens
+
+    def commit(self) -> list[Path]:
+        """Renames every staged file into place (see the class); returns the final paths."""
+        models = [name for name in MODEL_FILES if name in self._staged]
+        described = [name for name in self._staged if name not in MODEL_FILES]
+        if models:
+            for name in described:
+                (self.output_dir / name).unlink(missing_ok=True)
+        done = []
+        for name in models + described:
+            os.replace(self._staged.pop(name), self.output_dir / name)
+            done.append(self.output_dir / name)
+        return done
+
+    def discard(self) -> None:
+        for tmp in self._staged.values():
+            tmp.unlink(missing_ok=True)
+        self._staged.clear()
+
+    def __enter__(self) -> "StagedOutputs":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.discard()  # after commit() nothing is left to discard
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def stage_finetuned(stage: StagedOutputs, model: nn.Module, config: BertConfig) -> Path:
+    """Stages pytorch_model.bin ({"model": state_dict}) and bert_config.json; returns the model's temporary path."""
+    path = stage.write("pytorch_model.bin", lambda f: torch.save({"model": unwrap(model).state_dict()}, f))
+    stage.write_text("bert_config.json", json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+    return path
 
 
 def save_finetuned(model: nn.Module, config: BertConfig, output_dir: str | Path) -> Path:
-    """Writes output_dir/pytorch_model.bin ({"model": state_dict}) and bert_config.json, each atomically."""
-    output_dir = Path(output_dir)
-    path = output_dir / "pytorch_model.bin"
-    save_torch_atomic({"model": unwrap(model).state_dict()}, path)
-    text = json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n"
-    write_atomic(output_dir / "bert_config.json", lambda f: f.write(text.encode("utf-8")))
-    return path
+    """Writes output_dir/pytorch_model.bin ({"model": state_dict}) and bert_config.json, together."""
+    with StagedOutputs(output_dir, MODEL_FILES) as stage:
+        stage_finetuned(stage, model, config)
+        stage.commit()
+    return Path(output_dir) / "pytorch_model.bin"
 
 
 # ---------------------------------------------------------------------------------------------------------

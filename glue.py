@@ -143,6 +143,8 @@ def read_examples(task: GlueTask, data_dir: str | Path, split: str) -> list[Glue
             if task.is_regression:
                 try:
                     label = float(label)
+                    if not np.isfinite(label):  # nan would read as "no label" (test files), inf as an inf loss
+                        raise ValueError
                 except ValueError:
                     raise InputError(f"{path}: line {i + line_offset}: score {label!r} is not a number") from None
             elif label not in task.labels:
@@ -185,13 +187,19 @@ def truncate_pair_lengths(len_a: int, len_b: int, max_total: int) -> tuple[int, 
     return len_a, len_b
 
 
+def min_seq_length(task: GlueTask) -> int:
+    """The shortest max_seq_length that keeps a token of every sentence: [CLS] a [SEP] (b [SEP])."""
+    return 3 if task.text_b is None else 5
+
+
 def convert_examples_to_features(
     examples: Sequence[GlueExample], task: GlueTask, tokenizer: BertTokenizer, max_seq_length: int = 128
 ) -> GlueFeatures:
     """Tokenizes (in bulk) and lays out the examples; pairs are truncated longest-first to max_seq_length - 3,
     single sentences to max_seq_length - 2."""
-    if max_seq_length < 4:
-        raise InputError(f"max_seq_length {max_seq_length} is too short for [CLS] a [SEP] b [SEP]")
+    if max_seq_length < min_seq_length(task):
+        raise InputError(f"max_seq_length {max_seq_length} is too short for {task.name}: it needs at least "
+                         f"{min_seq_length(task)} ([CLS], [SEP] and one token of each sentence)")
     n = len(examples)
     vocab = tokenizer.vocab
     cls_id, sep_id = vocab.id("[CLS]"), vocab.id("[SEP]")

@@ -7,14 +7,15 @@ Flags are NVIDIA DeepLearningExamples' (`--task_name --data_dir --init_checkpoin
 "eval", "prediction" or any combination such as "train eval", like NVIDIA's run_glue.sh). Writes
 <output_dir>/pytorch_model.bin + bert_config.json after training, eval_predictions.tsv and results.json (all
 metrics, inference latency percentiles and throughput) after evaluation, test_predictions.tsv after prediction
-(its latency and throughput also in results.json, under prediction_* keys).
+(its latency and throughput also in results.json, under prediction_* keys). Every input is checked before the
+first write (a refused run creates nothing), and the run's files are renamed into place together at its end:
+a failure on the way leaves the previous run's model and results.json as they were.
 Launch with torchrun for more than one process; evaluation and prediction run on the first process.
 """
 from __future__ import annotations
 
 import argparse
 import re
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -25,26 +26,30 @@ import glue
 from distributed import DistributedContext, barrier, init_distributed, shutdown
 from errors import InputError, run_cli
 from finetuning import (
+    MODEL_FILES,
     LoopSettings,
+    StagedOutputs,
     add_common_arguments,
     build_model,
     check_common_arguments,
+    check_positive,
     latency_summary,
     load_tokenizer,
     model_config,
     planned_steps,
-    save_finetuned,
     seed_everything,
+    stage_finetuned,
     timed_inference,
     train_loop,
-    write_json,
 )
 from metric_logger import MetricLogger
 from model import BertForSequenceClassification
 from optimization import LinearWarmUpScheduler, build_adamw
-from training import make_precision, wrap_ddp
+from training import Precision, make_precision, wrap_ddp
 
 MODES = ("train", "eval", "prediction")
+OUTPUTS = (*MODEL_FILES, "results.json", "eval_predictions.tsv", "eval_mismatched_predictions.tsv",
+           "test_predictions.tsv")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -70,10 +75,38 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         raise InputError("nothing to do: pass --do_train, --do_eval and/or --do_predict (or --mode)")
     if not (args.do_train or args.init_checkpoint):
         raise InputError("evaluation without training needs --init_checkpoint (a fine-tuned model)")
+    task = glue.get_task(args.task_name)
     check_common_arguments(args)
+    check_positive(args, "eval_batch_size")
+    if args.max_seq_length < glue.min_seq_length(task):
+        raise InputError(f"--max_seq_length {args.max_seq_length} is too small for {task.name}: it needs at least "
+                         f"{glue.min_seq_length(task)} ([CLS], [SEP] and one token of each sentence)")
     args.max_steps = int(args.max_steps)
     args.log_freq = max(1, args.log_freq)
     return args
+
+
+def read_split(task: glue.GlueTask, args: argparse.Namespace, tokenizer: Any, split: str) -> glue.GlueFeatures:
+    """The features of one split; InputError naming the file when it holds no example."""
+    examples = glue.read_examples(task, args.data_dir, split)
+    if not examples:
+        flag = {"train": "--do_train", "dev": "--do_eval", "test": "--do_predict"}[split]
+        raise InputError(f"{glue.split_file(task, args.data_dir, split)}: no examples (the file holds no line "
+                         f"after its header); {flag} needs at least one")
+    return glue.convert_examples_to_features(examples, task, tokenizer, args.max_seq_length)
+
+
+def read_splits(task: glue.GlueTask, args: argparse.Namespace, tokenizer: Any) -> dict[str, glue.GlueFeatures]:
+    """Every split the run needs, read before any training or writing so that a bad file stops it first."""
+    splits = {}
+    for split, wanted in (("train", args.do_train), ("dev", args.do_eval), ("test", args.do_predict)):
+        if wanted:
+            splits[split] = read_split(task, args, tokenizer, split)
+    mismatched = glue.get_task("mnli-mm")
+    if task.name == "mnli" and args.do_eval and glue.split_file(mismatched, args.data_dir, "dev").is_file():
+        # MNLI is reported on both dev sets, as GLUE does: matched (eval_*) and mismatched (eval_mm_*).
+        splits["dev_mm"] = read_split(mismatched, args, tokenizer, "dev")
+    return splits
 
 
 def feature_arrays(features: glue.GlueFeatures) -> dict[str, np.ndarray]:
@@ -94,7 +127,7 @@ def predictions_of(task: glue.GlueTask, logits: np.ndarray) -> np.ndarray:
     return logits[:, 0] if task.is_regression else logits.argmax(-1)
 
 
-def write_predictions(path: Path, task: glue.GlueTask, preds: np.ndarray, labels: Optional[np.ndarray]) -> None:
+def predictions_text(task: glue.GlueTask, preds: np.ndarray, labels: Optional[np.ndarray]) -> str:
     """GLUE's submission layout (index, prediction as a label string or score), with the gold label on dev."""
     def shown(values: np.ndarray, i: int) -> str:
         return f"{float(values[i]):.6f}" if task.is_regression else task.labels[int(values[i])]
@@ -102,11 +135,7 @@ def write_predictions(path: Path, task: glue.GlueTask, preds: np.ndarray, labels
     lines = ["index\tprediction" + ("\tlabel" if labels is not None else "")]
     for i in range(len(preds)):
         lines.append(f"{i}\t{shown(preds, i)}" + (f"\t{shown(labels, i)}" if labels is not None else ""))
-    text = "\n".join(lines) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -118,10 +147,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         shutdown(ctx)
 
 
-def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
-    task = glue.get_task(args.task_name)
-    precision = make_precision(ctx.device, args.fp16, args.bf16)
-    bar = ctx.is_main and not args.disable_progress_bar
+def open_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> MetricLogger:
     log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar else print)
     log.log("PARAMETER", {k: v for k, v in vars(args).items() if not k.startswith("_")}, echo=False)
     for metric, unit in (("e2e_train_time", "s"), ("training_sequences_per_second", "sequences/s"),
@@ -129,66 +155,86 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
                          ("prediction_e2e_inference_time", "s"),
                          ("prediction_inference_sequences_per_second", "sequences/s")):
         log.metadata(metric, {"unit": unit})
+    return log
+
+
+def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
+    task = glue.get_task(args.task_name)
+    precision = make_precision(ctx.device, args.fp16, args.bf16)
+    bar = ctx.is_main and not args.disable_progress_bar
+    # Every input is read and checked before the first write: a refused run creates nothing, not even the log.
     tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
     config, weights = model_config(args.config_file, args.init_checkpoint)
-    # Read every split first, so that a bad file stops the run before any training.
-    splits = {}
-    for split, wanted in (("train", args.do_train), ("dev", args.do_eval), ("test", args.do_predict)):
-        if wanted:
-            examples = glue.read_examples(task, args.data_dir, split)
-            splits[split] = glue.convert_examples_to_features(examples, task, tokenizer, args.max_seq_length)
-    mismatched = glue.get_task("mnli-mm")
-    if task.name == "mnli" and args.do_eval and (Path(args.data_dir) / mismatched.dev_file).is_file():
-        # MNLI is reported on both dev sets, as GLUE does: matched (eval_*) and mismatched (eval_mm_*).
-        examples = glue.read_examples(mismatched, args.data_dir, "dev")
-        splits["dev_mm"] = glue.convert_examples_to_features(examples, mismatched, tokenizer, args.max_seq_length)
+    splits = read_splits(task, args, tokenizer)
     seed_everything(args.seed)  # the same new classifier on every process
     model = build_model(lambda c: BertForSequenceClassification(c, task.num_labels), config, weights,
                         args.init_checkpoint, len(tokenizer.vocab), args.max_seq_length).to(ctx.device)
     torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
-    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    log = open_log(args, ctx, bar)
     results: dict[str, Any] = {"task": task.name}
-
-    if args.do_train:
-        arrays = feature_arrays(splits["train"])
-        settings = LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
-                                args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps, args.seed,
-                                args.log_freq, bar, args.num_workers, trim_padding=True)
-        total_steps = planned_steps(len(splits["train"]), settings, ctx)
-        optimizer = build_adamw(model, args.learning_rate)
-        scheduler = LinearWarmUpScheduler(optimizer, args.warmup_proportion, total_steps)
-        results.update(train_loop(wrap_ddp(model, ctx), optimizer, scheduler, precision, arrays,
-                                  classification_loss, settings, total_steps, ctx, log))
-        results["train_examples"] = len(splits["train"])
-        results["train_steps"] = total_steps
+    # The model, the predictions and results.json are staged and renamed into place together at the end, so
+    # that a failure on the way leaves the previous run's files as they were (finetuning.StagedOutputs).
+    with StagedOutputs(args.output_dir, OUTPUTS) as stage:
+        if args.do_train:
+            results.update(train(args, ctx, model, splits["train"], precision, bar, log))
+            if ctx.is_main:
+                stage_finetuned(stage, model, config)
+            barrier(ctx)
+        if ctx.is_main and (args.do_eval or args.do_predict):
+            results.update(evaluate(args, task, model, splits, precision, bar, stage))
+            results["eval_batch_size"] = args.eval_batch_size
+            stage.write_json("results.json", results)
         if ctx.is_main:
-            save_finetuned(model, config, args.output_dir)
-        barrier(ctx)
+            stage.commit()
+    barrier(ctx)
+    log.log([], results)
+    log.close()
+    return results
 
-    if ctx.is_main and args.do_eval:
+
+def train(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module, features: glue.GlueFeatures,
+          precision: Precision, bar: bool, log: MetricLogger) -> dict[str, Any]:
+    settings = LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
+                            args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps, args.seed,
+                            args.log_freq, bar, args.num_workers, trim_padding=True)
+    total_steps = planned_steps(len(features), settings, ctx)
+    optimizer = build_adamw(model, args.learning_rate)
+    scheduler = LinearWarmUpScheduler(optimizer, args.warmup_proportion, total_steps)
+    results = train_loop(wrap_ddp(model, ctx), optimizer, scheduler, precision, feature_arrays(features),
+                         classification_loss, settings, total_steps, ctx, log)
+    return {**results, "train_examples": len(features), "train_steps": total_steps}
+
+
+def predict_split(args: argparse.Namespace, task: glue.GlueTask, model: torch.nn.Module,
+                  features: glue.GlueFeatures, precision: Precision, bar: bool) -> tuple[np.ndarray, list[float]]:
+    (logits,), latencies = timed_inference(model, feature_arrays(features), args.eval_batch_size, precision,
+                                           classification_logits, bar, trim=True)
+    return predictions_of(task, logits), latencies
+
+
+def evaluate(args: argparse.Namespace, task: glue.GlueTask, model: torch.nn.Module,
+             splits: dict[str, glue.GlueFeatures], precision: Precision, bar: bool,
+             stage: StagedOutputs) -> dict[str, Any]:
+    """Dev metrics and test predictions (staged); returns their results.json entries."""
+    results: dict[str, Any] = {}
+    if args.do_eval:
         dev = splits["dev"]
-        (logits,), latencies = timed_inference(model, feature_arrays(dev), args.eval_batch_size, precision,
-                                               classification_logits, bar, trim=True)
-        preds = predictions_of(task, logits)
+        preds, latencies = predict_split(args, task, model, dev, precision, bar)
         results.update({f"eval_{k}": v for k, v in glue.compute_metrics(task, preds, dev.labels).items()})
         results["eval_examples"] = len(dev)
         results.update(latency_summary(latencies, len(dev)))
-        write_predictions(Path(args.output_dir) / "eval_predictions.tsv", task, preds, dev.labels)
+        stage.write_text("eval_predictions.tsv", predictions_text(task, preds, dev.labels))
         if "dev_mm" in splits:
-            dev_mm = splits["dev_mm"]
-            (logits,), _ = timed_inference(model, feature_arrays(dev_mm), args.eval_batch_size, precision,
-                                           classification_logits, bar, trim=True)
-            preds = predictions_of(mismatched, logits)
+            mismatched, dev_mm = glue.get_task("mnli-mm"), splits["dev_mm"]
+            preds, _ = predict_split(args, mismatched, model, dev_mm, precision, bar)
             results.update({f"eval_mm_{k}": v for k, v in glue.compute_metrics(mismatched, preds,
                                                                                 dev_mm.labels).items()})
             results["eval_mm_examples"] = len(dev_mm)
-            write_predictions(Path(args.output_dir) / "eval_mismatched_predictions.tsv", mismatched, preds,
-                              dev_mm.labels)
-    if ctx.is_main and args.do_predict:
+            stage.write_text("eval_mismatched_predictions.tsv", predictions_text(mismatched, preds, dev_mm.labels))
+    if args.do_predict:
         test = splits["test"]
-        (logits,), latencies = timed_inference(model, feature_arrays(test), args.eval_batch_size, precision,
-                                               classification_logits, bar, trim=True)
-        write_predictions(Path(args.output_dir) / "test_predictions.tsv", task, predictions_of(task, logits), None)
+        preds, latencies = predict_split(args, task, model, test, precision, bar)
+        stage.write_text("test_predictions.tsv", predictions_text(task, preds, None))
         timing = latency_summary(latencies, len(test))
         # The unprefixed keys belong to the dev pass when there is one; the test pass always keeps its own
         # prediction_* copy, so that running both never drops the prediction latency.
@@ -196,12 +242,6 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
             results.update(timing)
         results.update({f"prediction_{k}": v for k, v in timing.items()})
         results["prediction_examples"] = len(test)
-    if ctx.is_main and (args.do_eval or args.do_predict):
-        results["eval_batch_size"] = args.eval_batch_size
-        write_json(Path(args.output_dir) / "results.json", results)
-    barrier(ctx)
-    log.log([], results)
-    log.close()
     return results
 
 

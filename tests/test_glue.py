@@ -289,3 +289,18 @@ def test_compute_metrics_per_task():
     sts = glue.compute_metrics("sts-b", np.array([0.5, 2.0, 4.5, 3.0]), np.array([1.0, 2.0, 5.0, 2.5]))
     assert set(sts) == {"pearson", "spearmanr", "corr"}
     assert sts["corr"] == pytest.approx((sts["pearson"] + sts["spearmanr"]) / 2)
+
+
+def test_max_seq_length_must_keep_a_token_of_every_sentence(tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "movie", "plot"]) + "\n")
+    tokenizer = BertTokenizer(load_vocab(vocab), do_lower_case=True)
+    single, pair = glue.get_task("sst-2"), glue.get_task("rte")
+    one = [glue.GlueExample("0", "the movie", None, "1")]
+    two = [glue.GlueExample("0", "the movie", "the plot", "entailment")]
+    assert glue.convert_examples_to_features(one, single, tokenizer, 3).input_ids.tolist() == [[2, 5, 3]]
+    assert glue.convert_examples_to_features(two, pair, tokenizer, 5).input_ids.tolist() == [[2, 5, 3, 5, 3]]
+    with pytest.raises(InputError, match="max_seq_length 2 is too short for sst-2: it needs at least 3"):
+        glue.convert_examples_to_features(one, single, tokenizer, 2)
+    with pytest.raises(InputError, match="max_seq_length 4 is too short for rte: it needs at least 5"):
+        glue.convert_examples_to_features(two, pair, tokenizer, 4)  # would drop the second sentence whole

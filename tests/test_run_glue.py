@@ -1,7 +1,9 @@
-"""run_glue.py end to end on the real pretrained MiniLM and real GLUE data (small subsets, short sequences)."""
+"""run_glue.py end to end on the real pretrained MiniLM and real GLUE data (small subsets, short sequences), and
+its refusals, staging and cleaning on a tiny model built in the test's folder."""
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -201,3 +203,176 @@ def test_mnli_reports_matched_and_mismatched_dev_sets(shared_data, tmp_path):
     assert 0 <= results["eval_acc"] <= 1 and 0 <= results["eval_mm_acc"] <= 1
     rows = (out / "eval_mismatched_predictions.tsv").read_text().splitlines()[1:]
     assert len(rows) == 5 and all(row.split("\t")[1] in classes for row in rows)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A tiny model and task folder made in tmp_path: refusals, all-or-nothing outputs, stale temporaries
+# ---------------------------------------------------------------------------------------------------------
+WORDS = "the a movie film plot was is good bad great awful not very i liked it".split()
+SENTENCES = [("the movie was good", "1"), ("the plot was bad", "0"), ("i liked it", "1"), ("a very awful film", "0")]
+
+
+def tiny_model_files(folder: Path) -> tuple[Path, Path]:
+    """A WordPiece vocab and a one-layer BERT config: a fresh model of it trains a step in milliseconds."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = folder / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n", encoding="utf-8")
+    config = folder / "bert_config.json"
+    config.write_text(json.dumps({
+        "vocab_size": 5 + len(WORDS), "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "intermediate_size": 32, "max_position_embeddings": 64, "type_vocab_size": 2, "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "initializer_range": 0.02}))
+    return vocab, config
+
+
+def tiny_sst2(folder: Path, train_rows: int = 8, dev_rows: int = 4, test_rows: int = 3) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [f"{text}\t{label}" for text, label in SENTENCES * 4]
+    for name, n in (("train.tsv", train_rows), ("dev.tsv", dev_rows)):
+        (folder / name).write_text("\n".join(["sentence\tlabel", *rows[:n]]) + "\n", encoding="utf-8")
+    tests = [f"{i}\t{text}" for i, (text, _) in enumerate(SENTENCES[:test_rows])]
+    (folder / "test.tsv").write_text("\n".join(["index\tsentence", *tests]) + "\n", encoding="utf-8")
+    return folder
+
+
+def tiny_args(root: Path, *extra: str, out: str = "out") -> list[str]:
+    vocab, config = root / "model" / "vocab.txt", root / "model" / "bert_config.json"
+    return ["--task_name", "sst-2", "--data_dir", str(root / "SST-2"), "--vocab_file", str(vocab), "--config_file",
+            str(config), "--output_dir", str(root / out), "--json-summary", str(root / "dllogger.json"),
+            "--max_seq_length", "16", "--train_batch_size", "4", "--max_steps", "2", "--disable_progress_bar",
+            *extra]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under folder (relative name -> bytes)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def previous_run(tmp_path_factory):
+    """A tiny SST-2 folder and the output of a train + eval + predict run on it (model, predictions, results)."""
+    root = tmp_path_factory.mktemp("tiny_glue")
+    tiny_model_files(root / "model")
+    tiny_sst2(root / "SST-2")
+    run_glue.main(tiny_args(root, "--do_train", "--do_eval", "--do_predict"))
+    assert {"pytorch_model.bin", "results.json", "eval_predictions.tsv", "test_predictions.tsv"} <= set(
+        os.listdir(root / "out"))
+    return root
+
+
+@pytest.fixture
+def rerun(previous_run, tmp_path):
+    """A copy of the previous run's folder to run again in, and the snapshot of it before."""
+    root = tmp_path / "run"
+    shutil.copytree(previous_run, root)
+    return root, snapshot(root)
+
+
+@pytest.mark.parametrize("split", ["train", "dev", "test"])
+def test_header_only_split_is_refused_before_anything_is_replaced(rerun, split):
+    root, before = rerun
+    name = f"{split}.tsv"
+    (root / "SST-2" / name).write_text("index\tsentence\n" if split == "test" else "sentence\tlabel\n")
+    before["SST-2/" + name] = (root / "SST-2" / name).read_bytes()
+    with pytest.raises(InputError, match=rf"{name}: no examples .* needs at least one"):
+        run_glue.main(tiny_args(root, "--do_train", "--do_eval", "--do_predict", "--seed", "7"))
+    assert snapshot(root) == before  # the old model, results and log as they were
+
+
+def test_failure_during_evaluation_replaces_neither_model_nor_results(rerun, monkeypatch):
+    root, before = rerun
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("evaluation failed")
+
+    monkeypatch.setattr(run_glue.glue, "compute_metrics", broken)
+    with pytest.raises(RuntimeError, match="evaluation failed"):
+        run_glue.main(tiny_args(root, "--do_train", "--do_eval", "--seed", "7", "--json-summary", ""))
+    assert snapshot(root) == before  # no new model beside the old results, no temporary file left
+
+
+def test_rerun_replaces_model_predictions_and_results_together(rerun):
+    root, before = rerun
+    run_glue.main(tiny_args(root, "--do_train", "--do_eval", "--seed", "7", "--learning_rate", "1e-2"))
+    after = snapshot(root)
+    assert after["out/pytorch_model.bin"] != before["out/pytorch_model.bin"]
+    final = read_log(root / "dllogger.json")[-1]["data"]  # this run's summary, appended to the previous log
+    assert json.loads(after["out/results.json"]) == pytest.approx(final)
+    assert after["out/test_predictions.tsv"] == before["out/test_predictions.tsv"]  # not part of this run
+    assert not [name for name in after if name.endswith(".tmp")]
+
+
+def test_stale_temporaries_of_our_outputs_are_removed_and_nothing_else(rerun):
+    root, _ = rerun
+    out = root / "out"
+    ours = [".pytorch_model.bin.a1b2c3d4.tmp", ".results.json.x_9yz8w7.tmp", ".eval_predictions.tsv.tmp",
+            "results.json.k3j4h5g6.tmp", ".bert_config.json.abcdefgh.tmp"]
+    theirs = [".notes.txt.a1b2c3d4.tmp", ".results.json.toolong123.tmp", "results.json.tmp", "mine.tmp",
+              ".pytorch_model.bin.A1B2C3D4.tmp", "pytorch_model.bin.tmp"]
+    for name in ours + theirs:
+        (out / name).write_text("left behind\n")
+    run_glue.main(tiny_args(root, "--do_eval", "--init_checkpoint", str(out / "pytorch_model.bin")))
+    left = {p.name for p in out.iterdir() if p.name.endswith(".tmp")}
+    assert left == set(theirs)
+    assert all((out / name).read_text() == "left behind\n" for name in theirs)
+
+
+NONSENSE = {
+    "accumulation 0": (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be at least 1"),
+    "train batch 0": (["--train_batch_size", "0"], "--train_batch_size must be at least 1"),
+    "train batch negative": (["--train_batch_size", "-4"], "--train_batch_size must be at least 1"),
+    "eval batch 0": (["--eval_batch_size", "0"], "--eval_batch_size must be at least 1"),
+    "eval batch negative": (["--eval_batch_size", "-8"], "--eval_batch_size must be at least 1"),
+    "max_steps 0": (["--max_steps", "0"], "--max_steps must be -1"),
+    "max_steps -2": (["--max_steps", "-2"], "--max_steps must be -1"),
+    "max_steps fraction": (["--max_steps", "1.5"], "--max_steps must be -1"),
+    "max_steps nan": (["--max_steps", "nan"], "--max_steps must be -1"),
+    "learning rate nan": (["--learning_rate", "nan"], "--learning_rate must be a finite number > 0"),
+    "learning rate inf": (["--learning_rate", "inf"], "--learning_rate must be a finite number > 0"),
+    "learning rate negative": (["--learning_rate=-1e-5"], "--learning_rate must be a finite number > 0"),
+    "epochs nan": (["--num_train_epochs", "nan", "--max_steps", "-1"], "--num_train_epochs must be a finite"),
+    "epochs inf": (["--num_train_epochs", "inf", "--max_steps", "-1"], "--num_train_epochs must be a finite"),
+    "epochs negative": (["--num_train_epochs", "-1"], "--num_train_epochs must be a finite"),
+    "warmup nan": (["--warmup_proportion", "nan"], "--warmup_proportion must lie in"),
+    "workers negative": (["--num_workers", "-1"], "--num_workers must be 0 or more"),
+    "max_seq_length 2 (single sentence)": (["--max_seq_length", "2"], "--max_seq_length 2 is too small for sst-2"),
+    "max_seq_length 4 (pairs)": (["--max_seq_length", "4", "--task_name", "mrpc"],
+                                 "--max_seq_length 4 is too small for mrpc"),
+    "output_dir is a file": (["--output_dir", "{root}/a_file"], "--output_dir exists and is a file"),
+    "output_dir under a file": (["--output_dir", "{root}/a_file/out"], "--output_dir cannot be created because"),
+    "json-summary is a folder": (["--json-summary", "{root}/SST-2"], "--json-summary is a folder"),
+}
+
+
+@pytest.mark.parametrize("case", NONSENSE)
+def test_nonsense_arguments_are_one_line_errors_that_create_nothing(tmp_path, case):
+    tiny_model_files(tmp_path / "model")
+    tiny_sst2(tmp_path / "SST-2")
+    (tmp_path / "a_file").write_text("mine\n")
+    before = snapshot(tmp_path)
+    extra, message = NONSENSE[case]
+    argv = tiny_args(tmp_path, "--do_train", "--do_eval") + [arg.format(root=tmp_path) for arg in extra]
+    with pytest.raises(InputError, match=message.replace("(", r"\(")) as error:
+        run_glue.main(argv)
+    assert "\n" not in str(error.value)
+    assert snapshot(tmp_path) == before and not (tmp_path / "out").exists()
+
+
+def test_max_steps_minus_one_trains_the_epochs():
+    base = ["--task_name", "sst-2", "--data_dir", "d", "--vocab_file", "v", "--output_dir", "o", "--do_train"]
+    for spelling in ("-1", "-1.0"):  # run_glue.sh passes -1.0
+        assert run_glue.parse_args([*base, "--max_steps", spelling]).max_steps == -1
+    assert run_glue.parse_args([*base, "--max_steps", "3"]).max_steps == 3
+
+
+def test_refusal_from_the_command_line_is_one_line_exit_2_and_creates_nothing(tmp_path):
+    tiny_model_files(tmp_path / "model")
+    tiny_sst2(tmp_path / "SST-2", dev_rows=0)
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "run_glue.py"),
+                             *tiny_args(tmp_path, "--do_train", "--do_eval")],
+                            capture_output=True, text=True, env=ENV, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'SST-2' / 'dev.tsv'}: no examples (the file holds no line after its header); "
+        "--do_eval needs at least one"]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "dllogger.json").exists()

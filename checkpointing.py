@@ -66,7 +66,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save_checkpoint(output_dir: str | Path, global_step: int, payload: dict[str, Any],
                     keep: Optional[Path] = None) -> Path:
     """Writes ckpt_<global_step>.pt atomically, then rotates: the newest KEEP_NEWEST checkpoints that load stay,
-    and so does `keep` (the one this run resumed from); a checkpoint that does not load is moved aside as
+    and so do the one just written and `keep` (the one this run resumed from); a checkpoint that does not load is moved aside as
     `*.corrupt`, never counted and never deleted. A failed write (disk full) is an InputError that names the
     file, with every earlier checkpoint intact."""
     path = checkpoint_path(output_dir, global_step)
@@ -84,9 +84,9 @@ def save_checkpoint(output_dir: str | Path, global_step: int, payload: dict[str,
             aside = _corrupt_name(candidate)
             candidate.rename(aside)
             print(f"warning: {candidate} does not load; moved aside to {aside.name}", file=sys.stderr, flush=True)
-    keep_resolved = keep.resolve() if keep is not None else None
+    protected = {path.resolve()} | ({keep.resolve()} if keep is not None else set())
     for old in loadable[:-KEEP_NEWEST]:
-        if old.resolve() != keep_resolved:
+        if old.resolve() not in protected:
             old.unlink(missing_ok=True)
     return path
 
@@ -115,6 +115,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     payload = load_torch_file(path)
     if not isinstance(payload, dict) or "model" not in payload:
         raise InputError(f"{path}: not a training checkpoint (no 'model' entry)")
+    if not isinstance(payload["model"], dict):  # load_state_dict would fail with a traceback on resume
+        raise InputError(f"{path}: not a training checkpoint (its 'model' entry is a {type(payload['model']).__name__},"
+                         " not a state dict)")
     return payload
 
 

@@ -32,7 +32,7 @@ from distributed import (
 )
 from atomic_files import remove_stale_temporaries
 from errors import InputError, run_cli
-from metric_logger import MetricLogger
+from metric_logger import MetricLogger, check_log_paths
 from model import BertConfig, BertForPreTraining
 from model_weights import load_weights_into, read_config, read_weights
 from optimization import PolyWarmUpScheduler, build_lamb, weight_decay_groups
@@ -149,16 +149,14 @@ def check_numbers(args: argparse.Namespace) -> None:
 
 
 def check_output_paths(args: argparse.Namespace) -> None:
-    """The output folder and the JSON log must be creatable where the flags point (checked before any write)."""
+    """The output folder and the logs must be creatable where the flags point (checked before any write)."""
     output = Path(args.output_dir)
     if output.exists() and not output.is_dir():
         raise InputError(f"{output}: --output_dir exists and is not a directory; choose a directory")
-    if args.json_summary and Path(args.json_summary).is_dir():
-        raise InputError(f"{args.json_summary}: --json-summary is a directory; give a file name inside it")
-    for path, flag in ((output, "--output_dir"), (Path(args.json_summary or "."), "--json-summary")):
-        existing = next((parent for parent in path.parents if parent.exists()), None)
-        if existing is not None and not existing.is_dir():
-            raise InputError(f"{path}: {flag} cannot be created because {existing} is a file")
+    existing = next((parent for parent in output.parents if parent.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise InputError(f"{output}: --output_dir cannot be created because {existing} is a file")
+    check_log_paths(args.json_summary, output / "tensorboard")
 
 
 def seed_everything(seed: int) -> None:

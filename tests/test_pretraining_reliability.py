@@ -95,15 +95,14 @@ def test_rotation_after_resuming_past_a_corrupt_checkpoint_keeps_the_good_ones(w
     assert torch.load(out / "ckpt_6.pt", weights_only=True)["phase_step"] == 6
 
 
-def test_rotation_never_deletes_the_checkpoint_it_resumed_from(workspace):
+def test_rotation_never_deletes_the_checkpoint_it_resumed_from_nor_the_new_one(workspace):
     out = workspace / "out"
-    assert pretrain(workspace, "--num_steps_per_checkpoint", 1, "--steps_this_run", 6).returncode == 0
-    assert checkpoint_names(out) == ["ckpt_4.pt", "ckpt_5.pt", "ckpt_6.pt"]
-    result = pretrain(workspace, "--num_steps_per_checkpoint", 1, "--resume_from_checkpoint", "--resume_step", 4,
+    assert pretrain(workspace, "--num_steps_per_checkpoint", 2, "--steps_this_run", 6).returncode == 0
+    result = pretrain(workspace, "--num_steps_per_checkpoint", 2, "--resume_from_checkpoint", "--resume_step", 2,
                       "--steps_this_run", 1)
     assert result.returncode == 0, result.stderr
-    # Step 5 again: the newest three that load are 5 (new), 6 and 4, the one resumed from, kept in any case.
-    assert "ckpt_4.pt" in checkpoint_names(out)
+    # The newest three that load are 3 (just written), 4 and 6; 2 stays as the checkpoint this run resumed from.
+    assert checkpoint_names(out) == ["ckpt_2.pt", "ckpt_3.pt", "ckpt_4.pt", "ckpt_6.pt"]
 
 
 def test_stale_temporary_checkpoints_of_a_killed_save_are_removed_and_nothing_else(workspace):
@@ -173,7 +172,7 @@ def test_output_dir_that_is_a_file_and_json_summary_that_is_a_folder(workspace):
     command_flags[command_flags.index("--json-summary") + 1] = str(workspace)
     result = subprocess.run([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *command_flags], env=ENV,
                             capture_output=True, text=True, timeout=300)
-    one_line_error(result, "--json-summary", "directory")
+    one_line_error(result, "--json-summary", "is a folder")
     assert not (workspace / "out").exists()
 
 

@@ -15,6 +15,7 @@ import torch
 
 from metric_logger import read_log
 from model import BertConfig, BertForPreTraining
+from pretraining_data import SampleStream, inspect_shard
 from tests.conftest import REPO_ROOT
 
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
@@ -341,7 +342,7 @@ def test_corrupt_newest_checkpoint_is_skipped_for_the_previous(corpus, tmp_path)
     assert (tmp_path / "ckpt_6.pt").exists()
 
 
-def write_shard(path, n=16, seq=64, preds=10, drop=None, seq_override=None, **attrs):
+def write_shard(path, n=16, seq=64, preds=10, drop=None, seq_override=None, bad_row=0, **attrs):
     rng = np.random.default_rng(0)
     seq = seq_override or seq
     arrays = {
@@ -352,7 +353,7 @@ def write_shard(path, n=16, seq=64, preds=10, drop=None, seq_override=None, **at
         "masked_lm_ids": rng.integers(1000, 2000, (n, preds)).astype(np.int32),
         "next_sentence_labels": rng.integers(0, 2, n).astype(np.int8),
     }
-    arrays["input_ids"][0, 5] = attrs.pop("bad_id", 1500)
+    arrays["input_ids"][bad_row, 5] = attrs.pop("bad_id", 1500)
     with h5py.File(path, "w") as f:
         for key, value in arrays.items():
             if key != drop:
@@ -403,7 +404,11 @@ def test_bad_shards_are_clear_errors(corpus, tmp_path, case, fragments):
     elif case == "wrong_shape":
         write_shard(shard, seq_override=32)
     elif case.startswith("id_beyond_vocab"):
-        write_shard(shard, bad_id=40000)
+        # The bad id sits in the row the run reads first in step 2 (seed 42, 8 a step): a check per batch
+        # instead of one of the whole shard as it is loaded would train step 1 and leave ckpt_1.pt.
+        write_shard(shard)
+        _, _, rows = next(SampleStream([inspect_shard(shard, TINY["vocab_size"], 128)], seed=42).pieces(8, 1))
+        write_shard(shard, bad_id=40000, bad_row=int(rows[0]))
         extra = ["--num_workers", "1"] if case.endswith("worker") else []
     elif case == "too_long_for_positions":
         write_shard(shard, seq_override=256)

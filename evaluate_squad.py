@@ -33,7 +33,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from errors import InputError, run_cli
+from errors import ArgumentParser, InputError, run_cli
 from squad import is_squad_v2, load_squad_json
 
 _PUNCTUATION = frozenset(string.punctuation)  # ASCII only, as the official scripts
@@ -318,7 +318,7 @@ def write_scores(path: Path, result: dict[str, Any]) -> None:
 
 
 def _parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Official SQuAD v1.1 / v2.0 evaluation (version from the data file).")
+    parser = ArgumentParser(description="Official SQuAD v1.1 / v2.0 evaluation (version from the data file).")
     parser.add_argument("data_file", metavar="data.json", help="SQuAD data file (v1.1 or v2.0)")
     parser.add_argument("pred_file", metavar="pred.json", help="predictions: question id -> answer text")
     parser.add_argument("--out-file", "-o", metavar="eval.json", help="write the scores here (v2.0: instead of stdout)")

@@ -10,7 +10,6 @@ same sliding windows as run_squad.py (--max_seq_length, --doc_stride).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ import finetuning
 import squad
 import squad_answers
 from data.tokenization import BertTokenizer
-from errors import InputError, read_text_file, run_cli
+from errors import ArgumentParser, InputError, read_text_file, run_cli
 from model import BertForQuestionAnswering
 from training import make_precision
 
@@ -47,7 +46,7 @@ class InferenceOptions:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
     """Parses NVIDIA's inference.py flags (plus --context_file, --bf16, --predict_batch_size, --seed)."""
-    p = argparse.ArgumentParser(description="Answer questions about a context with a fine-tuned BERT.")
+    p = ArgumentParser(description="Answer questions about a context with a fine-tuned BERT.")
     p.add_argument("--bert_model", default="bert-large-uncased", help="model name, informational (NVIDIA's flag)")
     p.add_argument("--init_checkpoint", required=True, help="fine-tuned checkpoint: ours, NVIDIA's or a HF directory")
     p.add_argument("--config_file", help="bert_config.json (default: the one in or beside the checkpoint)")

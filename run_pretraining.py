@@ -31,7 +31,7 @@ from distributed import (
     shutdown,
 )
 from atomic_files import remove_stale_temporaries
-from errors import InputError, run_cli
+from errors import ArgumentParser, InputError, run_cli
 from metric_logger import MetricLogger, check_log_paths
 from model import BertConfig, BertForPreTraining
 from model_weights import load_weights_into, read_config, read_weights
@@ -60,7 +60,7 @@ from training import (
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input_dir", required=True, help="directory of *training*.hdf5 shards")
     p.add_argument("--config_file", required=True, help="bert_config.json")
     p.add_argument("--output_dir", required=True, help="where ckpt_<step>.pt files go")

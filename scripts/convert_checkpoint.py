@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import InputError, run_cli  # noqa: E402
+from errors import ArgumentParser, InputError, run_cli  # noqa: E402
 from model_weights import (  # noqa: E402
     check_export_target,
     export_huggingface,
@@ -36,7 +36,7 @@ from model_weights import (  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("src", type=Path, help="checkpoint file (ours or NVIDIA's) or Hugging Face directory")
     parser.add_argument("dst", type=Path, help="output: a directory for Hugging Face, a .pt/.bin file otherwise")
     parser.add_argument("--config_file", type=Path, help="bert_config.json, needed when SRC carries no config")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import InputError, run_cli  # noqa: E402
+from errors import ArgumentParser, InputError, run_cli  # noqa: E402
 from metric_logger import read_log  # noqa: E402
 
 LOSS_KEYS = ("average_loss", "step_loss", "loss", "train_loss")
@@ -118,7 +118,7 @@ def plot(paths: list[Path], output: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("logs", nargs="+", type=Path, help="dllogger JSON-lines files, in phase order")
     parser.add_argument("-o", "--output", type=Path, default=Path("training_curves.png"))
     args = parser.parse_args(argv)

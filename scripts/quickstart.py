@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from data import layout  # noqa: E402
 from data.tokenization import BertTokenizer, load_vocab  # noqa: E402
 from data.vocab_training import vocab_path  # noqa: E402
-from errors import InputError, run_cli  # noqa: E402
+from errors import ArgumentParser, InputError, run_cli  # noqa: E402
 from metric_logger import read_log  # noqa: E402
 from model import BertConfig, BertForPreTraining  # noqa: E402
 
@@ -125,7 +125,7 @@ def fill_mask_demo(checkpoint: Path, config: BertConfig, vocab: Path, count: int
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", type=Path, default=REPO / "quickstart_output")
     parser.add_argument("--steps", type=int, default=int(os.environ.get("QUICKSTART_STEPS", 400)),
                         help="phase-1 steps (phase 2 runs a tenth of them); env QUICKSTART_STEPS")

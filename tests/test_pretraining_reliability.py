@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -288,3 +289,12 @@ def test_unreadable_init_checkpoint_is_one_true_line(workspace, content, expecte
     line = one_line_error(pretrain(workspace, "--init_checkpoint", path), "weights.pt", expected)
     assert "(101)" not in line and "weights_only" not in line and "unpickled!" not in line
     assert not (workspace / "out").exists()
+
+
+@pytest.mark.parametrize("script", ["run_pretraining.py", "inference.py", "evaluate_squad.py",
+                                    "scripts/convert_checkpoint.py", "triton/client.py"])
+def test_an_unknown_flag_is_one_line_naming_the_program(script):
+    result = subprocess.run([sys.executable, str(REPO_ROOT / script), "--no_such_flag"], env=ENV,
+                            capture_output=True, text=True, timeout=120)
+    line = one_line_error(result, Path(script).name, "see --help")
+    assert "usage:" not in line

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import squad  # noqa: E402
 import squad_answers  # noqa: E402
-from errors import InputError, read_text_file, run_cli  # noqa: E402
+from errors import ArgumentParser, InputError, read_text_file, run_cli  # noqa: E402
 from finetuning import load_tokenizer  # noqa: E402
 from inference import keep_document_logits  # noqa: E402
 
@@ -154,7 +154,7 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_arguments(p)
     p.add_argument("--vocab_file", required=True)
     p.add_argument("--do_lower_case", action="store_true")

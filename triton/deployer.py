@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import squad  # noqa: E402
-from errors import InputError, run_cli  # noqa: E402
+from errors import ArgumentParser, InputError, run_cli  # noqa: E402
 from finetuning import build_model, load_tokenizer, model_config  # noqa: E402
 from model import BertForQuestionAnswering, BertForSequenceClassification  # noqa: E402
 from runtime import INPUTS, runner_for  # noqa: E402
@@ -175,7 +175,7 @@ def deploy(module: nn.Module, inputs: tuple[np.ndarray, ...], repository: Path, 
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--init_checkpoint", required=True, help="fine-tuned pytorch_model.bin, NVIDIA's or a HF folder")
     p.add_argument("--config_file", help="bert_config.json (default: the checkpoint's own)")
     p.add_argument("--vocab_file", required=True)

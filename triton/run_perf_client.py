@@ -26,7 +26,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 import squad  # noqa: E402
 from client import TritonQA, add_server_arguments  # noqa: E402
 from deployer import sample_inputs  # noqa: E402
-from errors import InputError, run_cli  # noqa: E402
+from errors import ArgumentParser, InputError, run_cli  # noqa: E402
 from finetuning import load_tokenizer  # noqa: E402
 
 FIELDS = ("batch_size", "concurrency", "requests", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms",
@@ -117,7 +117,7 @@ MAX_CONCURRENCY = 64
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_arguments(p)
     p.add_argument("--vocab_file", required=True)
     p.add_argument("--do_lower_case", action="store_true")

@@ -22,12 +22,12 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 import run_squad  # noqa: E402
 import squad_answers  # noqa: E402
 from client import TritonQA, add_server_arguments  # noqa: E402
-from errors import InputError, run_cli  # noqa: E402
+from errors import ArgumentParser, InputError, run_cli  # noqa: E402
 from finetuning import load_tokenizer  # noqa: E402
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_arguments(p)
     p.add_argument("--predict_file", required=True, help="SQuAD JSON, e.g. dev-v1.1.json")
     p.add_argument("--vocab_file", required=True)

@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
-from errors import InputError, run_cli  # noqa: E402
+from errors import ArgumentParser, InputError, run_cli  # noqa: E402
 from runtime import INPUTS, runner_for  # noqa: E402
 
 
@@ -42,7 +42,7 @@ def require_numpy_1() -> None:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_file", required=True, help="model.onnx or model.pt written by deployer.py")
     p.add_argument("--model_name", default="bert")
     p.add_argument("--outputs", type=int, default=2, help="2 for SQuAD (start, end logits), 1 for GLUE")

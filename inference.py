@@ -152,7 +152,7 @@ def answer_questions(
     examples = [squad.SquadExample(str(i), q, words, [], context_id=0) for i, q in enumerate(questions)]
     features = squad.convert_examples_to_features(examples, tokenizer, window)
     if len(features) == 0:
-        raise InputError("the context is empty (no word pieces)")
+        raise InputError("the context is empty (no word pieces); pass a non-empty --context or --context_file")
     start, end = predict_logits(model, features, batch_size, precision)
     start, end = keep_document_logits(features, start), keep_document_logits(features, end)
     predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab, answer)

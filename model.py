@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
@@ -19,14 +20,33 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from errors import InputError, read_text_file
 from fast_dropout import Dropout, dropout
 
 VOCAB_PAD_MULTIPLE = 8  # tensor cores and AMX tiles want matrix sides that are multiples of 8
 
 
+class ConfigError(InputError):
+    """A BERT config that cannot build a model; the message names the file (when known), the key and the fix."""
+
+
+# Every size must fit a torch dimension; "whole number" excludes floats and booleans such as 12.0 or true.
+_SIZE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+              "max_position_embeddings", "type_vocab_size")
+_MAX_SIZE = 2**31 - 1
+_PROBABILITY_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+_NON_NEGATIVE_KEYS = ("initializer_range", "layer_norm_eps")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."  # a pasted blob must not flood the one-line error
+
+
 @dataclass
 class BertConfig:
-    """Google's `bert_config.json` fields; keys this class does not know are kept in `extra` and written back."""
+    """Google's `bert_config.json` fields; keys this class does not know are kept in `extra` and written back.
+    Values are checked on construction: ConfigError names the first key that cannot build a model."""
 
     vocab_size: int = 30522
     hidden_size: int = 768
@@ -43,29 +63,70 @@ class BertConfig:
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        problem = self._problem()
+        if problem:
+            raise ConfigError(problem)
+
+    def _problem(self) -> str:
+        """The first invalid value as "<key> is <value>, expected ...", or "" when every value can build a model."""
+        for key in _SIZE_KEYS:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= _MAX_SIZE:
+                return f"{key} is {_short(value)}, expected a whole number from 1 to {_MAX_SIZE}"
+            setattr(self, key, int(value))  # numpy integers become plain ints, so that the config writes as JSON
+        for key in _PROBABILITY_KEYS + _NON_NEGATIVE_KEYS:
+            value = getattr(self, key)
+            upper = 1 if key in _PROBABILITY_KEYS else math.inf
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < upper:
+                wanted = "a probability in [0, 1)" if upper == 1 else "a finite number >= 0"
+                return f"{key} is {_short(value)}, expected {wanted}"
+            setattr(self, key, float(value))
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
-            )
-        if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"hidden_act {self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
+            return (f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                    f"{self.num_attention_heads}, expected heads that divide it")
+        if not isinstance(self.hidden_act, str) or self.hidden_act not in ACTIVATIONS:
+            return f"hidden_act is {_short(self.hidden_act)}, expected one of {', '.join(sorted(ACTIVATIONS))}"
+        if not isinstance(self.extra, dict):
+            return f"extra is {type(self.extra).__name__}, expected an object"
+        return ""
 
     @property
     def padded_vocab_size(self) -> int:
         return math.ceil(self.vocab_size / VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "BertConfig":
+    def from_dict(cls, values: Any, source: str | Path = "config") -> "BertConfig":
+        """A config from parsed JSON; ConfigError "<source>: <key> is ..., expected ..." for a bad value."""
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: holds a JSON {type(values).__name__}, expected an object of BERT settings "
+                              "such as bert_configs/base.json")
         known = {f.name for f in fields(cls)} - {"extra"}
         kwargs = {k: v for k, v in values.items() if k in known}
-        extra = dict(values.get("extra", {}))
-        extra.update({k: v for k, v in values.items() if k not in known and k != "extra"})
-        return cls(**kwargs, extra=extra)
+        extra = values.get("extra", {})
+        if not isinstance(extra, dict):
+            raise ConfigError(f"{source}: extra is {type(extra).__name__}, expected an object; fix it in the config")
+        extra = {**extra, **{k: v for k, v in values.items() if k not in known and k != "extra"}}
+        try:
+            return cls(**kwargs, extra=extra)
+        except ConfigError as error:
+            raise ConfigError(f"{source}: {error}; fix it in the config") from None
 
     @classmethod
     def from_json_file(cls, path: str | Path) -> "BertConfig":
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
+        """A `bert_config.json` or Hugging Face `config.json`; ConfigError naming the file for any bad content."""
+        try:
+            text = read_text_file(path, "BERT config file")
+        except InputError as error:
+            raise ConfigError(str(error)) from None
+        try:
+            values = json.loads(text.removeprefix("\ufeff"))  # editors on Windows may write a byte-order mark
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path}: malformed JSON ({error.msg} at line {error.lineno} column {error.colno}); "
+                              "fix the config file") from None
+        except (ValueError, RecursionError) as error:  # integers of over 4300 digits, nesting deeper than the stack
+            raise ConfigError(f"{path}: unusable JSON ({str(error).splitlines()[0][:120]}); fix the config file"
+                              ) from None
+        return cls.from_dict(values, source=path)
 
     def to_dict(self) -> dict[str, Any]:
         values = asdict(self)

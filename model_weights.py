@@ -89,14 +89,12 @@ def _find_config_beside(path: Path) -> Optional[BertConfig]:
 
 
 def read_config(path: str | Path) -> BertConfig:
-    """A `bert_config.json` or Hugging Face `config.json`, with a clear error for a malformed one."""
-    path = Path(path)
+    """A `bert_config.json` or Hugging Face `config.json`; WeightsError "<path>: <key> is ..., expected ..." for
+    a missing, unreadable or malformed file or a value that cannot build a model."""
     try:
         return BertConfig.from_json_file(path)
-    except FileNotFoundError:
-        raise WeightsError(f"{path}: config file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as error:
-        raise WeightsError(f"{path}: not a valid BERT config ({error})") from None
+    except InputError as error:  # model.ConfigError: already one line naming the file, the key and the fix
+        raise WeightsError(str(error)) from None
 
 
 def normalize_state_dict(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], str]:
@@ -104,7 +102,7 @@ def normalize_state_dict(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tenso
     source_format = "ours"
     result: dict[str, Tensor] = {}
     for key, value in state_dict.items():
-        if not isinstance(value, Tensor):
+        if not isinstance(value, Tensor) or not isinstance(key, str):  # a pickle may hold int keys: not weights
             continue
         name = key.removeprefix("module.")
         if name.startswith(ENCODER_PREFIXES):
@@ -134,25 +132,30 @@ def read_weights(path: str | Path) -> LoadedWeights:
     if path.is_dir():
         weight_file = next((path / n for n in HF_WEIGHT_FILES if (path / n).is_file()), None)
         if weight_file is None:
-            raise WeightsError(f"{path}: directory holds none of {', '.join(HF_WEIGHT_FILES)}")
+            raise WeightsError(f"{path}: directory holds none of {', '.join(HF_WEIGHT_FILES)}; pass a Hugging Face "
+                               "model folder or a checkpoint file")
         config = _find_config_beside(path)
         if config is None:
-            raise WeightsError(f"{path}: directory holds no config.json or bert_config.json")
+            raise WeightsError(f"{path}: directory holds no config.json or bert_config.json; put the model's config "
+                               "beside its weights")
         path = weight_file
     if path.suffix == ".safetensors":
         try:
             raw: Any = load_safetensors(str(path))
         except Exception as error:  # noqa: BLE001 - safetensors raises several types for a bad file
-            raise WeightsError(f"{path}: not a readable safetensors file ({error})") from None
+            raise WeightsError(f"{path}: not a readable safetensors file ({error}); use an earlier or a fresh copy"
+                               ) from None
     else:
         raw = load_torch_file(path)
     if isinstance(raw, dict) and isinstance(raw.get("model"), dict):
         if isinstance(raw.get("config"), dict):
-            config = BertConfig.from_dict(raw["config"])
+            config = BertConfig.from_dict(raw["config"], source=f"{path} (its 'config' entry)")
         raw = raw["model"]
     if not isinstance(raw, dict) or not any(isinstance(v, Tensor) for v in raw.values()):
         raise WeightsError(f"{path}: holds no state dict (expected tensors, or a dict with a 'model' entry)")
     state_dict, source_format = normalize_state_dict(raw)
+    if not state_dict:  # tensors only under int keys or as index buffers: nothing a model could load
+        raise WeightsError(f"{path}: holds no weights (no tensor under a parameter name)")
     if config is None:
         config = _find_config_beside(path)
     return LoadedWeights(state_dict, config, source_format)
@@ -185,7 +188,8 @@ def load_weights_into(model: nn.Module, weights: LoadedWeights, source: str | Pa
             vocab_size = weights.config.vocab_size if weights.config else None
             if vocab_size is not None and vocab_size != model.config.vocab_size:
                 raise WeightsError(
-                    f"{source}: vocab_size {vocab_size} does not match the model's {model.config.vocab_size}"
+                    f"{source}: vocab_size {vocab_size} does not match the model's {model.config.vocab_size}; pass "
+                    "the config the checkpoint was trained with"
                 )
             if abs(state[name].shape[0] - own[name].shape[0]) < 8:  # only padding may differ
                 state[name] = _fit_vocab_rows(state[name], own[name].shape[0])

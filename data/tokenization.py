@@ -64,7 +64,8 @@ def load_vocab(path: str | Path) -> Vocab:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise DataError(path, f"vocab file is not UTF-8 (byte {err.start})") from None
-    lines = text.split("\n")
+    # A byte-order mark (Windows editors) would otherwise glue itself to token 0 and hide [PAD].
+    lines = text.removeprefix("\ufeff").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     tokens = tuple([line.strip() for line in lines])

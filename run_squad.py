@@ -6,6 +6,9 @@ Flags are NVIDIA DeepLearningExamples' (`--init_checkpoint --vocab_file --config
 and --num_workers. After training, <output_dir> holds pytorch_model.bin ({"model": state_dict}) and
 bert_config.json; prediction writes predictions.json, nbest_predictions.json (and null_odds.json for v2.0);
 --do_eval scores predictions.json with the official metrics in process, or with --eval_script when given.
+Every input is checked before the first write (a refused run creates nothing: no log, cache or output folder),
+and the run's files are renamed into place together at its end: a failure on the way leaves the previous
+run's model and predictions as they were.
 Launch with torchrun for more than one process; prediction and evaluation run on the first process.
 """
 from __future__ import annotations
@@ -16,7 +19,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -28,16 +31,20 @@ import squad_answers
 from distributed import DistributedContext, barrier, init_distributed, shutdown
 from errors import InputError, run_cli
 from finetuning import (
+    MODEL_FILES,
     LoopSettings,
+    StagedOutputs,
     add_common_arguments,
     build_model,
     check_common_arguments,
+    check_output_dir,
+    check_positive,
     latency_summary,
     load_tokenizer,
     model_config,
     planned_steps,
-    save_finetuned,
     seed_everything,
+    stage_finetuned,
     timed_inference,
     train_loop,
 )
@@ -45,6 +52,8 @@ from metric_logger import MetricLogger
 from model import BertForQuestionAnswering
 from optimization import LinearWarmUpScheduler, build_adamw
 from training import Precision, make_precision, wrap_ddp
+
+OUTPUTS = (*MODEL_FILES, "predictions.json", "nbest_predictions.json", "null_odds.json")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -79,6 +88,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if args.doc_stride < 1 or args.max_query_length < 1:
         raise InputError("--doc_stride and --max_query_length must be positive")
     check_common_arguments(args)
+    check_positive(args, "predict_batch_size", "n_best_size", "max_answer_length")
+    if args.max_seq_length < args.max_query_length + 4:
+        raise InputError(f"--max_seq_length {args.max_seq_length} leaves no room for the document after a "
+                         f"--max_query_length {args.max_query_length} question, [CLS] and two [SEP]: it needs at "
+                         f"least {args.max_query_length + 4}")
+    if args.cache_dir:
+        check_output_dir(args.cache_dir, "--cache_dir")
     args.max_steps = int(args.max_steps)
     args.log_freq = max(1, args.log_freq)
     return args
@@ -93,15 +109,49 @@ def cache_dir_for(args: argparse.Namespace, data_file: str) -> Optional[Path]:
     return beside if os.access(beside, os.W_OK) else Path(args.output_dir)
 
 
-def features_for(args: argparse.Namespace, tokenizer: Any, data_file: str,
-                 is_training: bool) -> tuple[list[squad.SquadExample], squad.SquadFeatures]:
+def features_for(args: argparse.Namespace, tokenizer: Any, data_file: str, is_training: bool,
+                 cache_writes: Optional[list[Callable[[], None]]] = None,
+                 ) -> tuple[list[squad.SquadExample], squad.SquadFeatures]:
+    """The examples and windowed features of a SQuAD file, through the feature cache. With `cache_writes`, a
+    missing cache entry is not written but its write appended there, to run once every input is checked."""
     examples = squad.read_squad_examples(data_file, is_training, args.version_2_with_negative)
+    if not examples:
+        raise InputError(f"{data_file}: no {'usable training ' if is_training else ''}questions "
+                         f"(--{'train' if is_training else 'predict'}_file needs at least one)")
     settings = squad.WindowSettings(args.max_seq_length, args.doc_stride, args.max_query_length)
-    features = squad.cached_features(examples, tokenizer, settings, is_training, data_file,
-                                     args.version_2_with_negative, cache_dir_for(args, data_file))
+    cache_dir = cache_dir_for(args, data_file)
+    if cache_writes is None or cache_dir is None:
+        features = squad.cached_features(examples, tokenizer, settings, is_training, data_file,
+                                         args.version_2_with_negative, cache_dir)
+    else:
+        key = squad.features_cache_key(squad.file_sha256(data_file), tokenizer.vocab, tokenizer.do_lower_case,
+                                       settings, is_training, args.version_2_with_negative)
+        path = squad.features_cache_path(cache_dir, key)
+        features = squad.load_features(path, key)
+        if features is None:
+            features = squad.convert_examples_to_features(examples, tokenizer, settings, is_training)
+            cache_writes.append(lambda: squad.save_features(path, features, key))
     if len(features) == 0:
         raise InputError(f"{data_file}: no features (no questions with a usable context)")
     return examples, features
+
+
+def check_scorable(predict_file: str) -> None:
+    """--do_eval scores with the metric of the file's own version, as the official scripts do: any file needs a
+    question, a SQuAD 1.1 file a gold answer for every question. Checked before the run writes anything."""
+    data = squad.load_squad_json(predict_file)
+    try:
+        questions = [qa for article in data["data"] for paragraph in article["paragraphs"]
+                     for qa in paragraph["qas"]]
+        unanswered = [] if squad.is_squad_v2(data) else [qa["id"] for qa in questions if not qa["answers"]]
+    except (KeyError, TypeError, AttributeError) as error:
+        raise InputError(f"{predict_file}: not a SQuAD file ({type(error).__name__}: {error})") from None
+    if not questions:
+        raise InputError(f"{predict_file}: no questions to score; --do_eval needs at least one")
+    if unanswered:
+        raise InputError(f"{predict_file}: question {unanswered[0]!r} ({len(unanswered)} in all) has no gold "
+                         "answer, which the SQuAD 1.1 metric cannot score; mark such questions "
+                         '"is_impossible": true (SQuAD 2.0) or drop --do_eval')
 
 
 def qa_arrays(features: squad.SquadFeatures, with_positions: bool) -> dict[str, np.ndarray]:
@@ -123,27 +173,34 @@ def qa_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[t
 
 
 def predict(args: argparse.Namespace, model: torch.nn.Module, tokenizer: Any, precision: Precision,
-            progress_bar: bool) -> dict[str, Any]:
-    """Predictions for --predict_file written to output_dir; returns the inference timings."""
-    examples, features = features_for(args, tokenizer, args.predict_file, is_training=False)
+            progress_bar: bool, examples: list[squad.SquadExample], features: squad.SquadFeatures,
+            stage: StagedOutputs) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Stages predictions.json, nbest_predictions.json (and null_odds.json for v2.0) for the features of
+    --predict_file; returns the inference timings and the staged files by name."""
     (start, end), latencies = timed_inference(model, qa_arrays(features, False), args.predict_batch_size,
                                               precision, qa_logits, progress_bar)
     settings = squad_answers.AnswerSettings(args.n_best_size, args.max_answer_length, args.do_lower_case,
                                             args.version_2_with_negative, args.null_score_diff_threshold)
     predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab, settings)
-    squad_answers.write_predictions(args.output_dir, predictions, args.version_2_with_negative)
-    return {**latency_summary(latencies, len(features)), "predict_features": len(features)}
+    files = {"predictions.json": predictions.answers, "nbest_predictions.json": predictions.nbest}
+    if args.version_2_with_negative:
+        files["null_odds.json"] = predictions.null_odds
+    staged = {name: stage.write_json(name, obj, indent=4) for name, obj in files.items()}  # squad_answers' layout
+    return {**latency_summary(latencies, len(features)), "predict_features": len(features)}, staged
 
 
-def evaluate(args: argparse.Namespace) -> dict[str, float]:
-    """exact_match and F1 of output_dir/predictions.json (v2.0: "exact" read as exact_match)."""
-    output_dir = Path(args.output_dir)
-    pred_file = output_dir / "predictions.json"
-    null_odds = output_dir / "null_odds.json"
+def evaluate(args: argparse.Namespace, files: Optional[dict[str, Path]] = None) -> dict[str, float]:
+    """exact_match and F1 of output_dir/predictions.json, or of this run's staged `files` (by name); v2.0:
+    "exact" read as exact_match."""
+    if files is None:
+        files = {name: Path(args.output_dir) / name for name in ("predictions.json", "null_odds.json")}
+    pred_file = files["predictions.json"]
+    null_odds = files.get("null_odds.json") if args.version_2_with_negative else None
+    na_file = null_odds if null_odds is not None and null_odds.is_file() else None
     if args.eval_script:
         cmd = [sys.executable, args.eval_script, args.predict_file, str(pred_file)]
-        if args.version_2_with_negative and null_odds.is_file():
-            cmd += ["--na-prob-file", str(null_odds)]
+        if na_file is not None:
+            cmd += ["--na-prob-file", str(na_file)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise InputError(f"{args.eval_script}: exited with {done.returncode}: {done.stderr.strip()[-300:]}")
@@ -152,7 +209,6 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
         except ValueError:
             raise InputError(f"{args.eval_script}: printed no JSON scores ({done.stdout.strip()[:200]!r})") from None
     else:
-        na_file = null_odds if args.version_2_with_negative and null_odds.is_file() else None
         scores = evaluate_squad.evaluate_files(args.predict_file, pred_file, na_file)
     result = {"exact_match": float(scores.get("exact_match", scores.get("exact", float("nan")))),
               "F1": float(scores["f1"])}
@@ -170,52 +226,93 @@ def main(argv: Optional[list[str]] = None) -> None:
         shutdown(ctx)
 
 
-def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
-    precision = make_precision(ctx.device, args.fp16, args.bf16)
-    bar = ctx.is_main and not args.disable_progress_bar
+def open_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> MetricLogger:
     log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar else print)
     log.log("PARAMETER", {k: v for k, v in vars(args).items() if not k.startswith("_")}, echo=False)
     for metric, unit in (("e2e_train_time", "s"), ("training_sequences_per_second", "sequences/s"),
                          ("e2e_inference_time", "s"), ("inference_sequences_per_second", "sequences/s"),
                          ("exact_match", "%"), ("F1", "%")):
         log.metadata(metric, {"unit": unit})
-    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
-    results: dict[str, Any] = {}
-    model = None
+    return log
+
+
+def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: Any,
+                cache_writes: list[Callable[[], None]]) -> dict[str, Any]:
+    """Everything the run reads, checked before it writes anything: the model, and on the first process the
+    training and prediction features and the file to score (other processes read the training features later,
+    from the cache the first one writes)."""
+    inputs: dict[str, Any] = {"model": None, "config": None, "train": None, "predict": None}
     if args.do_train or args.do_predict:
         config, weights = model_config(args.config_file, args.init_checkpoint)
         seed_everything(args.seed)  # the same new QA head on every process
-        model = build_model(BertForQuestionAnswering, config, weights, args.init_checkpoint, len(tokenizer.vocab),
-                            args.max_seq_length).to(ctx.device)
+        inputs["model"] = build_model(BertForQuestionAnswering, config, weights, args.init_checkpoint,
+                                      len(tokenizer.vocab), args.max_seq_length).to(ctx.device)
+        inputs["config"] = config
         torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
-
+    if not ctx.is_main:
+        return inputs
     if args.do_train:
-        if ctx.is_main:  # the first process builds (and caches) the features; the others then read the cache
-            _, features = features_for(args, tokenizer, args.train_file, is_training=True)
-        barrier(ctx)
-        if not ctx.is_main:
-            _, features = features_for(args, tokenizer, args.train_file, is_training=True)
-        settings = LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
-                                args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps, args.seed,
-                                args.log_freq, bar, args.num_workers)
-        total_steps = planned_steps(len(features), settings, ctx)
-        optimizer = build_adamw(model, args.learning_rate)
-        scheduler = LinearWarmUpScheduler(optimizer, args.warmup_proportion, total_steps)
-        results.update(train_loop(wrap_ddp(model, ctx), optimizer, scheduler, precision,
-                                  qa_arrays(features, True), qa_loss, settings, total_steps, ctx, log))
-        results.update(train_features=len(features), train_steps=total_steps)
+        inputs["train"] = features_for(args, tokenizer, args.train_file, True, cache_writes)[1]
+    if args.do_predict:
+        inputs["predict"] = features_for(args, tokenizer, args.predict_file, False, cache_writes)
+    if args.do_eval:
+        check_scorable(args.predict_file)
+        predictions = Path(args.output_dir) / "predictions.json"
+        if not args.do_predict and not predictions.is_file():
+            raise InputError(f"{predictions}: --do_eval without --do_predict scores this file, which does not "
+                             "exist; add --do_predict")
+    return inputs
+
+
+def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
+    precision = make_precision(ctx.device, args.fp16, args.bf16)
+    bar = ctx.is_main and not args.disable_progress_bar
+    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
+    cache_writes: list[Callable[[], None]] = []
+    inputs = read_inputs(args, ctx, tokenizer, cache_writes)
+    # Nothing was written before this point: a refused run leaves no log, cache or output folder behind.
+    log = open_log(args, ctx, bar)
+    for write in cache_writes:
+        write()
+    results: dict[str, Any] = {}
+    model = inputs["model"]
+    # The model and the predictions are staged and renamed into place together at the end, so that a failure
+    # on the way leaves the previous run's files as they were (finetuning.StagedOutputs).
+    with StagedOutputs(args.output_dir, OUTPUTS) as stage:
+        if args.do_train:
+            results.update(train(args, ctx, model, tokenizer, inputs["train"], precision, bar, log))
+            if ctx.is_main:
+                stage_finetuned(stage, model, inputs["config"])
+            barrier(ctx)
+        staged = None
+        if ctx.is_main and args.do_predict:
+            timings, staged = predict(args, model, tokenizer, precision, bar, *inputs["predict"], stage)
+            results.update(timings)
+        if ctx.is_main and args.do_eval:
+            results.update(evaluate(args, staged))
         if ctx.is_main:
-            save_finetuned(model, config, args.output_dir)
-        barrier(ctx)
-    if ctx.is_main and args.do_predict:
-        results.update(predict(args, model, tokenizer, precision, bar))
-    if ctx.is_main and args.do_eval:
-        results.update(evaluate(args))
+            stage.commit()
     barrier(ctx)
     log.log([], results)
     log.close()
     return results
+
+
+def train(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module, tokenizer: Any,
+          features: Optional[squad.SquadFeatures], precision: Precision, bar: bool,
+          log: MetricLogger) -> dict[str, Any]:
+    barrier(ctx)  # the first process has written the feature cache
+    if features is None:
+        _, features = features_for(args, tokenizer, args.train_file, is_training=True)
+    settings = LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
+                            args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps, args.seed,
+                            args.log_freq, bar, args.num_workers)
+    total_steps = planned_steps(len(features), settings, ctx)
+    optimizer = build_adamw(model, args.learning_rate)
+    scheduler = LinearWarmUpScheduler(optimizer, args.warmup_proportion, total_steps)
+    results = train_loop(wrap_ddp(model, ctx), optimizer, scheduler, precision, qa_arrays(features, True), qa_loss,
+                         settings, total_steps, ctx, log)
+    return {**results, "train_features": len(features), "train_steps": total_steps}
 
 
 if __name__ == "__main__":

@@ -235,10 +235,10 @@ def tiny_sst2(folder: Path, train_rows: int = 8, dev_rows: int = 4, test_rows: i
     return folder
 
 
-def tiny_args(root: Path, *extra: str, out: str = "out") -> list[str]:
+def tiny_args(root: Path, *extra: str) -> list[str]:
     vocab, config = root / "model" / "vocab.txt", root / "model" / "bert_config.json"
     return ["--task_name", "sst-2", "--data_dir", str(root / "SST-2"), "--vocab_file", str(vocab), "--config_file",
-            str(config), "--output_dir", str(root / out), "--json-summary", str(root / "dllogger.json"),
+            str(config), "--output_dir", str(root / "out"), "--json-summary", str(root / "dllogger.json"),
             "--max_seq_length", "16", "--train_batch_size", "4", "--max_steps", "2", "--disable_progress_bar",
             *extra]
 
@@ -300,6 +300,31 @@ def test_rerun_replaces_model_predictions_and_results_together(rerun):
     assert json.loads(after["out/results.json"]) == pytest.approx(final)
     assert after["out/test_predictions.tsv"] == before["out/test_predictions.tsv"]  # not part of this run
     assert not [name for name in after if name.endswith(".tmp")]
+    umask = os.umask(0o22)
+    os.umask(umask)
+    assert (root / "out" / "pytorch_model.bin").stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
+
+
+def test_a_crash_between_renames_leaves_no_old_results_beside_a_new_model(tmp_path, monkeypatch):
+    import finetuning
+
+    (tmp_path / "pytorch_model.bin").write_text("old model")
+    (tmp_path / "results.json").write_text("old results")
+    stage = finetuning.StagedOutputs(tmp_path, run_glue.OUTPUTS)
+    stage.write_text("pytorch_model.bin", "new model")
+    stage.write_text("results.json", "new results")
+    real_replace = os.replace
+
+    def crash_before_results(source, target):
+        if Path(target).name == "results.json":
+            raise KeyboardInterrupt  # stands for a kill between two renames
+        real_replace(source, target)
+
+    monkeypatch.setattr(finetuning.os, "replace", crash_before_results)
+    with pytest.raises(KeyboardInterrupt):
+        stage.commit()
+    assert (tmp_path / "pytorch_model.bin").read_text() == "new model"
+    assert not (tmp_path / "results.json").exists()
 
 
 def test_stale_temporaries_of_our_outputs_are_removed_and_nothing_else(rerun):

@@ -1,7 +1,9 @@
 """run_squad.py end to end on the real pretrained MiniLM: a few training steps on some dev-v1.1 articles, then
-prediction and evaluation on others (mechanics, not accuracy: see benchmarks/finetune_accuracy.py)."""
+prediction and evaluation on others (mechanics, not accuracy: see benchmarks/finetune_accuracy.py); and its
+refusals, staging and cleaning on a tiny model built in the test's folder."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import run_squad
+from errors import InputError
 from metric_logger import read_log
+from test_run_glue import snapshot, tiny_model_files
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores: one thread per process avoids oversubscription
@@ -136,3 +141,163 @@ def test_missing_predict_file_flag_is_a_one_line_error(shared_data, tmp_path):
     result = squad(shared_data, tmp_path, "--init_checkpoint", str(shared_data / "minilm"), "--do_predict",
                    check=False)
     assert result.returncode == 2 and result.stderr.strip() == "error: --do_predict/--do_eval need --predict_file"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A tiny model and SQuAD files made in tmp_path: refusals, all-or-nothing outputs, stale temporaries
+# ---------------------------------------------------------------------------------------------------------
+CONTEXT = "the movie was good i liked it the plot was bad"
+
+
+def tiny_squad_file(path: Path, questions: list[tuple[str, str, list[str]]], version: str = "1.1") -> Path:
+    """One paragraph of CONTEXT with questions (id, question, answer texts located by their first occurrence)."""
+    qas = [{"id": qid, "question": question,
+            "answers": [{"text": text, "answer_start": CONTEXT.index(text)} for text in answers]}
+           for qid, question, answers in questions]
+    data = {"version": version, "data": [{"title": "t", "paragraphs": [{"context": CONTEXT, "qas": qas}]}]}
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+QUESTIONS = [("q1", "the movie was", ["good"]), ("q2", "the plot was", ["bad"]), ("q3", "i liked", ["it"])]
+
+
+def tiny_squad_args(root: Path, *extra: str) -> list[str]:
+    model = root / "model"
+    return ["--vocab_file", str(model / "vocab.txt"), "--config_file", str(model / "bert_config.json"),
+            "--output_dir", str(root / "out"), "--json-summary", str(root / "dllogger.json"), "--cache_dir",
+            str(root / "cache"), "--max_seq_length", "24", "--doc_stride", "8", "--max_query_length", "8",
+            "--train_batch_size", "2", "--max_steps", "2", "--disable_progress_bar", *extra]
+
+
+@pytest.fixture(scope="module")
+def previous_squad_run(tmp_path_factory):
+    """Tiny train and predict files and the output of a train + predict + eval run on them."""
+    root = tmp_path_factory.mktemp("tiny_squad")
+    tiny_model_files(root / "model")
+    tiny_squad_file(root / "train.json", QUESTIONS)
+    tiny_squad_file(root / "predict.json", QUESTIONS[:2])
+    run_squad.main(tiny_squad_args(root, "--do_train", "--train_file", str(root / "train.json"), "--do_predict",
+                                   "--do_eval", "--predict_file", str(root / "predict.json")))
+    assert {"pytorch_model.bin", "bert_config.json", "predictions.json", "nbest_predictions.json"} <= set(
+        os.listdir(root / "out"))
+    return root
+
+
+@pytest.fixture
+def squad_rerun(previous_squad_run, tmp_path):
+    root = tmp_path / "run"
+    shutil.copytree(previous_squad_run, root)
+    return root, snapshot(root)
+
+
+def train_predict_eval(root: Path, train: str = "train.json", predict: str = "predict.json") -> list[str]:
+    return ["--do_train", "--train_file", str(root / train), "--do_predict", "--do_eval", "--predict_file",
+            str(root / predict), "--seed", "7"]
+
+
+BAD_FILES = {
+    "empty predict file": ("predict", {"version": "1.1", "data": []}, "predict.json: no questions"),
+    "predict file without answers": ("predict", [("q1", "the movie was", [])],
+                                     "predict.json: question 'q1' .* has no gold answer"),
+    "empty train file": ("train", {"version": "1.1", "data": []}, "train.json: no usable training questions"),
+    "no train answer in its context": ("train", "misplaced", "train.json: no usable training questions"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FILES)
+def test_bad_squad_file_is_refused_before_anything_is_written(squad_rerun, case):
+    root, before = squad_rerun
+    which, content, message = BAD_FILES[case]
+    path = root / f"{which}.json"
+    if isinstance(content, dict):
+        path.write_text(json.dumps(content))
+    elif content == "misplaced":  # the answer text is not where answer_start says: skipped, as the reference does
+        data = json.loads(path.read_text())
+        for qa in data["data"][0]["paragraphs"][0]["qas"]:
+            qa["answers"][0]["answer_start"] = 0  # "the", where every answer is another word
+        path.write_text(json.dumps(data))
+    else:
+        tiny_squad_file(path, content)
+    shutil.rmtree(root / "cache")  # a refused run writes no feature cache either
+    before = {name: data for name, data in before.items() if not name.startswith("cache/")}
+    before[f"{which}.json"] = path.read_bytes()
+    with pytest.raises(InputError, match=message):
+        run_squad.main(tiny_squad_args(root, *train_predict_eval(root)))
+    assert snapshot(root) == before and not (root / "cache").exists()
+
+
+def test_eval_without_predictions_is_refused_before_anything_is_written(tmp_path):
+    tiny_model_files(tmp_path / "model")
+    tiny_squad_file(tmp_path / "predict.json", QUESTIONS)
+    with pytest.raises(InputError, match="predictions.json: --do_eval without --do_predict scores this file"):
+        run_squad.main(tiny_squad_args(tmp_path, "--do_eval", "--predict_file", str(tmp_path / "predict.json")))
+    assert sorted(os.listdir(tmp_path)) == ["model", "predict.json"]
+
+
+def test_failing_eval_script_replaces_neither_model_nor_predictions(squad_rerun):
+    root, before = squad_rerun
+    script = root / "broken_eval.py"
+    script.write_text("import sys\nsys.exit('no scores today')\n")
+    before["broken_eval.py"] = script.read_bytes()
+    with pytest.raises(InputError, match="broken_eval.py: exited with 1: no scores today"):
+        run_squad.main(tiny_squad_args(root, *train_predict_eval(root), "--eval_script", str(script),
+                                       "--json-summary", ""))
+    assert snapshot(root) == before  # and no temporary file left in out/
+
+
+def test_stale_squad_temporaries_are_removed_and_nothing_else(squad_rerun):
+    root, _ = squad_rerun
+    out = root / "out"
+    ours = [".pytorch_model.bin.a1b2c3d4.tmp", ".predictions.json.tmp", "nbest_predictions.json.k3j4h5g6.tmp",
+            ".null_odds.json.zz_99_aa.tmp"]
+    theirs = [".results.txt.a1b2c3d4.tmp", "predictions.json.tmp", ".predictions.json.short.tmp", "other.tmp"]
+    for name in ours + theirs:
+        (out / name).write_text("left behind\n")
+    run_squad.main(tiny_squad_args(root, "--do_predict", "--predict_file", str(root / "predict.json"),
+                                   "--init_checkpoint", str(out / "pytorch_model.bin")))
+    assert {p.name for p in out.iterdir() if p.name.endswith(".tmp")} == set(theirs)
+
+
+SQUAD_NONSENSE = {
+    "predict batch 0": (["--predict_batch_size", "0"], "--predict_batch_size must be at least 1"),
+    "n_best_size 0": (["--n_best_size", "0"], "--n_best_size must be at least 1"),
+    "max_answer_length 0": (["--max_answer_length", "0"], "--max_answer_length must be at least 1"),
+    "max_seq_length below query + 4": (["--max_seq_length", "11"], "--max_seq_length 11 leaves no room"),
+    "train batch negative": (["--train_batch_size", "-2"], "--train_batch_size must be at least 1"),
+    "epochs nan": (["--num_train_epochs", "nan", "--max_steps", "-1"], "--num_train_epochs must be a finite"),
+    "max_steps 0": (["--max_steps", "0"], "--max_steps must be -1"),
+    "output_dir is a file": (["--output_dir", "{root}/a_file"], "--output_dir exists and is a file"),
+    "json-summary is a folder": (["--json-summary", "{root}/model"], "--json-summary is a folder"),
+    "cache_dir is a file": (["--cache_dir", "{root}/a_file"], "--cache_dir exists and is a file"),
+}
+
+
+@pytest.mark.parametrize("case", SQUAD_NONSENSE)
+def test_nonsense_squad_arguments_are_one_line_errors_that_create_nothing(tmp_path, case):
+    tiny_model_files(tmp_path / "model")
+    tiny_squad_file(tmp_path / "train.json", QUESTIONS)
+    tiny_squad_file(tmp_path / "predict.json", QUESTIONS)
+    (tmp_path / "a_file").write_text("mine\n")
+    before = snapshot(tmp_path)
+    extra, message = SQUAD_NONSENSE[case]
+    argv = tiny_squad_args(tmp_path, *train_predict_eval(tmp_path)) + [arg.format(root=tmp_path) for arg in extra]
+    with pytest.raises(InputError, match=message) as error:
+        run_squad.main(argv)
+    assert "\n" not in str(error.value)
+    assert snapshot(tmp_path) == before and sorted(os.listdir(tmp_path)) == [
+        "a_file", "model", "predict.json", "train.json"]
+
+
+def test_unscorable_predict_file_from_the_command_line_is_one_line_exit_2(tmp_path):
+    tiny_model_files(tmp_path / "model")
+    tiny_squad_file(tmp_path / "train.json", QUESTIONS)
+    tiny_squad_file(tmp_path / "predict.json", [("q1", "the movie was", []), ("q2", "the plot was", [])])
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "run_squad.py"),
+                             *tiny_squad_args(tmp_path, *train_predict_eval(tmp_path))],
+                            capture_output=True, text=True, env=ENV, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'predict.json'}: question 'q1' (2 in all) has no gold answer, which the SQuAD 1.1 "
+        'metric cannot score; mark such questions "is_impossible": true (SQuAD 2.0) or drop --do_eval']
+    assert sorted(os.listdir(tmp_path)) == ["model", "predict.json", "train.json"]

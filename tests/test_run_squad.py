@@ -14,7 +14,7 @@ import torch
 import run_squad
 from errors import InputError
 from metric_logger import read_log
-from test_run_glue import snapshot, tiny_model_files
+from tests.test_run_glue import snapshot, tiny_model_files
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores: one thread per process avoids oversubscription

@@ -185,8 +185,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         options.init_checkpoint, options.config_file, len(tokenizer.vocab), options.window.max_seq_length
     )
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if options.precision == "fp16" and device.type != "cuda":
-        raise InputError("--fp16/--amp needs a CUDA device; use --bf16 on CPU")
     model.to(device)
     if options.questions is not None:
         [result] = answer_questions(model, tokenizer, options.questions, options.context, options.window,

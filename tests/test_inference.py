@@ -145,3 +145,11 @@ def test_predict_logits_batches_agree_with_one_pass(minilm):
     for a, b in zip(one, batched):
         assert a.shape == features.input_ids.shape and a.dtype == np.float32
         np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_fp16_on_cpu_answers_like_fp32(minilm):
+    # --fp16 runs on a CPU as in training (fp16 autocast); the fp32 answer must survive its rounding.
+    _, tokenizer, model = minilm
+    [fp32] = inference.answer_questions(model, tokenizer, ["Who won Super Bowl 50?"], CONTEXT)
+    [fp16] = inference.answer_questions(model, tokenizer, ["Who won Super Bowl 50?"], CONTEXT, precision="fp16")
+    assert fp16["answer"] == fp32["answer"] and fp16["answer"] in CONTEXT

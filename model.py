@@ -68,7 +68,8 @@ class BertConfig:
             raise ConfigError(problem)
 
     def _problem(self) -> str:
-        """The first invalid value as "<key> is <value>, expected ...", or "" when every value can build a model."""
+        """The first invalid value as "<key> is <value>, expected ...", or "" when every value can build a model;
+        valid sizes become plain ints and valid probabilities and constants floats on the way."""
         for key in _SIZE_KEYS:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= _MAX_SIZE:

@@ -98,7 +98,7 @@ def checkpoint_loads(path: Path) -> bool:
         payload = load_torch_file(path, mmap=True)
     except InputError:
         return False
-    return isinstance(payload, dict) and "model" in payload
+    return isinstance(payload, dict) and isinstance(payload.get("model"), dict)
 
 
 def _corrupt_name(path: Path) -> Path:
@@ -114,7 +114,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Reads one checkpoint (weights only); raises InputError naming the file when it is unreadable."""
     payload = load_torch_file(path)
     if not isinstance(payload, dict) or "model" not in payload:
-        raise InputError(f"{path}: not a training checkpoint (no 'model' entry)")
+        raise InputError(f"{path}: not a training checkpoint (no 'model' entry); pass a ckpt_<step>.pt that "
+                         "run_pretraining.py wrote")
     if not isinstance(payload["model"], dict):  # load_state_dict would fail with a traceback on resume
         raise InputError(f"{path}: not a training checkpoint (its 'model' entry is a {type(payload['model']).__name__},"
                          " not a state dict)")
@@ -128,10 +129,11 @@ def load_newest_checkpoint(output_dir: str | Path, step: Optional[int] = None) -
         candidates = [(s, p) for s, p in candidates if s == step]
     if not candidates:
         wanted = f"ckpt_{step}.pt" if step is not None and step >= 0 else "ckpt_<step>.pt"
-        raise InputError(f"{output_dir}: no checkpoint {wanted} to resume from")
+        raise InputError(f"{output_dir}: no checkpoint {wanted} to resume from; check --output_dir and --resume_step")
     for _, path in reversed(candidates):
         try:
             return path, load_checkpoint(path)
         except InputError as error:
             print(f"warning: skipping {error}", file=sys.stderr, flush=True)
-    raise InputError(f"{output_dir}: every checkpoint is unreadable")
+    raise InputError(f"{output_dir}: every checkpoint is unreadable (see the warnings above); restore one or start "
+                     "afresh in a new --output_dir")

@@ -41,13 +41,14 @@ def find_shards(directory: str | Path, name_must_contain: str = "") -> list[Path
     """Sorted `*.hdf5` files of `directory` whose name contains `name_must_contain`."""
     folder = Path(directory)
     if not folder.is_dir():
-        raise InputError(f"{folder}: input directory does not exist")
+        raise InputError(f"{folder}: input directory does not exist; check --input_dir / --eval_dir")
     if name_must_contain and not any(folder.glob(f"*{name_must_contain}*.hdf5")) and (folder / name_must_contain).is_dir():
         folder = folder / name_must_contain  # bertPrep's layout: <corpus>/training/<corpus>_training_<i>.hdf5
     files = sorted(p for p in folder.iterdir() if p.suffix == ".hdf5" and name_must_contain in p.name and p.is_file())
     if not files:
         what = f"*.hdf5 files with '{name_must_contain}' in their name" if name_must_contain else "*.hdf5 files"
-        raise InputError(f"{folder}: holds no {what}")
+        raise InputError(f"{folder}: holds no {what}; point the flag at the folder of shards that data/bertPrep.py or "
+                         "create_pretraining_data.py wrote")
     return files
 
 
@@ -58,37 +59,52 @@ def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_lengt
         with h5py.File(path, "r") as f:
             missing = [k for k in SHARD_KEYS if k not in f]
             if missing:
-                raise InputError(f"{path}: shard lacks the key(s) {', '.join(missing)}")
+                raise InputError(f"{path}: shard lacks the key(s) {', '.join(missing)}; not a pre-training shard of "
+                                 "create_pretraining_data.py: rewrite it")
+            not_arrays = [k for k in SHARD_KEYS if not isinstance(f[k], h5py.Dataset) or f[k].shape is None]
+            if not_arrays:  # a group, or a dataset with no dataspace (h5py.Empty): no shape to check
+                raise InputError(f"{path}: not an array: {', '.join(not_arrays)}; rewrite the shard")
             shapes = {k: f[k].shape for k in SHARD_KEYS}
             for key in SHARD_KEYS:
                 if f[key].dtype.kind not in "iu":
-                    raise InputError(f"{path}: {key} has dtype {f[key].dtype}, expected integers")
+                    raise InputError(f"{path}: {key} has dtype {f[key].dtype}, expected integers; rewrite the shard")
             attrs = dict(f.attrs)
-    except OSError as error:
-        raise InputError(f"{path}: not a readable HDF5 file ({error})") from None
-    n, seq = shapes["input_ids"][0], shapes["input_ids"][1] if len(shapes["input_ids"]) == 2 else -1
+    except InputError:
+        raise
+    except (OSError, KeyError, RuntimeError, ValueError) as error:  # h5py's errors for damaged metadata
+        raise InputError(f"{path}: not a readable HDF5 file ({error}); rewrite it or move it out of the folder"
+                         ) from None
+    if len(shapes["input_ids"]) != 2:
+        raise InputError(f"{path}: input_ids has shape {shapes['input_ids']}, expected [N, max_seq_length]; "
+                         "rewrite the shard")
+    n, seq = shapes["input_ids"]
     for key in ("input_mask", "segment_ids"):
         if shapes[key] != shapes["input_ids"]:
-            raise InputError(f"{path}: {key} has shape {shapes[key]}, input_ids {shapes['input_ids']}")
-    if len(shapes["input_ids"]) != 2:
-        raise InputError(f"{path}: input_ids has shape {shapes['input_ids']}, expected [N, max_seq_length]")
+            raise InputError(f"{path}: {key} has shape {shapes[key]}, input_ids {shapes['input_ids']}; rewrite the shard")
     preds = shapes["masked_lm_positions"]
     if len(preds) != 2 or preds[0] != n or shapes["masked_lm_ids"] != preds:
         raise InputError(f"{path}: masked_lm_positions/ids have shapes {preds}/{shapes['masked_lm_ids']}"
-                         f" for {n} samples")
+                         f" for {n} samples; rewrite the shard")
     if shapes["next_sentence_labels"] not in ((n,), (n, 1)):
-        raise InputError(f"{path}: next_sentence_labels has shape {shapes['next_sentence_labels']}, expected ({n},)")
+        raise InputError(f"{path}: next_sentence_labels has shape {shapes['next_sentence_labels']}, expected ({n},); "
+                         "rewrite the shard")
     if seq > max_positions:
         raise InputError(f"{path}: sequences of {seq} tokens exceed the model's max_position_embeddings "
-                         f"{max_positions}")
+                         f"{max_positions}; use a config with more positions or shorter shards")
     if max_seq_length is not None and seq != max_seq_length:
-        raise InputError(f"{path}: sequences have {seq} tokens but --max_seq_length is {max_seq_length}")
+        raise InputError(f"{path}: sequences have {seq} tokens but --max_seq_length is {max_seq_length}; pass "
+                         f"--max_seq_length {seq} or the shards of that length")
     if max_predictions is not None and preds[1] != max_predictions:
         raise InputError(f"{path}: {preds[1]} masked positions per sequence but --max_predictions_per_seq is "
-                         f"{max_predictions}")
-    if "vocab_size" in attrs and int(attrs["vocab_size"]) > vocab_size:
-        raise InputError(f"{path}: written for a vocab of {int(attrs['vocab_size'])} tokens, the model has "
-                         f"{vocab_size}")
+                         f"{max_predictions}; pass --max_predictions_per_seq {preds[1]} or matching shards")
+    try:
+        written_vocab = int(attrs.get("vocab_size", 0))
+    except (TypeError, ValueError, OverflowError):  # a string, an array, NaN, h5py.Empty
+        raise InputError(f"{path}: attribute vocab_size is {attrs['vocab_size']!r}, not a number; rewrite the shard"
+                         ) from None
+    if written_vocab > vocab_size:
+        raise InputError(f"{path}: written for a vocab of {written_vocab} tokens, the model has {vocab_size}; use the "
+                         "config (vocab_size) the shards were made for")
     return ShardInfo(path, int(n), int(seq), int(preds[1]), type_vocab_size)
 
 
@@ -154,7 +170,7 @@ class SampleStream:
         self.shuffle = shuffle
         self.samples_per_epoch = sum(s.num_samples for s in shards)
         if self.samples_per_epoch == 0:
-            raise InputError(f"{shards[0].path.parent}: the shards hold no samples")
+            raise InputError(f"{shards[0].path.parent}: the shards hold no samples; write them again from a larger text")
 
     @lru_cache(maxsize=4)  # noqa: B019 - a handful of small orders, alive as long as the stream
     def file_order(self, epoch: int) -> np.ndarray:

@@ -96,6 +96,8 @@ def load_squad_json(path: str | Path) -> dict[str, Any]:
         raise InputError(f"{path}: not UTF-8 (byte {error.start})") from None
     except json.JSONDecodeError as error:
         raise InputError(f"{path}: malformed JSON ({error.msg} at line {error.lineno} column {error.colno})") from None
+    except (ValueError, RecursionError) as error:  # an integer of over 4300 digits; nesting deeper than the stack
+        raise InputError(f"{path}: unusable JSON ({str(error).splitlines()[0][:100]})") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise InputError(f"{path}: not a SQuAD file (expected an object with a 'data' list)")
     return data
@@ -133,6 +135,8 @@ def read_squad_examples(
         for a, article in enumerate(data["data"]):
             for p, paragraph in enumerate(article["paragraphs"]):
                 where = f"article {a} paragraph {p}"
+                if not isinstance(paragraph["context"], str):  # split_context would take a list's items for words
+                    raise _BadEntry(f"the context is a JSON {type(paragraph['context']).__name__}, expected a string")
                 words, char_to_word = split_context(paragraph["context"])
                 for qa in paragraph["qas"]:
                     where = f"question {qa['id']!r}"
@@ -140,7 +144,7 @@ def read_squad_examples(
                     impossible = version_2_with_negative and bool(qa.get("is_impossible", False) or not qa["answers"])
                     answers = [] if impossible else [_locate(ans, char_to_word) for ans in qa["answers"]]
                     example = SquadExample(
-                        str(qa["id"]), _question_text(qa), words, answers, impossible, context_id
+                        _question_id(qa), _question_text(qa), words, answers, impossible, context_id
                     )
                     if is_training and not impossible:
                         if not answers:
@@ -178,11 +182,22 @@ def _question_text(qa: dict[str, Any]) -> str:
     return question
 
 
+def _question_id(qa: dict[str, Any]) -> str:
+    qid = qa["id"]
+    if isinstance(qid, bool) or not isinstance(qid, (str, int)):  # the predictions file is keyed by it
+        raise _BadEntry(f"the question id is {qid!r}; give every question a string id")
+    return str(qid)
+
+
 def _locate(answer: dict[str, Any], char_to_word: list[int]) -> SquadAnswer:
-    text, start = str(answer["text"]), answer["answer_start"]
+    text, start = answer["text"], answer["answer_start"]
+    if not isinstance(text, str) or isinstance(start, bool):  # str() of a list or True as index 1 is no answer
+        raise _BadEntry(f"answer {text!r} at {start!r}: expected a text string and a character index")
     end = start + len(text) - 1 if isinstance(start, int) else -1
     if not isinstance(start, int) or not text or start < 0 or end >= len(char_to_word):
         raise _BadEntry(f"answer {text!r} at {start!r} lies outside the context")
+    if char_to_word[end] < 0:  # the span lies in the whitespace before the first word: it would end at word -1
+        raise _BadEntry(f"answer {text!r} at {start!r} covers no word of the context")
     return SquadAnswer(text, start, max(char_to_word[start], 0), char_to_word[end])
 
 

@@ -204,15 +204,21 @@ def evaluate(model: torch.nn.Module, shards: list, args: argparse.Namespace, ctx
     return {"eval_loss": float(sums[0]) / count, "eval_mlm_accuracy": float(sums[1]) / count}
 
 
+# Where a run without a checkpoint to continue starts; restore_state returns the same keys.
+FRESH_START: dict[str, Any] = {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None,
+                               "path": None, "skipped_steps": 0}
+
+
 def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module,
                   optimizer: torch.optim.Optimizer, log: MetricLogger, path: Path,
                   ckpt: dict[str, Any]) -> dict[str, Any]:
     """Loads the checkpoint to resume from; returns where to continue (phase step, stream position, rng) and the
     checkpoint's path, which rotation must keep."""
     unwrap(model).load_state_dict(ckpt["model"])
+    fresh = {**FRESH_START, "path": path}
     if "optimizer" not in ckpt:  # evaluation of a weights-only checkpoint (training refused it already)
         log.log("PARAMETER", {"evaluated": str(path)})
-        return {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None, "path": path}
+        return fresh
     handoff = args.phase2 and not ckpt.get("phase2", False)
     optimizer.load_state_dict(ckpt["optimizer"])
     if handoff:  # phase 1 -> phase 2: same weights and moments, optimizer step and schedule start again
@@ -221,13 +227,14 @@ def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torc
             group["lr"] = args.learning_rate  # phase 2 has its own peak lr
             group.pop("initial_lr", None)
         log.log("PARAMETER", {"phase2_start_from": str(path)})
-        return {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None, "path": path}
+        return fresh
     log.log("PARAMETER", {"resumed_from": str(path)})
     per_rank = ckpt.get("rng_per_rank") or []
     # Same world size: each rank continues its own stream; otherwise rank 0's (not bit-exact, but seeded).
     rng = per_rank[ctx.rank] if len(per_rank) == ctx.world_size else ckpt.get("rng")
-    return {"phase_step": int(ckpt["phase_step"]), "position": int(ckpt["data"]["stream_position"]),
-            "scheduler": ckpt.get("scheduler"), "rng": rng, "scaler": ckpt.get("scaler"), "path": path}
+    return {**fresh, "phase_step": int(ckpt["phase_step"]), "position": int(ckpt["data"]["stream_position"]),
+            "scheduler": ckpt.get("scheduler"), "rng": rng, "scaler": ckpt.get("scaler"),
+            "skipped_steps": int(ckpt.get("skipped_steps", 0))}
 
 
 def weights_are_finite(model: torch.nn.Module) -> bool:
@@ -336,7 +343,7 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     log = open_log(args, ctx, bar_enabled)
 
     optimizer = build_lamb(weight_decay_groups(model, 0.01), lr=args.learning_rate, compiled=args.compile_optimizer)
-    resume = {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None, "path": None}
+    resume = dict(FRESH_START)
     if resume_from is not None:
         resume = restore_state(args, ctx, model, optimizer, log, *resume_from)
     scheduler = PolyWarmUpScheduler(optimizer, args.warmup_proportion, max(args.max_steps, 1))
@@ -380,7 +387,7 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
     batches = iter(loader)
     if resume["rng"] is not None:
         checkpointing.set_rng_state(resume["rng"])
-    stepper = Stepper(model, optimizer, scheduler, precision, pretraining_loss)
+    stepper = Stepper(model, optimizer, scheduler, precision, pretraining_loss, skipped_steps=resume["skipped_steps"])
     step_offset = args.phase1_end_step if args.phase2 else 0
     position = resume["position"]
     losses: list[float] = []
@@ -408,6 +415,7 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
         if ctx.is_main:
             payload = checkpoint_payload(args, model, optimizer, scheduler, precision, stream, position,
                                          phase_step, config, rng_per_rank)
+            payload["skipped_steps"] = stepper.skipped_steps  # the log's counter goes on after a resume
             try:
                 checkpointing.save_checkpoint(args.output_dir, phase_step + step_offset, payload,
                                               keep=resume["path"])

@@ -298,3 +298,16 @@ def test_an_unknown_flag_is_one_line_naming_the_program(script):
                             capture_output=True, text=True, timeout=120)
     line = one_line_error(result, Path(script).name, "see --help")
     assert "usage:" not in line
+
+
+def test_skipped_steps_counter_goes_on_after_a_resume(workspace):
+    from metric_logger import read_log
+    # fp16 from a loss scale of 2^30 overflows the first steps; the count must survive the resume.
+    common = ["--fp16", "--init_loss_scale", 2.0**30, "--max_steps", 8]
+    assert pretrain(workspace, *common, "--steps_this_run", 4).returncode == 0
+    skipped = torch.load(workspace / "out" / "ckpt_4.pt", weights_only=True)["skipped_steps"]
+    assert skipped >= 1
+    assert pretrain(workspace, *common, "--resume_from_checkpoint").returncode == 0
+    records = [r["data"] for r in read_log(workspace / "out" / "log.json")
+               if r["type"] == "LOG" and isinstance(r["step"], list) and r["step"] and "skipped_steps" in r["data"]]
+    assert records[-1]["skipped_steps"] >= skipped

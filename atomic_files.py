@@ -16,9 +16,9 @@ from typing import BinaryIO, Callable, Iterable
 _RANDOM_PART = r"[a-z0-9_]{8}"  # what tempfile puts between prefix and suffix
 
 
-def write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
-    """Runs write(file) on a temporary file beside `path`, syncs it, then renames it over `path`: a reader sees
-    the old file or the new one, never half of one. The temporary file is removed when write() fails."""
+def write_temporary(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
+    """Runs write(file) on a new temporary file beside `path` (created with its folder), syncs it and gives it
+    the permissions a plain open() would; returns it. The temporary file is removed when write() fails."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as tmp:
@@ -26,11 +26,27 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
             write(tmp)
             tmp.flush()
             os.fsync(tmp.fileno())
+            os.chmod(tmp.name, 0o666 & ~_UMASK)  # tempfile's 0600 would hide a model from the user's group
         except BaseException:
             tmp.close()
             os.unlink(tmp.name)
             raise
-    os.replace(tmp.name, path)
+    return Path(tmp.name)
+
+
+def write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Runs write(file) on a temporary file beside `path`, then renames it over `path`: a reader sees the old file
+    or the new one, never half of one."""
+    os.replace(write_temporary(path, write), path)
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)  # the only way to read it; set back at once, at import, before any thread starts
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
 
 
 def remove_stale_temporaries(folder: str | Path, targets: Iterable[str] | re.Pattern) -> list[Path]:

@@ -10,7 +10,6 @@ import math
 import os
 import random
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from atomic_files import remove_stale_temporaries
+from atomic_files import remove_stale_temporaries, write_temporary
 from data.tokenization import BertTokenizer, load_vocab
 from distributed import DistributedContext, all_reduce_sum
 from errors import InputError
@@ -188,20 +187,11 @@ class StagedOutputs:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             remove_stale_output_temporaries(self.output_dir, self.names)
             self._opened = True
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.output_dir)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide the model from other users
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        tmp = write_temporary(self.output_dir / name, write)
         if name in self._staged:
             self._staged[name].unlink(missing_ok=True)
-        self._staged[name] = Path(tmp)
-        return Path(tmp)
+        self._staged[name] = tmp
+        return tmp
 
     def write_text(self, name: str, text: str) -> Path:
         return self.write(name, lambda f: f.write(text.encode("utf-8")))
@@ -232,12 +222,6 @@ class StagedOutputs:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.discard()  # after commit() nothing is left to discard
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def stage_finetuned(stage: StagedOutputs, model: nn.Module, config: BertConfig) -> Path:

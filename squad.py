@@ -18,16 +18,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import zipfile
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from data.tokenization import BertTokenizer, Vocab
+from atomic_files import write_atomic
 from errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -417,20 +416,6 @@ def features_cache_key(
 def features_cache_path(cache_dir: str | Path, cache_key: str) -> Path:
     """Where the features of `cache_key` live in `cache_dir`."""
     return Path(cache_dir) / f"squad_features_{cache_key[:20]}.npz"
-
-
-def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Runs write(file) on a temporary file beside `path`, then renames it: `path` is never half written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False) as tmp:
-        try:
-            write(tmp)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        except BaseException:
-            os.unlink(tmp.name)
-            raise
-    os.replace(tmp.name, path)
 
 
 def save_features(path: str | Path, features: SquadFeatures, cache_key: str) -> None:

@@ -17,7 +17,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from data.tokenization import Vocab
-from squad import SquadExample, SquadFeatures, write_atomic
+from atomic_files import write_atomic
+from squad import SquadExample, SquadFeatures
 
 @dataclass(frozen=True)
 class AnswerSettings:

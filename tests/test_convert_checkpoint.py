@@ -1,4 +1,5 @@
 """scripts/convert_checkpoint.py: every direction, checked through transformers' own loading."""
+import os
 import subprocess
 import sys
 
@@ -146,3 +147,16 @@ def test_missing_vocab_file_is_one_line_before_anything_is_written(tmp_path):
     result = convert(source, tmp_path / "hf", "--vocab_file", tmp_path / "nope.txt")
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "nope.txt" in result.stderr
     assert not (tmp_path / "hf").exists()
+
+
+def test_exported_and_converted_files_are_readable_like_any_new_file(tmp_path):
+    # tempfile creates 0600 files; a model written through it must still be readable by the user's group.
+    source = _our_checkpoint(tmp_path / "results")
+    old = os.umask(0o022)
+    try:
+        assert convert(source, tmp_path / "hf").returncode == 0
+        assert convert(source, tmp_path / "nvidia.pt").returncode == 0
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "hf" / "model.safetensors", tmp_path / "hf" / "config.json", tmp_path / "nvidia.pt"):
+        assert path.stat().st_mode & 0o777 == 0o644, path

@@ -25,6 +25,17 @@ def read_text_file(path: str | Path, what: str = "file") -> str:
         raise InputError(f"{path}: cannot read the {what} ({error.strerror})") from None
 
 
+def check_output_dir(path: str | Path, flag: str = "--output_dir") -> None:
+    """InputError when the folder cannot be used: it is a file, or a file stands where a parent folder would be
+    created. Creates nothing (the folder is made at the first write)."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"{folder}: {flag} exists and is a file, not a folder; choose a folder")
+    existing = next((parent for parent in folder.parents if parent.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise InputError(f"{folder}: {flag} cannot be created because {existing} is a file")
+
+
 def fail(message: str) -> NoReturn:
     # One line, whatever the message held, so that scripts and users can grep it.
     print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)

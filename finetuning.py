@@ -24,7 +24,7 @@ from tqdm import tqdm
 from atomic_files import remove_stale_temporaries, write_temporary
 from data.tokenization import BertTokenizer, load_vocab
 from distributed import DistributedContext, all_reduce_sum
-from errors import InputError
+from errors import InputError, check_output_dir
 from metric_logger import MetricLogger, check_log_paths
 from model import BertConfig
 from model_weights import LoadedWeights, load_weights_into, read_config, read_weights
@@ -96,17 +96,6 @@ def check_positive(args: argparse.Namespace, *names: str) -> None:
     for name in names:
         if getattr(args, name) < 1:
             raise InputError(f"--{name} must be at least 1, got {getattr(args, name)}")
-
-
-def check_output_dir(path: str | Path, flag: str = "--output_dir") -> None:
-    """InputError when the folder cannot be used: it is a file, or a file stands where a parent folder would be
-    created. Creates nothing (the folder is made at the first write)."""
-    folder = Path(path)
-    if folder.exists() and not folder.is_dir():
-        raise InputError(f"{folder}: {flag} exists and is a file, not a folder; choose a folder")
-    existing = next((parent for parent in folder.parents if parent.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise InputError(f"{folder}: {flag} cannot be created because {existing} is a file")
 
 
 def seed_everything(seed: int) -> None:

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 import glue
 from distributed import DistributedContext, barrier, init_distributed, shutdown
-from errors import InputError, run_cli
+from errors import ArgumentParser, InputError, run_cli
 from finetuning import (
     MODEL_FILES,
     LoopSettings,
@@ -53,7 +53,7 @@ OUTPUTS = (*MODEL_FILES, "results.json", "eval_predictions.tsv", "eval_mismatche
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task_name", required=True, help=", ".join(glue.TASKS))
     p.add_argument("--data_dir", required=True, help="the task's folder of train.tsv, dev.tsv, test.tsv")
     add_common_arguments(p, batch_size=32, learning_rate=5e-5, epochs=3.0, warmup=0.1)

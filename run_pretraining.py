@@ -31,7 +31,7 @@ from distributed import (
     shutdown,
 )
 from atomic_files import remove_stale_temporaries
-from errors import ArgumentParser, InputError, run_cli
+from errors import ArgumentParser, InputError, check_output_dir, run_cli
 from metric_logger import MetricLogger, check_log_paths
 from model import BertConfig, BertForPreTraining
 from model_weights import load_weights_into, read_config, read_weights
@@ -150,13 +150,8 @@ def check_numbers(args: argparse.Namespace) -> None:
 
 def check_output_paths(args: argparse.Namespace) -> None:
     """The output folder and the logs must be creatable where the flags point (checked before any write)."""
-    output = Path(args.output_dir)
-    if output.exists() and not output.is_dir():
-        raise InputError(f"{output}: --output_dir exists and is not a directory; choose a directory")
-    existing = next((parent for parent in output.parents if parent.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise InputError(f"{output}: --output_dir cannot be created because {existing} is a file")
-    check_log_paths(args.json_summary, output / "tensorboard")
+    check_output_dir(args.output_dir)
+    check_log_paths(args.json_summary, Path(args.output_dir) / "tensorboard")
 
 
 def seed_everything(seed: int) -> None:

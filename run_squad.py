@@ -29,7 +29,7 @@ import evaluate_squad
 import squad
 import squad_answers
 from distributed import DistributedContext, barrier, init_distributed, shutdown
-from errors import InputError, run_cli
+from errors import ArgumentParser, InputError, check_output_dir, run_cli
 from finetuning import (
     MODEL_FILES,
     LoopSettings,
@@ -37,7 +37,6 @@ from finetuning import (
     add_common_arguments,
     build_model,
     check_common_arguments,
-    check_output_dir,
     check_positive,
     latency_summary,
     load_tokenizer,
@@ -57,7 +56,7 @@ OUTPUTS = (*MODEL_FILES, "predictions.json", "nbest_predictions.json", "null_odd
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(p, batch_size=32, learning_rate=5e-5, epochs=3.0, warmup=0.1)
     p.add_argument("--train_file", help="SQuAD JSON for training, e.g. train-v1.1.json")
     p.add_argument("--predict_file", help="SQuAD JSON to predict (and evaluate), e.g. dev-v1.1.json")

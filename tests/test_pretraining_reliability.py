@@ -291,8 +291,8 @@ def test_unreadable_init_checkpoint_is_one_true_line(workspace, content, expecte
     assert not (workspace / "out").exists()
 
 
-@pytest.mark.parametrize("script", ["run_pretraining.py", "inference.py", "evaluate_squad.py",
-                                    "scripts/convert_checkpoint.py", "triton/client.py"])
+@pytest.mark.parametrize("script", ["run_pretraining.py", "run_squad.py", "run_glue.py", "inference.py",
+                                    "evaluate_squad.py", "scripts/convert_checkpoint.py", "triton/client.py"])
 def test_an_unknown_flag_is_one_line_naming_the_program(script):
     result = subprocess.run([sys.executable, str(REPO_ROOT / script), "--no_such_flag"], env=ENV,
                             capture_output=True, text=True, timeout=120)

@@ -63,7 +63,15 @@ def test_squad_client_with_unreachable_server_names_the_url(vocab, shared_data, 
                           str(shared_data / "squad" / "dev-v1.1.json"), "--output_dir", str(tmp_path / "out"),
                           "--url", url, "--timeout", "10")
     assert url in line and "unreachable" in line, line
-    assert not (tmp_path / "out" / "predictions.json").exists()
+    assert not (tmp_path / "out").exists()  # a refused run creates nothing
+
+
+def test_squad_client_output_dir_that_is_a_file_is_one_line(vocab, shared_data, tmp_path):
+    (tmp_path / "out").write_text("keep me")
+    line = one_line_error("run_squad_client.py", "--vocab_file", vocab, "--do_lower_case", "--predict_file",
+                          str(shared_data / "squad" / "dev-v1.1.json"), "--output_dir", str(tmp_path / "out"),
+                          "--url", f"127.0.0.1:{closed_port()}")
+    assert "--output_dir" in line and (tmp_path / "out").read_text() == "keep me", line
 
 
 def test_perf_client_with_unreachable_server_names_the_url(vocab, tmp_path):

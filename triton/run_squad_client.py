@@ -22,7 +22,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 import run_squad  # noqa: E402
 import squad_answers  # noqa: E402
 from client import TritonQA, add_server_arguments  # noqa: E402
-from errors import ArgumentParser, InputError, run_cli  # noqa: E402
+from errors import ArgumentParser, InputError, check_output_dir, run_cli  # noqa: E402
 from finetuning import load_tokenizer  # noqa: E402
 
 
@@ -51,7 +51,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     args = parse_args(argv)
-    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    check_output_dir(args.output_dir)  # the folder itself is made by the first write
     tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
     # A dead server is reported before the features, which take a minute on a full dev set; the probe's client
     # is closed rather than left idle meanwhile.

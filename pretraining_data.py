@@ -1,12 +1,11 @@
-"""Pre-training batches from HDF5 shards (interfaces.md, section 1).
+"""Pre-training batches from HDF5 shards (docs: the shard format of Google's and NVIDIA's create_pretraining_data).
 
-All shards of a run form one deterministic stream of samples: epoch e visits the files in an order drawn
-from (seed, e) and the samples of each file in an order drawn from (seed, e, file). Every optimizer step
-takes the next `micro_batch * accumulation * world_size` samples of the stream, cut into micro-batches;
-micro-batch k of a step goes to rank k % world_size. So no two processes read the same sample, and the
-samples of a step do not depend on how they are spread over processes: 2 processes with accumulation 2
-see exactly what 1 process with accumulation 4 sees. A position in the stream is one integer, which makes
-resuming exact.
+Training reads the stream that sample_order.py plans: each rank reads only the portions of shards (runs of
+whole HDF5 chunks) that its own samples live in, each portion by one of its DataLoader workers, and builds its
+micro-batches in the main process; the samples of every optimizer step depend on (seed, lanes, global batch)
+only, so 2 processes with accumulation 2 see exactly what 1 process with accumulation 4 sees, and a position
+in the stream is one integer, which makes resuming exact. Held-out evaluation reads every sample once, in
+order (SampleStream without shuffling).
 """
 from __future__ import annotations
 
@@ -14,18 +13,21 @@ import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import h5py
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+import sample_order
 from errors import InputError
 
 SHARD_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
               "next_sentence_labels")
 IGNORE_INDEX = -1
+DEFAULT_BLOCK_ROWS = 256  # for unchunked (uncompressed) shards, where any row range reads only itself
+OPEN_FILES_PER_READER = 4
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class ShardInfo:
     seq_length: int
     max_predictions: int
     type_vocab_size: int = 2  # segment ids must lie below it (BERT: 0 and 1)
+    block_rows: int = DEFAULT_BLOCK_ROWS  # rows of the HDF5 chunks: reading fewer decompresses as much
 
 
 def find_shards(directory: str | Path, name_must_contain: str = "") -> list[Path]:
@@ -69,6 +72,7 @@ def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_lengt
                 if f[key].dtype.kind not in "iu":
                     raise InputError(f"{path}: {key} has dtype {f[key].dtype}, expected integers; rewrite the shard")
             attrs = dict(f.attrs)
+            chunk_rows = [f[k].chunks[0] for k in SHARD_KEYS if f[k].chunks]
     except InputError:
         raise
     except (OSError, KeyError, RuntimeError, ValueError) as error:  # h5py's errors for damaged metadata
@@ -105,7 +109,8 @@ def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_lengt
     if written_vocab > vocab_size:
         raise InputError(f"{path}: written for a vocab of {written_vocab} tokens, the model has {vocab_size}; use the "
                          "config (vocab_size) the shards were made for")
-    return ShardInfo(path, int(n), int(seq), int(preds[1]), type_vocab_size)
+    return ShardInfo(path, int(n), int(seq), int(preds[1]), type_vocab_size,
+                     int(max(chunk_rows)) if chunk_rows else DEFAULT_BLOCK_ROWS)
 
 
 def load_shard(info: ShardInfo, vocab_size: int) -> dict[str, np.ndarray]:
@@ -121,7 +126,8 @@ def load_shard(info: ShardInfo, vocab_size: int) -> dict[str, np.ndarray]:
     return arrays
 
 
-def check_value_ranges(path: Path, arrays: dict[str, np.ndarray], vocab_size: int, type_vocab_size: int) -> None:
+def check_value_ranges(path: Path, arrays: dict[str, np.ndarray], vocab_size: int, type_vocab_size: int,
+                       first_row: int = 0) -> None:
     """InputError naming the file, key, row and value of the first value a model could not take: a token id
     outside the vocab, a masked position outside the sequence, a segment id above 1 or the config's
     type_vocab_size, a label other than 0/1."""
@@ -138,7 +144,7 @@ def check_value_ranges(path: Path, arrays: dict[str, np.ndarray], vocab_size: in
         if not values.size or (values.min() >= 0 and values.max() < end):
             continue
         bad = np.argwhere((values < 0) | (values >= end))[0]
-        raise InputError(f"{path}: {key} row {int(bad[0])} holds {int(values[tuple(bad)])}, outside {allowed}; "
+        raise InputError(f"{path}: {key} row {first_row + int(bad[0])} holds {int(values[tuple(bad)])}, outside {allowed}; "
                          "the shard was written for another vocab or config, or is damaged")
 
 
@@ -253,53 +259,137 @@ class BatchPlan:
     def samples_per_step(self) -> int:
         return self.micro_batch * self.accumulation * self.world_size
 
-    def micro_batch_start(self, step_start: int, micro_index: int) -> int:
-        """Stream position of this rank's micro-batch `micro_index` in the step starting at `step_start`."""
-        k = micro_index * self.world_size + self.rank
-        return step_start + k * self.micro_batch
 
+class PretrainingData:
+    """This rank's share of the stream (sample_order.py) from stream position `start` on: `reader()` is the
+    IterableDataset that reads the portions of shards the rank needs (spread over DataLoader workers, each
+    portion read by one of them), `batches(items)` turns the reader's output, in order, into micro-batches of
+    int64 tensors: input_ids, segment_ids, input_mask [B, S], masked_lm_labels [B, S], next_sentence_labels [B]."""
 
-class PretrainingBatches(IterableDataset):
-    """This rank's micro-batches from stream position `start` on (a multiple of samples_per_step), as dicts of
-    int64 tensors: input_ids, segment_ids, input_mask [B, S], masked_lm_labels [B, S], next_sentence_labels [B].
-    With DataLoader workers, worker w builds every w-th micro-batch, so the order is the same for any count."""
-
-    def __init__(self, stream: SampleStream, plan: BatchPlan, vocab_size: int, start: int = 0,
-                 max_steps: Optional[int] = None) -> None:
-        self.stream = stream
+    def __init__(self, shards: list[ShardInfo], seed: int, plan: BatchPlan, lanes: int, vocab_size: int,
+                 start: int = 0, max_steps: Optional[int] = None) -> None:
+        sample_order.check_lanes(lanes, plan.samples_per_step, plan.world_size)
+        self.order = sample_order.StreamPlan([s.num_samples for s in shards], [s.block_rows for s in shards],
+                                             seed, lanes)
+        self.shards = shards
         self.plan = plan
         self.vocab_size = vocab_size
-        self.start = start
+        self.lane_range = sample_order.rank_lanes(lanes, plan.world_size, plan.rank)
+        self.per_lane = plan.samples_per_step // lanes
+        self.first_index = start // lanes
         self.max_steps = max_steps
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def epoch(self, position: int) -> int:
+        return position // self.order.lanes // self.order.lane_length
+
+    def portions(self) -> Iterator[sample_order.Portion]:
+        return sample_order.portions_needed(self.order, self.lane_range, self.per_lane, self.first_index,
+                                            self.max_steps)
+
+    def reader(self) -> "PortionReader":
+        return PortionReader(self)
+
+    def batches(self, items: Iterator[dict[str, Any]]) -> Iterator[dict[str, torch.Tensor]]:
+        """Micro-batches of this rank, from the reader's items in the order it yields them."""
+        expected = self.portions()
+        lanes: dict[int, tuple[int, dict[str, np.ndarray]]] = {}  # lane -> (first lane index, rows)
+        taken: list[dict[str, np.ndarray]] = []
+        requests = sample_order.lane_requests(self.order, self.lane_range, self.per_lane, self.first_index,
+                                              self.max_steps)
+        for lane, index, count in requests:
+            while count:
+                begins, rows = lanes.get(lane, (0, None))
+                available = 0 if rows is None else begins + len(rows["input_ids"]) - index
+                if available <= 0:  # the lane's portion is used up (or none yet): the next one is the reader's next
+                    portion, item = next(expected), next(items)
+                    if tuple(int(k) for k in item["key"]) != portion.key:  # reader and plan disagree: a bug
+                        raise RuntimeError(f"pre-training reader out of step: got {item['key']}, want {portion.key}")
+                    lanes[lane] = (self._begins(lane, portion, index, lanes.get(lane)), _numpy(item))
+                    continue
+                take = min(count, available)
+                taken.append({k: v[index - begins: index - begins + take] for k, v in rows.items()})
+                index, count = index + take, count - take
+            if sum(len(t["input_ids"]) for t in taken) == self.plan.micro_batch * self.plan.accumulation:
+                yield from self._cut(taken)
+                taken = []
+
+    def _begins(self, lane: int, portion: sample_order.Portion, index: int, previous: Optional[tuple]) -> int:
+        """The lane index of a portion's first row: where the previous portion ended, or (after a resume, at the
+        lane's first portion) where the plan says it begins."""
+        if previous is not None:
+            return previous[0] + len(previous[1]["input_ids"])
+        _, begins = next(sample_order.lane_portion_stream(self.order, lane, index))
+        return begins
+
+    def _cut(self, taken: list[dict[str, np.ndarray]]) -> Iterator[dict[str, torch.Tensor]]:
+        rows = {k: np.concatenate([t[k] for t in taken]) for k in taken[0]}
+        size = self.plan.micro_batch
+        for first in range(0, len(rows["input_ids"]), size):
+            batch = make_batch(rows, np.arange(first, first + size))
+            yield {k: torch.from_numpy(v) for k, v in batch.items()}
+
+
+class PortionReader(IterableDataset):
+    """Reads this rank's portions in the order PretrainingData needs them; DataLoader worker w of K reads the
+    portions n with n % K == w, which the DataLoader hands back in order, so the result does not depend on K.
+    Each item: the portion's key and its rows in shuffled order (arrays of the shard's dtypes)."""
+
+    def __init__(self, data: PretrainingData) -> None:
+        self.data = data
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         worker = get_worker_info()
         workers, worker_id = (worker.num_workers, worker.id) if worker else (1, 0)
-        cache = _ShardCache(self.stream.shards, self.vocab_size)
-        plan = self.plan
-        step = 0
-        serial = 0
-        while self.max_steps is None or step < self.max_steps:
-            step_start = self.start + step * plan.samples_per_step
-            for micro_index in range(plan.accumulation):
+        files = _OpenFiles(OPEN_FILES_PER_READER)
+        try:
+            for serial, portion in enumerate(self.data.portions()):
                 if serial % workers == worker_id:
-                    yield self._micro_batch(cache, plan.micro_batch_start(step_start, micro_index))
-                serial += 1
-            step += 1
+                    yield self._read(files, portion)
+        finally:
+            files.close()
 
-    def _micro_batch(self, cache: _ShardCache, position: int) -> dict[str, torch.Tensor]:
-        parts = []
-        for _, file_index, rows in self.stream.pieces(position, self.plan.micro_batch):
-            parts.append(make_batch(cache.get(file_index), rows))
-        # Read ahead the file that comes after this rank's next step.
-        ahead = position + self.plan.samples_per_step
-        _, next_file, _ = next(self.stream.pieces(ahead, 1))
-        cache.prefetch(next_file)
-        if len(parts) == 1:
-            batch = parts[0]
+    def _read(self, files: "_OpenFiles", portion: sample_order.Portion) -> dict[str, Any]:
+        info = self.data.shards[portion.file]
+        try:
+            f = files.get(info.path)
+            arrays = {k: f[k][portion.start: portion.stop] for k in SHARD_KEYS}
+        except (OSError, KeyError, RuntimeError, ValueError) as error:
+            raise InputError(f"{info.path}: cannot read rows {portion.start}-{portion.stop} of the shard ({error}); "
+                             "rewrite it or remove it from the input directory") from None
+        arrays["next_sentence_labels"] = arrays["next_sentence_labels"].reshape(-1)
+        if len(arrays["input_ids"]) != portion.stop - portion.start:
+            raise InputError(f"{info.path}: holds fewer rows than it said when the run started; rewrite it")
+        check_value_ranges(info.path, arrays, self.data.vocab_size, info.type_vocab_size, portion.start)
+        order = self.data.order.portion_order(portion)
+        return {"key": np.array(portion.key, dtype=np.int64), **{k: v[order] for k, v in arrays.items()}}
+
+
+class _OpenFiles:
+    """The few shards a reader has open, most recently used kept (portions of a shard come in runs)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.files: dict[Path, h5py.File] = {}
+
+    def get(self, path: Path) -> h5py.File:
+        if path in self.files:
+            self.files[path] = self.files.pop(path)
         else:
-            batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        return {k: torch.from_numpy(v) for k, v in batch.items()}
+            if len(self.files) >= self.limit:
+                oldest = next(iter(self.files))
+                self.files.pop(oldest).close()
+            self.files[path] = h5py.File(path, "r")
+        return self.files[path]
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+        self.files.clear()
+
+
+def _numpy(item: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The rows of a reader item (the DataLoader turned its arrays into tensors)."""
+    return {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in item.items() if k != "key"}
 
 
 def evaluation_batches(shards: list[ShardInfo], vocab_size: int, batch_size: int, rank: int, world_size: int,

@@ -36,10 +36,10 @@ from metric_logger import MetricLogger, check_log_paths
 from model import BertConfig, BertForPreTraining
 from model_weights import load_weights_into, read_config, read_weights
 from optimization import PolyWarmUpScheduler, build_lamb, weight_decay_groups
+from sample_order import default_lanes
 from pretraining_data import (
     BatchPlan,
-    PretrainingBatches,
-    SampleStream,
+    PretrainingData,
     evaluation_batches,
     find_shards,
     inspect_shard,
@@ -103,6 +103,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--steps_this_run", type=int, default=-1, help="stop this run after N steps (-1: max_steps)")
     p.add_argument("--disable_progress_bar", action="store_true")
     p.add_argument("--num_workers", type=int, default=0, help="DataLoader workers per process")
+    p.add_argument("--data_lanes", type=int, default=0,
+                   help="lanes of the sample stream (0: the largest divisor of the global batch up to 64 that is a "
+                        "multiple of the processes); a run resumes on any number of processes dividing it")
     p.add_argument("--compile_optimizer", action="store_true",
                    help="fuse the LAMB update with torch.compile (CPU: about 4x faster steps of the optimizer)")
     p.add_argument("--no_cuda", action="store_true")
@@ -131,7 +134,7 @@ def check_numbers(args: argparse.Namespace) -> None:
     for name in positive:
         if getattr(args, name) < 1:
             raise InputError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    for name in ("eval_steps", "eval_batch_size", "num_workers"):
+    for name in ("eval_steps", "eval_batch_size", "num_workers", "data_lanes"):
         if getattr(args, name) < 0:
             raise InputError(f"--{name} must be 0 or more, got {getattr(args, name)}")
     if not math.isfinite(args.max_steps) or args.max_steps < 1:
@@ -201,7 +204,7 @@ def evaluate(model: torch.nn.Module, shards: list, args: argparse.Namespace, ctx
 
 # Where a run without a checkpoint to continue starts; restore_state returns the same keys.
 FRESH_START: dict[str, Any] = {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None,
-                               "path": None, "skipped_steps": 0}
+                               "path": None, "skipped_steps": 0, "lanes": 0}
 
 
 def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module,
@@ -229,26 +232,23 @@ def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torc
     rng = per_rank[ctx.rank] if len(per_rank) == ctx.world_size else ckpt.get("rng")
     return {**fresh, "phase_step": int(ckpt["phase_step"]), "position": int(ckpt["data"]["stream_position"]),
             "scheduler": ckpt.get("scheduler"), "rng": rng, "scaler": ckpt.get("scaler"),
-            "skipped_steps": int(ckpt.get("skipped_steps", 0))}
+            "skipped_steps": int(ckpt.get("skipped_steps", 0)), "lanes": int(ckpt["data"].get("lanes", 0))}
 
 
 def weights_are_finite(model: torch.nn.Module) -> bool:
     return bool(torch.stack([p.detach().isfinite().all() for p in unwrap(model).parameters()]).all())
 
 
-def checkpoint_payload(args, model, optimizer, scheduler, precision, stream, position, phase_step, config,
+def checkpoint_payload(args, model, optimizer, scheduler, precision, data, position, phase_step, config,
                        rng_per_rank):
-    epoch, slot, offset = stream.locate(position)
-    order = stream.file_order(epoch)
     return {
         "model": unwrap(model).state_dict(),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "scaler": precision.scaler.state_dict() if precision.scaler is not None else None,
-        "epoch": epoch,
-        "data": {"stream_position": position, "seed": args.seed,
-                 "file_order": [stream.shards[i].path.name for i in order], "file_index": slot,
-                 "sample_offset": offset},
+        "epoch": data.epoch(position),
+        "data": {"stream_position": position, "seed": args.seed, "lanes": data.order.lanes,
+                 "files": [shard.path.name for shard in data.shards]},
         "rng": rng_per_rank[0],
         "rng_per_rank": rng_per_rank,  # each rank's dropout stream, so that a multi-process resume is exact
         "phase2": bool(args.phase2),
@@ -365,21 +365,21 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
           bar_enabled, start_time) -> dict[str, Any]:
     plan = BatchPlan(args.train_batch_size // args.gradient_accumulation_steps, args.gradient_accumulation_steps,
                      ctx.world_size, ctx.rank)
-    stream = SampleStream(train_shards, args.seed)
     phase_step = resume["phase_step"]
     steps_left = args.max_steps - phase_step
     if args.steps_this_run > 0:
         steps_left = min(steps_left, args.steps_this_run)
-    dataset = PretrainingBatches(stream, plan, config.vocab_size, start=resume["position"],
-                                 max_steps=max(steps_left, 0))
+    lanes = resume["lanes"] or args.data_lanes or default_lanes(plan.samples_per_step, ctx.world_size)
+    data = PretrainingData(train_shards, args.seed, plan, lanes, config.vocab_size, start=resume["position"],
+                           max_steps=max(steps_left, 0))
     # A private generator for the loader, so that creating it draws nothing from the dropout RNG.
-    loader = DataLoader(dataset, batch_size=None, num_workers=args.num_workers,
+    loader = DataLoader(data.reader(), batch_size=None, num_workers=args.num_workers,
                         pin_memory=ctx.device.type == "cuda", generator=torch.Generator().manual_seed(args.seed),
                         persistent_workers=False, worker_init_fn=outlive_job_sigterm)
     # Before the loader starts: a SIGTERM from then on is a request to checkpoint and stop, never a crash
     # (the workers take theirs through outlive_job_sigterm).
     stop = StopSignal()
-    batches = iter(loader)
+    batches = data.batches(iter(loader))
     if resume["rng"] is not None:
         checkpointing.set_rng_state(resume["rng"])
     stepper = Stepper(model, optimizer, scheduler, precision, pretraining_loss, skipped_steps=resume["skipped_steps"])
@@ -408,7 +408,7 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
         rng_per_rank = all_gather_objects(checkpointing.rng_state(), ctx)
         failure = None
         if ctx.is_main:
-            payload = checkpoint_payload(args, model, optimizer, scheduler, precision, stream, position,
+            payload = checkpoint_payload(args, model, optimizer, scheduler, precision, data, position,
                                          phase_step, config, rng_per_rank)
             payload["skipped_steps"] = stepper.skipped_steps  # the log's counter goes on after a resume
             try:
@@ -448,13 +448,13 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
                 steps_since_record, record_clock = 0, now
                 if precision.scaler is not None:
                     record["loss_scale"] = precision.scaler.get_scale()
-                log.log([stream.locate(position)[0], phase_step + step_offset], record)
+                log.log([data.epoch(position), phase_step + step_offset], record)
                 bar.set_postfix(loss=f"{last_loss:.4f}")
                 losses.clear()
             if args.eval_steps and phase_step % args.eval_steps == 0 and eval_shards:
                 evaluation_start = time.perf_counter()
                 result = evaluate(model, eval_shards, args, ctx, precision)
-                log.log([stream.locate(position)[0], phase_step + step_offset], result)
+                log.log([data.epoch(position), phase_step + step_offset], result)
                 record_clock += time.perf_counter() - evaluation_start  # not training time
             stopping = any_process(stop.requested, ctx)
             if stopping or last_of_run or phase_step % args.num_steps_per_checkpoint == 0:

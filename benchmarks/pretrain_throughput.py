@@ -31,7 +31,7 @@ from model import BertConfig  # noqa: E402
 from model_throughput import MASKED_PER_SEQ, make_batch, peer_step, time_steps  # noqa: E402
 from data.sharding import split_sentences  # noqa: E402
 from data.text_formatting import book_text  # noqa: E402
-from pretraining_data import BatchPlan, PretrainingBatches, SampleStream, find_shards, inspect_shard  # noqa: E402
+from pretraining_data import BatchPlan, PretrainingData, find_shards, inspect_shard  # noqa: E402
 
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 
@@ -58,10 +58,9 @@ def real_token_fraction(folder: Path) -> float:
 def loader_throughput(folder: Path, micro_batch: int = 64, batches: int = 400) -> float:
     """Sequences per second from HDF5 on disk to batch tensors, one worker (this process)."""
     shards = [inspect_shard(p, 30522, 512) for p in find_shards(folder, "training")]
-    stream = SampleStream(shards, seed=1)
-    dataset = PretrainingBatches(stream, BatchPlan(micro_batch, 1, 1, 0), 30522)
+    data = PretrainingData(shards, 1, BatchPlan(micro_batch, 1, 1, 0), 1, 30522)
     start = time.perf_counter()
-    for i, _ in enumerate(dataset):
+    for i, _ in enumerate(data.batches(iter(data.reader()))):
         if i + 1 == batches:
             break
     return micro_batch * batches / (time.perf_counter() - start)

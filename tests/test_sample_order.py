@@ -1,0 +1,142 @@
+"""The pre-training sample stream at cluster scale (sample_order.py, pretraining_data.PretrainingData): each rank
+reads only its share, the order is a function of (seed, lanes, global batch) and never of the number of
+processes or DataLoader workers, and a resume on another number of processes continues the same stream."""
+import h5py
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+import sample_order
+from errors import InputError
+from pretraining_data import BatchPlan, PretrainingData, inspect_shard
+
+VOCAB = 5000
+
+
+def write_shards(folder, sizes, chunk_rows=16):
+    """Shards whose input_ids[:, 0] is a unique sample id: 1000 * shard + row."""
+    infos = []
+    for index, n in enumerate(sizes):
+        path = folder / f"tiny_training_{index}.hdf5"
+        ids = np.zeros((n, 8), np.int32)
+        ids[:, 0] = 1000 * index + np.arange(n)
+        with h5py.File(path, "w") as f:
+            f.create_dataset("input_ids", data=ids, chunks=(min(chunk_rows, n), 8), compression="gzip")
+            f.create_dataset("input_mask", data=np.ones((n, 8), np.int8))
+            f.create_dataset("segment_ids", data=np.zeros((n, 8), np.int8))
+            f.create_dataset("masked_lm_positions", data=np.tile(np.arange(1, 3, dtype=np.int32), (n, 1)))
+            f.create_dataset("masked_lm_ids", data=np.ones((n, 2), np.int32))
+            f.create_dataset("next_sentence_labels", data=np.zeros(n, np.int8))
+        infos.append(inspect_shard(path, VOCAB, 64))
+    return infos
+
+
+def global_steps(infos, world, workers, accumulation, micro, lanes, steps, start=0, seed=3):
+    """Every step's micro-batches (lists of sample ids), ranks in order, as the real loader delivers them."""
+    per_rank = []
+    for rank in range(world):
+        data = PretrainingData(infos, seed, BatchPlan(micro, accumulation, world, rank), lanes, VOCAB, start=start,
+                               max_steps=steps)
+        loader = DataLoader(data.reader(), batch_size=None, num_workers=workers)
+        batches = [b["input_ids"][:, 0].tolist() for b in data.batches(iter(loader))]
+        per_rank.append([batches[s * accumulation:(s + 1) * accumulation] for s in range(steps)])
+    return [[m for rank in per_rank for m in rank[s]] for s in range(steps)]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_shards(tmp_path_factory.mktemp("shards"), [37, 100, 5, 64])  # very different sizes
+
+
+def test_every_row_of_an_epoch_is_in_exactly_one_lane_and_rank():
+    plan = sample_order.StreamPlan([37, 100, 5, 64], [16, 16, 5, 16], seed=1, lanes=8)
+    rows = []
+    for lane in range(8):
+        for portion, _ in plan.lane_portions(lane, epoch=0):
+            rows += [(portion.file, r) for r in range(portion.start, portion.stop)]
+    assert len(rows) == len(set(rows)) == 8 * (206 // 8)  # the last 206 mod 8 rows wait for the next epoch
+
+
+@pytest.mark.parametrize("world", range(1, 9))
+@pytest.mark.parametrize("workers", [1, 2, 3, 4])
+def test_ranks_and_workers_read_disjoint_portions_whose_union_is_the_stream(world, workers):
+    lanes = 8 * 3 * 5 * 7  # divisible by every world size here
+    plan = sample_order.StreamPlan([3000, 700, 40, 2600], [64, 64, 40, 64], seed=5, lanes=lanes)
+    seen = []
+    for rank in range(world):
+        lane_range = sample_order.rank_lanes(lanes, world, rank)
+        portions = list(sample_order.portions_needed(plan, lane_range, per_lane=1, first_index=0,
+                                                     steps=plan.lane_length))
+        for worker in range(workers):  # what PortionReader's worker reads: every workers-th portion
+            seen += [(p.epoch, p.file, r) for p in portions[worker::workers] for r in range(p.start, p.stop)]
+    assert len(seen) == len(set(seen)) == lanes * plan.lane_length  # no row twice, none missing
+
+
+def test_each_chunk_is_decompressed_about_once_per_epoch_across_ranks():
+    sizes, chunk = [4096] * 64, 64  # 64 shards of 4096 rows in chunks of 64 rows, 512 ranks
+    plan = sample_order.StreamPlan(sizes, [chunk] * 64, seed=0, lanes=512)
+    touched = 0
+    for lane in range(512):
+        for portion, _ in plan.lane_portions(lane, 0):
+            touched += (portion.stop - 1) // chunk - portion.start // chunk + 1
+    assert touched <= 1.2 * sum(sizes) / chunk
+
+
+def test_order_does_not_depend_on_processes_or_workers(shards):
+    reference = global_steps(shards, world=1, workers=0, accumulation=8, micro=2, lanes=8, steps=30)
+    for world, workers, accumulation in [(2, 0, 4), (4, 2, 2), (8, 3, 1), (2, 4, 4)]:
+        assert global_steps(shards, world, workers, accumulation, 2, 8, 30) == reference, (world, workers)
+
+
+def test_an_epoch_visits_every_sample_once_and_the_next_epoch_reshuffles(shards):
+    steps = global_steps(shards, world=1, workers=0, accumulation=1, micro=8, lanes=8, steps=50)
+    lane_major = [ids for step in steps for ids in step]
+    # Step s takes lane index s of each of the 8 lanes; lanes hold 206 // 8 = 25 samples an epoch.
+    first = [ids for step in steps[:25] for ids in step]
+    second = [ids for step in steps[25:50] for ids in step]
+    flat_first, flat_second = sum(first, []), sum(second, [])
+    assert len(set(flat_first)) == len(flat_first) == 200 and len(set(flat_second)) == 200
+    assert flat_first != flat_second and len(lane_major) == 50
+
+
+def test_resume_on_another_number_of_processes_continues_the_stream(shards):
+    reference = global_steps(shards, world=1, workers=0, accumulation=8, micro=2, lanes=8, steps=40)
+    # Step 13 lies mid-epoch (an epoch is 25 lane indexes; a step takes 2): position = 13 steps * 16 samples.
+    resumed = global_steps(shards, world=2, workers=1, accumulation=4, micro=2, lanes=8, steps=27, start=13 * 16)
+    assert resumed == reference[13:]
+
+
+def test_fewer_shards_than_ranks_still_splits_the_reading(tmp_path):
+    infos = write_shards(tmp_path, [300, 260])
+    reference = global_steps(infos, world=1, workers=0, accumulation=8, micro=1, lanes=8, steps=5)
+    assert global_steps(infos, world=8, workers=0, accumulation=1, micro=1, lanes=8, steps=5) == reference
+
+
+def test_memory_is_bounded_by_the_block_not_the_shard():
+    plan = sample_order.StreamPlan([1_000_000, 250_000], [4875, 4875], seed=0, lanes=64)
+    longest = max(p.stop - p.start for lane in range(64) for p, _ in plan.lane_portions(lane, 0))
+    assert longest <= 4875
+
+
+@pytest.mark.parametrize("lanes, world, global_batch, fragment", [
+    (6, 2, 16, "must divide the global batch"),
+    (8, 3, 24, "not a multiple of the 3 processes"),
+])
+def test_lane_counts_that_cannot_split_are_one_line(lanes, world, global_batch, fragment):
+    with pytest.raises(InputError, match=fragment):
+        sample_order.check_lanes(lanes, global_batch, world)
+
+
+def test_default_lanes_divide_the_batch_and_suit_the_processes():
+    assert sample_order.default_lanes(65536, 8) == 64
+    assert sample_order.default_lanes(8, 1) == 8
+    assert sample_order.default_lanes(24, 2) == 24
+    assert sample_order.default_lanes(4096, 512) == 512
+
+
+def test_a_shard_that_shrank_since_the_start_is_one_line(tmp_path):
+    infos = write_shards(tmp_path, [64, 64])
+    write_shards(tmp_path, [64, 10])  # rewritten shorter while the run goes on
+    data = PretrainingData(infos, 0, BatchPlan(8, 1, 1, 0), 8, VOCAB, max_steps=16)
+    with pytest.raises(InputError, match="tiny_training_1.hdf5: holds fewer rows"):
+        list(data.batches(iter(data.reader())))

@@ -20,12 +20,14 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+import masking
 import sample_order
 from errors import InputError
 
 SHARD_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
               "next_sentence_labels")
 IGNORE_INDEX = -1
+BATCH_KEYS = ("input_ids", "segment_ids", "input_mask", "masked_lm_labels", "next_sentence_labels")
 DEFAULT_BLOCK_ROWS = 256  # for unchunked (uncompressed) shards, where any row range reads only itself
 OPEN_FILES_PER_READER = 4
 
@@ -267,7 +269,8 @@ class PretrainingData:
     int64 tensors: input_ids, segment_ids, input_mask [B, S], masked_lm_labels [B, S], next_sentence_labels [B]."""
 
     def __init__(self, shards: list[ShardInfo], seed: int, plan: BatchPlan, lanes: int, vocab_size: int,
-                 start: int = 0, max_steps: Optional[int] = None) -> None:
+                 start: int = 0, max_steps: Optional[int] = None,
+                 masking_spec: Optional[masking.MaskingSpec] = None) -> None:
         sample_order.check_lanes(lanes, plan.samples_per_step, plan.world_size)
         self.order = sample_order.StreamPlan([s.num_samples for s in shards], [s.block_rows for s in shards],
                                              seed, lanes)
@@ -278,6 +281,9 @@ class PretrainingData:
         self.per_lane = plan.samples_per_step // lanes
         self.first_index = start // lanes
         self.max_steps = max_steps
+        self.seed = seed
+        self.masking_spec = masking_spec  # None: the shards' own (static) masks
+        self.first_sample = np.concatenate([[0], np.cumsum([s.num_samples for s in shards])[:-1]]).astype(np.int64)
 
     def epoch(self, position: int) -> int:
         return position // self.order.lanes // self.order.lane_length
@@ -325,7 +331,11 @@ class PretrainingData:
         rows = {k: np.concatenate([t[k] for t in taken]) for k in taken[0]}
         size = self.plan.micro_batch
         for first in range(0, len(rows["input_ids"]), size):
-            batch = make_batch(rows, np.arange(first, first + size))
+            picked = np.arange(first, first + size)
+            if "masked_lm_labels" in rows:  # masked afresh by the reader
+                batch = {k: rows[k][picked].astype(np.int64) for k in BATCH_KEYS}
+            else:
+                batch = make_batch(rows, picked)
             yield {k: torch.from_numpy(v) for k, v in batch.items()}
 
 
@@ -361,7 +371,21 @@ class PortionReader(IterableDataset):
             raise InputError(f"{info.path}: holds fewer rows than it said when the run started; rewrite it")
         check_value_ranges(info.path, arrays, self.data.vocab_size, info.type_vocab_size, portion.start)
         order = self.data.order.portion_order(portion)
-        return {"key": np.array(portion.key, dtype=np.int64), **{k: v[order] for k, v in arrays.items()}}
+        arrays = {k: v[order] for k, v in arrays.items()}
+        if self.data.masking_spec is not None:
+            arrays = self._remask(arrays, portion, order)
+        return {"key": np.array(portion.key, dtype=np.int64), **arrays}
+
+    def _remask(self, arrays: dict[str, np.ndarray], portion: sample_order.Portion,
+                order: np.ndarray) -> dict[str, np.ndarray]:
+        """Dynamic masking: the shard's original tokens, masked afresh from (seed, epoch, sample id)."""
+        original = masking.recover_original_tokens(arrays["input_ids"], arrays["masked_lm_positions"],
+                                                   arrays["masked_lm_ids"])
+        sample_ids = self.data.first_sample[portion.file] + portion.start + order
+        input_ids, labels = masking.dynamic_mask(original, arrays["input_mask"], sample_ids, portion.epoch,
+                                                 self.data.seed, self.data.masking_spec)
+        return {"input_ids": input_ids, "segment_ids": arrays["segment_ids"], "input_mask": arrays["input_mask"],
+                "masked_lm_labels": labels, "next_sentence_labels": arrays["next_sentence_labels"]}
 
 
 class _OpenFiles:

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 import checkpointing
+import masking
 from distributed import (
     DistributedContext,
     all_gather_objects,
@@ -36,13 +37,15 @@ from metric_logger import MetricLogger, check_log_paths
 from model import BertConfig, BertForPreTraining
 from model_weights import load_weights_into, read_config, read_weights
 from optimization import PolyWarmUpScheduler, build_lamb, weight_decay_groups
-from sample_order import default_lanes
+from sample_order import check_lanes, default_lanes
+from data.tokenization import load_vocab
 from pretraining_data import (
     BatchPlan,
     PretrainingData,
     evaluation_batches,
     find_shards,
     inspect_shard,
+    load_shard,
 )
 from training import (
     MAX_CONSECUTIVE_NON_FINITE,
@@ -103,6 +106,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--steps_this_run", type=int, default=-1, help="stop this run after N steps (-1: max_steps)")
     p.add_argument("--disable_progress_bar", action="store_true")
     p.add_argument("--num_workers", type=int, default=0, help="DataLoader workers per process")
+    p.add_argument("--dynamic_masking", action="store_true",
+                   help="mask every sample afresh each epoch (RoBERTa, NVIDIA's LDDL) from the shards' original tokens")
+    p.add_argument("--masked_lm_prob", type=float, default=0.15, help="with --dynamic_masking: share of tokens masked")
+    p.add_argument("--whole_word_masking", action="store_true",
+                   help="with --dynamic_masking: mask all pieces of a word together (needs --vocab_file)")
+    p.add_argument("--vocab_file", help="with --dynamic_masking: the shards' vocab.txt (default: read [CLS], [SEP] "
+                                        "and [MASK] off the first shard)")
     p.add_argument("--data_lanes", type=int, default=0,
                    help="lanes of the sample stream (0: the largest divisor of the global batch up to 64 that is a "
                         "multiple of the processes); a run resumes on any number of processes dividing it")
@@ -116,6 +126,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if args.train_batch_size % args.gradient_accumulation_steps:
         raise InputError(f"--train_batch_size {args.train_batch_size} is not a multiple of "
                          f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
+    if (args.whole_word_masking or args.vocab_file) and not args.dynamic_masking:
+        raise InputError("--whole_word_masking and --vocab_file go with --dynamic_masking")
+    if args.whole_word_masking and not args.vocab_file:
+        raise InputError("--whole_word_masking needs --vocab_file (to know which tokens are '##' word pieces)")
+    if not 0 < args.masked_lm_prob <= 1:
+        raise InputError(f"--masked_lm_prob must lie in (0, 1], got {args.masked_lm_prob}")
     if args.do_eval and not args.eval_dir:
         raise InputError("--do_eval needs --eval_dir")
     if args.do_eval and not args.do_train and not (args.init_checkpoint or args.resume_from_checkpoint):
@@ -204,7 +220,7 @@ def evaluate(model: torch.nn.Module, shards: list, args: argparse.Namespace, ctx
 
 # Where a run without a checkpoint to continue starts; restore_state returns the same keys.
 FRESH_START: dict[str, Any] = {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None,
-                               "path": None, "skipped_steps": 0, "lanes": 0}
+                               "path": None, "skipped_steps": 0}
 
 
 def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module,
@@ -232,7 +248,7 @@ def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torc
     rng = per_rank[ctx.rank] if len(per_rank) == ctx.world_size else ckpt.get("rng")
     return {**fresh, "phase_step": int(ckpt["phase_step"]), "position": int(ckpt["data"]["stream_position"]),
             "scheduler": ckpt.get("scheduler"), "rng": rng, "scaler": ckpt.get("scaler"),
-            "skipped_steps": int(ckpt.get("skipped_steps", 0)), "lanes": int(ckpt["data"].get("lanes", 0))}
+            "skipped_steps": int(ckpt.get("skipped_steps", 0))}
 
 
 def weights_are_finite(model: torch.nn.Module) -> bool:
@@ -310,6 +326,40 @@ def find_resume_checkpoint(args: argparse.Namespace, config: BertConfig) -> Opti
     return path, ckpt
 
 
+def stream_lanes(args: argparse.Namespace, ctx: DistributedContext,
+                 resume_from: Optional[tuple[Path, dict[str, Any]]]) -> int:
+    """The lane count of the sample stream: the checkpoint's when continuing a phase (its stream goes on), else
+    --data_lanes or the default; checked to split the global batch over this many processes."""
+    global_batch = args.train_batch_size * ctx.world_size
+    lanes = args.data_lanes or default_lanes(global_batch, ctx.world_size)
+    if resume_from is not None:
+        path, ckpt = resume_from
+        saved = int((ckpt.get("data") or {}).get("lanes", 0))
+        continuing = bool(ckpt.get("phase2", False)) == bool(args.phase2)
+        if continuing and saved:
+            if args.data_lanes and args.data_lanes != saved:
+                raise InputError(f"{path}: its stream has {saved} lanes, not --data_lanes {args.data_lanes}; drop "
+                                 "the flag to continue it")
+            lanes = saved
+    check_lanes(lanes, global_batch, ctx.world_size)
+    return lanes
+
+
+def masking_spec(args: argparse.Namespace, shards: list, config: BertConfig) -> Optional[masking.MaskingSpec]:
+    """What --dynamic_masking needs: the special and mask ids, from --vocab_file or read off the first shard."""
+    if not args.dynamic_masking:
+        return None
+    try:
+        if args.vocab_file:
+            tokens = load_vocab(args.vocab_file).tokens
+            return masking.spec_from_vocab(tokens, args.masked_lm_prob, args.max_predictions_per_seq,
+                                           args.whole_word_masking)
+        return masking.spec_from_shard(load_shard(shards[0], config.vocab_size), config.vocab_size,
+                                       args.masked_lm_prob, args.max_predictions_per_seq)
+    except ValueError as error:
+        raise InputError(f"{args.vocab_file or shards[0].path}: cannot set up --dynamic_masking ({error})") from None
+
+
 def open_log(args: argparse.Namespace, ctx: DistributedContext, bar_enabled: bool) -> MetricLogger:
     log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar_enabled else print,
                        tensorboard_dir=Path(args.output_dir) / "tensorboard")
@@ -329,6 +379,10 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     train_shards, eval_shards = inspect_inputs(args, config)
     check_output_paths(args)
     resume_from = find_resume_checkpoint(args, config)
+    spec = None
+    if args.do_train:
+        args.data_lanes = stream_lanes(args, ctx, resume_from)
+        spec = masking_spec(args, train_shards, config)
     seed_everything(args.seed + ctx.rank)
     model = build_model(args, config, ctx.device)  # reads --init_checkpoint
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)
@@ -354,7 +408,7 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     final: dict[str, Any] = {}
     if args.do_train:
         final.update(train(args, ctx, config, ddp_model, optimizer, scheduler, precision, train_shards, eval_shards,
-                           resume, log, bar_enabled, start_time))
+                           resume, log, bar_enabled, start_time, spec))
     if args.do_eval and eval_shards and "eval_mlm_accuracy" not in final:
         final.update(evaluate(ddp_model, eval_shards, args, ctx, precision))
     log.log([], final)
@@ -362,16 +416,15 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
 
 
 def train(args, ctx, config, model, optimizer, scheduler, precision, train_shards, eval_shards, resume, log,
-          bar_enabled, start_time) -> dict[str, Any]:
+          bar_enabled, start_time, spec) -> dict[str, Any]:
     plan = BatchPlan(args.train_batch_size // args.gradient_accumulation_steps, args.gradient_accumulation_steps,
                      ctx.world_size, ctx.rank)
     phase_step = resume["phase_step"]
     steps_left = args.max_steps - phase_step
     if args.steps_this_run > 0:
         steps_left = min(steps_left, args.steps_this_run)
-    lanes = resume["lanes"] or args.data_lanes or default_lanes(plan.samples_per_step, ctx.world_size)
-    data = PretrainingData(train_shards, args.seed, plan, lanes, config.vocab_size, start=resume["position"],
-                           max_steps=max(steps_left, 0))
+    data = PretrainingData(train_shards, args.seed, plan, args.data_lanes, config.vocab_size, start=resume["position"],
+                           max_steps=max(steps_left, 0), masking_spec=spec)
     # A private generator for the loader, so that creating it draws nothing from the dropout RNG.
     loader = DataLoader(data.reader(), batch_size=None, num_workers=args.num_workers,
                         pin_memory=ctx.device.type == "cuda", generator=torch.Generator().manual_seed(args.seed),

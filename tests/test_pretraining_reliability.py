@@ -159,6 +159,7 @@ def test_second_segment_with_type_vocab_size_1_names_the_config_value(workspace)
     (["--warmup_proportion", 2], "--warmup_proportion"),
     (["--steps_this_run", 0], "--steps_this_run"),
     (["--init_loss_scale", "inf"], "--init_loss_scale"),
+    (["--data_lanes", 3], "--data_lanes 3 must divide the global batch"),
 ])
 def test_senseless_flags_are_one_line_and_create_nothing(workspace, extra, fragment):
     one_line_error(pretrain(workspace, *extra), fragment)
@@ -184,6 +185,14 @@ def test_refused_resume_with_another_config_names_the_changed_keys(workspace):
     one_line_error(pretrain(workspace, "--max_steps", 4, "--resume_from_checkpoint"), "ckpt_2.pt",
                    "intermediate_size 64 -> 96")
     assert checkpoint_names(workspace / "out") == before
+
+
+def test_resume_keeps_the_streams_lanes_and_refuses_others(workspace):
+    assert pretrain(workspace, "--max_steps", 4, "--steps_this_run", 2, "--data_lanes", 2).returncode == 0
+    assert torch.load(workspace / "out" / "ckpt_2.pt", weights_only=True)["data"]["lanes"] == 2
+    one_line_error(pretrain(workspace, "--max_steps", 4, "--resume_from_checkpoint", "--data_lanes", 4),
+                   "ckpt_2.pt", "2 lanes")
+    assert pretrain(workspace, "--max_steps", 4, "--resume_from_checkpoint").returncode == 0
 
 
 def test_resume_from_a_weights_only_checkpoint_points_to_init_checkpoint(workspace):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
+import masking
 import sample_order
 from errors import InputError
 from pretraining_data import BatchPlan, PretrainingData, inspect_shard
@@ -140,3 +141,91 @@ def test_a_shard_that_shrank_since_the_start_is_one_line(tmp_path):
     data = PretrainingData(infos, 0, BatchPlan(8, 1, 1, 0), 8, VOCAB, max_steps=16)
     with pytest.raises(InputError, match="tiny_training_1.hdf5: holds fewer rows"):
         list(data.batches(iter(data.reader())))
+
+
+# --- Dynamic masking through the loader (masking.py does the masking; its statistics are in test_masking.py) ---
+SPEC = masking.MaskingSpec(vocab_size=VOCAB, mask_id=4, special_ids=(0, 2, 3), masked_lm_prob=0.3, max_predictions=3)
+
+
+def dynamic_steps(infos, world, workers, steps=12, start=0):
+    """(rank, input_ids, labels) of every sample each rank trains on, with dynamic masking."""
+    out = []
+    for rank in range(world):
+        data = PretrainingData(infos, 7, BatchPlan(2, 8 // world, world, rank), 8, VOCAB, start=start,
+                               max_steps=steps, masking_spec=SPEC)
+        for batch in data.batches(iter(DataLoader(data.reader(), batch_size=None, num_workers=workers))):
+            out += [(rank, b.tolist(), l.tolist()) for b, l in zip(batch["input_ids"], batch["masked_lm_labels"])]
+    return out
+
+
+@pytest.fixture(scope="module")
+def text_shards(tmp_path_factory):
+    """Rows as create_pretraining_data writes them: [CLS] words [SEP] padding, 2 positions masked with [MASK]."""
+    folder, infos = tmp_path_factory.mktemp("text"), []
+    for index, n in enumerate([40, 30]):
+        rng = np.random.default_rng(index)
+        original = rng.integers(10, VOCAB, (n, 12)).astype(np.int32)
+        original[:, 0], original[:, 9], original[:, 10:] = 2, 3, 0
+        masked = original.copy()
+        masked[:, [3, 5]] = 4
+        with h5py.File(folder / f"text_training_{index}.hdf5", "w") as f:
+            f.create_dataset("input_ids", data=masked)
+            f.create_dataset("input_mask", data=(original != 0).astype(np.int8))
+            f.create_dataset("segment_ids", data=np.zeros((n, 12), np.int8))
+            f.create_dataset("masked_lm_positions", data=np.tile(np.array([3, 5], np.int32), (n, 1)))
+            f.create_dataset("masked_lm_ids", data=original[:, [3, 5]])
+            f.create_dataset("next_sentence_labels", data=np.zeros(n, np.int8))
+            f.create_dataset("original", data=original)  # for the test only; the reader never looks at it
+        infos.append(inspect_shard(folder / f"text_training_{index}.hdf5", VOCAB, 64))
+    return infos
+
+
+def test_dynamic_masks_predict_the_original_tokens_and_are_the_same_for_any_processes(text_shards):
+    originals = set()
+    for info in text_shards:
+        with h5py.File(info.path) as f:
+            originals |= {tuple(row) for row in f["original"][()].tolist()}
+    one = dynamic_steps(text_shards, world=1, workers=0)
+    assert sorted(x[1:] for x in one) == sorted(x[1:] for x in dynamic_steps(text_shards, world=2, workers=2))  # the same masks of each sample
+    for _, ids, labels in one:
+        predicted = [i for i, label in enumerate(labels) if label >= 0]
+        assert 1 <= len(predicted) <= 3 and 0 not in predicted and 9 not in predicted  # never [CLS]/[SEP]
+        # Labels hold the original tokens and every other position is the original: together, a shard row.
+        assert tuple(label if label >= 0 else token for token, label in zip(ids, labels)) in originals
+
+
+def test_dynamic_masks_change_from_epoch_to_epoch(text_shards):
+    # 70 samples in 8 lanes: an epoch is 8 lanes x 8 samples = 4 steps of 16.
+    samples = dynamic_steps(text_shards, world=1, workers=0, steps=8)
+    first, second = samples[:64], samples[64:128]
+    masks = {}
+    for epoch, chunk in enumerate((first, second)):
+        for _, ids, labels in chunk:
+            masks.setdefault(tuple(i if l < 0 else l for i, l in zip(ids, labels)), []).append(labels)
+    changed = sum(1 for pair in masks.values() if len(pair) == 2 and pair[0] != pair[1])
+    assert changed >= 40  # nearly every sample seen in both epochs got another mask
+
+
+def test_run_pretraining_trains_with_dynamic_masking_and_refuses_whole_words_without_a_vocab(text_shards, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(5, VOCAB)])
+                     + "\n")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 1,
+                                  "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 16}))
+    command = [sys.executable, str(REPO_ROOT / "run_pretraining.py"), "--input_dir", str(text_shards[0].path.parent),
+               "--config_file", str(config), "--output_dir", str(tmp_path / "out"), "--max_seq_length", "12",
+               "--max_predictions_per_seq", "2", "--train_batch_size", "8", "--max_steps", "3", "--do_train",
+               "--disable_progress_bar", "--json-summary", str(tmp_path / "out" / "log.json"), "--dynamic_masking",
+               "--masked_lm_prob", "0.3"]
+    run = subprocess.run(command + ["--vocab_file", str(vocab), "--whole_word_masking"], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    refused = subprocess.run(command + ["--whole_word_masking"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "--whole_word_masking" in refused.stderr
+    assert refused.stderr.count("\n") == 1

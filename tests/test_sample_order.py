@@ -229,3 +229,12 @@ def test_run_pretraining_trains_with_dynamic_masking_and_refuses_whole_words_wit
     refused = subprocess.run(command + ["--whole_word_masking"], capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "--whole_word_masking" in refused.stderr
     assert refused.stderr.count("\n") == 1
+
+
+def test_a_shard_truncated_mid_run_is_one_line_naming_it(tmp_path):
+    infos = write_shards(tmp_path, [64, 64])
+    path = infos[1].path
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # a copy that stopped half way
+    data = PretrainingData(infos, 0, BatchPlan(8, 1, 1, 0), 8, VOCAB, max_steps=16)
+    with pytest.raises(InputError, match="tiny_training_1.hdf5: cannot read rows"):
+        list(data.batches(iter(data.reader())))

@@ -1,0 +1,35 @@
+"""run_pretraining.py with its loss function wrapped so that each process records, in order, the input_ids of every
+micro-batch it trains on (one JSON line per micro-batch in $SPY_DIR/rank<RANK>.jsonl; its pid in
+$SPY_DIR/pid<RANK>), then trains as usual.
+
+The loss function sees exactly what the model is fed, so the record shows what each rank consumed however the
+loader is built. Launched like run_pretraining.py, with or without torchrun."""
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import run_pretraining  # noqa: E402
+from errors import run_cli  # noqa: E402
+
+
+def main() -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    record = Path(os.environ["SPY_DIR"]) / f"rank{rank}.jsonl"
+    (record.parent / f"pid{rank}").write_text(str(os.getpid()))  # lets a test end a worker its launcher left
+    real_loss = run_pretraining.pretraining_loss
+
+    def recording_loss(model, batch):
+        line = {"world_size": int(os.environ.get("WORLD_SIZE", "1")), "input_ids": batch["input_ids"].tolist()}
+        with record.open("a") as f:  # appended per micro-batch: a crash still leaves what was consumed
+            f.write(json.dumps(line) + "\n")
+        return real_loss(model, batch)
+
+    run_pretraining.pretraining_loss = recording_loss
+    run_cli(run_pretraining.main)
+
+
+if __name__ == "__main__":
+    main()

@@ -5,6 +5,14 @@ with the corpus (NVIDIA's holds every article in RAM). Balancing is greedy: each
 its split with the fewest sentences so far, which keeps shards within one article of each other. One pass
 over the lines, so it always terminates.
 
+Open files stay bounded, whatever the shard count (thousands of shards used to hit the open-file limit): up to
+FAN_OUT shards are written directly; beyond that the articles are first spilled, in order, into at most
+FAN_OUT anonymous temporary files beside the shards (each holding a contiguous range of shards), and each spill
+is then written out the same way: 4,096 shards hold about 130 files open at once. A shard's articles keep
+their order, so the output is the bytes of writing every shard at once; the cost is one more sequential write
+and read of the text, and as much free space again while it runs (the spills vanish when closed, and with the
+process if it is killed).
+
 Sentence segmenter: blingfire, chosen over pysbd, syntok and sentencex on the Wikipedia sample (see the report
 in benchmarks/data_prep.py --segmenters): as accurate as syntok on hand-labelled hard cases (abbreviations,
 initials, decimals) at ~25x its speed, and needs no model download.
@@ -12,16 +20,22 @@ initials, decimals) at ~25x its speed, and needs no model download.
 from __future__ import annotations
 
 import heapq
+import math
+import struct
+import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
 
 import blingfire
 
 from .errors import DataError
 from .layout import SPLITS
 from .outputs import atomic_output, refuse_input_as_output
+
+FAN_OUT = 128  # most shards, or spill files, written at once by one level (at least 2)
+_RECORD = struct.Struct("<IQ")  # a spilled article: shard index within the spill, byte length
 
 
 @dataclass(frozen=True)
@@ -117,17 +131,52 @@ def _write_shards(inputs: Sequence[Path], tmp: dict[str, list[Path]], fraction: 
                   on_article: Callable[[], None] | None) -> dict[str, list[int]]:
     """Stream the articles into the shard files (greedy balance); sentences per shard."""
     sentences = {split: [0] * len(tmp[split]) for split in SPLITS}
-    heaps = {split: [(0, i) for i in range(len(tmp[split]))] for split in SPLITS}
-    with ExitStack() as files:
-        handles = {split: [files.enter_context(open(t, "w", encoding="utf-8")) for t in tmp[split]]
-                   for split in SPLITS}
-        for index, article in enumerate(iter_articles(inputs)):
-            split = "test" if fraction and is_test_article(index, fraction) else "training"
-            sents = split_sentences(article)
-            count, shard = heapq.heappop(heaps[split])
-            heapq.heappush(heaps[split], (count + len(sents), shard))
-            sentences[split][shard] += len(sents)
-            handles[split][shard].write("\n".join(sents) + "\n\n")
-            if on_article is not None:
-                on_article()
+    targets = [path for split in SPLITS for path in tmp[split]]
+    _distribute(_assign(inputs, sentences, fraction, on_article), targets, targets[0].parent)
     return sentences
+
+
+def _assign(inputs: Sequence[Path], sentences: dict[str, list[int]], fraction: float,
+            on_article: Callable[[], None] | None) -> Iterator[tuple[int, bytes]]:
+    """(index into the training then test shards, text) of each article in corpus order; counts the sentences
+    of each shard into `sentences`."""
+    heaps = {split: [(0, i) for i in range(len(sentences[split]))] for split in SPLITS}
+    first = {"training": 0, "test": len(sentences["training"])}
+    for index, article in enumerate(iter_articles(inputs)):
+        split = "test" if fraction and is_test_article(index, fraction) else "training"
+        sents = split_sentences(article)
+        count, shard = heapq.heappop(heaps[split])
+        heapq.heappush(heaps[split], (count + len(sents), shard))
+        sentences[split][shard] += len(sents)
+        yield first[split] + shard, ("\n".join(sents) + "\n\n").encode("utf-8")
+        if on_article is not None:
+            on_article()
+
+
+def _distribute(records: Iterable[tuple[int, bytes]], targets: Sequence[Path], folder: Path) -> None:
+    """Append each (target index, data) record to its target, in record order, never holding more than
+    FAN_OUT files open per level (a level above the shards spills ranges of them to temporary files)."""
+    if len(targets) <= FAN_OUT:
+        with ExitStack() as stack:
+            files = [stack.enter_context(open(path, "wb")) for path in targets]
+            for index, data in records:
+                files[index].write(data)
+        return
+    # About sqrt(n) spills of sqrt(n) shards: the fewest files open at once while spilling only once for up to
+    # FAN_OUT**2 shards; more shards spill at most FAN_OUT ways per level.
+    width = max(math.isqrt(len(targets) - 1) + 1, -(-len(targets) // FAN_OUT))  # shards per spill
+    with ExitStack() as stack:
+        spills = [stack.enter_context(tempfile.TemporaryFile(dir=folder))
+                  for _ in range(-(-len(targets) // width))]
+        for index, data in records:
+            spills[index // width].write(_RECORD.pack(index % width, len(data)) + data)
+        for number, spill in enumerate(spills):
+            spill.seek(0)
+            _distribute(_read_spill(spill), targets[number * width:(number + 1) * width], folder)
+            spill.close()  # frees its disk space before the next one is written out
+
+
+def _read_spill(spill: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    while header := spill.read(_RECORD.size):
+        index, length = _RECORD.unpack(header)
+        yield index, spill.read(length)

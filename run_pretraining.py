@@ -243,9 +243,14 @@ def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torc
         log.log("PARAMETER", {"phase2_start_from": str(path)})
         return fresh
     log.log("PARAMETER", {"resumed_from": str(path)})
-    per_rank = ckpt.get("rng_per_rank") or []
-    # Same world size: each rank continues its own stream; otherwise rank 0's (not bit-exact, but seeded).
-    rng = per_rank[ctx.rank] if len(per_rank) == ctx.world_size else ckpt.get("rng")
+    per_rank = ckpt.get("rng_per_rank") or ([ckpt["rng"]] if ckpt.get("rng") else [])  # older: rank 0's only
+    # Each rank continues its own dropout stream; a rank that the resume added starts one of its own, drawn from
+    # (seed, rank, step), since a copy of another rank's would give both the same dropout masks.
+    if ctx.rank < len(per_rank):
+        rng = per_rank[ctx.rank]
+    else:
+        seed_everything(int(np.random.SeedSequence([args.seed, ctx.rank, int(ckpt["phase_step"])]).generate_state(1)[0]))
+        rng = checkpointing.rng_state()
     return {**fresh, "phase_step": int(ckpt["phase_step"]), "position": int(ckpt["data"]["stream_position"]),
             "scheduler": ckpt.get("scheduler"), "rng": rng, "scaler": ckpt.get("scaler"),
             "skipped_steps": int(ckpt.get("skipped_steps", 0))}

@@ -333,8 +333,6 @@ def test_resume_on_another_world_size_continues_the_same_sample_stream(ws, unint
     assert torch.load(out / f"ckpt_{STEPS}.pt", weights_only=True)["data"]["stream_position"] == STEPS * GLOBAL_BATCH
 
 
-@pytest.mark.xfail(strict=True, reason="restore_state gives every rank rank 0's RNG state when the world size "
-                   "changes, so ranks added by a resume draw the same dropout masks")
 def test_ranks_added_by_a_resume_draw_their_own_dropout_streams(resumed):
     out = resumed(ONE, TWO_ACCUMULATING)
     states = torch.load(out / f"ckpt_{STEPS}.pt", weights_only=True)["rng_per_rank"]

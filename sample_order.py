@@ -7,7 +7,7 @@ The stream, per epoch e:
    order drawn from (seed, e). Their rows, block after block, form the epoch's row sequence of N rows.
 2. That sequence is cut into C equal *lanes* (C = `lanes`, fixed for a run; the last N mod C rows of the epoch
    are left out). Lane c of epoch e is rows [c*L, (c+1)*L) with L = N // C; a lane goes on from epoch to epoch.
-3. Within a lane, the rows of each block it crosses (a *portion*) are shuffled, from (seed, e, block).
+3. Within a lane, the rows of each block it crosses (a *portion*) are shuffled, from (seed, e, block, first row).
 4. Optimizer step s takes the next G / C samples of every lane (G = the global batch, a multiple of C), lane
    after lane; micro-batch k of the step is the k-th run of `micro_batch` samples of that order, and rank r
    trains micro-batches [r*A, (r+1)*A) (A = accumulation).
@@ -56,11 +56,13 @@ def default_lanes(global_batch: int, world_size: int, max_lanes: int = DEFAULT_M
 
 def check_lanes(lanes: int, global_batch: int, world_size: int) -> None:
     if lanes < 1 or global_batch % lanes:
-        raise InputError(f"--data_lanes {lanes} must divide the global batch of {global_batch} samples "
-                         "(train_batch_size x processes)")
+        raise InputError(f"the sample stream's {lanes} lanes (--data_lanes, or kept in the checkpoint) must divide the "
+                         f"global batch of {global_batch} samples (--train_batch_size x processes); keep the "
+                         "global batch when changing the number of processes")
     if lanes % world_size:
-        raise InputError(f"--data_lanes {lanes} is not a multiple of the {world_size} processes; this run's stream "
-                         f"has {lanes} lanes, so it can continue on a number of processes that divides {lanes}")
+        raise InputError(f"the sample stream's {lanes} lanes (--data_lanes, or kept in the checkpoint) are not a "
+                         f"multiple of the {world_size} processes; it can go on on a number of processes that "
+                         f"divides {lanes}")
 
 
 class StreamPlan:

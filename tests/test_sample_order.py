@@ -120,7 +120,7 @@ def test_memory_is_bounded_by_the_block_not_the_shard():
 
 
 @pytest.mark.parametrize("lanes, world, global_batch, fragment", [
-    (6, 2, 16, "must divide the global batch"),
+    (6, 2, 16, "6 lanes .* must divide the global batch of 16"),
     (8, 3, 24, "not a multiple of the 3 processes"),
 ])
 def test_lane_counts_that_cannot_split_are_one_line(lanes, world, global_batch, fragment):

@@ -176,6 +176,95 @@ def test_create_vocab_trains_a_usable_vocab(workdir):
     assert "[UNK]" not in tokens and tokens[0] == "alice"
 
 
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def _tied_words(seed: int = 7, count: int = 3000) -> list[str]:
+    """Distinct lower-case words that will all occur equally often: every merge starts out tied."""
+    rng = np.random.default_rng(seed)
+    words: set[str] = set()
+    while len(words) < count:
+        words.add("".join(chr(97 + int(c)) for c in rng.integers(0, 26, int(rng.integers(3, 10)))))
+    return sorted(words)
+
+
+def _train_in_child(corpus: Path, out: Path, vocab_size: int, threads: str | None) -> bytes:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS", "RAYON_RS_NUM_CPUS")}
+    if threads is not None:
+        env["RAYON_NUM_THREADS"] = threads
+    code = ("import sys; from pathlib import Path; from data.vocab_training import train_vocab; "
+            "train_vocab([Path(sys.argv[1])], Path(sys.argv[2]), int(sys.argv[3]), True)")
+    run = subprocess.run([sys.executable, "-c", code, str(corpus), str(out), str(vocab_size)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return out.read_bytes()
+
+
+def test_create_vocab_is_the_same_bytes_across_runs_and_thread_counts(tmp_path):
+    """tokenizers' trainer gave the `##` pieces ids in hash order and broke ties between equal merges by those
+    ids: on this corpus, where every merge starts tied, each run wrote another vocab (other tokens, not only
+    another order), with one thread as with many."""
+    words = _tied_words()
+    corpus = tmp_path / "tied.txt"
+    corpus.write_text("".join(" ".join(words[i:i + 20]) + "\n" for i in range(0, len(words), 20)) * 2,
+                      encoding="utf-8")
+    runs = [_train_in_child(corpus, tmp_path / f"vocab_{n}.txt", 400, threads)
+            for n, threads in enumerate([None, "1", "2", None])]
+    assert all(run == runs[0] for run in runs[1:])
+    tokens = runs[0].decode("utf-8").split("\n")[:-1]
+    letters = sorted({c for w in words for c in w})
+    continuing = sorted({c for w in words for c in w[1:]})
+    base = SPECIALS + letters + [f"##{c}" for c in continuing]
+    assert tokens[:len(base)] == base  # special tokens, alphabet and `##` pieces, in code-point order
+    merged = tokens[len(base):]
+    assert len(tokens) == 400 and len(set(tokens)) == 400 and all(len(t.removeprefix("##")) > 1 for t in merged)
+
+
+def test_create_vocab_keeps_the_most_frequent_characters_and_breaks_ties_by_code_point(tmp_path):
+    """More distinct characters than the alphabet holds (1,000): the most frequent are kept, and among equal
+    counts at the cut the lower code points (the trainer dropped a hash-ordered subset)."""
+    thrice = [chr(0x4E00 + i) for i in range(600)]  # CJK: each is a word of its own
+    twice = [chr(0x4E00 + 600 + i) for i in range(600)]
+    lines = ["the cat sat on the mat " * 50] + [" ".join(thrice)] * 3 + [" ".join(reversed(twice))] * 2
+    corpus = tmp_path / "chars.txt"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "vocab.txt"
+    train_vocab([corpus], out, 1200, True)
+    tokens = out.read_text(encoding="utf-8").split("\n")[:-1]
+    ascii_letters = sorted(set("the cat sat on the mat".replace(" ", "")))
+    alphabet = sorted(ascii_letters + thrice + twice[:1000 - len(ascii_letters) - len(thrice)])
+    assert [t for t in tokens if len(t) == 1] == alphabet
+    assert tokens[len(SPECIALS):len(SPECIALS) + len(alphabet)] == alphabet
+
+
+def test_create_vocab_plans_the_pieces_that_nfd_reordering_makes(tmp_path):
+    """Uncased normalization (NFD) reorders a run of two combining marks that survive accent stripping (here
+    musical symbols of canonical classes 226 and 216), so the scan of raw characters expects the wrong one to
+    continue the word; the trainer's own pass shows it, and training again puts it among the planned pieces."""
+    stem, dot = "\U0001D165", "\U0001D16D"  # classes 216 and 226: NFD puts the stem first
+    corpus = tmp_path / "marks.txt"
+    # A piece above both in code-point order, so that one the trainer added would come after it.
+    corpus.write_text(f"stem {dot}{stem} word wordy wor\U0001F600ds\n" * 5, encoding="utf-8")
+    out = tmp_path / "vocab.txt"
+    train_vocab([corpus], out, 200, True)
+    tokens = out.read_text(encoding="utf-8").split("\n")[:-1]
+    pieces = [t for t in tokens if t.startswith("##") and len(t) == 3]
+    assert f"##{dot}" in pieces  # the piece the trainer needs: `stem` starts the normalized word
+    single = [i for i, t in enumerate(tokens) if len(t.removeprefix("##")) == 1]
+    assert single == list(range(len(SPECIALS), len(SPECIALS) + len(single)))  # all in the planned block
+    assert pieces == sorted(pieces)
+
+
+def test_create_vocab_refuses_text_that_is_not_utf8_in_one_line(tmp_path):
+    corpus = tmp_path / "latin1.txt"
+    corpus.write_bytes("Caf\xe9 au lait. The cat sat.\n".encode("latin-1") * 20)
+    out = tmp_path / "vocab.txt"
+    with pytest.raises(DataError, match=r"latin1.txt: not UTF-8 text \(invalid continuation byte\); run "
+                                        r"--action text_formatting again"):
+        train_vocab([corpus], out, 200, True)
+    assert not out.exists() and not list(tmp_path.glob(".vocab.txt*"))
+
+
 def test_default_corpus_builds_from_nothing(tmp_path):
     env = {**os.environ, "BERT_PREP_WORKING_DIR": str(tmp_path)}
     run = subprocess.run([sys.executable, str(REPO / "data" / "build_default_corpus.py"), "--n_processes", "1",

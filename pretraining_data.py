@@ -270,7 +270,7 @@ class PretrainingData:
 
     def __init__(self, shards: list[ShardInfo], seed: int, plan: BatchPlan, lanes: int, vocab_size: int,
                  start: int = 0, max_steps: Optional[int] = None,
-                 masking_spec: Optional[masking.MaskingSpec] = None) -> None:
+                 masking_spec: Optional[masking.MaskingSpec] = None, bin_by_length: bool = False) -> None:
         sample_order.check_lanes(lanes, plan.samples_per_step, plan.world_size)
         self.order = sample_order.StreamPlan([s.num_samples for s in shards], [s.block_rows for s in shards],
                                              seed, lanes)
@@ -283,6 +283,7 @@ class PretrainingData:
         self.max_steps = max_steps
         self.seed = seed
         self.masking_spec = masking_spec  # None: the shards' own (static) masks
+        self.bin_by_length = bin_by_length
         self.first_sample = np.concatenate([[0], np.cumsum([s.num_samples for s in shards])[:-1]]).astype(np.int64)
 
     def epoch(self, position: int) -> int:
@@ -329,6 +330,9 @@ class PretrainingData:
 
     def _cut(self, taken: list[dict[str, np.ndarray]]) -> Iterator[dict[str, torch.Tensor]]:
         rows = {k: np.concatenate([t[k] for t in taken]) for k in taken[0]}
+        if self.bin_by_length:  # micro-batches of like lengths: attention stops at each one's longest sample
+            by_length = np.argsort(np.count_nonzero(rows["input_mask"], axis=1), kind="stable")
+            rows = {k: v[by_length] for k, v in rows.items()}
         size = self.plan.micro_batch
         for first in range(0, len(rows["input_ids"]), size):
             picked = np.arange(first, first + size)

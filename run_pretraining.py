@@ -113,6 +113,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="with --dynamic_masking: mask all pieces of a word together (needs --vocab_file)")
     p.add_argument("--vocab_file", help="with --dynamic_masking: the shards' vocab.txt (default: read [CLS], [SEP] "
                                         "and [MASK] off the first shard)")
+    p.add_argument("--bin_by_length", action="store_true",
+                   help="group each step's samples into micro-batches of like lengths (as NVIDIA's LDDL bins): "
+                        "less attention over padding with gradient accumulation; the step's samples are unchanged")
     p.add_argument("--data_lanes", type=int, default=0,
                    help="lanes of the sample stream (0: the largest divisor of the global batch up to 64 that is a "
                         "multiple of the processes); a run resumes on any number of processes dividing it")
@@ -429,7 +432,8 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
     if args.steps_this_run > 0:
         steps_left = min(steps_left, args.steps_this_run)
     data = PretrainingData(train_shards, args.seed, plan, args.data_lanes, config.vocab_size, start=resume["position"],
-                           max_steps=max(steps_left, 0), masking_spec=spec)
+                           max_steps=max(steps_left, 0), masking_spec=spec,
+                           bin_by_length=args.bin_by_length)
     # A private generator for the loader, so that creating it draws nothing from the dropout RNG.
     loader = DataLoader(data.reader(), batch_size=None, num_workers=args.num_workers,
                         pin_memory=ctx.device.type == "cuda", generator=torch.Generator().manual_seed(args.seed),

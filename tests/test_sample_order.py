@@ -238,3 +238,31 @@ def test_a_shard_truncated_mid_run_is_one_line_naming_it(tmp_path):
     data = PretrainingData(infos, 0, BatchPlan(8, 1, 1, 0), 8, VOCAB, max_steps=16)
     with pytest.raises(InputError, match="tiny_training_1.hdf5: cannot read rows"):
         list(data.batches(iter(data.reader())))
+
+
+def test_binning_by_length_keeps_each_steps_samples_and_groups_like_lengths(tmp_path):
+    infos = write_shards(tmp_path, [64, 64])
+    rng = np.random.default_rng(0)
+    for info in infos:  # real lengths 2..8, in random order
+        with h5py.File(info.path, "r+") as f:
+            f["input_mask"][...] = (np.arange(8) < rng.integers(2, 9, (64, 1))).astype(np.int8)
+
+    def steps(bin_by_length):
+        data = PretrainingData(infos, 0, BatchPlan(4, 4, 1, 0), 8, VOCAB, max_steps=6, bin_by_length=bin_by_length)
+        micro = list(data.batches(iter(data.reader())))
+        return [micro[s * 4:(s + 1) * 4] for s in range(6)]
+
+    for plain, binned in zip(steps(False), steps(True)):
+        assert sample_ids(plain) == sample_ids(binned)  # the same samples, so the same step
+        lengths = [length for b in binned for length in b["input_mask"].sum(1).tolist()]
+        assert lengths == sorted(lengths)
+        assert attended_columns(binned) <= attended_columns(plain)
+
+
+def sample_ids(batches):
+    return sorted(int(i) for b in batches for i in b["input_ids"][:, 0])
+
+
+def attended_columns(batches):
+    """What attention costs grows with: each micro-batch runs up to its longest sample."""
+    return sum(int(b["input_mask"].sum(1).max()) for b in batches)

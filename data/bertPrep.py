@@ -8,7 +8,7 @@ Everything lives under $BERT_PREP_WORKING_DIR (default `data/` in the checkout);
 """
 from __future__ import annotations
 
-import multiprocessing
+import argparse
 import sys
 import threading
 from dataclasses import dataclass
@@ -22,8 +22,8 @@ from tqdm import tqdm
 # tqdm's default lock is a multiprocessing semaphore that spawn workers leak warnings about; threads suffice.
 tqdm.set_lock(threading.RLock())
 
-from data import download, layout, text_formatting
-from data.create_pretraining_data import ShardConfig, check_paths, create_shard, shard_attributes, validate
+from data import download, engine, layout, text_formatting
+from data.create_pretraining_data import ShardConfig, check_paths, shard_attributes, shard_task, validate
 from data.errors import ArgumentParser, DataError, run_cli
 from data.outputs import inside, refuse_input_as_output, remove_stale_temporaries
 from data.sharding import ShardingConfig, shard_corpus
@@ -58,6 +58,7 @@ class PrepConfig:
     vocab_size: int
     bookscorpus_url_list: Path | None
     compression: str
+    engine: engine.EngineConfig = engine.EngineConfig()  # where create_hdf5_files runs its tasks
 
 
 def corpus_members(dataset: str) -> tuple[str, ...]:
@@ -176,10 +177,6 @@ def _shard_jobs(cfg: PrepConfig, vocab: Path) -> list[ShardConfig]:
     return jobs
 
 
-def _run_job(job: ShardConfig) -> int:
-    return create_shard(job, progress=False).instances
-
-
 def _prepare_hdf5_dirs(jobs: list[ShardConfig]) -> None:
     """After every check passed: make the shard folders (so that workers never race to make or remove them) and
     remove the temporaries that killed runs left beside any of the shards."""
@@ -197,26 +194,28 @@ def do_create_hdf5_files(cfg: PrepConfig) -> None:
     corpus_members(cfg.dataset)
     if cfg.n_training_shards < 1:
         raise DataError("--n_training_shards", f"must be at least 1, got {cfg.n_training_shards}")
+    engine.validate_engine(cfg.engine)
     vocab_file = cfg.vocab_file or default_vocab(cfg)
     vocab = load_vocab(vocab_file)
     jobs = _shard_jobs(cfg, vocab_file)
     validate(jobs[0])
     for job in jobs:
         check_paths(job)  # no shard may be the vocab or a text shard, whatever symlinks the working dir holds
-    _prepare_hdf5_dirs(jobs)
     # A shard that exists with the same parameters is complete (it was renamed into place): skip it.
     todo = [j for j in jobs if not is_complete(j.output_file, shard_attributes(j, len(vocab), vocab.sha256))]
     print(f"{len(jobs) - len(todo)} of {len(jobs)} shards already complete")
-    with tqdm(total=len(todo), desc="hdf5 shards", unit="shard", disable=None) as bar:
-        if cfg.n_processes <= 1 or len(todo) <= 1:
-            for job in todo:
-                _run_job(job)
-                bar.update()
-        else:
-            # Each shard depends only on its text and the seed, so the process count cannot change the output.
-            with multiprocessing.get_context("spawn").Pool(min(cfg.n_processes, len(todo))) as pool:
-                for _ in pool.imap_unordered(_run_job, todo):
-                    bar.update()
+    if not todo:
+        _prepare_hdf5_dirs(jobs)
+        print(f"shards are in {jobs[0].output_file.parent.parent}")
+        return
+    # The engine is reached (a Dask scheduler answers) before the first folder is made.
+    with engine.session(cfg.engine) as run, \
+            tqdm(total=len(todo), desc="hdf5 shards", unit="shard", disable=None) as bar:
+        _prepare_hdf5_dirs(jobs)
+        # Each shard depends only on its text and the seed: the engine and worker count cannot change the output.
+        workers = run(shard_task, [(job,) for job in todo], lambda _: bar.update())
+    if workers:
+        print(f"{len(todo)} shards made by {len(workers)} Dask workers: {' '.join(sorted(workers))}")
     print(f"shards are in {jobs[0].output_file.parent.parent}")
 
 
@@ -253,17 +252,48 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
                         "(default: <working dir>/download/bookscorpus_url_list.txt)")
     p.add_argument("--compression", choices=("gzip", "lzf", "none"), default="none",
                    help="HDF5 compression of the shards (see create_pretraining_data.py --help)")
+    _add_engine_args(p)
     p.add_argument("--skip_wikiextractor", type=int, default=0, help="accepted for compatibility")
     p.add_argument("--interactive_json_config_generator", help="accepted for compatibility")
     a = p.parse_args(argv)
     return PrepConfig(a.action, a.dataset, layout.working_dir(), a.n_training_shards, a.n_test_shards,
                       a.fraction_test_set, a.n_processes, a.random_seed, a.dupe_factor, a.masked_lm_prob,
                       a.short_seq_prob, a.max_seq_length, a.max_predictions_per_seq, bool(a.do_lower_case),
-                      a.whole_word_masking, a.vocab_file, a.vocab_size, a.bookscorpus_url_list, a.compression)
+                      a.whole_word_masking, a.vocab_file, a.vocab_size, a.bookscorpus_url_list, a.compression,
+                      _engine_config(a))
+
+
+def _add_engine_args(p: ArgumentParser) -> None:
+    g = p.add_argument_group("where create_hdf5_files runs (see data/engine.py; the output is the same on all)")
+    g.add_argument("--engine", choices=engine.ENGINES, default=None,
+                   help="local: --n_processes processes (default); dask: a running Dask cluster (implied by "
+                        "--scheduler/--scheduler_file); slurm: Dask workers in Slurm jobs (dask-jobqueue)")
+    g.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://node1:8786")
+    g.add_argument("--scheduler_file", type=Path, help="the JSON file of `dask scheduler --scheduler-file`")
+    g.add_argument("--scheduler_timeout", type=float, default=60.0,
+                   help="seconds to reach the scheduler and see its first worker (default 60)")
+    g.add_argument("--scheduler_host", help="--engine slurm: the address the scheduler listens on (default: "
+                                            "Dask's choice); the workers must reach it")
+    g.add_argument("--slurm_jobs", type=int, default=1, help="--engine slurm: Slurm jobs of workers")
+    g.add_argument("--slurm_cores", type=int, default=8, help="--engine slurm: worker processes (cores) per job")
+    g.add_argument("--slurm_memory", default="32GB", help="--engine slurm: memory per job")
+    g.add_argument("--slurm_walltime", default="04:00:00", help="--engine slurm: time limit per job")
+    g.add_argument("--slurm_queue", help="--engine slurm: partition")
+    g.add_argument("--slurm_account", help="--engine slurm: account")
+
+
+def _engine_config(a: argparse.Namespace) -> engine.EngineConfig:
+    name = a.engine or ("dask" if a.scheduler or a.scheduler_file else "local")
+    return engine.EngineConfig(name, a.n_processes, a.scheduler, a.scheduler_file, a.scheduler_timeout,
+                               a.scheduler_host, a.slurm_jobs, a.slurm_cores, a.slurm_memory, a.slurm_walltime,
+                               a.slurm_queue, a.slurm_account)
 
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
+    if cfg.engine.engine != "local" and cfg.action != "create_hdf5_files":
+        raise DataError("--engine", f"Dask runs --action create_hdf5_files only, not {cfg.action}; drop --engine, "
+                                    "--scheduler and --scheduler_file for this action")
     {"download": do_download, "text_formatting": do_text_formatting, "sharding": do_sharding,
      "create_hdf5_files": do_create_hdf5_files, "create_vocab": do_create_vocab}[cfg.action](cfg)
 

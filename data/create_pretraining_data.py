@@ -133,6 +133,11 @@ def create_shard(cfg: ShardConfig, progress: bool | None = None) -> ShardResult:
     return ShardResult(output, len(spans), input_bytes, time.perf_counter() - started)
 
 
+def shard_task(cfg: ShardConfig) -> int:
+    """One shard as a task of data/engine.py (local processes or Dask workers): the number of instances."""
+    return create_shard(cfg, progress=False).instances
+
+
 def parse_args(argv: list[str] | None = None) -> ShardConfig:
     p = ArgumentParser(prog="create_pretraining_data.py", description=__doc__.split("\n")[0])
     p.add_argument("--input_file", required=True,

@@ -1,0 +1,244 @@
+"""Where data-preparation tasks run: local processes (the default), a running Dask cluster, or Dask workers in
+Slurm jobs (dask-jobqueue). A task is a module-level function and its arguments; its result depends on those
+only, so the engine and the worker count cannot change the output.
+
+  --engine local                        multiprocessing, --n_processes at a time (as before)
+  --scheduler tcp://host:8786           a Dask scheduler (`dask scheduler`) and its workers
+  --scheduler_file scheduler.json       the same, by the file `dask scheduler --scheduler-file` writes
+  --engine slurm --slurm_jobs 8 ...     a Dask scheduler here and workers in Slurm jobs (SLURMCluster)
+
+Dask workers must see the checkout and $BERT_PREP_WORKING_DIR at the same paths as this process (a shared file
+system) and run the same Python environment.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import pickle
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from data.errors import DataError
+
+ENGINES = ("local", "dask", "slurm")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    engine: str = "local"
+    n_processes: int = 1                  # local engine
+    scheduler: str | None = None          # dask engine: address ...
+    scheduler_file: Path | None = None    # ... or the scheduler's JSON file
+    scheduler_timeout: float = 60.0       # seconds to reach the scheduler and see a first worker
+    scheduler_host: str | None = None     # slurm engine: where this process's scheduler listens
+    slurm_jobs: int = 1
+    slurm_cores: int = 8                  # single-threaded worker processes per job
+    slurm_memory: str = "32GB"
+    slurm_walltime: str = "04:00:00"
+    slurm_queue: str | None = None
+    slurm_account: str | None = None
+
+
+def validate_engine(cfg: EngineConfig) -> None:
+    """Refuse inconsistent engine flags before anything is read or written."""
+    if cfg.engine not in ENGINES:
+        raise DataError("--engine", f"must be one of {', '.join(ENGINES)}, got {cfg.engine}")
+    if cfg.engine == "dask" and (cfg.scheduler is None) == (cfg.scheduler_file is None):
+        raise DataError("--engine dask", "needs exactly one of --scheduler tcp://host:port and --scheduler_file")
+    if cfg.engine != "dask" and (cfg.scheduler or cfg.scheduler_file):
+        raise DataError("--scheduler", f"a scheduler is for --engine dask, not --engine {cfg.engine}; drop one")
+    if cfg.scheduler_timeout <= 0:
+        raise DataError("--scheduler_timeout", f"must be positive, got {cfg.scheduler_timeout}")
+    if cfg.engine == "slurm" and (cfg.slurm_jobs < 1 or cfg.slurm_cores < 1):
+        raise DataError("--slurm_jobs", f"--slurm_jobs and --slurm_cores must be at least 1, got "
+                                        f"{cfg.slurm_jobs} and {cfg.slurm_cores}")
+    if cfg.engine != "local":
+        _dask_distributed()  # installed? (a missing package is one line, not a traceback after the checks)
+
+
+def _dask_distributed() -> Any:
+    """Dask's `distributed` package. The checkout's own distributed.py (torch.distributed helpers) has the same
+    top-level name and comes first on sys.path when a tool runs from the checkout, so it is left out here."""
+    loaded = sys.modules.get("distributed")
+    if loaded is not None:
+        if not hasattr(loaded, "__path__"):
+            raise RuntimeError("the checkout's distributed.py is imported in this process; Dask cannot be used here")
+        return loaded
+    saved = list(sys.path)
+    repo = REPO_ROOT.resolve()
+    sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != repo]
+    try:
+        import distributed
+    except ImportError:
+        raise DataError("--engine", "Dask is not installed; pip install -r requirements.txt (dask, distributed, "
+                                    "dask-jobqueue)") from None
+    finally:
+        sys.path[:] = saved
+    return distributed
+
+
+def _on_worker(repo: str, payload: bytes) -> tuple[str, Any]:
+    """Runs on a Dask worker. Sent by value (cloudpickle), so the worker needs no import path set up: the
+    checkout is appended (not prepended: its distributed.py must not shadow Dask's) and the task unpickled."""
+    import pickle
+    import sys
+    from pathlib import Path
+    if not (Path(repo) / "data" / "engine.py").is_file():
+        return "no-checkout", repo
+    if repo not in sys.path:
+        sys.path.append(repo)
+    function, args = pickle.loads(payload)
+    from distributed import get_worker
+    return "ok", (function(*args), get_worker().address)
+
+
+class _SentByValue:
+    """A function that reaches Dask workers as its code rather than as `data.engine.<name>`, which they may not
+    be able to import. (Dask pickles the task graph as a whole, so cloudpickle's by-value registry, which is
+    consulted only for a function pickled on its own, is applied here.)"""
+
+    def __init__(self, function: Callable) -> None:
+        self.function = function
+
+    def __call__(self, *args: Any) -> Any:
+        return self.function(*args)
+
+    def __reduce__(self) -> tuple[Callable, tuple[bytes]]:
+        import cloudpickle
+        module = sys.modules[__name__]
+        cloudpickle.register_pickle_by_value(module)
+        try:
+            code = cloudpickle.dumps(self.function)
+        finally:
+            cloudpickle.unregister_pickle_by_value(module)
+        return pickle.loads, (code,)  # the worker gets the plain function back
+
+
+def _run_local(cfg: EngineConfig, function: Callable, tasks: Sequence[tuple], on_done: Callable[[Any], None]
+               ) -> set[str]:
+    if cfg.n_processes <= 1 or len(tasks) <= 1:
+        for args in tasks:
+            on_done(function(*args))
+        return set()
+    # Each task depends only on its arguments, so the process count cannot change the output.
+    with multiprocessing.get_context("spawn").Pool(min(cfg.n_processes, len(tasks))) as pool:
+        for result in pool.imap_unordered(_Star(function), tasks):
+            on_done(result)
+    return set()
+
+
+class _Star:
+    """function(*args) as a picklable one-argument callable for Pool.imap_unordered."""
+
+    def __init__(self, function: Callable) -> None:
+        self.function = function
+
+    def __call__(self, args: tuple) -> Any:
+        return self.function(*args)
+
+
+def _scheduler_address(cfg: EngineConfig) -> str:
+    """--scheduler, or the address in --scheduler_file, waiting (bounded) for a scheduler still starting."""
+    if cfg.scheduler is not None:
+        return cfg.scheduler
+    path = Path(cfg.scheduler_file)
+    deadline = time.monotonic() + cfg.scheduler_timeout
+    while True:
+        try:
+            return str(json.loads(path.read_text(encoding="utf-8"))["address"])
+        except (FileNotFoundError, ValueError, KeyError):  # not written yet, or half written
+            if time.monotonic() > deadline:
+                raise DataError(path, f"no Dask scheduler wrote this --scheduler_file within {cfg.scheduler_timeout:g}"
+                                      f" s; start one (dask scheduler --scheduler-file {path}) or fix the path"
+                                ) from None
+            time.sleep(0.2)
+        except OSError as err:
+            raise DataError(path, f"cannot read the --scheduler_file ({err.strerror})") from None
+
+
+def _slurm_cluster(cfg: EngineConfig) -> Any:
+    """A scheduler in this process and --slurm_jobs Slurm jobs of --slurm_cores single-threaded workers."""
+    try:
+        from dask_jobqueue import SLURMCluster
+    except ImportError:
+        raise DataError("--engine slurm", "dask-jobqueue is not installed; pip install -r requirements.txt") from None
+    scheduler: dict[str, Any] = {"dashboard": False}
+    if cfg.scheduler_host:
+        scheduler["host"] = cfg.scheduler_host
+    # `python -P`: the workers start in the submission folder, often the checkout, whose distributed.py would
+    # otherwise shadow Dask's.
+    cluster = SLURMCluster(cores=cfg.slurm_cores, processes=cfg.slurm_cores, memory=cfg.slurm_memory,
+                           walltime=cfg.slurm_walltime, queue=cfg.slurm_queue, account=cfg.slurm_account,
+                           python=f"{sys.executable} -P", scheduler_options=scheduler)
+    cluster.scale(jobs=cfg.slurm_jobs)
+    return cluster
+
+
+def _connect(cfg: EngineConfig, distributed: Any, cluster: Any) -> Any:
+    """A Client of the scheduler; one DataError line when none answers (nothing has been written yet)."""
+    target = cluster if cluster is not None else _scheduler_address(cfg)
+    flag = "--scheduler_file" if cfg.scheduler_file is not None else "--scheduler"
+    try:
+        client = distributed.Client(target, timeout=cfg.scheduler_timeout, set_as_default=False)
+    except (OSError, ValueError, TypeError) as err:
+        raise DataError(flag, f"no Dask scheduler answered at {target} within {cfg.scheduler_timeout:g} s; "
+                              "start one (dask scheduler) or fix the address") from None
+    if cluster is None:  # Slurm jobs may queue for long: only a running cluster must already have workers
+        try:
+            client.wait_for_workers(1, timeout=cfg.scheduler_timeout)
+        except (TimeoutError, OSError):
+            client.close()
+            raise DataError(flag, f"the Dask scheduler at {target} has no worker after {cfg.scheduler_timeout:g} s;"
+                                  f" start some (dask worker {target})") from None
+    return client
+
+
+def _run_dask(client: Any, function: Callable, tasks: Sequence[tuple], on_done: Callable[[Any], None]
+              ) -> set[str]:
+    distributed = _dask_distributed()
+    on_worker = _SentByValue(_on_worker)
+    futures = [client.submit(on_worker, str(REPO_ROOT), pickle.dumps((function, args)), pure=False)
+               for args in tasks]
+    workers: set[str] = set()
+    try:
+        for future in distributed.as_completed(futures, loop=client.loop):
+            status, value = future.result()  # a task's DataError is raised here, intact
+            if status == "no-checkout":
+                raise DataError(value, "the Dask workers cannot see this checkout; run them where the checkout and "
+                                       "$BERT_PREP_WORKING_DIR have the same paths (a shared file system)")
+            result, worker = value
+            workers.add(worker)
+            on_done(result)
+    finally:
+        client.cancel(futures)
+    return workers
+
+
+Runner = Callable[[Callable, Sequence[tuple], Callable[[Any], None]], set]
+
+
+@contextmanager
+def session(cfg: EngineConfig) -> Iterator[Runner]:
+    """Yields run(function, tasks, on_done) -> the Dask worker addresses used (none locally). Connecting happens
+    here, so that callers can check the engine before their first write; everything is released on exit."""
+    validate_engine(cfg)
+    if cfg.engine == "local":
+        yield lambda function, tasks, on_done: _run_local(cfg, function, tasks, on_done)
+        return
+    distributed = _dask_distributed()
+    cluster = _slurm_cluster(cfg) if cfg.engine == "slurm" else None
+    try:
+        client = _connect(cfg, distributed, cluster)
+        try:
+            yield lambda function, tasks, on_done: _run_dask(client, function, tasks, on_done)
+        finally:
+            client.close()
+    finally:
+        if cluster is not None:
+            cluster.close()  # cancels the worker jobs

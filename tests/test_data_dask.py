@@ -1,0 +1,205 @@
+"""create_hdf5_files on Dask (data/engine.py): a real scheduler and two workers on 127.0.0.1 make the same shards,
+array for array, as local processes; engine errors are one line, exit 2, before anything is written."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import h5py
+import numpy as np
+import pytest
+
+from data import layout
+from data.sharding import split_sentences
+from data.text_formatting import book_text, write_articles
+from tests.conftest import REPO_ROOT
+
+pytest.importorskip("dask")  # (not `distributed`: the checkout's own distributed.py shadows it in this process)
+PYTHON = sys.executable
+FLAGS = ["--dataset", "bookscorpus", "--n_training_shards", "4", "--n_test_shards", "1", "--max_seq_length", "64",
+         "--max_predictions_per_seq", "10", "--dupe_factor", "2"]
+PARAMS = layout.InstanceParams(True, 64, 10, 0.15, 12345, 2)
+
+
+@dataclass
+class Cluster:
+    scheduler_file: Path
+    address: str
+    workers: set[str]
+
+
+def _wait_for(check: Callable[[], object], what: str, procs: list[subprocess.Popen], logs: list[Path],
+              timeout: float = 60) -> object:
+    """check()'s first truthy value; fails with the logs when a process died or the time is up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.2)
+    pytest.fail(f"{what} did not happen: " + " | ".join(log.read_text()[-2000:] for log in logs if log.exists()))
+
+
+def _read_address(path: Path) -> str | None:
+    try:
+        return json.loads(path.read_text())["address"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _worker_address(log: Path) -> str | None:
+    text = log.read_text() if log.exists() else ""
+    match = re.search(r"Start worker at:\s+(tcp://\S+)", text)
+    return match.group(1) if match and "Registered to:" in text else None
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[Cluster]:
+    folder = tmp_path_factory.mktemp("dask")
+    scheduler_file = folder / "scheduler.json"
+    procs: list[subprocess.Popen] = []
+    logs: list[Path] = []
+
+    def start(name: str, args: list[str]) -> Path:
+        log = folder / f"{name}.log"
+        logs.append(log)
+        with open(log, "w") as out:  # -P: the test's cwd may be the checkout, whose distributed.py shadows Dask's
+            procs.append(subprocess.Popen([PYTHON, "-P", "-m", *args], cwd=folder, stdout=out,
+                                          stderr=subprocess.STDOUT))
+        return log
+
+    try:
+        start("scheduler", ["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
+                            "--no-dashboard", "--scheduler-file", str(scheduler_file)])
+        address = _wait_for(lambda: _read_address(scheduler_file), "scheduler start", procs, logs)
+        worker_logs = [start(f"worker{i}", ["distributed.cli.dask_worker", "--scheduler-file", str(scheduler_file),
+                                            "--host", "127.0.0.1", "--nthreads", "1", "--no-nanny",
+                                            "--no-dashboard", "--memory-limit", "0"]) for i in range(2)]
+        workers = {_wait_for(lambda log=log: _worker_address(log), "worker registration", procs, logs)
+                   for log in worker_logs}
+        yield Cluster(scheduler_file, str(address), workers)
+    finally:
+        for proc in reversed(procs):  # workers first: a worker whose scheduler is gone waits to reconnect
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, shared_data) -> Path:
+    """A working dir with a small formatted and sharded corpus (5 text shards)."""
+    root = tmp_path_factory.mktemp("corpus")
+    sentences = split_sentences(book_text(shared_data / "books" / "pg11.txt"))[:1200]
+    write_articles(iter(" ".join(sentences[i:i + 30]) for i in range(0, len(sentences), 30)),
+                   layout.formatted_text(root, "bookscorpus"))
+    assert _prep(root, "--action", "sharding", *FLAGS).returncode == 0
+    return root
+
+
+@pytest.fixture()
+def workdir(corpus, tmp_path, shared_data) -> Path:
+    shutil.copytree(corpus, tmp_path / "work")
+    return tmp_path / "work"
+
+
+def _prep(root: Path, *args: str, vocab: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "BERT_PREP_WORKING_DIR": str(root)}
+    vocab_args = ["--vocab_file", str(vocab)] if vocab else []
+    return subprocess.run([PYTHON, str(REPO_ROOT / "data" / "bertPrep.py"), *args, *vocab_args], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _shards(folder: Path) -> dict[str, tuple[dict[str, np.ndarray], dict[str, object]]]:
+    out = {}
+    for path in sorted(folder.rglob("*.hdf5")):
+        with h5py.File(path, "r") as f:
+            out[str(path.relative_to(folder))] = ({k: f[k][:] for k in f}, dict(f.attrs))
+    return out
+
+
+def _assert_same_shards(a: Path, b: Path) -> None:
+    first, second = _shards(a), _shards(b)
+    assert len(first) == 5 and first.keys() == second.keys()
+    for name, (arrays, attrs) in first.items():
+        other_arrays, other_attrs = second[name]
+        assert arrays.keys() == other_arrays.keys() and len(arrays) == 6, name
+        for key, array in arrays.items():
+            assert array.dtype == other_arrays[key].dtype and np.array_equal(array, other_arrays[key]), (name, key)
+        assert attrs.keys() == other_attrs.keys() and all(np.all(attrs[k] == other_attrs[k]) for k in attrs), name
+
+
+def test_dask_workers_make_the_shards_of_local_processes(cluster, workdir, shared_data):
+    vocab = shared_data / "minilm" / "vocab.txt"
+    local = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--n_processes", "1", vocab=vocab)
+    assert local.returncode == 0, local.stderr
+    hdf5 = layout.hdf5_dir(workdir, PARAMS)
+    hdf5.rename(workdir / "local")
+    dask = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--scheduler_file", str(cluster.scheduler_file),
+                 vocab=vocab)
+    assert dask.returncode == 0, dask.stderr
+    used = set(re.search(r"5 shards made by \d Dask workers: (.*)", dask.stdout).group(1).split())
+    assert used and used <= cluster.workers  # the tasks ran on the test's workers, not in bertPrep's process
+    _assert_same_shards(workdir / "local", hdf5)
+
+    # By address this time, and only the missing shard is made again.
+    missing = hdf5 / "bookscorpus" / "training" / "bookscorpus_training_2.hdf5"
+    missing.unlink()
+    again = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--scheduler", cluster.address, vocab=vocab)
+    assert again.returncode == 0, again.stderr
+    assert "4 of 5 shards already complete" in again.stdout and "1 shards made by 1 Dask workers" in again.stdout
+    _assert_same_shards(workdir / "local", hdf5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _one_line_refusal(run: subprocess.CompletedProcess, *words: str) -> None:
+    assert run.returncode == 2, run.stdout + run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and all(w in lines[0] for w in words), run.stderr
+
+
+def test_unreachable_scheduler_is_one_line_and_leaves_no_shard_folder(workdir, shared_data):
+    vocab = shared_data / "minilm" / "vocab.txt"
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    started = time.monotonic()
+    run = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--scheduler", address, "--scheduler_timeout",
+                "2", vocab=vocab)
+    _one_line_refusal(run, "--scheduler", address, "no Dask scheduler answered")
+    assert time.monotonic() - started < 60
+    assert not layout.hdf5_dir(workdir, PARAMS).exists()
+
+    missing = workdir / "nowhere" / "scheduler.json"
+    run = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--scheduler_file", str(missing),
+                "--scheduler_timeout", "1", vocab=vocab)
+    _one_line_refusal(run, str(missing), "dask scheduler --scheduler-file")
+    assert not layout.hdf5_dir(workdir, PARAMS).exists()
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--action", "sharding", "--scheduler", "tcp://127.0.0.1:1"], ["--engine", "create_hdf5_files only"]),
+    (["--action", "create_hdf5_files", "--engine", "dask"], ["--engine dask", "--scheduler"]),
+    (["--action", "create_hdf5_files", "--engine", "slurm", "--scheduler", "tcp://127.0.0.1:1"], ["--scheduler"]),
+    (["--action", "create_hdf5_files", "--engine", "slurm", "--slurm_jobs", "0"], ["--slurm_jobs"]),
+])
+def test_inconsistent_engine_flags_are_one_line(tmp_path, flags, words):
+    run = _prep(tmp_path, *flags, *FLAGS[:2])
+    _one_line_refusal(run, *words)
+    assert list(tmp_path.iterdir()) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -28,6 +29,8 @@ PYTHON = sys.executable
 FLAGS = ["--dataset", "bookscorpus", "--n_training_shards", "4", "--n_test_shards", "1", "--max_seq_length", "64",
          "--max_predictions_per_seq", "10", "--dupe_factor", "2"]
 PARAMS = layout.InstanceParams(True, 64, 10, 0.15, 12345, 2)
+# Without a dashboard Dask still serves /health on all interfaces: keep it on the loopback too.
+LOOPBACK_HTTP = ["--no-dashboard", "--dashboard-address", "127.0.0.1:0"]
 
 
 @dataclass
@@ -81,11 +84,11 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
 
     try:
         start("scheduler", ["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
-                            "--no-dashboard", "--scheduler-file", str(scheduler_file)])
+                            *LOOPBACK_HTTP, "--scheduler-file", str(scheduler_file)])
         address = _wait_for(lambda: _read_address(scheduler_file), "scheduler start", procs, logs)
         worker_logs = [start(f"worker{i}", ["distributed.cli.dask_worker", "--scheduler-file", str(scheduler_file),
                                             "--host", "127.0.0.1", "--nthreads", "1", "--no-nanny",
-                                            "--no-dashboard", "--memory-limit", "0"]) for i in range(2)]
+                                            *LOOPBACK_HTTP, "--memory-limit", "0"]) for i in range(2)]
         workers = {_wait_for(lambda log=log: _worker_address(log), "worker registration", procs, logs)
                    for log in worker_logs}
         yield Cluster(scheduler_file, str(address), workers)
@@ -203,3 +206,63 @@ def test_inconsistent_engine_flags_are_one_line(tmp_path, flags, words):
     run = _prep(tmp_path, *flags, *FLAGS[:2])
     _one_line_refusal(run, *words)
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- data/prep.sub
+PREP_SUB = REPO_ROOT / "data" / "prep.sub"
+
+
+def _prep_sub(env: dict[str, str], *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    environment.update(env)
+    return subprocess.run(["bash", str(PREP_SUB), *args], env=environment, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_prep_sub_dry_run_starts_scheduler_workers_and_the_client_on_one_scheduler_file(tmp_path):
+    from data import bertPrep
+    run = _prep_sub({"DRYRUN": "1", "BERT_PREP_WORKING_DIR": str(tmp_path), "SLURM_JOB_NUM_NODES": "4",
+                     "SLURM_JOB_ID": "77", "WORKERS_PER_NODE": "16", "INTERFACE": "ib0"},
+                    "--dataset", "wikicorpus_en", "--max_seq_length", "128")
+    assert run.returncode == 0, run.stderr
+    lines = [shlex.split(line.removesuffix("&")) for line in run.stdout.splitlines() if line.strip()]
+    [scheduler] = [w for w in lines if "distributed.cli.dask_scheduler" in w]
+    [workers] = [w for w in lines if "distributed.cli.dask_worker" in w]
+    [client] = [w for w in lines if any(x.endswith("bertPrep.py") for x in w)]
+    scheduler_file = str(tmp_path / ".dask-scheduler-77.json")
+    assert f"--scheduler-file={scheduler_file}" in scheduler and f"--scheduler-file={scheduler_file}" in workers
+    assert scheduler[:3] == ["srun", "--nodes=1", "--ntasks=1"] and "-P" in scheduler
+    assert {"--nodes=4", "--ntasks-per-node=1", "--nworkers=16", "--nthreads=1", "--interface=ib0"} <= set(workers)
+    script = next(i for i, w in enumerate(client) if w.endswith("bertPrep.py"))
+    cfg = bertPrep.parse_args(client[script + 1:])
+    assert (cfg.action, cfg.dataset, cfg.max_seq_length) == ("create_hdf5_files", "wikicorpus_en", 128)
+    assert (cfg.engine.engine, str(cfg.engine.scheduler_file)) == ("dask", scheduler_file)
+    assert list(tmp_path.iterdir()) == []  # a dry run writes nothing
+
+
+@pytest.mark.parametrize("env, words", [({"WORKERS_PER_NODE": "x"}, "WORKERS_PER_NODE"),
+                                        ({"BERT_PREP_WORKING_DIR": ""}, "BERT_PREP_WORKING_DIR")])
+def test_prep_sub_refuses_bad_settings_in_one_line(tmp_path, env, words):
+    run = _prep_sub({"DRYRUN": "1", "BERT_PREP_WORKING_DIR": str(tmp_path), **env}, "--dataset", "wikicorpus_en")
+    assert run.returncode != 0 and words in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert run.stdout == ""
+
+
+def test_prep_sub_makes_the_shards_of_a_local_run(workdir, tmp_path, shared_data):
+    """The script itself, with an srun that runs its command here: scheduler and workers on the loopback."""
+    vocab = shared_data / "minilm" / "vocab.txt"
+    local = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--n_processes", "1", vocab=vocab)
+    assert local.returncode == 0, local.stderr
+    layout.hdf5_dir(workdir, PARAMS).rename(workdir / "local")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text('#!/bin/bash\nwhile [[ "${1:-}" == --* ]]; do shift; done\nexec "$@"\n')
+    (fake / "srun").chmod(0o755)
+    run = _prep_sub({"PATH": f"{fake}:{os.environ['PATH']}", "BERT_PREP_WORKING_DIR": str(workdir),
+                     "PYTHON": PYTHON, "SCHEDULER_PORT": "0", "INTERFACE": "lo", "HTTP_HOST": "127.0.0.1", "WORKERS_PER_NODE": "2",
+                     "SCHEDULER_TIMEOUT": "60", "SLURM_JOB_ID": "5"},
+                    *FLAGS, "--vocab_file", str(vocab), timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "5 shards made by" in run.stdout
+    _assert_same_shards(workdir / "local", layout.hdf5_dir(workdir, PARAMS))
+    assert not (workdir / ".dask-scheduler-5.json").exists()  # removed with the scheduler

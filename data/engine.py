@@ -169,8 +169,8 @@ def _slurm_cluster(cfg: EngineConfig) -> Any:
     except ImportError:
         raise DataError("--engine slurm", "dask-jobqueue is not installed; pip install -r requirements.txt") from None
     scheduler: dict[str, Any] = {"dashboard": False}
-    if cfg.scheduler_host:
-        scheduler["host"] = cfg.scheduler_host
+    if cfg.scheduler_host:  # its HTTP endpoints (/health) too, which otherwise listen everywhere
+        scheduler.update(host=cfg.scheduler_host, dashboard_address=f"{cfg.scheduler_host}:0")
     # `python -P`: the workers start in the submission folder, often the checkout, whose distributed.py would
     # otherwise shadow Dask's.
     cluster = SLURMCluster(cores=cfg.slurm_cores, processes=cfg.slurm_cores, memory=cfg.slurm_memory,

@@ -266,3 +266,46 @@ def test_prep_sub_makes_the_shards_of_a_local_run(workdir, tmp_path, shared_data
     assert "5 shards made by" in run.stdout
     _assert_same_shards(workdir / "local", layout.hdf5_dir(workdir, PARAMS))
     assert not (workdir / ".dask-scheduler-5.json").exists()  # removed with the scheduler
+
+
+# ---------------------------------------------------------------- --engine slurm (dask-jobqueue)
+FAKE_SBATCH = """#!/bin/bash
+# Slurm's sbatch, for the test: runs (a copy of) the job script here, in a session of its own, and records it.
+cp "$1" "{jobs}/job-$$.sh"
+setsid bash "{jobs}/job-$$.sh" > "{jobs}/job-$$.log" 2>&1 < /dev/null &
+echo "$!" >> "{jobs}/pgids"
+echo "Submitted batch job $!"
+"""
+FAKE_SCANCEL = '#!/bin/bash\nfor id in "$@"; do kill -- "-$id" 2>/dev/null || true; done\n'
+
+
+def test_slurm_engine_submits_worker_jobs_that_make_the_shards(workdir, tmp_path, shared_data):
+    vocab = shared_data / "minilm" / "vocab.txt"
+    local = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--n_processes", "1", vocab=vocab)
+    assert local.returncode == 0, local.stderr
+    layout.hdf5_dir(workdir, PARAMS).rename(workdir / "local")
+    fake, jobs = tmp_path / "bin", tmp_path / "jobs"
+    fake.mkdir()
+    jobs.mkdir()
+    for name, text in (("sbatch", FAKE_SBATCH.format(jobs=jobs)), ("scancel", FAKE_SCANCEL)):
+        (fake / name).write_text(text)
+        (fake / name).chmod(0o755)
+    # The workers' own listening addresses, through dask-jobqueue's configuration (loopback for the test).
+    extra = '["--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"]'
+    env = {"PATH": f"{fake}:{os.environ['PATH']}", "DASK_JOBQUEUE__SLURM__WORKER_EXTRA_ARGS": extra}
+    try:
+        run = subprocess.run([PYTHON, str(REPO_ROOT / "data" / "bertPrep.py"), "--action", "create_hdf5_files",
+                              *FLAGS, "--vocab_file", str(vocab), "--engine", "slurm", "--slurm_jobs", "2",
+                              "--slurm_cores", "1", "--slurm_memory", "2GB", "--slurm_account", "bert",
+                              "--scheduler_host", "127.0.0.1"],
+                             env={**os.environ, **env, "BERT_PREP_WORKING_DIR": str(workdir)},
+                             capture_output=True, text=True, timeout=120)
+    finally:  # whatever happened, no job outlives the test
+        for pgid in (jobs / "pgids").read_text().split() if (jobs / "pgids").exists() else []:
+            subprocess.run(["kill", "--", f"-{pgid}"], capture_output=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    scripts = [p.read_text() for p in sorted(jobs.glob("job-*.sh"))]
+    assert len(scripts) == 2 and all("#SBATCH -A bert" in s and " -P -m distributed.cli.dask_worker" in s
+                                      for s in scripts)
+    assert re.search(r"5 shards made by [12] Dask workers", run.stdout)
+    _assert_same_shards(workdir / "local", layout.hdf5_dir(workdir, PARAMS))

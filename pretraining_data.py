@@ -74,7 +74,8 @@ def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_lengt
                 if f[key].dtype.kind not in "iu":
                     raise InputError(f"{path}: {key} has dtype {f[key].dtype}, expected integers; rewrite the shard")
             attrs = dict(f.attrs)
-            chunk_rows = [f[k].chunks[0] for k in SHARD_KEYS if f[k].chunks]
+            # Blocks follow input_ids' chunks, the bulk of the bytes (re-reading a small key's chunk costs little).
+            chunk_rows = f["input_ids"].chunks[0] if f["input_ids"].chunks else None
     except InputError:
         raise
     except (OSError, KeyError, RuntimeError, ValueError) as error:  # h5py's errors for damaged metadata
@@ -112,7 +113,7 @@ def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_lengt
         raise InputError(f"{path}: written for a vocab of {written_vocab} tokens, the model has {vocab_size}; use the "
                          "config (vocab_size) the shards were made for")
     return ShardInfo(path, int(n), int(seq), int(preds[1]), type_vocab_size,
-                     int(max(chunk_rows)) if chunk_rows else DEFAULT_BLOCK_ROWS)
+                     int(chunk_rows) if chunk_rows else DEFAULT_BLOCK_ROWS)
 
 
 def load_shard(info: ShardInfo, vocab_size: int) -> dict[str, np.ndarray]:

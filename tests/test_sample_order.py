@@ -266,3 +266,17 @@ def sample_ids(batches):
 def attended_columns(batches):
     """What attention costs grows with: each micro-batch runs up to its longest sample."""
     return sum(int(b["input_mask"].sum(1).max()) for b in batches)
+
+
+def test_blocks_follow_the_chunks_of_input_ids_as_nvidias_shards_are_chunked(tmp_path):
+    path = tmp_path / "nvidia_training_0.hdf5"
+    with h5py.File(path, "w") as f:  # NVIDIA's create_dataset calls: gzip, h5py's own chunk shapes
+        for key, dtype, tail in [("input_ids", "i4", (128,)), ("input_mask", "i1", (128,)),
+                                 ("segment_ids", "i1", (128,)), ("masked_lm_positions", "i4", (20,)),
+                                 ("masked_lm_ids", "i4", (20,)), ("next_sentence_labels", "i1", ())]:
+            f.create_dataset(key, shape=(137000, *tail), dtype=dtype, compression="gzip")
+        chunk = f["input_ids"].chunks[0]
+    info = inspect_shard(path, 30522, 512)
+    plan = sample_order.StreamPlan([info.num_samples], [info.block_rows], seed=0, lanes=1)
+    touched = sum((p.stop - 1) // chunk - p.start // chunk + 1 for p, _ in plan.lane_portions(0, 0))
+    assert touched == -(-137000 // chunk)  # every input_ids chunk decompressed once

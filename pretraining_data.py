@@ -74,8 +74,8 @@ def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_lengt
                 if f[key].dtype.kind not in "iu":
                     raise InputError(f"{path}: {key} has dtype {f[key].dtype}, expected integers; rewrite the shard")
             attrs = dict(f.attrs)
-            # Blocks follow input_ids' chunks, the bulk of the bytes (re-reading a small key's chunk costs little).
-            chunk_rows = f["input_ids"].chunks[0] if f["input_ids"].chunks else None
+            chunks = {k: (f[k].chunks[0], f[k].dtype.itemsize * int(np.prod(f[k].shape[1:])))
+                      for k in SHARD_KEYS if f[k].chunks}
     except InputError:
         raise
     except (OSError, KeyError, RuntimeError, ValueError) as error:  # h5py's errors for damaged metadata
@@ -113,7 +113,22 @@ def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_lengt
         raise InputError(f"{path}: written for a vocab of {written_vocab} tokens, the model has {vocab_size}; use the "
                          "config (vocab_size) the shards were made for")
     return ShardInfo(path, int(n), int(seq), int(preds[1]), type_vocab_size,
-                     int(chunk_rows) if chunk_rows else DEFAULT_BLOCK_ROWS)
+                     block_rows_for(int(n), list(chunks.values())))
+
+
+def block_rows_for(rows: int, chunks: list[tuple[int, int]]) -> int:
+    """The block size (rows) that decompresses the fewest bytes when every block of a shard is read once: one of
+    the keys' chunk row counts. `chunks`: (chunk rows, bytes of a whole row) of each chunked key. Keys are
+    chunked apart (h5py sizes each key's chunks by its own row width), so no one block size fits them all."""
+    if not chunks:
+        return DEFAULT_BLOCK_ROWS  # contiguous: a row range reads only itself
+
+    def decompressed(block: int) -> int:
+        starts = np.arange(0, rows, block)
+        stops = np.minimum(starts + block, rows)
+        return sum(width * c * int(((stops - 1) // c - starts // c + 1).sum()) for c, width in chunks)
+
+    return min(sorted({c for c, _ in chunks}), key=decompressed)
 
 
 def load_shard(info: ShardInfo, vocab_size: int) -> dict[str, np.ndarray]:

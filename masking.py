@@ -277,27 +277,3 @@ def dynamic_mask(original_ids: np.ndarray, input_mask: np.ndarray, sample_ids: n
     else:
         chosen = _choose_words(sort_keys, candidates, spec.is_continuation[original], k)
     return _replace(original, chosen, keys, spec)
-
-
-def with_original_tokens(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A loaded static shard (pretraining_data.load_shard) with input_ids replaced by the unmasked tokens,
-    recovered once for the whole shard; its masked_lm_positions/ids are then no longer needed."""
-    out = {k: v for k, v in arrays.items() if k not in ("masked_lm_positions", "masked_lm_ids")}
-    out["input_ids"] = recover_original_tokens(arrays["input_ids"], arrays["masked_lm_positions"],
-                                               arrays["masked_lm_ids"])
-    return out
-
-
-def dynamic_batch(arrays: dict[str, np.ndarray], rows: np.ndarray, sample_ids: np.ndarray, epoch: int,
-                  seed: int, spec: MaskingSpec) -> dict[str, np.ndarray]:
-    """pretraining_data.make_batch with a fresh mask: `arrays` from with_original_tokens, `sample_ids` the
-    global indexes of `rows` (the same sample always has the same id), int64 arrays as make_batch's."""
-    input_ids, labels = dynamic_mask(arrays["input_ids"][rows], arrays["input_mask"][rows], sample_ids,
-                                     epoch, seed, spec)
-    return {
-        "input_ids": input_ids,
-        "segment_ids": arrays["segment_ids"][rows].astype(np.int64),
-        "input_mask": arrays["input_mask"][rows].astype(np.int64),
-        "masked_lm_labels": labels,
-        "next_sentence_labels": arrays["next_sentence_labels"][rows].astype(np.int64),
-    }

@@ -417,18 +417,6 @@ def test_spec_from_shard_reads_cls_sep_and_mask():
         masking.spec_from_shard(no_cls, VOCAB, 0.15, 5)
 
 
-def test_dynamic_batch_has_make_batchs_layout():
+def test_labels_use_the_loaders_ignore_index():
     pretraining_data = pytest.importorskip("pretraining_data")
     assert masking.IGNORE_INDEX == pretraining_data.IGNORE_INDEX
-    arrays, originals = static_shard(50, 32, 5, seed=8)
-    rows = np.array([3, 1, 40])
-    static_batch = pretraining_data.make_batch(arrays, rows)
-    batch = masking.dynamic_batch(masking.with_original_tokens(arrays), rows, rows + 100, 0, 1, make_spec())
-    assert batch.keys() == static_batch.keys()
-    for key, value in batch.items():
-        assert value.dtype == static_batch[key].dtype and value.shape == static_batch[key].shape, key
-        if key not in ("input_ids", "masked_lm_labels"):
-            np.testing.assert_array_equal(value, static_batch[key])
-    predicted = batch["masked_lm_labels"] != -1
-    np.testing.assert_array_equal(batch["masked_lm_labels"][predicted], originals[rows][predicted])
-    np.testing.assert_array_equal(batch["input_ids"][~predicted], originals[rows][~predicted])

@@ -5,13 +5,11 @@ whole HDF5 chunks) that its own samples live in, each portion by one of its Data
 micro-batches in the main process; the samples of every optimizer step depend on (seed, lanes, global batch)
 only, so 2 processes with accumulation 2 see exactly what 1 process with accumulation 4 sees, and a position
 in the stream is one integer, which makes resuming exact. Held-out evaluation reads every sample once, in
-order (SampleStream without shuffling).
+order, one shard at a time.
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -183,87 +181,6 @@ def make_batch(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.
         "masked_lm_labels": labels,
         "next_sentence_labels": arrays["next_sentence_labels"][rows].astype(np.int64),
     }
-
-
-class SampleStream:
-    """Maps a position in the endless, epoch-by-epoch shuffled stream of all samples to (file, row)."""
-
-    def __init__(self, shards: list[ShardInfo], seed: int, shuffle: bool = True) -> None:
-        self.shards = shards
-        self.seed = seed
-        self.shuffle = shuffle
-        self.samples_per_epoch = sum(s.num_samples for s in shards)
-        if self.samples_per_epoch == 0:
-            raise InputError(f"{shards[0].path.parent}: the shards hold no samples; write them again from a larger text")
-
-    @lru_cache(maxsize=4)  # noqa: B019 - a handful of small orders, alive as long as the stream
-    def file_order(self, epoch: int) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(len(self.shards))
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
-
-    @lru_cache(maxsize=4)  # noqa: B019
-    def row_order(self, epoch: int, file_index: int) -> np.ndarray:
-        n = self.shards[file_index].num_samples
-        if not self.shuffle:
-            return np.arange(n)
-        return np.random.default_rng([self.seed, epoch, file_index]).permutation(n)
-
-    def locate(self, position: int) -> tuple[int, int, int]:
-        """(epoch, index into that epoch's file order, offset within the file) of a stream position."""
-        epoch, offset = divmod(position, self.samples_per_epoch)
-        sizes = [self.shards[i].num_samples for i in self.file_order(epoch)]
-        ends = np.cumsum(sizes)
-        slot = int(np.searchsorted(ends, offset, side="right"))
-        return epoch, slot, offset - (int(ends[slot - 1]) if slot else 0)
-
-    def pieces(self, start: int, count: int) -> Iterator[tuple[int, int, np.ndarray]]:
-        """(epoch, file index, rows) pieces that together make stream positions [start, start + count)."""
-        while count > 0:
-            epoch, slot, offset = self.locate(start)
-            file_index = int(self.file_order(epoch)[slot])
-            take = min(count, self.shards[file_index].num_samples - offset)
-            yield epoch, file_index, self.row_order(epoch, file_index)[offset: offset + take]
-            start += take
-            count -= take
-
-
-class _ShardCache:
-    """The shard in use plus the next one, which a background thread reads while the current is consumed."""
-
-    def __init__(self, shards: list[ShardInfo], vocab_size: int) -> None:
-        self.shards = shards
-        self.vocab_size = vocab_size
-        self.loaded: dict[int, dict[str, np.ndarray]] = {}
-        self.pending: dict[int, tuple[threading.Thread, list]] = {}
-
-    def get(self, file_index: int) -> dict[str, np.ndarray]:
-        if file_index in self.pending:
-            thread, box = self.pending.pop(file_index)
-            thread.join()
-            if isinstance(box[0], BaseException):
-                raise box[0]
-            self.loaded[file_index] = box[0]
-        if file_index not in self.loaded:
-            self.loaded[file_index] = load_shard(self.shards[file_index], self.vocab_size)
-        for old in [k for k in self.loaded if k != file_index]:
-            del self.loaded[old]  # keep memory at about two shards
-        return self.loaded[file_index]
-
-    def prefetch(self, file_index: int) -> None:
-        if file_index in self.loaded or file_index in self.pending:
-            return
-        box: list = [None]
-
-        def work() -> None:
-            try:
-                box[0] = load_shard(self.shards[file_index], self.vocab_size)
-            except BaseException as error:  # noqa: BLE001 - re-raised in the consumer
-                box[0] = error
-
-        thread = threading.Thread(target=work, daemon=True)
-        thread.start()
-        self.pending[file_index] = (thread, box)
 
 
 @dataclass(frozen=True)
@@ -439,12 +356,21 @@ def _numpy(item: dict[str, Any]) -> dict[str, np.ndarray]:
 def evaluation_batches(shards: list[ShardInfo], vocab_size: int, batch_size: int, rank: int, world_size: int,
                        ) -> Iterator[dict[str, torch.Tensor]]:
     """Every sample of the evaluation shards once, in order; batch k goes to rank k % world_size."""
-    stream = SampleStream(shards, seed=0, shuffle=False)
-    cache = _ShardCache(shards, vocab_size)
-    total = stream.samples_per_epoch
+    first = np.concatenate([[0], np.cumsum([s.num_samples for s in shards])]).astype(np.int64)
+    total = int(first[-1])
+    if total == 0:
+        raise InputError(f"{shards[0].path.parent}: the shards hold no samples; write them again from a larger text")
+    current: tuple[int, Optional[dict[str, np.ndarray]]] = (-1, None)  # the shard in use, loaded once
     for k, start in enumerate(range(0, total, batch_size)):
         if k % world_size != rank:
             continue
-        parts = [make_batch(cache.get(f), rows) for _, f, rows in stream.pieces(start, min(batch_size, total - start))]
+        parts, position, stop = [], start, min(start + batch_size, total)
+        while position < stop:
+            file = int(np.searchsorted(first, position, side="right")) - 1
+            if current[0] != file:
+                current = (file, load_shard(shards[file], vocab_size))
+            end = min(stop, int(first[file + 1]))
+            parts.append(make_batch(current[1], np.arange(position - first[file], end - first[file])))
+            position = end
         batch = parts[0] if len(parts) == 1 else {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
         yield {key: torch.from_numpy(value) for key, value in batch.items()}

@@ -15,7 +15,8 @@ import torch
 
 from metric_logger import read_log
 from model import BertConfig, BertForPreTraining
-from pretraining_data import SampleStream, inspect_shard
+import sample_order
+from pretraining_data import inspect_shard
 from tests.conftest import REPO_ROOT
 
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
@@ -404,11 +405,12 @@ def test_bad_shards_are_clear_errors(corpus, tmp_path, case, fragments):
     elif case == "wrong_shape":
         write_shard(shard, seq_override=32)
     elif case.startswith("id_beyond_vocab"):
-        # The bad id sits in the row the run reads first in step 2 (seed 42, 8 a step): a check per batch
-        # instead of one of the whole shard as it is loaded would train step 1 and leave ckpt_1.pt.
+        # The bad id sits in the row lane 0 trains on in step 2 (seed 42, 8 lanes of 2 rows): a check per batch
+        # instead of one of each portion as it is read would train step 1 and leave ckpt_1.pt.
         write_shard(shard)
-        _, _, rows = next(SampleStream([inspect_shard(shard, TINY["vocab_size"], 128)], seed=42).pieces(8, 1))
-        write_shard(shard, bad_id=40000, bad_row=int(rows[0]))
+        plan = sample_order.StreamPlan([16], [inspect_shard(shard, TINY["vocab_size"], 128).block_rows], 42, 8)
+        portion, _ = next(plan.lane_portions(0, 0))
+        write_shard(shard, bad_id=40000, bad_row=portion.start + int(plan.portion_order(portion)[1]))
         extra = ["--num_workers", "1"] if case.endswith("worker") else []
     elif case == "too_long_for_positions":
         write_shard(shard, seq_override=256)

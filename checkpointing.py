@@ -66,8 +66,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save_checkpoint(output_dir: str | Path, global_step: int, payload: dict[str, Any],
                     keep: Optional[Path] = None) -> Path:
     """Writes ckpt_<global_step>.pt atomically, then rotates: the newest KEEP_NEWEST checkpoints that load stay,
-    and so do the one just written and `keep` (the one this run resumed from); a checkpoint that does not load is moved aside as
-    `*.corrupt`, never counted and never deleted. A failed write (disk full) is an InputError that names the
+    and so do the one just written and `keep` (the one this run resumed from); a checkpoint that does not load is
+    moved aside as `*.corrupt`, never counted and never deleted. A failed write (disk full) is an InputError that names the
     file, with every earlier checkpoint intact."""
     path = checkpoint_path(output_dir, global_step)
     try:
@@ -95,10 +95,10 @@ def checkpoint_loads(path: Path) -> bool:
     """Whether torch can open the file as a weights-only checkpoint with a model in it. Memory-mapped, so that
     only the archive's index and the pickled structure are read, not the tensors."""
     try:
-        payload = load_torch_file(path, mmap=True)
+        load_checkpoint(path, mmap=True)
     except InputError:
         return False
-    return isinstance(payload, dict) and isinstance(payload.get("model"), dict)
+    return True
 
 
 def _corrupt_name(path: Path) -> Path:
@@ -110,9 +110,10 @@ def _corrupt_name(path: Path) -> Path:
     return aside
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Reads one checkpoint (weights only); raises InputError naming the file when it is unreadable."""
-    payload = load_torch_file(path)
+def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
+    """Reads one checkpoint (weights only); raises InputError naming the file when it is unreadable. With `mmap`,
+    tensors stay on disk until used."""
+    payload = load_torch_file(path, mmap=mmap)
     if not isinstance(payload, dict) or "model" not in payload:
         raise InputError(f"{path}: not a training checkpoint (no 'model' entry); pass a ckpt_<step>.pt that "
                          "run_pretraining.py wrote")

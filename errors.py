@@ -31,9 +31,14 @@ def check_output_dir(path: str | Path, flag: str = "--output_dir") -> None:
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{folder}: {flag} exists and is a file, not a folder; choose a folder")
-    existing = next((parent for parent in folder.parents if parent.exists()), None)
+    check_creatable(folder, flag)
+
+
+def check_creatable(path: str | Path, what: str) -> None:
+    """InputError when `path` cannot be created later because one of its parent folders is a file."""
+    existing = next((parent for parent in Path(path).parents if parent.exists()), None)
     if existing is not None and not existing.is_dir():
-        raise InputError(f"{folder}: {flag} cannot be created because {existing} is a file")
+        raise InputError(f"{path}: {what} cannot be created because {existing} is a file")
 
 
 def fail(message: str) -> NoReturn:

@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from errors import InputError
+from errors import InputError, check_creatable
 
 Step = Union[str, list, tuple]
 
@@ -26,13 +26,6 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _check_creatable(path: Path, what: str) -> None:
-    """InputError when `path` cannot be created later because one of its parent folders is a file."""
-    existing = next((parent for parent in path.parents if parent.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise InputError(f"{path}: {what} cannot be created because {existing} is a file")
-
-
 def check_log_paths(json_path: Optional[str | Path], tensorboard_dir: Optional[str | Path] = None,
                     json_flag: str = "--json-summary") -> None:
     """Refuses, with one line, a JSON log path that is a folder or lies under a file, and a TensorBoard folder
@@ -41,13 +34,13 @@ def check_log_paths(json_path: Optional[str | Path], tensorboard_dir: Optional[s
         path = Path(json_path)
         if path.is_dir():
             raise InputError(f"{path}: {json_flag} is a folder; give a file name such as {path / 'dllogger.json'}")
-        _check_creatable(path, json_flag)
+        check_creatable(path, json_flag)
     if tensorboard_dir:
         folder = Path(tensorboard_dir)
         if folder.exists() and not folder.is_dir():
             raise InputError(f"{folder}: the TensorBoard folder exists and is a file; move it or choose another "
                              "output folder")
-        _check_creatable(folder, "the TensorBoard folder")
+        check_creatable(folder, "the TensorBoard folder")
 
 
 class MetricLogger:

@@ -164,6 +164,21 @@ def check_value_ranges(path: Path, arrays: dict[str, np.ndarray], vocab_size: in
                          "the shard was written for another vocab or config, or is damaged")
 
 
+def read_rows(info: ShardInfo, f: h5py.File, start: int, stop: int, vocab_size: int) -> dict[str, np.ndarray]:
+    """Rows [start, stop) of an open shard, every value range-checked (what a reader decompresses is only these
+    rows' chunks)."""
+    try:
+        arrays = {k: f[k][start:stop] for k in SHARD_KEYS}
+    except (OSError, KeyError, RuntimeError, ValueError) as error:
+        raise InputError(f"{info.path}: cannot read rows {start}-{stop} of the shard ({error}); rewrite it or remove "
+                         "it from the input directory") from None
+    arrays["next_sentence_labels"] = arrays["next_sentence_labels"].reshape(-1)
+    if len(arrays["input_ids"]) != stop - start:
+        raise InputError(f"{info.path}: holds fewer rows than it said when the run started; rewrite it")
+    check_value_ranges(info.path, arrays, vocab_size, info.type_vocab_size, start)
+    return arrays
+
+
 def make_batch(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
     """Rows of a loaded shard as model inputs; labels are -1 except at the masked positions, which end at
     the first 0 in masked_lm_positions."""
@@ -297,16 +312,7 @@ class PortionReader(IterableDataset):
 
     def _read(self, files: "_OpenFiles", portion: sample_order.Portion) -> dict[str, Any]:
         info = self.data.shards[portion.file]
-        try:
-            f = files.get(info.path)
-            arrays = {k: f[k][portion.start: portion.stop] for k in SHARD_KEYS}
-        except (OSError, KeyError, RuntimeError, ValueError) as error:
-            raise InputError(f"{info.path}: cannot read rows {portion.start}-{portion.stop} of the shard ({error}); "
-                             "rewrite it or remove it from the input directory") from None
-        arrays["next_sentence_labels"] = arrays["next_sentence_labels"].reshape(-1)
-        if len(arrays["input_ids"]) != portion.stop - portion.start:
-            raise InputError(f"{info.path}: holds fewer rows than it said when the run started; rewrite it")
-        check_value_ranges(info.path, arrays, self.data.vocab_size, info.type_vocab_size, portion.start)
+        arrays = read_rows(info, files.get(info.path), portion.start, portion.stop, self.data.vocab_size)
         order = self.data.order.portion_order(portion)
         arrays = {k: v[order] for k, v in arrays.items()}
         if self.data.masking_spec is not None:
@@ -339,7 +345,11 @@ class _OpenFiles:
             if len(self.files) >= self.limit:
                 oldest = next(iter(self.files))
                 self.files.pop(oldest).close()
-            self.files[path] = h5py.File(path, "r")
+            try:
+                self.files[path] = h5py.File(path, "r")
+            except OSError as error:  # e.g. truncated since the run started
+                raise InputError(f"{path}: cannot read rows of the shard ({error}); rewrite it or remove it from "
+                                 "the input directory") from None
         return self.files[path]
 
     def close(self) -> None:

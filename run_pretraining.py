@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import h5py
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
@@ -45,7 +46,7 @@ from pretraining_data import (
     evaluation_batches,
     find_shards,
     inspect_shard,
-    load_shard,
+    read_rows,
 )
 from training import (
     MAX_CONSECUTIVE_NON_FINITE,
@@ -362,8 +363,9 @@ def masking_spec(args: argparse.Namespace, shards: list, config: BertConfig) -> 
             tokens = load_vocab(args.vocab_file).tokens
             return masking.spec_from_vocab(tokens, args.masked_lm_prob, args.max_predictions_per_seq,
                                            args.whole_word_masking)
-        return masking.spec_from_shard(load_shard(shards[0], config.vocab_size), config.vocab_size,
-                                       args.masked_lm_prob, args.max_predictions_per_seq)
+        with h5py.File(shards[0].path, "r") as f:  # its first rows show the special ids: no need to read it whole
+            rows = read_rows(shards[0], f, 0, min(shards[0].num_samples, 4096), config.vocab_size)
+        return masking.spec_from_shard(rows, config.vocab_size, args.masked_lm_prob, args.max_predictions_per_seq)
     except ValueError as error:
         raise InputError(f"{args.vocab_file or shards[0].path}: cannot set up --dynamic_masking ({error})") from None
 

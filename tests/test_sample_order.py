@@ -226,6 +226,10 @@ def test_run_pretraining_trains_with_dynamic_masking_and_refuses_whole_words_wit
     run = subprocess.run(command + ["--vocab_file", str(vocab), "--whole_word_masking"], capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
+    # Without a vocab, [CLS], [SEP] and [MASK] are read off the first shard's first rows.
+    other_out = [str(tmp_path / "out2") if arg == str(tmp_path / "out") else arg for arg in command]
+    run = subprocess.run(other_out, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
     refused = subprocess.run(command + ["--whole_word_masking"], capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "--whole_word_masking" in refused.stderr
     assert refused.stderr.count("\n") == 1

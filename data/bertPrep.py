@@ -26,7 +26,7 @@ from data import download, engine, layout, text_formatting
 from data.create_pretraining_data import ShardConfig, check_paths, shard_attributes, shard_task, validate
 from data.errors import ArgumentParser, DataError, run_cli
 from data.outputs import inside, refuse_input_as_output, remove_stale_temporaries
-from data.sharding import ShardingConfig, shard_corpus
+from data.sharding import ShardingConfig, segment_tasks, shard_corpus
 from data.shard_writer import is_complete
 from data.tokenization import load_vocab
 from data.vocab_training import train_vocab, vocab_path
@@ -58,7 +58,7 @@ class PrepConfig:
     vocab_size: int
     bookscorpus_url_list: Path | None
     compression: str
-    engine: engine.EngineConfig = engine.EngineConfig()  # where create_hdf5_files runs its tasks
+    engine: engine.EngineConfig = engine.EngineConfig()  # where formatting, sharding and hdf5 tasks run
 
 
 def corpus_members(dataset: str) -> tuple[str, ...]:
@@ -132,31 +132,44 @@ def _format_sources(cfg: PrepConfig, corpus: str) -> list[Path]:
 def do_text_formatting(cfg: PrepConfig) -> None:
     corpora = corpus_members(cfg.dataset)
     sources = {corpus: _format_sources(cfg, corpus) for corpus in corpora}  # all checked before any write
-    for corpus in corpora:
-        output = layout.formatted_text(cfg.root, corpus)
-        with tqdm(desc=f"format {corpus}", unit="article", disable=None) as bar:
-            if corpus == "wikicorpus_en":
-                articles = (a for dump in sources[corpus] for a in text_formatting.wiki_articles(dump))
-            elif corpus == "bookscorpus":
-                articles = (text_formatting.book_text(p) for p in sources[corpus])
-            else:
-                from data.default_corpus import articles as python_docs
-                articles = python_docs()
-            source = layout.download_dir(cfg.root) / corpus if sources[corpus] else None
-            count = text_formatting.write_articles(articles, output, on_article=bar.update, source=source)
-        print(f"{corpus}: {count} articles -> {output}")
+    used: set[str] = set()
+    with engine.session(cfg.engine) as run:  # a Dask scheduler answers before the first write
+        for corpus in corpora:
+            output = layout.formatted_text(cfg.root, corpus)
+            tasks = text_formatting.format_tasks(corpus, sources[corpus])
+            with tqdm(desc=f"format {corpus}", unit="article", disable=None) as bar:
+                source = layout.download_dir(cfg.root) / corpus if sources[corpus] else None
+                count = text_formatting.format_corpus(tasks, output, _runner(cfg, run, len(tasks), used),
+                                                      bar.update, source)
+            print(f"{corpus}: {count} articles -> {output}")
+    _report_workers(used)
 
 
 def do_sharding(cfg: PrepConfig) -> None:
     inputs = tuple(layout.formatted_text(cfg.root, c) for c in corpus_members(cfg.dataset))
     out = layout.sharded_dir(cfg.root, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set) / cfg.dataset
     scfg = ShardingConfig(inputs, out, cfg.dataset, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set)
-    with tqdm(desc=f"shard {cfg.dataset}", unit="article", disable=None) as bar:
-        result = shard_corpus(scfg, on_article=bar.update)
+    used: set[str] = set()
+    with engine.session(cfg.engine) as run, tqdm(desc=f"shard {cfg.dataset}", unit="article", disable=None) as bar:
+        result = shard_corpus(scfg, bar.update, _runner(cfg, run, len(segment_tasks(inputs)), used))
     for split, counts in result.sentences.items():
         if counts:
             print(f"{split}: {len(counts)} shards, {min(counts)}-{max(counts)} sentences each")
     print(f"{result.articles} articles -> {out}")
+    _report_workers(used)
+
+
+def _runner(cfg: PrepConfig, run: engine.Runner, n_tasks: int, used: set[str]) -> engine.Runner | None:
+    """The engine's runner, recording the Dask workers it used; None where the tasks would run in this process
+    anyway: then they run here with a progress bar that moves article by article."""
+    if engine.runs_here(cfg.engine, n_tasks):
+        return None
+    return lambda function, tasks, on_done: used.update(run(function, tasks, on_done))
+
+
+def _report_workers(used: set[str]) -> None:
+    if used:
+        print(f"tasks ran on {len(used)} Dask workers: {' '.join(sorted(used))}")
 
 
 def _shard_jobs(cfg: PrepConfig, vocab: Path) -> list[ShardConfig]:
@@ -264,7 +277,8 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
 
 
 def _add_engine_args(p: ArgumentParser) -> None:
-    g = p.add_argument_group("where create_hdf5_files runs (see data/engine.py; the output is the same on all)")
+    g = p.add_argument_group("where text_formatting, sharding and create_hdf5_files run (see data/engine.py; "
+                                 "the output is the same on all)")
     g.add_argument("--engine", choices=engine.ENGINES, default=None,
                    help="local: --n_processes processes (default); dask: a running Dask cluster (implied by "
                         "--scheduler/--scheduler_file); slurm: Dask workers in Slurm jobs (dask-jobqueue)")
@@ -291,9 +305,9 @@ def _engine_config(a: argparse.Namespace) -> engine.EngineConfig:
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
-    if cfg.engine.engine != "local" and cfg.action != "create_hdf5_files":
-        raise DataError("--engine", f"Dask runs --action create_hdf5_files only, not {cfg.action}; drop --engine, "
-                                    "--scheduler and --scheduler_file for this action")
+    if cfg.engine.engine != "local" and cfg.action in ("download", "create_vocab"):
+        raise DataError("--engine", f"Dask runs text_formatting, sharding and create_hdf5_files, not {cfg.action}; "
+                                    "drop --engine, --scheduler and --scheduler_file for this action")
     {"download": do_download, "text_formatting": do_text_formatting, "sharding": do_sharding,
      "create_hdf5_files": do_create_hdf5_files, "create_vocab": do_create_vocab}[cfg.action](cfg)
 

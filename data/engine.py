@@ -62,6 +62,11 @@ def validate_engine(cfg: EngineConfig) -> None:
         _dask_distributed()  # installed? (a missing package is one line, not a traceback after the checks)
 
 
+def runs_here(cfg: EngineConfig, n_tasks: int) -> bool:
+    """True when the local engine would run the tasks in this process, one after the other."""
+    return cfg.engine == "local" and (cfg.n_processes <= 1 or n_tasks <= 1)
+
+
 def _dask_distributed() -> Any:
     """Dask's `distributed` package. The checkout's own distributed.py (torch.distributed helpers) has the same
     top-level name and comes first on sys.path when a tool runs from the checkout, so it is left out here."""
@@ -186,7 +191,7 @@ def _connect(cfg: EngineConfig, distributed: Any, cluster: Any) -> Any:
     flag = "--scheduler_file" if cfg.scheduler_file is not None else "--scheduler"
     try:
         client = distributed.Client(target, timeout=cfg.scheduler_timeout, set_as_default=False)
-    except (OSError, ValueError, TypeError) as err:
+    except (OSError, ValueError, TypeError):
         raise DataError(flag, f"no Dask scheduler answered at {target} within {cfg.scheduler_timeout:g} s; "
                               "start one (dask scheduler) or fix the address") from None
     if cluster is None:  # Slurm jobs may queue for long: only a running cluster must already have workers

@@ -97,6 +97,21 @@ def atomic_output(path: Path) -> Iterator[Path]:
         raise
 
 
+@contextmanager
+def scratch_folder(output: Path) -> Iterator[Path]:
+    """A folder `.<name>.parts.tmp-<pid>` beside output for the intermediate files of the tasks that make it
+    (on the output's file system, which Dask workers share), removed on exit; a killed run's is removed the
+    next time output is written, like its temporaries. output's folder must exist."""
+    anchor = output.with_name(output.name + ".parts")
+    remove_stale_temporaries(anchor)
+    folder = temporary_name(anchor)
+    folder.mkdir()
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def same_file(a: Path, b: Path) -> bool:
     """True when a and b name (or, once missing folders are made, will name) one file, whatever the spelling:
     relative, `x/..`, symlinks, hard links."""

@@ -13,6 +13,12 @@ their order, so the output is the bytes of writing every shard at once; the cost
 and read of the text, and as much free space again while it runs (the spills vanish when closed, and with the
 process if it is killed).
 
+Segmentation, the costly part, is split into tasks for data/engine.py (local processes or Dask workers): each
+task takes the articles that start in one SEGMENT_BYTES range of a formatted file and writes them, split into
+sentences, to a part file in a scratch folder beside the shards. This process then reads the parts in order,
+balances and writes the shards: the output is the same bytes whatever the engine and worker count, and needs
+as much free space again for the parts while it runs.
+
 Sentence segmenter: blingfire, chosen over pysbd, syntok and sentencex on the Wikipedia sample (see the report
 in benchmarks/data_prep.py --segmenters): as accurate as syntok on hand-labelled hard cases (abbreviations,
 initials, decimals) at ~25x its speed, and needs no model download.
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import os
 import struct
 import tempfile
 from contextlib import ExitStack
@@ -32,10 +39,12 @@ import blingfire
 
 from .errors import DataError
 from .layout import SPLITS
-from .outputs import atomic_output, refuse_input_as_output
+from .outputs import atomic_output, refuse_input_as_output, scratch_folder
 
 FAN_OUT = 128  # most shards, or spill files, written at once by one level (at least 2)
-_RECORD = struct.Struct("<IQ")  # a spilled article: shard index within the spill, byte length
+_RECORD = struct.Struct("<IQ")  # an article: shard index within a spill (or sentences in a part), byte length
+SEGMENT_BYTES = 64 << 20  # formatted text segmented by one task
+Runner = Callable[[Callable, Sequence[tuple], Callable[[object], None]], object]  # data/engine.py's run
 
 
 @dataclass(frozen=True)
@@ -60,22 +69,49 @@ def split_sentences(article: str) -> list[str]:
     return [s.strip() for s in blingfire.text_to_sentences(article).split("\n") if s.strip()]
 
 
-def iter_articles(paths: Sequence[Path]) -> Iterator[str]:
-    """Non-empty lines of the formatted files, streamed; non-UTF-8 bytes are a DataError naming the file."""
+def segment_tasks(paths: Sequence[Path]) -> list[tuple[str, int, int]]:
+    """(file, first byte, end byte) of each segmentation task, in corpus order."""
+    tasks = []
     for path in paths:
         try:
-            with open(path, encoding="utf-8") as f:
-                for line in f:
-                    if line.strip():
-                        yield line
+            size = path.stat().st_size
         except FileNotFoundError:
             raise DataError(path, "formatted text not found (run --action text_formatting first)") from None
-        except UnicodeDecodeError as err:
-            raise DataError(path, f"not UTF-8 text ({err.reason}); run --action text_formatting again") from None
+        tasks += [(str(path), lo, min(lo + SEGMENT_BYTES, size)) for lo in range(0, max(size, 1), SEGMENT_BYTES)]
+    return tasks
 
 
-def count_articles(paths: Sequence[Path]) -> int:
-    return sum(1 for _ in iter_articles(paths))
+def segment_range(path: str, start: int, end: int, part: str, on_article: Callable[[], None] | None = None) -> int:
+    """One segmentation task: the articles (non-blank lines) that start in bytes [start, end) of a formatted
+    file, split into sentences, into part as records (sentence count, text); the article count."""
+    count = 0
+    try:
+        with open(path, "rb") as f, open(part, "wb") as out:
+            if start > 0:
+                f.seek(start - 1)
+                f.readline()  # the rest of a line that starts before start belongs to the range before
+            while f.tell() < end and (raw := f.readline()):
+                for line in _text_lines(raw, path):
+                    if not line.strip():
+                        continue
+                    sentences = split_sentences(line)
+                    data = ("\n".join(sentences) + "\n\n").encode("utf-8")
+                    out.write(_RECORD.pack(len(sentences), len(data)) + data)
+                    count += 1
+                    if on_article is not None:
+                        on_article()
+    except FileNotFoundError:
+        raise DataError(path, "formatted text not found (run --action text_formatting first)") from None
+    return count
+
+
+def _text_lines(raw: bytes, path: str) -> list[str]:
+    """The lines of one \\n-ended line of bytes as a text-mode reader sees them (\\r\\n, a lone \\r end lines)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(path, f"not UTF-8 text ({err.reason}); run --action text_formatting again") from None
+    return text.replace("\r\n", "\n").split("\r") if "\r" in text else [text]
 
 
 def shard_paths(cfg: ShardingConfig) -> dict[str, list[Path]]:
@@ -89,9 +125,8 @@ def is_test_article(index: int, fraction: float) -> bool:
     return int((index + 1) * fraction) > int(index * fraction)
 
 
-def _check(cfg: ShardingConfig) -> int:
-    """Refuse bad counts and shards that would overwrite an input, before anything is written; the article
-    count (reading every input, so unreadable text fails here too)."""
+def _check(cfg: ShardingConfig) -> None:
+    """Refuse bad counts and shards that would overwrite an input, before anything is written."""
     if cfg.n_training_shards < 1:
         raise DataError("--n_training_shards", f"must be at least 1, got {cfg.n_training_shards}")
     if cfg.n_test_shards < 0:
@@ -102,12 +137,10 @@ def _check(cfg: ShardingConfig) -> int:
     for path in (p for ps in shard_paths(cfg).values() for p in ps):
         refuse_input_as_output(path, "the text shard", inputs, "write the shards to a folder apart from the "
                                                                "formatted text")
-    return count_articles(cfg.inputs)
 
 
-def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = None) -> ShardingResult:
-    """Write all shards (to temporary names, renamed at the end). Refuses fewer articles than shards."""
-    n_articles = _check(cfg)
+def _check_counts(cfg: ShardingConfig, n_articles: int) -> None:
+    """Refuse fewer articles than shards (after segmentation, before any shard is written)."""
     fraction = cfg.fraction_test_set if cfg.n_test_shards > 0 else 0.0
     n_test = int(n_articles * fraction)
     if n_articles - n_test < cfg.n_training_shards or n_test < cfg.n_test_shards:
@@ -115,42 +148,73 @@ def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = No
                                        f"are fewer than the {cfg.n_training_shards} training and "
                                        f"{cfg.n_test_shards} test shards asked for; ask for fewer shards "
                                        "(--n_training_shards, --n_test_shards, --fraction_test_set)")
+
+
+def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = None, run: Runner | None = None
+                 ) -> ShardingResult:
+    """Write all shards (to temporary names, renamed at the end). Refuses fewer articles than shards. run is
+    data/engine.py's runner for the segmentation tasks; None runs them here, one after the other."""
+    _check(cfg)
+    tasks = segment_tasks(cfg.inputs)
     paths = shard_paths(cfg)
     try:
         with ExitStack() as outputs:
             # The first shard creates the folder; each removes its own stale temporaries of killed runs.
             tmp = {split: [outputs.enter_context(atomic_output(p)) for p in paths[split]] for split in SPLITS}
-            sentences = _write_shards(cfg.inputs, tmp, fraction, on_article)
+            scratch = outputs.enter_context(scratch_folder(cfg.output_dir / cfg.corpus))
+            parts = [str(scratch / f"part-{i:06d}.bin") for i in range(len(tasks))]
+            n_articles = _segment([(*task, part) for task, part in zip(tasks, parts)], on_article, run)
+            _check_counts(cfg, n_articles)
+            fraction = cfg.fraction_test_set if cfg.n_test_shards > 0 else 0.0
+            sentences = _write_shards(parts, tmp, fraction)
     except OSError as err:
         raise DataError(cfg.output_dir, f"cannot write shards ({err.strerror or err}); check free space and "
                                         "permissions") from None
     return ShardingResult(n_articles, sentences, paths)
 
 
-def _write_shards(inputs: Sequence[Path], tmp: dict[str, list[Path]], fraction: float,
-                  on_article: Callable[[], None] | None) -> dict[str, list[int]]:
-    """Stream the articles into the shard files (greedy balance); sentences per shard."""
+def _segment(jobs: Sequence[tuple], on_article: Callable[[], None] | None, run: Runner | None) -> int:
+    """Run the segmentation jobs; the article count."""
+    if run is None:
+        return sum(segment_range(*job, on_article=on_article) for job in jobs)
+    counts: list[int] = []
+
+    def done(count: int) -> None:
+        counts.append(count)
+        for _ in range(count if on_article is not None else 0):
+            on_article()
+
+    run(segment_range, jobs, done)
+    return sum(counts)
+
+
+def _write_shards(parts: Sequence[str], tmp: dict[str, list[Path]], fraction: float) -> dict[str, list[int]]:
+    """Stream the segmented articles into the shard files (greedy balance); sentences per shard."""
     sentences = {split: [0] * len(tmp[split]) for split in SPLITS}
     targets = [path for split in SPLITS for path in tmp[split]]
-    _distribute(_assign(inputs, sentences, fraction, on_article), targets, targets[0].parent)
+    _distribute(_assign(parts, sentences, fraction), targets, targets[0].parent)
     return sentences
 
 
-def _assign(inputs: Sequence[Path], sentences: dict[str, list[int]], fraction: float,
-            on_article: Callable[[], None] | None) -> Iterator[tuple[int, bytes]]:
+def _segmented(parts: Sequence[str]) -> Iterator[tuple[int, bytes]]:
+    """(sentence count, text) of each article of the parts, in corpus order."""
+    for part in parts:
+        with open(part, "rb") as f:
+            yield from _read_spill(f)
+        os.unlink(part)  # frees its space as the shards fill
+
+
+def _assign(parts: Sequence[str], sentences: dict[str, list[int]], fraction: float) -> Iterator[tuple[int, bytes]]:
     """(index into the training then test shards, text) of each article in corpus order; counts the sentences
     of each shard into `sentences`."""
     heaps = {split: [(0, i) for i in range(len(sentences[split]))] for split in SPLITS}
     first = {"training": 0, "test": len(sentences["training"])}
-    for index, article in enumerate(iter_articles(inputs)):
+    for index, (n_sentences, data) in enumerate(_segmented(parts)):
         split = "test" if fraction and is_test_article(index, fraction) else "training"
-        sents = split_sentences(article)
         count, shard = heapq.heappop(heaps[split])
-        heapq.heappush(heaps[split], (count + len(sents), shard))
-        sentences[split][shard] += len(sents)
-        yield first[split] + shard, ("\n".join(sents) + "\n\n").encode("utf-8")
-        if on_article is not None:
-            on_article()
+        heapq.heappush(heaps[split], (count + n_sentences, shard))
+        sentences[split][shard] += n_sentences
+        yield first[split] + shard, data
 
 
 def _distribute(records: Iterable[tuple[int, bytes]], targets: Sequence[Path], folder: Path) -> None:

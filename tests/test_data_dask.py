@@ -1,5 +1,6 @@
-"""create_hdf5_files on Dask (data/engine.py): a real scheduler and two workers on 127.0.0.1 make the same shards,
-array for array, as local processes; engine errors are one line, exit 2, before anything is written."""
+"""text_formatting, sharding and create_hdf5_files on Dask (data/engine.py): a real scheduler and two workers on
+127.0.0.1 make the same files, byte for byte or array for array, as local processes; engine errors are one line,
+exit 2, before anything is written."""
 from __future__ import annotations
 
 import json
@@ -167,6 +168,53 @@ def test_dask_workers_make_the_shards_of_local_processes(cluster, workdir, share
     _assert_same_shards(workdir / "local", hdf5)
 
 
+# bertPrep with small tasks (many per corpus), so that the work really spreads over the workers. The tasks carry
+# their byte ranges and book groups, so the workers need no such setting.
+SMALL_TASKS = """
+import sys
+sys.path.append({repo!r})  # appended: the checkout's distributed.py must not shadow Dask's
+from data import bertPrep, sharding, text_formatting
+from data.errors import run_cli
+sharding.SEGMENT_BYTES = 20_000
+text_formatting.BOOKS_PER_TASK = 4
+run_cli(bertPrep.main)
+"""
+
+
+def _books(root: Path) -> None:
+    """30 books made of the embedded corpus's articles, five of them in a sub-folder."""
+    from data.default_corpus import articles
+    texts = list(articles())[:90]
+    for i in range(30):
+        path = layout.download_dir(root) / "bookscorpus" / ("more" if i > 24 else "") / f"book{i}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(texts[i::30]), encoding="utf-8")
+
+
+def _text_outputs(root: Path) -> dict[str, bytes]:
+    """Every file that text_formatting and sharding wrote, hidden ones (scratch folders) included."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and "download" not in p.parts}
+
+
+def test_dask_workers_format_and_shard_the_bytes_of_this_process(cluster, tmp_path):
+    local, remote = tmp_path / "local", tmp_path / "dask"
+    for root in (local, remote):
+        _books(root)
+    for action in ("text_formatting", "sharding"):
+        run = _prep(local, "--action", action, *FLAGS, "--n_processes", "1")
+        assert run.returncode == 0, run.stderr
+        run = subprocess.run([PYTHON, "-P", "-c", SMALL_TASKS.format(repo=str(REPO_ROOT)), "--action", action,
+                              *FLAGS, "--scheduler_file", str(cluster.scheduler_file)],
+                             env={**os.environ, "BERT_PREP_WORKING_DIR": str(remote)}, capture_output=True,
+                             text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        used = set(re.search(r"tasks ran on \d Dask workers: (.*)", run.stdout).group(1).split())
+        assert used and used <= cluster.workers, run.stdout  # not in bertPrep's own process
+    expected = _text_outputs(local)
+    assert len(expected) == 6 and _text_outputs(remote) == expected
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -197,7 +245,7 @@ def test_unreachable_scheduler_is_one_line_and_leaves_no_shard_folder(workdir, s
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--action", "sharding", "--scheduler", "tcp://127.0.0.1:1"], ["--engine", "create_hdf5_files only"]),
+    (["--action", "create_vocab", "--scheduler", "tcp://127.0.0.1:1"], ["--engine", "not create_vocab"]),
     (["--action", "create_hdf5_files", "--engine", "dask"], ["--engine dask", "--scheduler"]),
     (["--action", "create_hdf5_files", "--engine", "slurm", "--scheduler", "tcp://127.0.0.1:1"], ["--scheduler"]),
     (["--action", "create_hdf5_files", "--engine", "slurm", "--slurm_jobs", "0"], ["--slurm_jobs"]),
@@ -228,7 +276,11 @@ def test_prep_sub_dry_run_starts_scheduler_workers_and_the_client_on_one_schedul
     lines = [shlex.split(line.removesuffix("&")) for line in run.stdout.splitlines() if line.strip()]
     [scheduler] = [w for w in lines if "distributed.cli.dask_scheduler" in w]
     [workers] = [w for w in lines if "distributed.cli.dask_worker" in w]
-    [client] = [w for w in lines if any(x.endswith("bertPrep.py") for x in w)]
+    clients = [w for w in lines if any(x.endswith("bertPrep.py") for x in w)]
+    script = next(i for i, w in enumerate(clients[0]) if w.endswith("bertPrep.py"))
+    actions = [bertPrep.parse_args(c[script + 1:]).action for c in clients]
+    assert actions == ["text_formatting", "sharding", "create_hdf5_files"]  # the whole chain, in order
+    client = clients[-1]
     scheduler_file = str(tmp_path / ".dask-scheduler-77.json")
     assert f"--scheduler-file={scheduler_file}" in scheduler and f"--scheduler-file={scheduler_file}" in workers
     assert scheduler[:3] == ["srun", "--nodes=1", "--ntasks=1"] and "-P" in scheduler
@@ -241,7 +293,9 @@ def test_prep_sub_dry_run_starts_scheduler_workers_and_the_client_on_one_schedul
 
 
 @pytest.mark.parametrize("env, words", [({"WORKERS_PER_NODE": "x"}, "WORKERS_PER_NODE"),
-                                        ({"BERT_PREP_WORKING_DIR": ""}, "BERT_PREP_WORKING_DIR")])
+                                        ({"BERT_PREP_WORKING_DIR": ""}, "BERT_PREP_WORKING_DIR"),
+                                        ({"ACTIONS": "sharding download"}, "'download'"),
+                                        ({"ACTIONS": " "}, "ACTIONS is empty")])
 def test_prep_sub_refuses_bad_settings_in_one_line(tmp_path, env, words):
     run = _prep_sub({"DRYRUN": "1", "BERT_PREP_WORKING_DIR": str(tmp_path), **env}, "--dataset", "wikicorpus_en")
     assert run.returncode != 0 and words in run.stderr and len(run.stderr.strip().splitlines()) == 1
@@ -249,7 +303,8 @@ def test_prep_sub_refuses_bad_settings_in_one_line(tmp_path, env, words):
 
 
 def test_prep_sub_makes_the_shards_of_a_local_run(workdir, tmp_path, shared_data):
-    """The script itself, with an srun that runs its command here: scheduler and workers on the loopback."""
+    """The script itself, with an srun that runs its command here: scheduler and workers on the loopback; the
+    text shards are made again on the workers, then the HDF5 shards."""
     vocab = shared_data / "minilm" / "vocab.txt"
     local = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--n_processes", "1", vocab=vocab)
     assert local.returncode == 0, local.stderr
@@ -260,10 +315,10 @@ def test_prep_sub_makes_the_shards_of_a_local_run(workdir, tmp_path, shared_data
     (fake / "srun").chmod(0o755)
     run = _prep_sub({"PATH": f"{fake}:{os.environ['PATH']}", "BERT_PREP_WORKING_DIR": str(workdir),
                      "PYTHON": PYTHON, "SCHEDULER_PORT": "0", "INTERFACE": "lo", "HTTP_HOST": "127.0.0.1", "WORKERS_PER_NODE": "2",
-                     "SCHEDULER_TIMEOUT": "60", "SLURM_JOB_ID": "5"},
+                     "SCHEDULER_TIMEOUT": "60", "SLURM_JOB_ID": "5", "ACTIONS": "sharding create_hdf5_files"},
                     *FLAGS, "--vocab_file", str(vocab), timeout=180)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "5 shards made by" in run.stdout
+    assert "tasks ran on" in run.stdout and "5 shards made by" in run.stdout
     _assert_same_shards(workdir / "local", layout.hdf5_dir(workdir, PARAMS))
     assert not (workdir / ".dask-scheduler-5.json").exists()  # removed with the scheduler
 

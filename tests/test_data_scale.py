@@ -129,3 +129,74 @@ def test_a_failure_while_writing_out_the_spills_leaves_nothing(tmp_path, monkeyp
         shard_corpus(ShardingConfig((source,), tmp_path / "out", "c", 10, 2, 0.1))
     assert len(calls) == 2
     assert not (tmp_path / "out").exists(), list((tmp_path / "out").iterdir())
+
+
+# ---------------------------------------------------------------- formatting and sharding in tasks
+def _reference_articles(path: Path) -> list[str]:
+    """What sharding must hold, read as a text-mode reader does (\\r\\n and a lone \\r end lines too)."""
+    with open(path, encoding="utf-8") as f:
+        lines = [line for line in f if line.strip()]
+    return ["\n".join(sharding.split_sentences(line)) for line in lines]
+
+
+def test_sharding_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path, monkeypatch):
+    from data import engine
+    articles = [f"Article {i} says hello. It is number {i} of many, caf\u00e9 and na\u00efve. Dr. Who came."
+                for i in range(60)]
+    text = "".join(a + "\n\n" for a in articles)
+    # A lone \r and a \r\n inside the text end lines for a text-mode reader: so they must for the tasks too.
+    text = text.replace("Article 7 says", "Article 7\rsays").replace("Article 9 says", "Article 9\r\nsays")
+    source = tmp_path / "formatted.txt"
+    source.write_bytes(text.encode("utf-8"))
+    cfg = dict(inputs=(source,), corpus="c", n_training_shards=5, n_test_shards=2, fraction_test_set=0.1)
+    one = shard_corpus(ShardingConfig(output_dir=tmp_path / "one", **cfg))
+    monkeypatch.setattr(sharding, "SEGMENT_BYTES", 37)  # ranges that cut lines and multi-byte characters
+    assert len(sharding.segment_tasks([source])) > 50
+    with engine.session(engine.EngineConfig("local", n_processes=2)) as run:
+        many = shard_corpus(ShardingConfig(output_dir=tmp_path / "many", **cfg), run=run)
+    assert (many.articles, many.sentences) == (one.articles, one.sentences)
+    assert _shard_bytes(tmp_path / "many") == _shard_bytes(tmp_path / "one")  # no scratch folder left either
+    written = [a for shard in _shard_bytes(tmp_path / "one").values()
+               for a in shard.decode("utf-8").split("\n\n") if a]
+    assert sorted(written) == sorted(_reference_articles(source)) and len(written) == 62
+
+
+def test_formatting_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path, monkeypatch):
+    from data import engine, text_formatting
+    books = tmp_path / "books"
+    # Sorted as paths are sorted (by parts), not as strings: a/z.txt, a b/x.txt, a-1.txt, a.txt, ...
+    names = ["a.txt", "a-1.txt", "a b/x.txt", "a/z.txt", "b/c/d.txt", "b/c.txt", "notes.md", "e.txt"]
+    for i, name in enumerate(names):
+        (books / name).parent.mkdir(parents=True, exist_ok=True)
+        (books / name).write_text(f"\ufeffBook {i}\r\nline two of {name}.\n", encoding="utf-8")
+    (books / "e.txt").write_text("", encoding="utf-8")  # an empty book is no article
+    expected = sorted(p for p in books.rglob("*.txt") if p.is_file())
+    assert text_formatting.book_files(books) == [str(p) for p in expected]
+    reference = "".join(text_formatting.book_text(p) + "\n\n" for p in expected if text_formatting.book_text(p))
+
+    one = tmp_path / "one.txt"
+    text_formatting.format_corpus(text_formatting.format_tasks("bookscorpus", text_formatting.book_files(books)), one)
+    monkeypatch.setattr(text_formatting, "BOOKS_PER_TASK", 2)
+    tasks = text_formatting.format_tasks("bookscorpus", text_formatting.book_files(books))
+    assert len(tasks) == 4
+    many = tmp_path / "out" / "many.txt"
+    with engine.session(engine.EngineConfig("local", n_processes=2)) as run:
+        assert text_formatting.format_corpus(tasks, many, run) == 6
+    assert many.read_text(encoding="utf-8") == one.read_text(encoding="utf-8") == reference
+    assert sorted(p.name for p in many.parent.iterdir()) == ["many.txt"]  # no part or scratch folder left
+
+
+def test_a_failing_formatting_task_leaves_no_output_and_no_scratch(tmp_path, monkeypatch):
+    from data import engine, text_formatting
+    books = tmp_path / "books"
+    books.mkdir()
+    for i in range(4):
+        (books / f"b{i}.txt").write_text(f"Book {i}.", encoding="utf-8")
+    (books / "b2.txt").write_bytes(b"bad \xff byte")
+    monkeypatch.setattr(text_formatting, "BOOKS_PER_TASK", 1)
+    out = tmp_path / "new" / "formatted.txt"
+    with engine.session(engine.EngineConfig("local", n_processes=2)) as run, \
+            pytest.raises(DataError, match=r"b2\.txt.*not UTF-8"):
+        text_formatting.format_corpus(text_formatting.format_tasks("bookscorpus", text_formatting.book_files(books)),
+                                      out, run)
+    assert not (tmp_path / "new").exists()

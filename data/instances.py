@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
 from .documents import Documents
 
 BLOCK = 4096  # instances masked at a time (the order of the random draws depends on it: fixed)
+ROWS_FLUSH = 5 * 2**14  # pair_spans' list of numbers is made an array when it is this long
 SUB_BLOCK = 512  # rows assembled at a time: their [rows, max_seq_length] temporaries stay in the cache
 
 
@@ -71,6 +72,7 @@ def pair_spans(docs: Documents, cfg: MaskingConfig, rng: random.Random,
     # The loop keeps sentence numbers, (chunk start, A's end, B's start, B's end, 0) for an actual next B and
     # (chunk start, A's end, B's first sentence, target, 1) for a random B, whose end is found afterwards.
     rows: list[int] = []
+    parts: list[np.ndarray] = []  # rows moved to int64 every ROWS_FLUSH numbers: a Python int costs ~36 bytes
     uniform = rng.random  # bound once: this loop is the only per-instance Python in the pipeline
 
     # randint(lo, hi) is written inline as lo + int(uniform() * (hi - lo + 1)): random.randint is ~5x slower
@@ -103,9 +105,13 @@ def pair_spans(docs: Documents, cfg: MaskingConfig, rng: random.Random,
                             break
                 rows += (chunk_start, a_end, bounds[r] + int(uniform() * sizes[r]), target, 1)
                 chunk_start = a_end  # the unused sentences of the chunk start the next one
+            if len(rows) >= ROWS_FLUSH:
+                parts.append(np.array(rows, np.int64))
+                rows.clear()
             if on_progress is not None:
                 on_progress(1)
-    return _token_spans(np.fromiter(rows, np.int64, count=len(rows)).reshape(-1, 5), docs)
+    parts.append(np.array(rows, np.int64))
+    return _token_spans(np.concatenate(parts).reshape(-1, 5), docs)
 
 
 def _token_spans(rows: np.ndarray, docs: Documents) -> np.ndarray:
@@ -156,9 +162,40 @@ def truncate_spans(spans: np.ndarray, max_num_tokens: int, gen: np.random.Genera
 
 def build_instances(tokens: np.ndarray, spans: np.ndarray, cfg: MaskingConfig, ids: SpecialIds,
                     gen: np.random.Generator) -> dict[str, np.ndarray]:
-    """The six HDF5 arrays (interfaces section 1) for truncated spans [N, 5], in the order of spans."""
+    """The six HDF5 arrays (interfaces section 1) for truncated spans [N, 5], in the order of spans, whole.
+
+    The rows and random draws of instance_blocks, which needs only a block of them in memory at a time."""
+    out = _empty_rows(spans, cfg)
+    windows = _windows(tokens, cfg.max_seq_length)
+    for lo in range(0, len(spans), BLOCK):
+        hi = min(lo + BLOCK, len(spans))
+        _assemble_block(windows, spans[lo:hi], cfg, ids, gen, {k: v[lo:hi] for k, v in out.items()})
+    return out
+
+
+def instance_blocks(tokens: np.ndarray, spans: np.ndarray, cfg: MaskingConfig, ids: SpecialIds,
+                    gen: np.random.Generator) -> Iterator[dict[str, np.ndarray]]:
+    """build_instances' arrays as consecutive blocks of up to BLOCK rows each, made as they are asked for:
+    a consumer that writes a block before asking for the next holds one block, not the whole shard."""
+    windows = _windows(tokens, cfg.max_seq_length)
+    for lo in range(0, len(spans), BLOCK):
+        block_spans = spans[lo:lo + BLOCK]
+        out = _empty_rows(block_spans, cfg)
+        _assemble_block(windows, block_spans, cfg, ids, gen, out)
+        yield out
+
+
+def instance_row_shapes(cfg: MaskingConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of one row of each array (the arrays are [N, *shape])."""
+    seq, preds = (cfg.max_seq_length,), (cfg.max_predictions_per_seq,)
+    return {"input_ids": seq, "input_mask": seq, "segment_ids": seq, "masked_lm_positions": preds,
+            "masked_lm_ids": preds, "next_sentence_labels": ()}
+
+
+def _empty_rows(spans: np.ndarray, cfg: MaskingConfig) -> dict[str, np.ndarray]:
+    """Zeroed arrays for the rows of spans, with their next-sentence labels."""
     n, seq, preds = len(spans), cfg.max_seq_length, cfg.max_predictions_per_seq
-    out = {
+    return {
         "input_ids": np.zeros((n, seq), np.int32),
         "input_mask": np.zeros((n, seq), np.int8),
         "segment_ids": np.zeros((n, seq), np.int8),
@@ -166,15 +203,14 @@ def build_instances(tokens: np.ndarray, spans: np.ndarray, cfg: MaskingConfig, i
         "masked_lm_ids": np.zeros((n, preds), np.int32),
         "next_sentence_labels": spans[:, 4].astype(np.int8),
     }
-    # Rows of seq tokens starting anywhere: windows[j] is padded[j:j + seq], padded being the tokens with seq
-    # zeros before and after, so that a row can be read whole even where it runs past either end.
+
+
+def _windows(tokens: np.ndarray, seq: int) -> np.ndarray:
+    """Rows of seq tokens starting anywhere: windows[j] is padded[j:j + seq], padded being the tokens with seq
+    zeros before and after, so that a row can be read whole even where it runs past either end."""
     padded = np.zeros(len(tokens) + 2 * seq, np.int32)
     padded[seq:seq + len(tokens)] = tokens
-    windows = np.lib.stride_tricks.sliding_window_view(padded, seq)
-    for lo in range(0, n, BLOCK):
-        hi = min(lo + BLOCK, n)
-        _assemble_block(windows, spans[lo:hi], cfg, ids, gen, {k: v[lo:hi] for k, v in out.items()})
-    return out
+    return np.lib.stride_tricks.sliding_window_view(padded, seq)
 
 
 def _assemble_block(windows: np.ndarray, spans: np.ndarray, cfg: MaskingConfig, ids: SpecialIds,

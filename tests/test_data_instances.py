@@ -14,9 +14,11 @@ import h5py
 import numpy as np
 import pytest
 
-from data.create_pretraining_data import ShardConfig, create_shard
+from data import documents, instances
+from data.create_pretraining_data import ShardConfig, create_shard, shard_attributes
 from data.documents import tokenize_documents
-from data.instances import truncate_spans
+from data.instances import MaskingConfig, SpecialIds, truncate_spans
+from data.shard_writer import KEYS, write_shard, write_shard_blocks
 from data.sharding import split_sentences
 from data.tokenization import BertTokenizer, load_vocab
 
@@ -351,3 +353,69 @@ def test_random_positions_are_the_k_smallest_keys(levels):
         order = cand[np.argsort(keys.drawn[row, cand], kind="stable")]
         want = sorted(order[:k[row]].tolist())
         assert got[row, :k[row]].tolist() == want and not got[row, k[row]:].any()
+
+
+# ---------------------------------------------------------------- streamed writing
+def _same_shards(a: Path, b: Path) -> None:
+    """Equal arrays (values, dtypes, shapes), storage options and attributes."""
+    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
+        assert set(fa) == set(fb) == set(KEYS)
+        for key in fa:
+            x, y = fa[key], fb[key]
+            assert (x.dtype, x.shape, x.chunks, x.compression, x.compression_opts, x.shuffle) == \
+                   (y.dtype, y.shape, y.chunks, y.compression, y.compression_opts, y.shuffle), key
+            assert np.array_equal(x[()], y[()]), key
+        assert dict(fa.attrs).keys() == dict(fb.attrs).keys()
+        assert all(np.array_equal(fa.attrs[k], fb.attrs[k]) for k in fa.attrs)
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_streamed_shard_equals_whole_arrays(compression, books_text, vocab_path, tmp_path, monkeypatch):
+    """create_shard, which tokenizes in slices, collects pairs in parts and writes block by block, against the
+    same steps done whole: one slice, one list, build_instances' whole arrays and write_shard."""
+    cfg = ShardConfig(books_text, tmp_path / "streamed.hdf5", vocab_path, True, SEQ, PREDS, 0.15, 0.1, 1, 99,
+                      compression=compression)
+    # 300-row blocks end inside HDF5 chunks (2,048 rows of input_ids); BLOCK fixes the draws: same for both.
+    monkeypatch.setattr(instances, "BLOCK", 300)
+    monkeypatch.setattr(instances, "ROWS_FLUSH", 55)
+    monkeypatch.setattr(documents, "BATCH_CHARS", 20_000)
+    assert create_shard(cfg).instances > 2048  # several blocks, a chunk boundary inside one
+
+    monkeypatch.setattr(instances, "ROWS_FLUSH", 10**12)
+    monkeypatch.setattr(documents, "BATCH_CHARS", 10**12)
+    vocab = load_vocab(vocab_path)
+    docs = tokenize_documents([books_text.read_text(encoding="utf-8")], BertTokenizer(vocab, True))
+    masking = MaskingConfig(SEQ, PREDS, 0.15, 0.1, 1)
+    gen = np.random.default_rng(99)
+    spans = instances.pair_spans(docs, masking, random.Random(99))
+    spans = truncate_spans(spans[gen.permutation(len(spans))], SEQ - 3, gen)
+    special = SpecialIds(vocab.id("[CLS]"), vocab.id("[SEP]"), vocab.id("[MASK]"), len(vocab))
+    arrays = instances.build_instances(docs.tokens, spans, masking, special, gen)
+    write_shard(tmp_path / "whole.hdf5", arrays, shard_attributes(cfg, len(vocab), vocab.sha256),
+                None if compression == "none" else compression)
+    _same_shards(tmp_path / "streamed.hdf5", tmp_path / "whole.hdf5")
+
+
+@pytest.mark.parametrize("compression", [None, "gzip", "lzf"])
+def test_blocks_of_any_size_write_the_same_shard(compression, tmp_path):
+    gen = np.random.default_rng(5)
+    rows = 3000
+    shapes = {k: (() if ndim == 1 else (9 if k.startswith("masked") else 40,)) for k, (_, ndim) in KEYS.items()}
+    arrays = {k: gen.integers(0, 120, (rows, *shapes[k])).astype(dtype) for k, (dtype, _) in KEYS.items()}
+    write_shard(tmp_path / "whole.hdf5", arrays, {"random_seed": 5}, compression)
+    cuts = [0, 1, 1, 999, 2048, 2049, rows]  # an empty block, one row, blocks across chunk boundaries
+    blocks = ({k: v[lo:hi] for k, v in arrays.items()} for lo, hi in zip(cuts, cuts[1:]))
+    write_shard_blocks(tmp_path / "blocks.hdf5", rows, shapes, blocks, {"random_seed": 5}, compression)
+    _same_shards(tmp_path / "whole.hdf5", tmp_path / "blocks.hdf5")
+
+
+@pytest.mark.parametrize("fault", ["too few rows", "wrong dtype"])
+def test_bad_blocks_leave_nothing(fault, tmp_path):
+    shapes = {k: (() if ndim == 1 else (4,)) for k, (_, ndim) in KEYS.items()}
+    block = {k: np.zeros((10, *shapes[k]), dtype) for k, (dtype, _) in KEYS.items()}
+    if fault == "wrong dtype":
+        block["input_ids"] = block["input_ids"].astype(np.int64)
+    out = tmp_path / "new" / "shard.hdf5"
+    with pytest.raises(ValueError):
+        write_shard_blocks(out, 20 if fault == "too few rows" else 10, shapes, [block], {})
+    assert not (tmp_path / "new").exists()

@@ -129,19 +129,6 @@ def block_rows_for(rows: int, chunks: list[tuple[int, int]]) -> int:
     return min(sorted({c for c, _ in chunks}), key=decompressed)
 
 
-def load_shard(info: ShardInfo, vocab_size: int) -> dict[str, np.ndarray]:
-    """The six arrays of a shard in memory, every value checked against its range (one pass of numpy each)."""
-    try:
-        with h5py.File(info.path, "r") as f:
-            arrays = {k: f[k][()] for k in SHARD_KEYS}
-    except OSError as error:
-        raise InputError(f"{info.path}: cannot read the shard ({error}); rewrite it or remove it from the "
-                         "input directory") from None
-    arrays["next_sentence_labels"] = arrays["next_sentence_labels"].reshape(-1)
-    check_value_ranges(info.path, arrays, vocab_size, info.type_vocab_size)
-    return arrays
-
-
 def check_value_ranges(path: Path, arrays: dict[str, np.ndarray], vocab_size: int, type_vocab_size: int,
                        first_row: int = 0) -> None:
     """InputError naming the file, key, row and value of the first value a model could not take: a token id
@@ -365,22 +352,44 @@ def _numpy(item: dict[str, Any]) -> dict[str, np.ndarray]:
 
 def evaluation_batches(shards: list[ShardInfo], vocab_size: int, batch_size: int, rank: int, world_size: int,
                        ) -> Iterator[dict[str, torch.Tensor]]:
-    """Every sample of the evaluation shards once, in order; batch k goes to rank k % world_size."""
+    """Every sample of the evaluation shards once, in order, in batches of batch_size (the last may be shorter).
+    Rank r of W takes the r-th of W contiguous runs of batches and reads only their rows, a block at a time:
+    across the ranks each row is read once, and a rank never holds a whole shard."""
     first = np.concatenate([[0], np.cumsum([s.num_samples for s in shards])]).astype(np.int64)
     total = int(first[-1])
     if total == 0:
         raise InputError(f"{shards[0].path.parent}: the shards hold no samples; write them again from a larger text")
-    current: tuple[int, Optional[dict[str, np.ndarray]]] = (-1, None)  # the shard in use, loaded once
-    for k, start in enumerate(range(0, total, batch_size)):
-        if k % world_size != rank:
-            continue
-        parts, position, stop = [], start, min(start + batch_size, total)
+    n_batches = -(-total // batch_size)
+    start = rank * n_batches // world_size * batch_size
+    stop = min((rank + 1) * n_batches // world_size * batch_size, total)
+    pending: list[dict[str, np.ndarray]] = []
+    held = 0
+    for piece in _rows_in_order(shards, first, start, stop, vocab_size):
+        pending.append(piece)
+        held += len(piece["input_ids"])
+        if held >= batch_size or start + held == stop:
+            rows = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
+            whole = held if start + held == stop else held - held % batch_size
+            for lo in range(0, whole, batch_size):
+                batch = make_batch(rows, np.arange(lo, min(lo + batch_size, whole)))
+                yield {key: torch.from_numpy(value) for key, value in batch.items()}
+            start += whole
+            pending = [{k: v[whole:] for k, v in rows.items()}] if held > whole else []
+            held -= whole
+
+
+def _rows_in_order(shards: list[ShardInfo], first: np.ndarray, start: int, stop: int, vocab_size: int
+                   ) -> Iterator[dict[str, np.ndarray]]:
+    """Rows [start, stop) of the shards one after the other, in pieces that end at a shard's block boundary
+    (so that each compressed chunk is decompressed once), every value range-checked."""
+    files = _OpenFiles(1)
+    try:
+        position = start
         while position < stop:
             file = int(np.searchsorted(first, position, side="right")) - 1
-            if current[0] != file:
-                current = (file, load_shard(shards[file], vocab_size))
-            end = min(stop, int(first[file + 1]))
-            parts.append(make_batch(current[1], np.arange(position - first[file], end - first[file])))
-            position = end
-        batch = parts[0] if len(parts) == 1 else {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
-        yield {key: torch.from_numpy(value) for key, value in batch.items()}
+            info, local = shards[file], position - int(first[file])
+            end = min((local // info.block_rows + 1) * info.block_rows, info.num_samples, stop - int(first[file]))
+            yield read_rows(info, files.get(info.path), local, end, vocab_size)
+            position = int(first[file]) + end
+    finally:
+        files.close()

@@ -40,14 +40,23 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import sample_order  # noqa: E402
-from pretraining_data import (SHARD_KEYS, BatchPlan, PretrainingData, ShardInfo, inspect_shard,  # noqa: E402
-                              load_shard, make_batch)
+from pretraining_data import (SHARD_KEYS, BatchPlan, PretrainingData, ShardInfo,  # noqa: E402
+                              check_value_ranges, inspect_shard, make_batch)
 
 VOCAB, SEQ, PREDICTIONS = 30522, 128, 20
 CLS, SEP, MASK = 101, 102, 103
 ROW_BYTES = SEQ * (4 + 1 + 1) + PREDICTIONS * (4 + 4) + 1  # uncompressed bytes of one sample
 NVIDIA_GLOBAL_BATCH = 65536  # phase 1 of NVIDIA's recipe; sets the default lanes (64, or W when larger)
 MiB = 2**20
+
+
+def load_shard(info: ShardInfo, vocab_size: int) -> dict[str, np.ndarray]:
+    """The previous loader's read: the six arrays of a whole shard in memory, every value range-checked."""
+    with h5py.File(info.path, "r") as f:
+        arrays = {k: f[k][()] for k in SHARD_KEYS}
+    arrays["next_sentence_labels"] = arrays["next_sentence_labels"].reshape(-1)
+    check_value_ranges(info.path, arrays, vocab_size, info.type_vocab_size)
+    return arrays
 
 
 # --- Synthetic shards -------------------------------------------------------------------------------------------

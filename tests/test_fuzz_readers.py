@@ -33,7 +33,7 @@ from data.tokenization import SPECIAL_TOKENS, BertTokenizer, load_vocab
 from errors import InputError
 from model import ACTIVATIONS, BertConfig, BertModel, ConfigError
 from model_weights import LoadedWeights, WeightsError, read_config, read_weights
-from pretraining_data import SHARD_KEYS, inspect_shard, load_shard, make_batch
+from pretraining_data import SHARD_KEYS, inspect_shard, make_batch, read_rows
 
 FAST_EXAMPLES = 50
 INTEGRATION_EXAMPLES = 1000
@@ -159,7 +159,7 @@ def json_file_bytes(draw: st.DrawFn, valid: st.SearchStrategy) -> bytes:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Pre-training shards (pretraining_data.inspect_shard + load_shard)
+# Pre-training shards (pretraining_data.inspect_shard + read_rows)
 # ---------------------------------------------------------------------------------------------------------
 VOCAB, MAX_POSITIONS = 60, 16
 SHARD_MUTATIONS = ("none", "missing", "dtype", "shape", "rows", "group", "empty_space", "values", "attribute")
@@ -255,7 +255,8 @@ def _mutate_shard(draw: st.DrawFn, rng: np.random.Generator, arrays: dict[str, A
 
 def read_shard(path: Path) -> Any:
     info = inspect_shard(path, vocab_size=VOCAB, max_positions=MAX_POSITIONS)
-    return info, load_shard(info, VOCAB)
+    with h5py.File(path, "r") as f:  # inspect_shard opened it: so does this
+        return info, read_rows(info, f, 0, info.num_samples, VOCAB)
 
 
 def assert_usable_shard(info: Any, arrays: dict[str, np.ndarray]) -> None:
@@ -275,7 +276,7 @@ def assert_usable_shard(info: Any, arrays: dict[str, np.ndarray]) -> None:
 
 @fuzz(shard_case())
 def test_fuzz_shard_reader(case: Case) -> None:
-    """inspect_shard + load_shard: a complete, in-range shard or one InputError line."""
+    """inspect_shard + read_rows: a complete, in-range shard or one InputError line."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "shard_training_0.hdf5"
         path.write_bytes(case.content)

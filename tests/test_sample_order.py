@@ -284,3 +284,23 @@ def test_blocks_follow_the_chunks_of_input_ids_as_nvidias_shards_are_chunked(tmp
     plan = sample_order.StreamPlan([info.num_samples], [info.block_rows], seed=0, lanes=1)
     touched = sum((p.stop - 1) // chunk - p.start // chunk + 1 for p, _ in plan.lane_portions(0, 0))
     assert touched == -(-137000 // chunk)  # every input_ids chunk decompressed once
+
+
+# ---------------------------------------------------------------- held-out evaluation (--eval_dir)
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+def test_evaluation_batches_split_the_rows_between_ranks_each_read_once(shards, world, monkeypatch):
+    import pretraining_data
+    reads = []
+    real = pretraining_data.read_rows
+    monkeypatch.setattr(pretraining_data, "read_rows",
+                        lambda info, f, a, b, v: reads.append((info.path.name, a, b)) or real(info, f, a, b, v))
+    per_rank = [[b["input_ids"][:, 0].tolist() for b in
+                 pretraining_data.evaluation_batches(shards, VOCAB, 12, rank, world)] for rank in range(world)]
+    # Plain reference: every sample in shard order, cut into batches of 12; rank r takes a contiguous run.
+    everything = [1000 * index + row for index, info in enumerate(shards) for row in range(info.num_samples)]
+    reference = [everything[i:i + 12] for i in range(0, len(everything), 12)]
+    assert [b for rank in per_rank for b in rank] == reference
+    assert all(abs(len(a) - len(b)) <= 1 for a in per_rank for b in per_rank)
+    read = [(name, row) for name, a, b in reads for row in range(a, b)]
+    assert len(read) == len(set(read)) == len(everything)  # each row read by one rank, once
+    assert all(b - a <= 16 and a // 16 == (b - 1) // 16 for _, a, b in reads)  # never across a chunk of 16

@@ -25,7 +25,7 @@ tqdm.set_lock(threading.RLock())
 from data import download, engine, layout, text_formatting
 from data.create_pretraining_data import ShardConfig, check_paths, shard_attributes, shard_task, validate
 from data.errors import ArgumentParser, DataError, run_cli
-from data.outputs import inside, refuse_input_as_output, remove_stale_temporaries
+from data.outputs import inside, refuse_input_as_output, remove_stale_temporaries_of
 from data.sharding import ShardingConfig, segment_tasks, shard_corpus
 from data.shard_writer import is_complete
 from data.tokenization import load_vocab
@@ -186,7 +186,7 @@ def _shard_jobs(cfg: PrepConfig, vocab: Path) -> list[ShardConfig]:
             jobs.append(ShardConfig(source, layout.hdf5_shard(cfg.root, params, cfg.dataset, split, i), vocab,
                                     cfg.do_lower_case, cfg.max_seq_length, cfg.max_predictions_per_seq,
                                     cfg.masked_lm_prob, cfg.short_seq_prob, cfg.dupe_factor, cfg.random_seed,
-                                    cfg.whole_word_masking, cfg.compression))
+                                    cfg.whole_word_masking, cfg.compression, temporaries_cleaned=True))
     return jobs
 
 
@@ -199,8 +199,7 @@ def _prepare_hdf5_dirs(jobs: list[ShardConfig]) -> None:
         except OSError as err:
             raise DataError(folder, f"cannot create the shard folder ({err.strerror}); check the permissions of "
                                     "$BERT_PREP_WORKING_DIR") from None
-    for job in jobs:
-        remove_stale_temporaries(job.output_file)
+    remove_stale_temporaries_of(job.output_file for job in jobs)  # so the shard tasks need not
 
 
 def do_create_hdf5_files(cfg: PrepConfig) -> None:

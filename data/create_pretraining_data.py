@@ -46,6 +46,9 @@ class ShardConfig:
     # none (default: writing costs ~0.1 s per 5 MB of text), gzip (level 1, ~4x smaller files, NVIDIA's format,
     # about as slow to write as everything else together), lzf (h5py only, ~3x smaller, half gzip's time).
     compression: str = "none"
+    # bertPrep removes the stale temporaries of all its shards with one listing per folder: a listing per shard
+    # costs 1.9 ms among 4,096 shards.
+    temporaries_cleaned: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,8 @@ def create_shard(cfg: ShardConfig, progress: bool | None = None) -> ShardResult:
     blocks = instance_blocks(docs.tokens, spans, masking, special, gen)
     write_shard_blocks(output, len(spans), instance_row_shapes(masking), blocks,
                        shard_attributes(cfg, len(vocab), vocab.sha256),
-                       compression=None if cfg.compression == "none" else cfg.compression)
+                       compression=None if cfg.compression == "none" else cfg.compression,
+                       clean=not cfg.temporaries_cleaned)
     return ShardResult(output, len(spans), input_bytes, time.perf_counter() - started)
 
 

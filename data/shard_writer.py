@@ -39,16 +39,17 @@ def write_shard(path: str | Path, arrays: Mapping[str, np.ndarray], attrs: Mappi
 
 def write_shard_blocks(path: str | Path, rows: int, row_shapes: Mapping[str, tuple[int, ...]],
                        blocks: Iterable[Mapping[str, np.ndarray]], attrs: Mapping[str, object],
-                       compression: str | None = "gzip") -> None:
+                       compression: str | None = "gzip", clean: bool = True) -> None:
     """write_shard for rows that come in blocks (consecutive rows of all six keys): the datasets are created
     with their final shapes (rows, *row_shapes[key]) and filled block by block, so that only one block need be
-    in memory. Blocks that do not add up to rows are a ValueError, and nothing is left at path."""
+    in memory. Blocks that do not add up to rows are a ValueError, and nothing is left at path. clean=False:
+    the caller removed path's stale temporaries already (data/outputs.py)."""
     path = Path(path)
     try:
         # Missing folders are made and stale temporaries of killed runs removed only now, at the first write.
         # A chunk cache that holds a whole chunk of every dataset: blocks need not end at chunk boundaries,
         # and a compressed chunk is then written once, whole, instead of read back and rewritten.
-        with atomic_output(path) as tmp, h5py.File(tmp, "w", rdcc_nbytes=_CHUNK_CACHE) as f:
+        with atomic_output(path, clean) as tmp, h5py.File(tmp, "w", rdcc_nbytes=_CHUNK_CACHE) as f:
             datasets = {key: f.create_dataset(key, (rows, *row_shapes[key]), dtype,
                                               **_storage((rows, *row_shapes[key]), dtype, compression))
                         for key, (dtype, _) in KEYS.items()}

@@ -109,8 +109,9 @@ def do_download(cfg: PrepConfig) -> None:
     print(f"downloads are in {root}")
 
 
-def _format_sources(cfg: PrepConfig, corpus: str) -> list[Path]:
-    """The raw files of a corpus (none for the embedded one); refuses an output that is, or lies among, them."""
+def _format_sources(cfg: PrepConfig, corpus: str) -> list:
+    """The dumps or book groups of a corpus (none for the embedded one); refuses an output that is, or lies
+    among, them."""
     output = layout.formatted_text(cfg.root, corpus)
     source = layout.download_dir(cfg.root) / corpus
     if corpus == "wikicorpus_en":
@@ -121,7 +122,7 @@ def _format_sources(cfg: PrepConfig, corpus: str) -> list[Path]:
                                f"make {output.parent} a folder of its own")
         return dumps
     if corpus == "bookscorpus":
-        books = text_formatting.book_files(source)
+        books = text_formatting.book_groups(source)
         if inside(output, source):  # a symlinked folder: the output would be read as a book next time
             raise DataError(output, f"the formatted text would be written inside the book folder {source}, where "
                                     f"every .txt is read as a book; make {output.parent} a folder of its own")

@@ -171,13 +171,14 @@ def test_formatting_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path
         (books / name).write_text(f"\ufeffBook {i}\r\nline two of {name}.\n", encoding="utf-8")
     (books / "e.txt").write_text("", encoding="utf-8")  # an empty book is no article
     expected = sorted(p for p in books.rglob("*.txt") if p.is_file())
-    assert text_formatting.book_files(books) == [str(p) for p in expected]
+    groups = text_formatting.book_groups(books, 3)
+    assert [p for g in groups for p in text_formatting.group_paths(g)] == [str(p) for p in expected]
     reference = "".join(text_formatting.book_text(p) + "\n\n" for p in expected if text_formatting.book_text(p))
 
     one = tmp_path / "one.txt"
-    text_formatting.format_corpus(text_formatting.format_tasks("bookscorpus", text_formatting.book_files(books)), one)
+    text_formatting.format_corpus(text_formatting.format_tasks("bookscorpus", text_formatting.book_groups(books)), one)
     monkeypatch.setattr(text_formatting, "BOOKS_PER_TASK", 2)
-    tasks = text_formatting.format_tasks("bookscorpus", text_formatting.book_files(books))
+    tasks = text_formatting.format_tasks("bookscorpus", text_formatting.book_groups(books))
     assert len(tasks) == 4
     many = tmp_path / "out" / "many.txt"
     with engine.session(engine.EngineConfig("local", n_processes=2)) as run:
@@ -197,6 +198,6 @@ def test_a_failing_formatting_task_leaves_no_output_and_no_scratch(tmp_path, mon
     out = tmp_path / "new" / "formatted.txt"
     with engine.session(engine.EngineConfig("local", n_processes=2)) as run, \
             pytest.raises(DataError, match=r"b2\.txt.*not UTF-8"):
-        text_formatting.format_corpus(text_formatting.format_tasks("bookscorpus", text_formatting.book_files(books)),
+        text_formatting.format_corpus(text_formatting.format_tasks("bookscorpus", text_formatting.book_groups(books)),
                                       out, run)
     assert not (tmp_path / "new").exists()

@@ -4,6 +4,7 @@ processes or DataLoader workers, and a resume on another number of processes con
 import h5py
 import numpy as np
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 import masking
@@ -304,3 +305,40 @@ def test_evaluation_batches_split_the_rows_between_ranks_each_read_once(shards, 
     read = [(name, row) for name, a, b in reads for row in range(a, b)]
     assert len(read) == len(set(read)) == len(everything)  # each row read by one rank, once
     assert all(b - a <= 16 and a // 16 == (b - 1) // 16 for _, a, b in reads)  # never across a chunk of 16
+
+
+def test_a_binned_samples_loss_does_not_depend_on_its_batch_mates(tmp_path):
+    """Binning regroups a step's samples: each sample's masked-LM loss must be what it is in the plain grouping
+    (no token attends to another sample or to padding), so the step trains on the same per-sample losses."""
+    from model import BertConfig, BertForPreTraining
+    infos = write_shards(tmp_path, [64, 64])
+    rng = np.random.default_rng(1)
+    for info in infos:  # random tokens, real lengths 3..8
+        with h5py.File(info.path, "r+") as f:
+            lengths = rng.integers(3, 9, (64, 1))
+            f["input_mask"][...] = (np.arange(8) < lengths).astype(np.int8)
+            ids = rng.integers(5, 100, (64, 8)).astype(np.int32)
+            ids[:, 0] = f["input_ids"][:, 0]  # keeps the sample id (and [CLS]'s place)
+            f["input_ids"][...] = ids * (np.arange(8) < lengths)
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                          num_attention_heads=4, intermediate_size=64, max_position_embeddings=64))
+    model.eval()
+
+    def per_sample_losses(bin_by_length):
+        data = PretrainingData(infos, 0, BatchPlan(4, 4, 1, 0), 8, VOCAB, max_steps=3, bin_by_length=bin_by_length)
+        losses, groups = {}, set()
+        for batch in data.batches(iter(data.reader())):
+            groups.add(frozenset(batch["input_ids"][:, 0].tolist()))
+            labels = batch["masked_lm_labels"]
+            with torch.no_grad():
+                logits = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"]).prediction_logits
+            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-1,
+                                                     reduction="none").sum(1)
+            losses.update(zip(batch["input_ids"][:, 0].tolist(), loss.tolist()))
+        return losses, groups
+
+    (plain, plain_groups), (binned, binned_groups) = per_sample_losses(False), per_sample_losses(True)
+    assert plain.keys() == binned.keys() and len(plain) == 48
+    assert plain_groups != binned_groups  # the samples really were regrouped
+    assert all(abs(plain[k] - binned[k]) <= 1e-4 * max(1.0, abs(plain[k])) for k in plain)

@@ -11,13 +11,13 @@ temporary $BERT_PREP_WORKING_DIR, so that `--dataset bookscorpus` reads it. Each
 default, seq 128, 20 predictions, dupe factor 5, no compression, the vocab of ../shared/data/minilm.
 
 Per stage: seconds, MB/s per process (MB of uncompressed generated text over seconds over the processes the stage
-runs; text_formatting and sharding are one process whatever --n_processes says, so they run once per size), peak
+runs; every stage runs at each --n_processes, its tasks spread over that many processes), peak
 RSS of the process tree (sum of VmRSS over the stage process and its descendants, sampled every --interval s), the
 largest single process's peak (wait4's ru_maxrss, which covers waited-for descendants), and the peak of open files
 of the tree (sampled from /proc/<pid>/fd). The single-shard reference is create_pretraining_data on one text shard
 of --reference_mb MB cut from the same sharded text, timed inside create_shard like benchmarks/data_prep.py.
 Goals (issue 14): peak RSS independent of corpus size (smallest vs largest --size_gb within 10 %), create_hdf5_files
-per process within 10 % of the single-shard figure, linear in processes.
+per process within 10 % of the single-shard figure, every stage linear in processes.
 """
 from __future__ import annotations
 
@@ -213,10 +213,14 @@ def run_size(size_gb: float, args: argparse.Namespace, pieces: list[str], vocab:
         shards = ["--n_training_shards", str(args.n_training_shards), "--n_test_shards", str(args.n_test_shards)]
         common = ["--dataset", DATASET, *shards]
         log = work / "bertPrep.log"
-        stages = [run_stage("text_formatting", ["--action", "text_formatting", *common], env, log, 1, args.interval)]
-        shutil.rmtree(books)  # the formatted text holds it all now; frees the disk for the shards
-        stages.append(run_stage("sharding", ["--action", "sharding", *common], env, log, 1, args.interval))
-        show(mb, stages[-2:])
+        stages = []
+        for action in ("text_formatting", "sharding"):  # each at every process count (the output is the same)
+            for n in args.n_processes:
+                argv = ["--action", action, *common, "--n_processes", str(n)]
+                stages.append(run_stage(action, argv, env, log, n, args.interval))
+                show(mb, stages[-1:])
+            if action == "text_formatting":
+                shutil.rmtree(books)  # the formatted text holds it all now; frees the disk for the shards
         text_dir = next((work).glob("sharded_*")) / DATASET
         ref = reference(text_dir, work, vocab, args.reference_mb, env)
         print(f"  single-shard reference: {ref['bytes'] / 1e6 / ref['seconds']:.2f} MB/s on "
@@ -239,11 +243,11 @@ def show(mb: float, stages: list[Stage]) -> None:
 
 
 def show_totals(mb: float, stages: list[Stage]) -> None:
-    """The chain per process count: formatting + sharding + that count's create_hdf5_files."""
-    for hdf5 in (s for s in stages if s.name == "create_hdf5_files"):
-        chain = [s for s in stages if s.name != "create_hdf5_files"] + [hdf5]
+    """The chain per process count: formatting + sharding + create_hdf5_files at that count."""
+    for n in sorted({s.processes for s in stages}):
+        chain = [s for s in stages if s.processes == n]
         seconds = sum(s.seconds for s in chain)
-        print(f"  whole chain, hdf5 at {hdf5.processes} proc: {seconds:7.1f} s, {mb / seconds:6.2f} MB/s end to end, "
+        print(f"  whole chain at {n} proc: {seconds:7.1f} s, {mb / seconds:6.2f} MB/s end to end, "
               f"peak RSS tree {max(s.tree_rss_mb for s in chain):.0f} MB, peak open files "
               f"{max(s.open_files for s in chain)}")
 
@@ -268,11 +272,13 @@ def show_goals(results: dict[float, tuple[float, list[Stage], dict]]) -> None:
             per = mb / s.seconds / n
             print(f"  {size:g} GB create_hdf5_files {n} proc: {per:.2f} MB/s per process = {per / single:.3f}x "
                   f"the single shard's {single:.2f} MB/s: {verdict(per >= 0.9 * single)}")
-        if 1 in hdf5 and len(hdf5) > 1:
-            n = max(hdf5)
-            speedup = hdf5[1].seconds / hdf5[n].seconds
-            print(f"  {size:g} GB create_hdf5_files 1 -> {n} processes: {speedup:.2f}x ({speedup / n:.0%} of "
-                  f"linear; {os.cpu_count()} cores): {verdict(speedup / n >= 0.9)}")
+        for name in ("text_formatting", "sharding", "create_hdf5_files"):
+            runs = {s.processes: s for s in stages if s.name == name}
+            if 1 in runs and len(runs) > 1:
+                n = max(runs)
+                speedup = runs[1].seconds / runs[n].seconds
+                print(f"  {size:g} GB {name} 1 -> {n} processes: {speedup:.2f}x ({speedup / n:.0%} of linear; "
+                      f"{os.cpu_count()} cores): {verdict(speedup / n >= 0.9)}")
 
 
 def header(vocab: Path, books: Path | None, args: argparse.Namespace) -> None:
@@ -289,7 +295,7 @@ def header(vocab: Path, books: Path | None, args: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size_gb", type=float, nargs="+", default=[0.5], help="corpus sizes in GB (1e9 bytes)")
-    p.add_argument("--n_processes", type=int, nargs="+", default=[1, 2], help="create_hdf5_files process counts")
+    p.add_argument("--n_processes", type=int, nargs="+", default=[1, 2], help="process counts of every stage")
     p.add_argument("--n_training_shards", type=int, default=4096)
     p.add_argument("--n_test_shards", type=int, default=256)
     p.add_argument("--doc_kb", type=int, default=32, help="size of a generated document (one book = one article)")

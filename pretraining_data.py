@@ -236,6 +236,7 @@ class PretrainingData:
         expected = self.portions()
         lanes: dict[int, tuple[int, dict[str, np.ndarray]]] = {}  # lane -> (first lane index, rows)
         taken: list[dict[str, np.ndarray]] = []
+        held, wanted = 0, self.plan.micro_batch * self.plan.accumulation  # rows in taken; rows a step takes
         requests = sample_order.lane_requests(self.order, self.lane_range, self.per_lane, self.first_index,
                                               self.max_steps)
         for lane, index, count in requests:
@@ -250,10 +251,10 @@ class PretrainingData:
                     continue
                 take = min(count, available)
                 taken.append({k: v[index - begins: index - begins + take] for k, v in rows.items()})
-                index, count = index + take, count - take
-            if sum(len(t["input_ids"]) for t in taken) == self.plan.micro_batch * self.plan.accumulation:
+                index, count, held = index + take, count - take, held + take
+            if held == wanted:  # a running count: summing the pieces was quadratic in the lanes
                 yield from self._cut(taken)
-                taken = []
+                taken, held = [], 0
 
     def _begins(self, lane: int, portion: sample_order.Portion, index: int, previous: Optional[tuple]) -> int:
         """The lane index of a portion's first row: where the previous portion ended, or (after a resume, at the

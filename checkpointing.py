@@ -1,6 +1,6 @@
 """Training checkpoints: `<output_dir>/ckpt_<global_step>.pt`, written atomically, the newest 3 that load kept
 (and the one a run resumed from), a corrupt one moved aside as `*.corrupt`, and found again on resume with a
-corrupt newest file skipped in favour of the previous one (interfaces.md, section 3).
+corrupt newest file skipped in favour of the previous one (docs/interfaces.md, section 3).
 
 A checkpoint holds only tensors, numbers, strings, lists and dicts, so `torch.load(weights_only=True)` reads it.
 """

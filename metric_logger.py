@@ -1,4 +1,4 @@
-"""Run logs in NVIDIA dllogger's JSON-lines format (interfaces.md, section 4), a readable copy on stdout,
+"""Run logs in NVIDIA dllogger's JSON-lines format (docs/interfaces.md, section 4), a readable copy on stdout,
 and TensorBoard scalars when `tensorboard` is installed. Only the main process writes.
 
 Nothing is created when a MetricLogger is built: the JSON file opens with the first record written and the

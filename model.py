@@ -1,7 +1,7 @@
 """BERT (Devlin et al., 2018) in PyTorch: configuration, encoder and the pre-training and task heads.
 
 Parameter names equal Hugging Face transformers' BERT names, so state dicts move between the two unchanged
-(see ../shared/docs/interfaces.md, section 3). Attention runs through `scaled_dot_product_attention`, and the
+(see docs/interfaces.md, section 3). Attention runs through `scaled_dot_product_attention`, and the
 masked-LM head runs only on the positions that are predicted. The dense layers skip padding: they run on the
 real tokens of the batch only (attention still sees the padded layout), wherever padded positions cannot
 change a result (see `BertModel.skip_padding`).

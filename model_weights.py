@@ -1,4 +1,4 @@
-"""Reading, normalizing and writing BERT weights in the formats users bring (interfaces.md, section 3).
+"""Reading, normalizing and writing BERT weights in the formats users bring (docs/interfaces.md, section 3).
 
 Accepted sources: our checkpoints (`ckpt_<step>.pt`, `pytorch_model.bin` = {"model": state_dict}), NVIDIA's
 (`dense_act` layers, `gamma`/`beta` LayerNorms, a `module.` prefix), and Hugging Face directories (`config.json`

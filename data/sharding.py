@@ -30,7 +30,8 @@ import math
 import os
 import struct
 import tempfile
-from contextlib import ExitStack
+import threading
+from contextlib import ExitStack, closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
@@ -140,7 +141,7 @@ def _check(cfg: ShardingConfig) -> None:
 
 
 def _check_counts(cfg: ShardingConfig, n_articles: int) -> None:
-    """Refuse fewer articles than shards (after segmentation, before any shard is written)."""
+    """Refuse fewer articles than shards (after segmentation, before any shard is renamed into place)."""
     fraction = cfg.fraction_test_set if cfg.n_test_shards > 0 else 0.0
     n_test = int(n_articles * fraction)
     if n_articles - n_test < cfg.n_training_shards or n_test < cfg.n_test_shards:
@@ -166,40 +167,79 @@ def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = No
                    for split in SPLITS}
             scratch = outputs.enter_context(scratch_folder(cfg.output_dir / cfg.corpus))
             parts = [str(scratch / f"part-{i:06d}.bin") for i in range(len(tasks))]
-            n_articles = _segment([(*task, part) for task, part in zip(tasks, parts)], on_article, run)
-            _check_counts(cfg, n_articles)
+            jobs = [(*task, part) for task, part in zip(tasks, parts)]
+            # Closed (its tasks waited for) before the scratch folder goes, should writing the shards fail.
+            ready = outputs.enter_context(closing(_segmented_in_order(jobs, on_article, run)))
             fraction = cfg.fraction_test_set if cfg.n_test_shards > 0 else 0.0
-            sentences = _write_shards(parts, tmp, fraction)
+            sentences, n_articles = _write_shards(ready, tmp, fraction)
+            _check_counts(cfg, n_articles)  # before the shards are renamed into place
     except OSError as err:
         raise DataError(cfg.output_dir, f"cannot write shards ({err.strerror or err}); check free space and "
                                         "permissions") from None
     return ShardingResult(n_articles, sentences, paths)
 
 
-def _segment(jobs: Sequence[tuple], on_article: Callable[[], None] | None, run: Runner | None) -> int:
-    """Run the segmentation jobs; the article count."""
-    if run is None:
-        return sum(segment_range(*job, on_article=on_article) for job in jobs)
-    counts: list[int] = []
+def _segment_part(path: str, start: int, end: int, part: str) -> tuple[str, int]:
+    """segment_range as an engine task: (its part, the article count)."""
+    return part, segment_range(path, start, end, part)
 
-    def done(count: int) -> None:
-        counts.append(count)
-        for _ in range(count if on_article is not None else 0):
+
+def _segmented_in_order(jobs: Sequence[tuple], on_article: Callable[[], None] | None, run: Runner | None
+                        ) -> Iterator[str]:
+    """The parts of the segmentation jobs, in order, each as soon as it and those before it are written. With an
+    engine the jobs run in a background thread, so that balancing the first parts overlaps segmenting the rest
+    (it made sharding 1.6x, not 2x, as fast on 2 processes); here, one after the other."""
+    if run is None:
+        for job in jobs:
+            segment_range(*job, on_article=on_article)
+            yield job[-1]
+        return
+    finished: set[str] = set()
+    failure: list[BaseException] = []
+    over = threading.Event()
+    ready = threading.Condition()
+
+    def done(result: tuple[str, int]) -> None:
+        with ready:
+            finished.add(result[0])
+            ready.notify_all()
+        for _ in range(result[1] if on_article is not None else 0):
             on_article()
 
-    run(segment_range, jobs, done)
-    return sum(counts)
+    def segment_all() -> None:
+        try:
+            run(_segment_part, jobs, done)
+        except BaseException as err:  # re-raised in the consuming thread, intact (a task's DataError)
+            failure.append(err)
+        finally:
+            with ready:
+                over.set()
+                ready.notify_all()
+
+    worker = threading.Thread(target=segment_all, name="segmentation", daemon=True)
+    worker.start()
+    try:
+        for part in (job[-1] for job in jobs):
+            with ready:
+                ready.wait_for(lambda: part in finished or failure or over.is_set())
+                if part not in finished:
+                    raise failure[0] if failure else RuntimeError(f"segmentation ended without writing {part}")
+            yield part
+    finally:
+        worker.join()  # a failure here waits for the running tasks: their parts go with the scratch folder
 
 
-def _write_shards(parts: Sequence[str], tmp: dict[str, list[Path]], fraction: float) -> dict[str, list[int]]:
-    """Stream the segmented articles into the shard files (greedy balance); sentences per shard."""
+def _write_shards(parts: Iterable[str], tmp: dict[str, list[Path]], fraction: float
+                  ) -> tuple[dict[str, list[int]], int]:
+    """Stream the segmented articles into the shard files (greedy balance); sentences per shard, articles."""
     sentences = {split: [0] * len(tmp[split]) for split in SPLITS}
     targets = [path for split in SPLITS for path in tmp[split]]
-    _distribute(_assign(parts, sentences, fraction), targets, targets[0].parent)
-    return sentences
+    articles = [0]
+    _distribute(_assign(parts, sentences, fraction, articles), targets, targets[0].parent)
+    return sentences, articles[0]
 
 
-def _segmented(parts: Sequence[str]) -> Iterator[tuple[int, bytes]]:
+def _segmented(parts: Iterable[str]) -> Iterator[tuple[int, bytes]]:
     """(sentence count, text) of each article of the parts, in corpus order."""
     for part in parts:
         with open(part, "rb") as f:
@@ -207,9 +247,10 @@ def _segmented(parts: Sequence[str]) -> Iterator[tuple[int, bytes]]:
         os.unlink(part)  # frees its space as the shards fill
 
 
-def _assign(parts: Sequence[str], sentences: dict[str, list[int]], fraction: float) -> Iterator[tuple[int, bytes]]:
+def _assign(parts: Iterable[str], sentences: dict[str, list[int]], fraction: float, articles: list[int]
+            ) -> Iterator[tuple[int, bytes]]:
     """(index into the training then test shards, text) of each article in corpus order; counts the sentences
-    of each shard into `sentences`."""
+    of each shard into `sentences` and the articles into articles[0]."""
     heaps = {split: [(0, i) for i in range(len(sentences[split]))] for split in SPLITS}
     first = {"training": 0, "test": len(sentences["training"])}
     for index, (n_sentences, data) in enumerate(_segmented(parts)):
@@ -217,6 +258,7 @@ def _assign(parts: Sequence[str], sentences: dict[str, list[int]], fraction: flo
         count, shard = heapq.heappop(heaps[split])
         heapq.heappush(heaps[split], (count + n_sentences, shard))
         sentences[split][shard] += n_sentences
+        articles[0] = index + 1
         yield first[split] + shard, data
 
 

@@ -201,3 +201,16 @@ def test_a_failing_formatting_task_leaves_no_output_and_no_scratch(tmp_path, mon
         text_formatting.format_corpus(text_formatting.format_tasks("bookscorpus", text_formatting.book_groups(books)),
                                       out, run)
     assert not (tmp_path / "new").exists()
+
+
+def test_a_failing_segmentation_task_on_processes_is_one_error_and_leaves_nothing(tmp_path, monkeypatch):
+    from data import engine
+    source = tmp_path / "formatted.txt"
+    good = "".join(f"Article {i} is here. It has two sentences.\n\n" for i in range(40)).encode("utf-8")
+    source.write_bytes(good + b"bad \xff byte.\n\n" + good)  # a task in the middle fails, others run on
+    monkeypatch.setattr(sharding, "SEGMENT_BYTES", 64)
+    cfg = ShardingConfig((source,), tmp_path / "out", "c", 4, 1, 0.1)
+    with engine.session(engine.EngineConfig("local", n_processes=2)) as run, \
+            pytest.raises(DataError, match="formatted.txt.*not UTF-8"):
+        shard_corpus(cfg, run=run)
+    assert not (tmp_path / "out").exists()  # no shard, temporary, part or scratch folder

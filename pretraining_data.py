@@ -363,20 +363,19 @@ def evaluation_batches(shards: list[ShardInfo], vocab_size: int, batch_size: int
     n_batches = -(-total // batch_size)
     start = rank * n_batches // world_size * batch_size
     stop = min((rank + 1) * n_batches // world_size * batch_size, total)
-    pending: list[dict[str, np.ndarray]] = []
-    held = 0
+    rows: Optional[dict[str, np.ndarray]] = None  # read but not yet batched: less than a batch
     for piece in _rows_in_order(shards, first, start, stop, vocab_size):
-        pending.append(piece)
-        held += len(piece["input_ids"])
-        if held >= batch_size or start + held == stop:
-            rows = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
-            whole = held if start + held == stop else held - held % batch_size
-            for lo in range(0, whole, batch_size):
-                batch = make_batch(rows, np.arange(lo, min(lo + batch_size, whole)))
-                yield {key: torch.from_numpy(value) for key, value in batch.items()}
-            start += whole
-            pending = [{k: v[whole:] for k, v in rows.items()}] if held > whole else []
-            held -= whole
+        rows = piece if rows is None else {k: np.concatenate([rows[k], piece[k]]) for k in piece}
+        whole = len(rows["input_ids"]) // batch_size * batch_size
+        for lo in range(0, whole, batch_size):
+            yield _tensors(make_batch(rows, np.arange(lo, lo + batch_size)))
+        rows = {k: v[whole:] for k, v in rows.items()}
+    if rows is not None and len(rows["input_ids"]):  # the last batch of all, on the last rank
+        yield _tensors(make_batch(rows, np.arange(len(rows["input_ids"]))))
+
+
+def _tensors(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {key: torch.from_numpy(value) for key, value in batch.items()}
 
 
 def _rows_in_order(shards: list[ShardInfo], first: np.ndarray, start: int, stop: int, vocab_size: int

@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import pickle
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -127,7 +128,7 @@ class _SentByValue:
 
 def _run_local(cfg: EngineConfig, function: Callable, tasks: Sequence[tuple], on_done: Callable[[Any], None]
                ) -> set[str]:
-    if cfg.n_processes <= 1 or len(tasks) <= 1:
+    if runs_here(cfg, len(tasks)):
         for args in tasks:
             on_done(function(*args))
         return set()
@@ -226,6 +227,59 @@ def _run_dask(client: Any, function: Callable, tasks: Sequence[tuple], on_done: 
 
 
 Runner = Callable[[Callable, Sequence[tuple], Callable[[Any], None]], set]
+
+
+class _Numbered:
+    """function(*args) as (index, result), for results that come back out of order."""
+
+    def __init__(self, function: Callable) -> None:
+        self.function = function
+
+    def __call__(self, index: int, *args: Any) -> tuple[int, Any]:
+        return index, self.function(*args)
+
+
+def in_order(run: Runner | None, function: Callable, tasks: Sequence[tuple]) -> Iterator[Any]:
+    """function(*task)'s results in task order, each as soon as it and those before it are done, so that the
+    caller can consume the first while the rest run. With a runner the tasks run in a background thread (its
+    failure, e.g. a task's DataError, is raised here intact); run=None runs them here, one after the other.
+    Closing the iterator early waits for the tasks already running."""
+    if run is None:
+        for task in tasks:
+            yield function(*task)
+        return
+    results: dict[int, Any] = {}
+    failure: list[BaseException] = []
+    over = threading.Event()
+    ready = threading.Condition()
+
+    def done(numbered: tuple[int, Any]) -> None:
+        with ready:
+            results[numbered[0]] = numbered[1]
+            ready.notify_all()
+
+    def run_all() -> None:
+        try:
+            run(_Numbered(function), [(i, *task) for i, task in enumerate(tasks)], done)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the consuming thread
+            failure.append(err)
+        finally:
+            with ready:
+                over.set()
+                ready.notify_all()
+
+    worker = threading.Thread(target=run_all, name="engine", daemon=True)
+    worker.start()
+    try:
+        for index in range(len(tasks)):
+            with ready:
+                ready.wait_for(lambda: index in results or failure or over.is_set())
+                if index not in results:
+                    raise failure[0] if failure else RuntimeError(f"the engine ended without task {index}")
+                result = results.pop(index)
+            yield result
+    finally:
+        worker.join()
 
 
 @contextmanager

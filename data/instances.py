@@ -160,23 +160,11 @@ def truncate_spans(spans: np.ndarray, max_num_tokens: int, gen: np.random.Genera
     return out
 
 
-def build_instances(tokens: np.ndarray, spans: np.ndarray, cfg: MaskingConfig, ids: SpecialIds,
-                    gen: np.random.Generator) -> dict[str, np.ndarray]:
-    """The six HDF5 arrays (interfaces section 1) for truncated spans [N, 5], in the order of spans, whole.
-
-    The rows and random draws of instance_blocks, which needs only a block of them in memory at a time."""
-    out = _empty_rows(spans, cfg)
-    windows = _windows(tokens, cfg.max_seq_length)
-    for lo in range(0, len(spans), BLOCK):
-        hi = min(lo + BLOCK, len(spans))
-        _assemble_block(windows, spans[lo:hi], cfg, ids, gen, {k: v[lo:hi] for k, v in out.items()})
-    return out
-
-
 def instance_blocks(tokens: np.ndarray, spans: np.ndarray, cfg: MaskingConfig, ids: SpecialIds,
                     gen: np.random.Generator) -> Iterator[dict[str, np.ndarray]]:
-    """build_instances' arrays as consecutive blocks of up to BLOCK rows each, made as they are asked for:
-    a consumer that writes a block before asking for the next holds one block, not the whole shard."""
+    """The six HDF5 arrays (docs/interfaces.md, section 1) for truncated spans [N, 5], in the order of spans, as
+    consecutive blocks of up to BLOCK rows each, made as they are asked for: a consumer that writes a block
+    before asking for the next holds one block, not the whole shard."""
     windows = _windows(tokens, cfg.max_seq_length)
     for lo in range(0, len(spans), BLOCK):
         block_spans = spans[lo:lo + BLOCK]

@@ -30,14 +30,15 @@ import math
 import os
 import struct
 import tempfile
-import threading
 from contextlib import ExitStack, closing
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
 
 import blingfire
 
+from .engine import Runner, in_order
 from .errors import DataError
 from .layout import SPLITS
 from .outputs import atomic_output, refuse_input_as_output, remove_stale_temporaries_of, scratch_folder
@@ -45,7 +46,6 @@ from .outputs import atomic_output, refuse_input_as_output, remove_stale_tempora
 FAN_OUT = 128  # most shards, or spill files, written at once by one level (at least 2)
 _RECORD = struct.Struct("<IQ")  # an article: shard index within a spill (or sentences in a part), byte length
 SEGMENT_BYTES = 64 << 20  # formatted text segmented by one task
-Runner = Callable[[Callable, Sequence[tuple], Callable[[object], None]], object]  # data/engine.py's run
 
 
 @dataclass(frozen=True)
@@ -179,54 +179,16 @@ def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = No
     return ShardingResult(n_articles, sentences, paths)
 
 
-def _segment_part(path: str, start: int, end: int, part: str) -> tuple[str, int]:
-    """segment_range as an engine task: (its part, the article count)."""
-    return part, segment_range(path, start, end, part)
-
-
 def _segmented_in_order(jobs: Sequence[tuple], on_article: Callable[[], None] | None, run: Runner | None
                         ) -> Iterator[str]:
-    """The parts of the segmentation jobs, in order, each as soon as it and those before it are written. With an
-    engine the jobs run in a background thread, so that balancing the first parts overlaps segmenting the rest
-    (it made sharding 1.6x, not 2x, as fast on 2 processes); here, one after the other."""
-    if run is None:
-        for job in jobs:
-            segment_range(*job, on_article=on_article)
+    """The parts of the segmentation jobs, in order, each as soon as it and those before it are written: with an
+    engine, balancing the first parts overlaps segmenting the rest (data/engine.py's in_order)."""
+    task = partial(segment_range, on_article=on_article) if run is None else segment_range
+    with closing(in_order(run, task, jobs)) as counts:
+        for job, count in zip(jobs, counts):
+            for _ in range(count if run is not None and on_article is not None else 0):
+                on_article()  # here, the bar moved article by article already
             yield job[-1]
-        return
-    finished: set[str] = set()
-    failure: list[BaseException] = []
-    over = threading.Event()
-    ready = threading.Condition()
-
-    def done(result: tuple[str, int]) -> None:
-        with ready:
-            finished.add(result[0])
-            ready.notify_all()
-        for _ in range(result[1] if on_article is not None else 0):
-            on_article()
-
-    def segment_all() -> None:
-        try:
-            run(_segment_part, jobs, done)
-        except BaseException as err:  # re-raised in the consuming thread, intact (a task's DataError)
-            failure.append(err)
-        finally:
-            with ready:
-                over.set()
-                ready.notify_all()
-
-    worker = threading.Thread(target=segment_all, name="segmentation", daemon=True)
-    worker.start()
-    try:
-        for part in (job[-1] for job in jobs):
-            with ready:
-                ready.wait_for(lambda: part in finished or failure or over.is_set())
-                if part not in finished:
-                    raise failure[0] if failure else RuntimeError(f"segmentation ended without writing {part}")
-            yield part
-    finally:
-        worker.join()  # a failure here waits for the running tasks: their parts go with the scratch folder
 
 
 def _write_shards(parts: Iterable[str], tmp: dict[str, list[Path]], fraction: float

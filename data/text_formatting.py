@@ -9,7 +9,7 @@ optional BOM), one book per line.
 Formatting is split into tasks for data/engine.py (local processes or Dask workers): one per dump file (Wikipedia
 ships its dump whole or in parts, pages-articles1..27, which run in parallel) and one per group of up to
 BOOKS_PER_TASK books. Each task writes its articles to a part file in a scratch folder beside the output; the
-parts are then joined in task order, so the output is the same bytes whatever the engine and worker count.
+parts are joined in task order as they arrive, so the output is the same bytes whatever the engine and worker count.
 """
 from __future__ import annotations
 
@@ -20,16 +20,18 @@ import os
 import re
 import shutil
 import xml.etree.ElementTree as ET
+from contextlib import closing
+from functools import partial
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence, TextIO
+from typing import BinaryIO, Callable, Iterable, Iterator, Sequence, TextIO
 
 from wikiextractor.extract import Extractor
 
+from .engine import Runner, in_order
 from .errors import DataError
 from .outputs import atomic_output, scratch_folder
 
 BOOKS_PER_TASK = 256  # books formatted by one task: enough work to amortise a Dask round trip
-Runner = Callable[[Callable, Sequence[tuple], Callable[[object], None]], object]  # data/engine.py's run
 
 def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
@@ -135,7 +137,7 @@ def book_groups(path: Path, per_group: int | None = None) -> list[tuple[str, str
     return groups
 
 
-def group_paths(group: tuple[str, str]) -> list[str]:
+def group_paths(group: Sequence[str]) -> list[str]:
     folder, names = group
     return [os.path.join(folder, name) for name in names.split("\0")]
 
@@ -169,7 +171,7 @@ def corpus_articles(corpus: str, sources: Sequence[str]) -> Iterator[str]:
     if corpus == "wikicorpus_en":
         return (a for dump in sources for a in wiki_articles(Path(dump)))
     if corpus == "bookscorpus":
-        return (book_text(Path(book)) for book in group_paths((sources[0], sources[1])))
+        return (book_text(Path(book)) for book in group_paths(sources))
     from .default_corpus import articles
     return articles()
 
@@ -187,40 +189,34 @@ def format_part(corpus: str, sources: tuple[str, ...], part: str,
 
 def format_corpus(tasks: Sequence[tuple[str, tuple[str, ...]]], output: Path, run: Runner | None = None,
                   on_articles: Callable[[int], None] | None = None, source: Path | str | None = None) -> int:
-    """Run the tasks (run: data/engine.py's runner; None runs them here, one after the other), join their parts
-    into output atomically; the article count. A failure leaves no output, part or folder behind."""
-    counts: list[int] = []
-
-    def done(count: int) -> None:
-        counts.append(count)
-        if on_articles is not None and run is not None:  # here, the bar moved article by article
-            on_articles(count)
-
+    """Run the tasks (run: data/engine.py's runner; None runs them here, one after the other) and join their
+    parts into output atomically, each as soon as it and those before it are written; the article count. A
+    failure leaves no output, part or folder behind."""
+    each = (lambda: on_articles(1)) if on_articles is not None and run is None else None
+    task = partial(format_part, on_article=each) if run is None else format_part
+    total = 0
     try:
         with atomic_output(output) as tmp, scratch_folder(output) as scratch:
             parts = [str(scratch / f"part-{i:06d}.txt") for i in range(len(tasks))]
             jobs = [(corpus, sources, part) for (corpus, sources), part in zip(tasks, parts)]
-            if run is None:
-                each = (lambda: on_articles(1)) if on_articles is not None else None
-                for job in jobs:
-                    done(format_part(*job, on_article=each))
-            else:
-                run(format_part, jobs, done)
-            if sum(counts) == 0:
+            with open(tmp, "wb") as out, closing(in_order(run, task, jobs)) as counts:
+                for part, count in zip(parts, counts):
+                    total += count
+                    if on_articles is not None and run is not None:  # here, the bar moved article by article
+                        on_articles(count)
+                    _append(part, out)
+            if total == 0:
                 raise DataError(source or output, "no article with text was found in the input; check that it "
                                                   "holds the corpus (or run --action download again)")
-            _join(parts, tmp)
     except OSError as err:
         raise DataError(output, f"cannot write ({err.strerror}); check free space and permissions") from None
-    return sum(counts)
+    return total
 
 
-def _join(parts: Sequence[str], output: Path) -> None:
-    with open(output, "wb") as out:
-        for part in parts:
-            with open(part, "rb") as f:
-                shutil.copyfileobj(f, out, 1 << 20)
-            os.unlink(part)  # frees its space before the next is copied
+def _append(part: str, out: BinaryIO) -> None:
+    with open(part, "rb") as f:
+        shutil.copyfileobj(f, out, 1 << 20)
+    os.unlink(part)  # frees its space before the next is copied
 
 
 def write_articles(articles: Iterable[str], output: Path, on_article: Callable[[], None] | None = None,

@@ -372,7 +372,7 @@ def _same_shards(a: Path, b: Path) -> None:
 @pytest.mark.parametrize("compression", ["none", "gzip"])
 def test_streamed_shard_equals_whole_arrays(compression, books_text, vocab_path, tmp_path, monkeypatch):
     """create_shard, which tokenizes in slices, collects pairs in parts and writes block by block, against the
-    same steps done whole: one slice, one list, build_instances' whole arrays and write_shard."""
+    same steps done whole: one slice, one list, the blocks joined into whole arrays and write_shard."""
     cfg = ShardConfig(books_text, tmp_path / "streamed.hdf5", vocab_path, True, SEQ, PREDS, 0.15, 0.1, 1, 99,
                       compression=compression)
     # 300-row blocks end inside HDF5 chunks (2,048 rows of input_ids); BLOCK fixes the draws: same for both.
@@ -390,7 +390,8 @@ def test_streamed_shard_equals_whole_arrays(compression, books_text, vocab_path,
     spans = instances.pair_spans(docs, masking, random.Random(99))
     spans = truncate_spans(spans[gen.permutation(len(spans))], SEQ - 3, gen)
     special = SpecialIds(vocab.id("[CLS]"), vocab.id("[SEP]"), vocab.id("[MASK]"), len(vocab))
-    arrays = instances.build_instances(docs.tokens, spans, masking, special, gen)
+    blocks = list(instances.instance_blocks(docs.tokens, spans, masking, special, gen))
+    arrays = {key: np.concatenate([block[key] for block in blocks]) for key in blocks[0]}
     write_shard(tmp_path / "whole.hdf5", arrays, shard_attributes(cfg, len(vocab), vocab.sha256),
                 None if compression == "none" else compression)
     _same_shards(tmp_path / "streamed.hdf5", tmp_path / "whole.hdf5")

@@ -219,22 +219,6 @@ def _append(part: str, out: BinaryIO) -> None:
     os.unlink(part)  # frees its space before the next is copied
 
 
-def write_articles(articles: Iterable[str], output: Path, on_article: Callable[[], None] | None = None,
-                   source: Path | str | None = None) -> int:
-    """Write one article per line with a blank line between, atomically; returns the article count.
-    A failure (unreadable input, no article) leaves no file and no folder behind."""
-    try:
-        with atomic_output(output) as tmp:
-            with open(tmp, "w", encoding="utf-8") as out:
-                count = _write_all(articles, out, on_article)
-            if count == 0:
-                raise DataError(source or output, "no article with text was found in the input; check that it "
-                                                  "holds the corpus (or run --action download again)")
-    except OSError as err:
-        raise DataError(output, f"cannot write ({err.strerror}); check free space and permissions") from None
-    return count
-
-
 def _write_all(articles: Iterable[str], out: TextIO, on_article: Callable[[], None] | None) -> int:
     count = 0
     for text in articles:

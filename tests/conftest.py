@@ -14,3 +14,10 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared test data not found at {SHARED_DATA} (set BERT_SHARED_DATA)")
     return SHARED_DATA
+
+
+def write_formatted(articles, path: Path) -> Path:
+    """Formatted text as text_formatting writes it: one article a line, a blank line after each."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(" ".join(a.split()) + "\n\n" for a in articles), encoding="utf-8")
+    return path

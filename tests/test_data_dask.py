@@ -22,8 +22,8 @@ import pytest
 
 from data import layout
 from data.sharding import split_sentences
-from data.text_formatting import book_text, write_articles
-from tests.conftest import REPO_ROOT
+from data.text_formatting import book_text
+from tests.conftest import REPO_ROOT, write_formatted
 
 pytest.importorskip("dask")  # (not `distributed`: the checkout's own distributed.py shadows it in this process)
 PYTHON = sys.executable
@@ -108,7 +108,7 @@ def corpus(tmp_path_factory, shared_data) -> Path:
     """A working dir with a small formatted and sharded corpus (5 text shards)."""
     root = tmp_path_factory.mktemp("corpus")
     sentences = split_sentences(book_text(shared_data / "books" / "pg11.txt"))[:1200]
-    write_articles(iter(" ".join(sentences[i:i + 30]) for i in range(0, len(sentences), 30)),
+    write_formatted((" ".join(sentences[i:i + 30]) for i in range(0, len(sentences), 30)),
                    layout.formatted_text(root, "bookscorpus"))
     assert _prep(root, "--action", "sharding", *FLAGS).returncode == 0
     return root

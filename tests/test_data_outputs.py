@@ -14,8 +14,9 @@ from data import bertPrep, build_default_corpus, layout
 from data import create_pretraining_data as cpd
 from data.errors import DataError, run_cli
 from data.sharding import ShardingConfig, shard_corpus
-from data.text_formatting import write_articles
 from data.vocab_training import train_vocab
+from data.text_formatting import book_groups, format_corpus, format_tasks
+from tests.conftest import write_formatted
 
 DEAD_PID = 999_999_999  # above every kernel's pid_max: the run that left such a temporary is surely gone
 WORDS = "the cat sat on a mat and dog ran in park it was big small red blue day night".split()
@@ -142,7 +143,7 @@ def test_sharding_refuses_a_shard_name_that_is_an_input(tmp_path):
 def test_create_vocab_refuses_the_formatted_text_and_an_existing_vocab(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("BERT_PREP_WORKING_DIR", str(tmp_path))
     formatted = layout.formatted_text(tmp_path, "bookscorpus")
-    write_articles(iter(["The cat sat on the mat. " * 50, "A dog ran in the park. " * 50]), formatted)
+    write_formatted((["The cat sat on the mat. " * 50, "A dog ran in the park. " * 50]), formatted)
     existing = _vocab(tmp_path)
     spelled = tmp_path / "vocab" / ".." / formatted.relative_to(tmp_path)
     before = _snapshot(tmp_path)
@@ -206,8 +207,12 @@ def test_sharding_removes_its_stale_temporaries_only(tmp_path):
 
 def test_formatting_and_vocab_remove_their_stale_temporaries_only(tmp_path):
     formatted = tmp_path / "f" / "text.txt"
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "a.txt").write_text("The cat sat on the mat. " * 50, encoding="utf-8")
+    (books / "b.txt").write_text("A dog ran in the park. " * 50, encoding="utf-8")
     paths = _temporaries(formatted.parent, formatted.name)
-    write_articles(iter(["The cat sat on the mat. " * 50, "A dog ran in the park. " * 50]), formatted)
+    format_corpus(format_tasks("bookscorpus", book_groups(books)), formatted)
     _only_stale_removed(paths)
     vocab = tmp_path / "v" / "vocab.txt"
     paths = _temporaries(vocab.parent, vocab.name)
@@ -217,7 +222,7 @@ def test_formatting_and_vocab_remove_their_stale_temporaries_only(tmp_path):
 
 def test_create_hdf5_files_removes_stale_temporaries_beside_complete_shards(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("BERT_PREP_WORKING_DIR", str(tmp_path))
-    write_articles(iter(f"The cat sat on the mat {i}. A dog ran in the park. It was a big day." for i in range(8)),
+    write_formatted((f"The cat sat on the mat {i}. A dog ran in the park. It was a big day." for i in range(8)),
                    layout.formatted_text(tmp_path, "bookscorpus"))
     flags = ["--dataset", "bookscorpus", "--n_training_shards", "2", "--n_test_shards", "1", "--fraction_test_set",
              "0.2", "--max_seq_length", "16", "--max_predictions_per_seq", "3", "--dupe_factor", "1"]
@@ -291,7 +296,7 @@ def test_argument_errors_are_one_line_naming_the_program(main, prog, argv, probl
 ])
 def test_sharding_flag_errors_name_the_flag_and_the_fix(flags, message, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("BERT_PREP_WORKING_DIR", str(tmp_path))
-    write_articles(iter(f"Article {i} is here." for i in range(10)), layout.formatted_text(tmp_path, "bookscorpus"))
+    write_formatted((f"Article {i} is here." for i in range(10)), layout.formatted_text(tmp_path, "bookscorpus"))
     before = _snapshot(tmp_path)
     code, err = _cli(bertPrep.main, ["--action", "sharding", "--dataset", "bookscorpus", "--n_training_shards", "2",
                                      "--n_test_shards", "1", *flags], capsys)

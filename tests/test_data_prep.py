@@ -16,9 +16,10 @@ import pytest
 from data import bertPrep, layout
 from data.errors import DataError
 from data.sharding import ShardingConfig, shard_corpus, split_sentences
-from data.text_formatting import book_text, wiki_articles, write_articles
+from data.text_formatting import book_groups, book_text, format_corpus, format_tasks, wiki_articles
 from data.tokenization import BertTokenizer, load_vocab
 from data.vocab_training import train_vocab
+from tests.conftest import write_formatted
 
 REPO = Path(__file__).resolve().parents[1]
 MARKUP = re.compile(r"\{\{|\}\}|\[\[|\]\]|<ref|</ref|\{\||\|\}|^\s*[|!]|==|''|&amp;|&nbsp;|<!--|\[http")
@@ -64,8 +65,9 @@ def test_books_crlf_and_bom_become_one_line_per_book(tmp_path):
     book = tmp_path / "b.txt"
     book.write_bytes(b"\xef\xbb\xbfCHAPTER I.\r\n\r\nIt was a dark night.\r\nThe end.\r\n")
     assert book_text(book) == "CHAPTER I. It was a dark night. The end."
-    out = tmp_path / "formatted.txt"
-    assert write_articles(iter([book_text(book), "second book"]), out) == 2
+    (tmp_path / "c.txt").write_text("second   book\n", encoding="utf-8")
+    out = tmp_path / "out" / "formatted.txt"
+    assert format_corpus(format_tasks("bookscorpus", book_groups(tmp_path)), out) == 2
     assert out.read_text(encoding="utf-8") == "CHAPTER I. It was a dark night. The end.\n\nsecond book\n\n"
 
 
@@ -124,7 +126,7 @@ def workdir(tmp_path, monkeypatch, shared_data) -> Path:
     text = book_text(shared_data / "books" / "pg11.txt")
     sentences = split_sentences(text)
     articles = [" ".join(sentences[i:i + 40]) for i in range(0, len(sentences), 40)]
-    write_articles(iter(articles), layout.formatted_text(tmp_path, "bookscorpus"))
+    write_formatted((articles), layout.formatted_text(tmp_path, "bookscorpus"))
     return tmp_path
 
 

@@ -1,11 +1,42 @@
-"""Shared test fixtures: the location of ../shared/data and small model configurations."""
+"""Shared test fixtures: the small real data in tests/data, a tiny generated BERT, and the location of the large
+real data that only the integration tier needs (../shared/data in the development checkout and CI)."""
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+TEST_DATA = REPO_ROOT / "tests" / "data"
 SHARED_DATA = Path(os.environ.get("BERT_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+# The first 8,000 entries of Google's uncased BERT vocabulary (ids unchanged) and its other single-character
+# "##" pieces: every word still tokenizes, rarer words into more pieces than with the full vocabulary.
+VOCAB_EXCERPT = TEST_DATA / "vocab-uncased-excerpt.txt"
+TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+             "max_position_embeddings": 512, "type_vocab_size": 2}
+
+
+@pytest.fixture(scope="session")
+def vocab_file() -> Path:
+    """The uncased vocabulary excerpt kept in the repository (see tests/data/README.md)."""
+    return VOCAB_EXCERPT
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A randomly initialised 2-layer BERT saved by transformers as a Hugging Face folder (config.json,
+    model.safetensors with BertModel's names and no pre-training heads, vocab.txt), laid out as a real
+    pretrained encoder download is; seeded, so every session gets the same weights."""
+    import torch
+    import transformers
+
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    vocab_size = sum(1 for _ in VOCAB_EXCERPT.open(encoding="utf-8"))
+    config = transformers.BertConfig(vocab_size=vocab_size, **TINY_BERT)
+    torch.manual_seed(0)
+    transformers.BertModel(config, add_pooling_layer=True).save_pretrained(folder, safe_serialization=True)
+    shutil.copyfile(VOCAB_EXCERPT, folder / "vocab.txt")
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,7 @@ def tiny_bert(tmp_path_factory) -> Path:
 def shared_data() -> Path:
     """The real data folder for tests; tests that need it are skipped, with the reason, where it is absent."""
     if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared test data not found at {SHARED_DATA} (set BERT_SHARED_DATA)")
+        pytest.skip(f"integration tier: needs the large real data, not found at {SHARED_DATA} (set BERT_SHARED_DATA)")
     return SHARED_DATA
 
 
@@ -52,3 +52,34 @@ def write_formatted(articles, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(" ".join(a.split()) + "\n\n" for a in articles), encoding="utf-8")
     return path
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """A test that needs the large real data is the integration tier, whether or not it says so itself."""
+    for item in items:
+        if "shared_data" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """After pytest's own summary: how much of the suite ran here, and why the rest did not."""
+    yield
+    stats = terminalreporter.stats
+    ran = sum(len(stats.get(key, [])) for key in ("passed", "failed", "error", "xfailed", "xpassed"))
+    skipped = [report for report in stats.get("skipped", []) if report.when in ("setup", "call")]
+    deselected = len(stats.get("deselected", []))
+    total = ran + len(skipped)
+    if not total:
+        return
+    reasons: dict[str, int] = {}
+    for report in skipped:
+        reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    line = f"ran {ran} of {total} selected tests ({100 * ran / total:.1f} %), skipped {len(skipped)}"
+    if deselected:
+        line += f", {deselected} deselected by -m/-k"
+    terminalreporter.write_line(line, bold=True)
+    for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"  skipped {count}: {reason}")

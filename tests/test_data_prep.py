@@ -22,6 +22,7 @@ from data.vocab_training import train_vocab
 from tests.conftest import write_formatted
 
 REPO = Path(__file__).resolve().parents[1]
+BOOKS = REPO / "tests" / "data" / "books"
 MARKUP = re.compile(r"\{\{|\}\}|\[\[|\]\]|<ref|</ref|\{\||\|\}|^\s*[|!]|==|''|&amp;|&nbsp;|<!--|\[http")
 
 
@@ -42,23 +43,42 @@ def _count_articles_in_dump(path: Path) -> int:
 
 
 # ---------------------------------------------------------------- text formatting
-def test_wiki_dump_becomes_one_clean_article_per_line(shared_data):
-    dump = shared_data / "wiki" / "enwiki-sample-pages-articles.xml.bz2"
+WIKI_EXCERPT = REPO / "tests" / "data" / "wiki" / "enwiki-excerpt.xml.bz2"
+
+
+def _check_wiki_articles(dump: Path, count: int, min_chars: int, first: str) -> list[str]:
+    """One clean article a line: as many as the independent count, none with markup left."""
     articles = list(wiki_articles(dump))
-    assert len(articles) == _count_articles_in_dump(dump) == 105
+    assert len(articles) == _count_articles_in_dump(dump) == count
     assert all("\n" not in a and a == a.strip() for a in articles)
     marked = [a[max(0, m.start() - 30):m.end() + 30] for a in articles for m in [MARKUP.search(a)] if m]
     assert not marked, marked
     assert "CO2 + H2O H2CO3 H+ + HCO3−" in " ".join(articles)  # {{eqm}} inside <chem> removed, the rest kept
-    assert sum(map(len, articles)) > 2_000_000
-    assert articles[0].startswith("Anarchism is a political philosophy")
+    assert sum(map(len, articles)) > min_chars
+    assert articles[0].startswith(first)
+    return articles
 
 
-def test_wiki_tables_are_removed(shared_data):
-    articles = list(wiki_articles(shared_data / "wiki" / "enwiki-table-markup.xml.bz2"))
-    assert len(articles) == 5
+def test_wiki_dump_excerpt_becomes_one_clean_article_per_line():
+    """The excerpt's 9 pages: 3 redirects (one outside the main namespace) are skipped, 6 articles kept."""
+    articles = _check_wiki_articles(WIKI_EXCERPT, 6, 45_000, "An American in Paris is a jazz-influenced")
+    assert articles[-1].startswith("Brahui () is a Dravidian language")
+
+
+def test_wiki_dump_becomes_one_clean_article_per_line(shared_data):
+    """The whole 206-page sample dump: more pages and markup than the excerpt holds."""
+    _check_wiki_articles(shared_data / "wiki" / "enwiki-sample-pages-articles.xml.bz2", 105, 2_000_000,
+                         "Anarchism is a political philosophy")
+
+
+def test_wiki_tables_are_removed():
+    with bz2.open(WIKI_EXCERPT, "rt", encoding="utf-8") as f:
+        assert f.read().count("{|") >= 2  # Acid's and Brahui language's tables are in the dump
+    articles = list(wiki_articles(WIKI_EXCERPT))
     joined = " ".join(articles)
     assert "{|" not in joined and "|-" not in joined and "||" not in joined and "rowspan" not in joined
+    brahui = next(a for a in articles if a.startswith("Brahui"))
+    assert "Dravidian" in brahui and "wikitable" not in brahui
 
 
 def test_books_crlf_and_bom_become_one_line_per_book(tmp_path):
@@ -71,8 +91,8 @@ def test_books_crlf_and_bom_become_one_line_per_book(tmp_path):
     assert out.read_text(encoding="utf-8") == "CHAPTER I. It was a dark night. The end.\n\nsecond book\n\n"
 
 
-def test_real_books_are_formatted_whole(shared_data):
-    text = book_text(shared_data / "books" / "pg11.txt")
+def test_real_books_are_formatted_whole():
+    text = book_text(BOOKS / "pg11.txt")  # CRLF line ends, as Project Gutenberg distributes it
     assert "\r" not in text and "\n" not in text and "  " not in text
     assert text.startswith("Alice was beginning to get very tired")
 
@@ -121,11 +141,11 @@ def test_sharding_terminates_on_awkward_articles(tmp_path):
 
 # ---------------------------------------------------------------- create_hdf5_files
 @pytest.fixture()
-def workdir(tmp_path, monkeypatch, shared_data) -> Path:
+def workdir(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("BERT_PREP_WORKING_DIR", str(tmp_path))
-    text = book_text(shared_data / "books" / "pg11.txt")
-    sentences = split_sentences(text)
-    articles = [" ".join(sentences[i:i + 40]) for i in range(0, len(sentences), 40)]
+    sentences = [s for name in ("pg11.txt", "pg1661.txt") for s in split_sentences(book_text(BOOKS / name))]
+    # 12 sentences an article: enough articles (20) for 3 training shards and a test shard.
+    articles = [" ".join(sentences[i:i + 12]) for i in range(0, len(sentences), 12)]
     write_formatted((articles), layout.formatted_text(tmp_path, "bookscorpus"))
     return tmp_path
 
@@ -142,8 +162,8 @@ def _hdf5_arrays(root: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def test_output_does_not_depend_on_process_count(workdir, shared_data):
-    vocab = ["--vocab_file", str(shared_data / "minilm" / "vocab.txt")]
+def test_output_does_not_depend_on_process_count(workdir, vocab_file):
+    vocab = ["--vocab_file", str(vocab_file)]
     bertPrep.main(["--action", "sharding", *SHARD_FLAGS])
     bertPrep.main(["--action", "create_hdf5_files", *SHARD_FLAGS, *vocab, "--n_processes", "1"])
     params = layout.InstanceParams(True, 64, 10, 0.15, 12345, 2)
@@ -157,8 +177,8 @@ def test_output_does_not_depend_on_process_count(workdir, shared_data):
     assert one.keys() == two.keys() and all(np.array_equal(one[k], two[k]) for k in one)
 
 
-def test_complete_shards_are_skipped(workdir, shared_data, capsys):
-    vocab = ["--vocab_file", str(shared_data / "minilm" / "vocab.txt")]
+def test_complete_shards_are_skipped(workdir, vocab_file, capsys):
+    vocab = ["--vocab_file", str(vocab_file)]
     bertPrep.main(["--action", "sharding", *SHARD_FLAGS])
     bertPrep.main(["--action", "create_hdf5_files", *SHARD_FLAGS, *vocab, "--n_processes", "1"])
     shards = sorted(workdir.rglob("*.hdf5"))
@@ -318,8 +338,8 @@ def _bad_cases(tmp_path: Path, good_vocab: Path) -> dict[str, tuple[Path, Path, 
     }
 
 
-def test_bad_inputs_exit_2_with_one_line_and_no_output(tmp_path, shared_data):
-    for name, (input_file, vocab, extra, message) in _bad_cases(tmp_path, shared_data / "minilm" / "vocab.txt").items():
+def test_bad_inputs_exit_2_with_one_line_and_no_output(tmp_path, vocab_file):
+    for name, (input_file, vocab, extra, message) in _bad_cases(tmp_path, vocab_file).items():
         run, out = _run_cpd(tmp_path, input_file, vocab, *extra)
         assert run.returncode == 2, (name, run.stderr)
         lines = run.stderr.strip().split("\n")
@@ -328,20 +348,20 @@ def test_bad_inputs_exit_2_with_one_line_and_no_output(tmp_path, shared_data):
         assert leftovers == [], (name, leftovers)
 
 
-def test_unwritable_output_directory_is_refused(tmp_path, shared_data):
+def test_unwritable_output_directory_is_refused(tmp_path, vocab_file):
     text = tmp_path / "text.txt"
     text.write_text("One sentence.\nTwo sentences.\n", encoding="utf-8")
     blocker = tmp_path / "blocker"
     blocker.write_text("a file where a directory should be", encoding="utf-8")
     run = subprocess.run([sys.executable, str(REPO / "data" / "create_pretraining_data.py"), "--input_file", str(text),
                           "--output_file", str(blocker / "sub" / "shard.hdf5"), "--vocab_file",
-                          str(shared_data / "minilm" / "vocab.txt")], capture_output=True, text=True, timeout=120)
+                          str(vocab_file)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and len(run.stderr.strip().split("\n")) == 1
     assert "output directory is not writable" in run.stderr and str(blocker) in run.stderr
 
 
-def test_truncated_bz2_dump_is_refused_without_output(tmp_path, shared_data):
-    dump = (shared_data / "wiki" / "enwiki-sample-pages-articles.xml.bz2").read_bytes()
+def test_truncated_bz2_dump_is_refused_without_output(tmp_path):
+    dump = WIKI_EXCERPT.read_bytes()
     folder = tmp_path / "download" / "wikicorpus_en"
     folder.mkdir(parents=True)
     (folder / "wikicorpus_en.xml.bz2").write_bytes(dump[: len(dump) // 2])

@@ -6,14 +6,17 @@ written for this test from the published description of the algorithm.
 """
 from __future__ import annotations
 
+import bz2
 import random
 import unicodedata
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from data.errors import DataError
 from data.tokenization import BertTokenizer, load_vocab
+from tests.conftest import TEST_DATA
 
 
 # ---------------------------------------------------------------- reference (Google's algorithm, plain Python)
@@ -88,8 +91,8 @@ def ref_tokenize(text: str, vocab: set[str], lower: bool) -> list[str]:
 
 # ---------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def uncased_vocab_path(shared_data: Path) -> Path:
-    return shared_data / "minilm" / "vocab.txt"
+def uncased_vocab_path(vocab_file: Path) -> Path:
+    return vocab_file
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +126,19 @@ CRAFTED = [
 ]
 
 
-def _books_lines(shared_data: Path, per_book: int) -> list[str]:
-    lines = []
-    for book in sorted((shared_data / "books").glob("*.txt")):
-        text = book.read_text(encoding="utf-8")
-        lines += [line.strip() for line in text.split("\n")[1000:1000 + per_book]]
-    return lines
+def _wikitext_lines() -> list[str]:
+    """The raw wikitext of the Wikipedia excerpt's pages, line by line (XML entities decoded): markup, URLs, many
+    scripts and symbols, the non-ASCII text that the book excerpts lack."""
+    with bz2.open(TEST_DATA / "wiki" / "enwiki-excerpt.xml.bz2") as f:
+        texts = [e.text or "" for e in ET.parse(f).getroot().iter("{http://www.mediawiki.org/xml/export-0.10/}text")]
+    return [line for text in texts for line in text.split("\n")]
+
+
+def _real_lines(per_source: int) -> list[str]:
+    """The first lines of each real text: two book excerpts (CRLF prose) and the Wikipedia excerpt."""
+    sources = [(TEST_DATA / "books" / name).read_text(encoding="utf-8").split("\n")
+               for name in ("pg11.txt", "pg1661.txt")] + [_wikitext_lines()]
+    return [line.strip() for lines in sources for line in lines[:per_source]]
 
 
 # ---------------------------------------------------------------- tests
@@ -141,10 +151,11 @@ def test_crafted_cases_match_reference(lower, uncased_vocab_path, cased_vocab_pa
 
 
 @pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
-def test_book_text_matches_reference(lower, shared_data, uncased_vocab_path, cased_vocab_path):
+def test_real_text_matches_reference(lower, uncased_vocab_path, cased_vocab_path):
     vocab = load_vocab(uncased_vocab_path if lower else cased_vocab_path)
     tokenizer = BertTokenizer(vocab, do_lower_case=lower)
-    lines = _books_lines(shared_data, 300)
+    lines = _real_lines(10**6)
+    assert len(lines) > 1000 and sum(not line.isascii() for line in lines) > 50
     ids, offsets = tokenizer.encode_lines(lines)
     vocab_set = set(vocab.tokens)
     for i, line in enumerate(lines):
@@ -230,15 +241,15 @@ def test_bad_vocab_files_are_refused(tmp_path, content, problem):
 
 def test_vocab_ids_follow_line_numbers(uncased_vocab_path):
     vocab = load_vocab(uncased_vocab_path)
-    assert len(vocab) == 30522
+    assert len(vocab) == 8960 and vocab.id("the") == 1996  # the excerpt keeps Google's ids (tests/data/README.md)
     assert [vocab.id(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")] == [0, 100, 101, 102, 103]
     assert len(vocab.sha256) == 64
 
 
-def test_encode_text_equals_encode_lines_on_mixed_text(shared_data, uncased_vocab_path):
+def test_encode_text_equals_encode_lines_on_mixed_text(uncased_vocab_path):
     """The whole-text path (ASCII lines vectorised, non-ASCII lines cut out and encoded apart) changes nothing."""
     tokenizer = BertTokenizer(load_vocab(uncased_vocab_path), do_lower_case=True)
-    lines = _books_lines(shared_data, 200)
+    lines = _real_lines(200)
     for i, text in enumerate(CRAFTED):
         lines.insert(i * 97, text)
     for text in ("\n".join(lines), "\n".join(line for line in lines if line.isascii()), "", "\n\n", "x\n"):
@@ -253,14 +264,14 @@ def test_encode_text_equals_encode_lines_on_mixed_text(shared_data, uncased_voca
         assert got == ref_tokenize(lines[i], vocab_set, True), repr(lines[i])
 
 
-def test_colliding_word_keys_fall_back_to_exact_words(shared_data, uncased_vocab_path, monkeypatch):
+def test_colliding_word_keys_fall_back_to_exact_words(uncased_vocab_path, monkeypatch):
     """Words are made unique by a hash table of their bytes; words sharing a slot must be told apart, never merged."""
     import numpy as np
 
     import data.ascii_wordpiece as ascii_wordpiece
 
     vocab = load_vocab(uncased_vocab_path)
-    lines = _books_lines(shared_data, 50) + ["a" * 9 + "b", "a" * 9 + "c", "x" * 30, "x" * 31]
+    lines = _real_lines(50) + ["a" * 9 + "b", "a" * 9 + "c", "x" * 30, "x" * 31]
     expected = BertTokenizer(vocab, True).encode_text("\n".join(lines))
     # A zero multiplier puts every word in slot 0: one is kept there, all others must be made distinct apart.
     monkeypatch.setattr(ascii_wordpiece, "_MIX", np.uint64(0))

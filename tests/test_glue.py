@@ -2,11 +2,13 @@
 reference of the original truncation and layout, and the metrics against plain-Python references."""
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import glue
+from conftest import TEST_DATA
 from data.tokenization import BertTokenizer, load_vocab
 from errors import InputError
 
@@ -22,19 +24,25 @@ OFFICIAL_COUNTS = {
     "WNLI": ("wnli", 635, 71),
     "MNLI": ("mnli", 392702, 9815),  # dev = dev_matched
 }
+GLUE_EXCERPTS = TEST_DATA / "glue"
+
+
+# Rows (train, dev) of the excerpts in tests/data/glue (see its README): 40 of each split.
+EXCERPT_COUNTS = {folder: (name, 40, 40) for folder, (name, *_) in OFFICIAL_COUNTS.items()
+                  if (GLUE_EXCERPTS / folder).is_dir()}
 
 
 @pytest.fixture(scope="module")
-def tokenizer(shared_data):
-    return BertTokenizer(load_vocab(shared_data / "minilm" / "vocab.txt"), do_lower_case=True)
+def tokenizer(vocab_file):
+    return BertTokenizer(load_vocab(vocab_file), do_lower_case=True)
 
 
-@pytest.mark.shared_data
-def test_every_task_folder_reads_with_the_official_counts(shared_data):
-    folders = sorted(p for p in (shared_data / "glue").iterdir() if p.is_dir())
+def check_task_folders(root: Path, counts: dict[str, tuple[str, int, int]]) -> None:
+    """Every task folder under root reads with the expected counts, texts and labels."""
+    folders = sorted(p for p in root.iterdir() if p.is_dir())
     assert folders
     for folder in folders:
-        name, n_train, n_dev = OFFICIAL_COUNTS[folder.name]
+        name, n_train, n_dev = counts[folder.name]
         task = glue.get_task(name)
         train = glue.read_examples(task, folder, "train")
         dev = glue.read_examples(task, folder, "dev")
@@ -49,15 +57,30 @@ def test_every_task_folder_reads_with_the_official_counts(shared_data):
             assert {e.label for e in train} == set(task.labels)
 
 
+def test_every_task_excerpt_reads_with_its_row_counts():
+    assert set(EXCERPT_COUNTS) == {"CoLA", "SST-2", "MRPC", "RTE", "STS-B"}
+    check_task_folders(GLUE_EXCERPTS, EXCERPT_COUNTS)
+
+
 @pytest.mark.shared_data
-def test_quotes_are_text_and_the_byte_order_mark_is_ignored(shared_data):
-    mrpc = glue.read_examples(glue.get_task("mrpc"), shared_data / "glue" / "MRPC", "dev")
+def test_every_task_folder_reads_with_the_official_counts(shared_data):
+    check_task_folders(shared_data / "glue", OFFICIAL_COUNTS)
+
+
+def test_quotes_are_text_and_the_byte_order_mark_is_ignored():
+    mrpc = glue.read_examples(glue.get_task("mrpc"), GLUE_EXCERPTS / "MRPC", "dev")
     assert mrpc[0].text_b.startswith('" The foodservice pie business')  # bare quote kept as text
     assert mrpc[0].label == "1"
-    header_free = glue.read_tsv(shared_data / "glue" / "MRPC" / "dev.tsv")
-    assert len(header_free) == 408 and header_free[0][0] == "1"  # header with its BOM removed
-    cola = glue.read_examples(glue.get_task("cola"), shared_data / "glue" / "CoLA", "dev")
+    assert (GLUE_EXCERPTS / "MRPC" / "dev.tsv").read_bytes().startswith(b"\xef\xbb\xbfQuality\t")
+    header_free = glue.read_tsv(GLUE_EXCERPTS / "MRPC" / "dev.tsv")
+    assert len(header_free) == 40 and header_free[0][0] == "1"  # header with its BOM removed
+    cola = glue.read_examples(glue.get_task("cola"), GLUE_EXCERPTS / "CoLA", "dev")
     assert cola[0].text_a == "The sailors rode the breeze clear of the rocks." and cola[0].label == "1"
+    # CoLA's dev.tsv ends without a newline: its last row is still read, whole.
+    assert not (GLUE_EXCERPTS / "CoLA" / "dev.tsv").read_bytes().endswith(b"\n")
+    assert cola[-1].text_a == "John talked to Bill about himself." and len(cola) == 40
+    cola_train = glue.read_examples(glue.get_task("cola"), GLUE_EXCERPTS / "CoLA", "train")
+    assert cola_train[-1].text_a == 'Susan whispered "Shut up" at them.'  # quotes in a file without header
 
 
 # Layouts of the GLUE files not present here, from the GLUE download (header, one row).
@@ -170,15 +193,16 @@ def test_truncation_lengths_equal_the_pop_loop():
         assert glue.truncate_pair_lengths(la, lb, total) == (len(a), len(b)), (la, lb, total)
 
 
-@pytest.mark.shared_data
 @pytest.mark.parametrize(
-    "folder, name, max_len", [("MRPC", "mrpc", 32), ("SST-2", "sst-2", 12), ("STS-B", "sts-b", 128)]
+    "folder, name, max_len, truncates",
+    [("MRPC", "mrpc", 32, True), ("SST-2", "sst-2", 12, True), ("STS-B", "sts-b", 128, False)],
 )
-def test_features_equal_reference_layout(shared_data, tokenizer, folder, name, max_len):
+def test_features_equal_reference_layout(tokenizer, folder, name, max_len, truncates):
     task = glue.get_task(name)
-    examples = glue.read_examples(task, shared_data / "glue" / folder, "dev")[:200]
+    examples = [e for split in ("train", "dev") for e in glue.read_examples(task, GLUE_EXCERPTS / folder, split)]
     features = glue.convert_examples_to_features(examples, task, tokenizer, max_len)
     assert features.input_ids.shape == (len(examples), max_len) and features.input_ids.dtype == np.int32
+    full = 0
     for i, example in enumerate(examples):
         a = tokenizer.tokenize(example.text_a)
         if example.text_b is None:
@@ -188,6 +212,7 @@ def test_features_equal_reference_layout(shared_data, tokenizer, folder, name, m
             a, b = reference_truncate(a, tokenizer.tokenize(example.text_b), max_len - 3)
             tokens = ["[CLS]"] + a + ["[SEP]"] + b + ["[SEP]"]
             segments = [0] * (len(a) + 2) + [1] * (len(b) + 1)
+        full += len(tokens) == max_len
         n = len(tokens)
         assert [tokenizer.vocab.tokens[t] for t in features.input_ids[i, :n]] == tokens
         assert not features.input_ids[i, n:].any()
@@ -197,6 +222,7 @@ def test_features_equal_reference_layout(shared_data, tokenizer, folder, name, m
             assert features.labels[i] == np.float32(example.label)
         else:
             assert task.labels[features.labels[i]] == example.label
+    assert (full > 0) == truncates  # the excerpt exercises truncation where max_len is short
 
 
 def test_test_split_features_have_no_labels(tmp_path, tokenizer):

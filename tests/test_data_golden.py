@@ -6,7 +6,13 @@ tokenizer path: non-ASCII, control characters, lines that strip to nothing, very
 output must be deliberate: recompute the digests and say why in the commit. They were recomputed once, when the
 WordPiece word limit went from 100 to Google's 200 characters: the 101-character word of AWKWARD, one [UNK]
 before, became 51 pieces (the book text itself has no word over 100 characters), and AWKWARD gained a line with
-words of 200 and 201 characters.
+words of 200 and 201 characters. Those digests are over two whole books with the full vocabulary (../shared/data):
+they are the integration tier.
+
+EXCERPT_GOLDEN pins the same output on what every clone has: the two book excerpts of tests/data/books (all their
+lines, AWKWARD spliced in every 37 lines so that each of its lines occurs) tokenized with tests/data's vocab
+excerpt, same settings. Those digests were computed with the code of commit 13f095f (whose uncased, cased and
+whole-word output over the whole books still matched GOLDEN above), not with an older implementation.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import pytest
 
 from data.create_pretraining_data import ShardConfig, create_shard
 from data.shard_writer import KEYS
+from tests.conftest import TEST_DATA, VOCAB_EXCERPT
 
 AWKWARD = [
     "Café naïve résumé — “quoted” ¿Qué? 中文字符 ΟΔΟΣ ΣΟΦΟΣ \ue000private",
@@ -35,14 +42,21 @@ GOLDEN = {
 }
 
 
-def _golden_input(shared_data: Path, path: Path) -> None:
-    """Raw lines of two books (blank lines end documents) with AWKWARD lines spliced in every 97 lines."""
+EXCERPT_GOLDEN = {  # about 320 instances each
+    "cased": "e7121460fecf274b77c09a91ca445943ca2a5a9195467dc3e0d196db2609f682",
+    "uncased": "08951f3ae0a5ae723a895481fdc446f7bd42ebcf47402cd087f2f734c555e580",
+    "whole_word": "66a925f2fc9f75361d8a3f2f701aad9424eb6273a44b159deb45aa72a337728d",
+}
+
+
+def _golden_input(books: Path, path: Path, cut: slice, every: int) -> None:
+    """Raw lines of two books (blank lines end documents) with AWKWARD lines spliced in every `every` lines."""
     lines: list[str] = []
     for name in ("pg11.txt", "pg1661.txt"):
-        text = (shared_data / "books" / name).read_text(encoding="utf-8")
-        lines += [line.strip() for line in text.split("\n")[200:2200]]
-    for i in range(0, len(lines), 97):
-        lines[i] = AWKWARD[(i // 97) % len(AWKWARD)]
+        text = (books / name).read_text(encoding="utf-8")
+        lines += [line.strip() for line in text.split("\n")[cut]]
+    for i in range(0, len(lines), every):
+        lines[i] = AWKWARD[(i // every) % len(AWKWARD)]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -56,11 +70,15 @@ def shard_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def make_golden_shard(shared_data: Path, folder: Path, variant: str, compression: str = "none") -> Path:
+def make_golden_shard(shared_data: Path | None, folder: Path, variant: str, compression: str = "none") -> Path:
+    """The pinned shard: over the whole books with the full vocab, or (shared_data None) over the excerpts."""
     text, out = folder / "golden.txt", folder / f"{variant}-{compression}.hdf5"
-    if not text.exists():
-        _golden_input(shared_data, text)
-    vocab = shared_data / "minilm" / "vocab.txt"
+    if shared_data is None:
+        _golden_input(TEST_DATA / "books", text, slice(None), 37)
+        vocab = VOCAB_EXCERPT
+    else:
+        _golden_input(shared_data / "books", text, slice(200, 2200), 97)
+        vocab = shared_data / "minilm" / "vocab.txt"
     create_shard(ShardConfig(text, out, vocab, do_lower_case=variant != "cased", max_seq_length=128,
                              max_predictions_per_seq=20, dupe_factor=2, random_seed=4321,
                              whole_word_masking=variant == "whole_word", compression=compression),
@@ -73,6 +91,11 @@ def test_output_is_unchanged(variant, shared_data, tmp_path):
     assert shard_digest(make_golden_shard(shared_data, tmp_path, variant)) == GOLDEN[variant]
 
 
+@pytest.mark.parametrize("variant", sorted(EXCERPT_GOLDEN))
+def test_output_on_the_excerpts_is_unchanged(variant, tmp_path):
+    assert shard_digest(make_golden_shard(None, tmp_path, variant)) == EXCERPT_GOLDEN[variant]
+
+
 @pytest.mark.parametrize("compression", ["gzip", "lzf"])
-def test_compression_does_not_change_the_output(compression, shared_data, tmp_path):
-    assert shard_digest(make_golden_shard(shared_data, tmp_path, "uncased", compression)) == GOLDEN["uncased"]
+def test_compression_does_not_change_the_output(compression, tmp_path):
+    assert shard_digest(make_golden_shard(None, tmp_path, "uncased", compression)) == EXCERPT_GOLDEN["uncased"]

@@ -1,5 +1,6 @@
-"""SQuAD metrics against a plain reference written here (crafted cases and real leaderboard predictions),
-the published dev scores of those systems, and the drop-in command line."""
+"""SQuAD metrics against a plain reference written here (crafted cases and real leaderboard predictions on an
+excerpt of the dev sets kept in tests/data/squad), the official scripts' scores on that excerpt, the published
+full dev-set scores of those systems (integration), and the drop-in command line."""
 import errno
 import functools
 import json
@@ -13,9 +14,13 @@ import numpy as np
 import pytest
 
 import evaluate_squad as ev
+from conftest import TEST_DATA
 from errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
+EXCERPT = TEST_DATA / "squad"  # a few dev articles of each version and three systems' predictions on them
+# What the official evaluate-v1.1.py / evaluate-v2.0.py print for each of those prediction files (README.md there).
+OFFICIAL = json.loads((EXCERPT / "official_scores.json").read_text(encoding="utf-8"))
 ASCII_PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
 
 
@@ -190,14 +195,17 @@ def test_crafted_data_set_v1_and_v2_with_na_probs():
         assert list(got)[:3] == ["exact", "f1", "total"]
 
 
-@pytest.fixture(scope="module")
-def dev(shared_data):
-    def load(version):
-        data = json.loads((shared_data / "squad" / f"dev-v{version}.json").read_text(encoding="utf-8"))["data"]
-        qas = [qa for article in data for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
-        questions = [(qa["id"], [a["text"] for a in qa["answers"]]) for qa in qas]
-        return data, questions
-    return load
+@functools.lru_cache(maxsize=None)
+def load_dev(squad_dir: Path, version: str) -> tuple[list, list]:
+    """The articles of dev-v{version}.json in squad_dir and its questions as (id, [gold texts])."""
+    data = json.loads((squad_dir / f"dev-v{version}.json").read_text(encoding="utf-8"))["data"]
+    qas = [qa for article in data for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+    questions = [(qa["id"], [a["text"] for a in qa["answers"]]) for qa in qas]
+    return data, questions
+
+
+def load_preds(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 # Published dev-set scores of leaderboard systems (EM, F1), rounded to one decimal as published.
@@ -207,46 +215,75 @@ PUBLISHED_V1 = {
 }
 
 
-@pytest.mark.shared_data
-def test_leaderboard_predictions_v1(shared_data, dev, capsys):
-    data, questions = dev("1.1")
-    files = sorted((shared_data / "squad" / "predictions-v1.1").glob("*.json"))
-    assert len(files) == 5
-    for path in files:
-        preds = json.loads(path.read_text(encoding="utf-8"))
-        got = ev.evaluate_v1(data, preds)
-        assert got == pytest.approx(ref_evaluate(questions, preds, False), abs=1e-9), path.name
-        assert capsys.readouterr().err.splitlines() == ref_messages(questions, preds, False), path.name
-        if path.name in PUBLISHED_V1:
-            assert (round(got["exact_match"], 1), round(got["f1"], 1)) == PUBLISHED_V1[path.name]
+def check_leaderboard_v1(squad_dir: Path, capsys) -> tuple[dict, dict]:
+    """Each system's v1.1 scores and missing-prediction messages, checked against the reference."""
+    data, questions = load_dev(squad_dir, "1.1")
+    scores, messages = {}, {}
+    for path in sorted((squad_dir / "predictions-v1.1").glob("*.json")):
+        preds = load_preds(path)
+        scores[path.name] = ev.evaluate_v1(data, preds)
+        assert scores[path.name] == pytest.approx(ref_evaluate(questions, preds, False), abs=1e-9), path.name
+        messages[path.name] = capsys.readouterr().err.splitlines()
+        assert messages[path.name] == ref_messages(questions, preds, False), path.name
+    return scores, messages
+
+
+def test_leaderboard_predictions_v1_on_the_excerpt(capsys):
+    scores, messages = check_leaderboard_v1(EXCERPT, capsys)
+    assert list(scores) == list(OFFICIAL["v1.1"])  # the three files scored by the official script
+    for name, official in OFFICIAL["v1.1"].items():
+        assert scores[name] == pytest.approx(official, abs=1e-9), name
+    # The baseline has no prediction for three of the excerpt's questions, as on the full set (13 there).
+    assert len(messages["Logistic_Regression_Baseline_Stanford_University.json"]) == 3
+    assert min(s["exact_match"] for s in scores.values()) < 30  # not a trivially perfect system
 
 
 @pytest.mark.shared_data
-def test_leaderboard_predictions_v2(shared_data, dev):
-    data, questions = dev("2.0")
-    files = sorted((shared_data / "squad" / "predictions-v2.0").glob("*.json"))
-    assert len(files) == 3
-    for path in files:
-        preds = json.loads(path.read_text(encoding="utf-8"))
-        got = ev.evaluate_v2(data, preds)
-        assert got == pytest.approx(ref_evaluate(questions, preds, True), abs=1e-9), path.name
+def test_leaderboard_predictions_v1_on_the_full_dev_set(shared_data, capsys):
+    scores, _ = check_leaderboard_v1(shared_data / "squad", capsys)
+    assert len(scores) == 5
+    for name, published in PUBLISHED_V1.items():
+        assert (round(scores[name]["exact_match"], 1), round(scores[name]["f1"], 1)) == published
+
+
+def check_leaderboard_v2(squad_dir: Path) -> dict:
+    """Each system's v2.0 scores, checked against the reference."""
+    data, questions = load_dev(squad_dir, "2.0")
+    scores = {}
+    for path in sorted((squad_dir / "predictions-v2.0").glob("*.json")):
+        preds = load_preds(path)
+        scores[path.name] = ev.evaluate_v2(data, preds)
+        assert scores[path.name] == pytest.approx(ref_evaluate(questions, preds, True), abs=1e-9), path.name
+    return scores
+
+
+def test_leaderboard_predictions_v2_on_the_excerpt():
+    scores = check_leaderboard_v2(EXCERPT)
+    assert list(scores) == list(OFFICIAL["v2.0"])
+    for name, got in scores.items():
+        assert got == pytest.approx(OFFICIAL["v2.0"][name], abs=1e-9) and list(got) == list(OFFICIAL["v2.0"][name])
+        assert (got["total"], got["HasAns_total"], got["NoAns_total"]) == (92, 30, 62)
+
+
+@pytest.mark.shared_data
+def test_leaderboard_predictions_v2_on_the_full_dev_set(shared_data):
+    scores = check_leaderboard_v2(shared_data / "squad")
+    assert len(scores) == 3
+    for got in scores.values():
         assert (got["total"], got["HasAns_total"], got["NoAns_total"]) == (11873, 5928, 5945)
-        if path.name.startswith("BERT_single"):
-            assert round(got["exact"], 1) == 78.7  # BERT paper, Table 3: dev EM of BERT-large (single)
+    # BERT paper, Table 3: dev EM of BERT-large (single)
+    assert round(scores["BERT_single_model_Google_AI_Language.json"]["exact"], 1) == 78.7
 
 
-@pytest.mark.shared_data
-def test_best_thresholds_on_real_predictions_equal_reference(shared_data, dev):
-    data, questions = dev("2.0")
-    bert = shared_data / "squad" / "predictions-v2.0" / "BERT_single_model_Google_AI_Language.json"
-    preds = json.loads(bert.read_text(encoding="utf-8"))
-    subset = questions[:600]  # the reference tries every cut: quadratic
-    sub_preds = {qid: preds[qid] for qid, _ in subset}
+@pytest.mark.parametrize("path", sorted((EXCERPT / "predictions-v2.0").glob("*.json")), ids=lambda p: p.name[:12])
+def test_best_thresholds_on_real_predictions_equal_reference(path):
+    _, questions = load_dev(EXCERPT, "2.0")
+    preds = load_preds(path)
     rng = np.random.default_rng(3)
     # A na-prob that mostly agrees with the empty predictions, with noise, as a real model's would.
-    na = {qid: float(0.6 * (sub_preds[qid] == "") + 0.4 * rng.uniform()) for qid in sub_preds}
-    got = ev.evaluate_v2(as_dataset(subset), sub_preds, na)
-    expected = ref_evaluate(subset, sub_preds, True, na)
+    na = {qid: float(0.6 * (preds[qid] == "") + 0.4 * rng.uniform()) for qid, _ in questions}
+    got = ev.evaluate_v2(as_dataset(questions), preds, na)
+    expected = ref_evaluate(questions, preds, True, na)
     assert got == pytest.approx(expected, abs=1e-9)
     assert got["best_exact"] >= got["exact"] - 1e-9
 
@@ -307,18 +344,18 @@ def test_strict_refuses_missing_predictions_and_other_bad_predictions_are_errors
         ev.evaluate_v1([], {})
 
 
-@pytest.mark.shared_data
-def test_leaderboard_predictions_v2_with_missing_questions(shared_data, dev, capsys):
-    data, questions = dev("2.0")
-    for path in sorted((shared_data / "squad" / "predictions-v2.0").glob("*.json")):
-        preds = json.loads(path.read_text(encoding="utf-8"))
-        dropped = {qid for qid, _ in questions[::97]}  # answerable and unanswerable ones
+def test_leaderboard_predictions_v2_with_missing_questions(capsys):
+    data, questions = load_dev(EXCERPT, "2.0")
+    dropped = {qid for qid, _ in questions[::7]}
+    assert {bool(golds) for qid, golds in questions if qid in dropped} == {True, False}  # both kinds left out
+    for path in sorted((EXCERPT / "predictions-v2.0").glob("*.json")):
+        preds = load_preds(path)
         kept = {qid: text for qid, text in preds.items() if qid not in dropped}
         got = ev.evaluate_v2(data, kept)
         assert got == pytest.approx(ref_evaluate(questions, kept, True), abs=1e-9), path.name
-        assert got["total"] == 11873 - len(dropped) == got["HasAns_total"] + got["NoAns_total"]
+        assert got["total"] == 92 - len(dropped) == got["HasAns_total"] + got["NoAns_total"]
         lines = capsys.readouterr().out.splitlines()
-        assert lines == ref_messages(questions, kept, True) and len(lines) == len(dropped) == 123, path.name
+        assert lines == ref_messages(questions, kept, True) and len(lines) == len(dropped) == 14, path.name
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -329,15 +366,15 @@ def run_cli(*args):
                           capture_output=True, text=True, cwd=REPO)
 
 
-@pytest.mark.shared_data
-def test_cli_v1_prints_the_official_json(shared_data):
-    pred = shared_data / "squad" / "predictions-v1.1" / "BERT_ensemble_Google_AI_Language.json"
-    done = run_cli(shared_data / "squad" / "dev-v1.1.json", pred)
+def test_cli_v1_prints_the_official_json():
+    pred = EXCERPT / "predictions-v1.1" / "BERT_ensemble_Google_AI_Language.json"
+    done = run_cli(EXCERPT / "dev-v1.1.json", pred)
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.strip().splitlines()) == 1
     printed = json.loads(done.stdout)
     assert list(printed) == ["exact_match", "f1"]
-    assert printed == ev.evaluate_files(shared_data / "squad" / "dev-v1.1.json", pred)
+    assert printed == ev.evaluate_files(EXCERPT / "dev-v1.1.json", pred)
+    assert printed == pytest.approx(OFFICIAL["v1.1"][pred.name], abs=1e-12)
 
 
 def test_cli_v2_with_na_probs_and_out_file(tmp_path):
@@ -426,16 +463,16 @@ def test_cli_v2_refused_na_prob_file_prints_only_the_error_line(tmp_path):
     assert len(lines) == 1 and lines[0] == f"error: {na}: no probability for question c", done.stderr
 
 
-@pytest.mark.shared_data
-def test_cli_logistic_regression_baseline_like_evaluate_v1_1(shared_data, dev):
-    _, questions = dev("1.1")
-    [pred] = (shared_data / "squad" / "predictions-v1.1").glob("Logistic_Regression_Baseline_*.json")
-    preds = json.loads(pred.read_text(encoding="utf-8"))
-    done = run_cli(shared_data / "squad" / "dev-v1.1.json", pred)
+def test_cli_logistic_regression_baseline_like_evaluate_v1_1():
+    _, questions = load_dev(EXCERPT, "1.1")
+    [pred] = (EXCERPT / "predictions-v1.1").glob("Logistic_Regression_Baseline_*.json")
+    preds = load_preds(pred)
+    done = run_cli(EXCERPT / "dev-v1.1.json", pred)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == pytest.approx(ref_evaluate(questions, preds, False), abs=1e-9)
+    assert json.loads(done.stdout) == pytest.approx(OFFICIAL["v1.1"][pred.name], abs=1e-12)
     messages = done.stderr.splitlines()
-    assert messages == ref_messages(questions, preds, False) and len(messages) == 13
+    assert messages == ref_messages(questions, preds, False) and len(messages) == 3
     assert all(line.startswith("Unanswered question ") for line in messages)
 
 
@@ -465,15 +502,18 @@ def test_cli_out_file_is_written_whole_and_nothing_else(tmp_path):
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["eval.json"]  # no temporary left behind
 
 
-@pytest.mark.shared_data
-def test_in_process_evaluation_equals_the_file_evaluation(shared_data, tmp_path):
-    pred_file = shared_data / "squad" / "predictions-v2.0" / "nlnet_single_model_Microsoft_Research_Asia.json"
-    preds = json.loads(pred_file.read_text(encoding="utf-8"))
+@pytest.mark.parametrize("name", OFFICIAL["v2.0 --na-prob-file"], ids=lambda name: name[:12])
+def test_in_process_evaluation_equals_the_file_evaluation_and_the_official_script(tmp_path, name):
+    pred_file = EXCERPT / "predictions-v2.0" / name
+    preds = load_preds(pred_file)
+    # As official_scores.json was made: probability 1 of no answer where the system predicts none.
     na = {qid: float(text == "") for qid, text in preds.items()}
     (tmp_path / "na.json").write_text(json.dumps(na))
-    data_file = shared_data / "squad" / "dev-v2.0.json"
+    data_file = EXCERPT / "dev-v2.0.json"
     in_process = ev.evaluate_predictions(data_file, preds, na)
     assert in_process == ev.evaluate_files(data_file, pred_file, tmp_path / "na.json")
+    assert in_process == pytest.approx(OFFICIAL["v2.0 --na-prob-file"][name], abs=1e-12)
+    assert list(in_process) == list(OFFICIAL["v2.0 --na-prob-file"][name])
     assert in_process["best_exact"] >= in_process["exact"]
 
 

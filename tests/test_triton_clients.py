@@ -2,6 +2,7 @@
 and one line on stderr naming the file or the URL; a stand-in HTTP endpoint answers the readiness check."""
 import http.server
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import threading
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, TEST_DATA
 
 sys.path.insert(0, str(REPO_ROOT / "triton"))
 import client  # noqa: E402
@@ -38,8 +39,14 @@ def one_line_error(script: str, *args: str) -> str:
 
 
 @pytest.fixture
-def vocab(shared_data):
-    return str(shared_data / "minilm" / "vocab.txt")
+def vocab(vocab_file):
+    return str(vocab_file)
+
+
+@pytest.fixture
+def predict_file(tmp_path):
+    """A real SQuAD file (a dev-v1.1 excerpt), copied so that nothing the client might cache lands in tests/data."""
+    return str(shutil.copyfile(TEST_DATA / "inference" / "squad-dev-v1.1-excerpt.json", tmp_path / "dev.json"))
 
 
 def test_client_missing_context_file_names_the_file(vocab, tmp_path):
@@ -57,19 +64,19 @@ def test_client_with_unreachable_server_names_the_url(vocab, protocol):
     assert url in line and "unreachable" in line and protocol in line, line
 
 
-def test_squad_client_with_unreachable_server_names_the_url(vocab, shared_data, tmp_path):
+def test_squad_client_with_unreachable_server_names_the_url(vocab, predict_file, tmp_path):
     url = f"127.0.0.1:{closed_port()}"
     line = one_line_error("run_squad_client.py", "--vocab_file", vocab, "--do_lower_case", "--predict_file",
-                          str(shared_data / "squad" / "dev-v1.1.json"), "--output_dir", str(tmp_path / "out"),
+                          predict_file, "--output_dir", str(tmp_path / "out"),
                           "--url", url, "--timeout", "10")
     assert url in line and "unreachable" in line, line
     assert not (tmp_path / "out").exists()  # a refused run creates nothing
 
 
-def test_squad_client_output_dir_that_is_a_file_is_one_line(vocab, shared_data, tmp_path):
+def test_squad_client_output_dir_that_is_a_file_is_one_line(vocab, predict_file, tmp_path):
     (tmp_path / "out").write_text("keep me")
     line = one_line_error("run_squad_client.py", "--vocab_file", vocab, "--do_lower_case", "--predict_file",
-                          str(shared_data / "squad" / "dev-v1.1.json"), "--output_dir", str(tmp_path / "out"),
+                          predict_file, "--output_dir", str(tmp_path / "out"),
                           "--url", f"127.0.0.1:{closed_port()}")
     assert "--output_dir" in line and (tmp_path / "out").read_text() == "keep me", line
 

@@ -1,8 +1,9 @@
-"""A real Triton server (pytriton's bundled tritonserver) serving the ONNX export on 127.0.0.1, run by
-.venv-triton's interpreter (numpy 1; scripts/test.sh makes it) while the clients run here: SQuAD predictions
-through it equal run_squad.py's, one question through client.py equals inference.py's answer, oversized requests
-are refused, the perf client writes its CSV and PNG, and SIGTERM stops it in bounded time. Under NumPy 2 (this
-environment) server.py refuses to start."""
+"""A real Triton server (pytriton's bundled tritonserver) serving the ONNX export of a tiny seeded BERT with a QA
+head (`tiny_bert`: the serving path does not depend on pretrained weights) on 127.0.0.1, run by .venv-triton's
+interpreter (numpy 1; scripts/test.sh makes it) while the clients run here: SQuAD predictions on a dev-v1.1
+excerpt through it equal run_squad.py's, one question through client.py equals inference.py's answer, oversized
+requests are refused, the perf client writes its CSV and PNG, and SIGTERM stops it in bounded time. Under NumPy 2
+(this environment) server.py refuses to start."""
 import csv
 import json
 import os
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.test_triton_deployer import SEQ, WINDOW, deploy, make_qa_checkpoint, squad_subset
+from tests.test_triton_deployer import SEQ, WINDOW, copy_squad_excerpt, deploy, make_qa_checkpoint
 
 sys.path.insert(0, str(REPO_ROOT / "triton"))
 import client  # noqa: E402
@@ -65,14 +66,14 @@ def test_server_refuses_to_start_under_numpy_2(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def served(shared_data, tmp_path_factory):
+def served(tiny_bert, tmp_path_factory):
     if not SERVER_PYTHON.is_file():
         pytest.skip(f"{SERVER_PYTHON} does not exist: `bash triton/setup_server_env.sh` (or scripts/test.sh) "
                     "creates the server's environment")
     root = tmp_path_factory.mktemp("serve")
-    checkpoint = make_qa_checkpoint(shared_data, root / "finetuned")
-    predict = squad_subset(shared_data, root / "predict.json", ["Super_Bowl_50", "Warsaw"], 2)
-    setup = {"checkpoint": checkpoint, "predict": predict, "vocab": shared_data / "minilm" / "vocab.txt"}
+    checkpoint = make_qa_checkpoint(tiny_bert, root / "finetuned")
+    predict = copy_squad_excerpt(root / "predict.json")
+    setup = {"checkpoint": checkpoint, "predict": predict, "vocab": tiny_bert / "vocab.txt"}
     deploy(setup, root / "repo", "--format", "onnx")
     http, grpc, metrics = free_ports(3)
     log = open(root / "server.log", "w")
@@ -127,7 +128,7 @@ def test_server_listens_on_loopback_only(served):
         assert addresses and addresses <= LOOPBACK, (port, addresses)
 
 
-def test_squad_predictions_through_triton_equal_run_squad(served, shared_data):
+def test_squad_predictions_through_triton_equal_run_squad(served):
     out_pt = served["root"] / "run_squad"
     done = subprocess.run([sys.executable, str(REPO_ROOT / "run_squad.py"), "--init_checkpoint",
                            str(served["checkpoint"]), "--vocab_file", str(served["vocab"]), "--do_lower_case",

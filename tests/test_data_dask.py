@@ -23,7 +23,7 @@ import pytest
 from data import layout
 from data.sharding import split_sentences
 from data.text_formatting import book_text
-from tests.conftest import REPO_ROOT, write_formatted
+from tests.conftest import REPO_ROOT, TEST_DATA, write_formatted
 
 pytest.importorskip("dask")  # (not `distributed`: the checkout's own distributed.py shadows it in this process)
 PYTHON = sys.executable
@@ -104,18 +104,20 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory, shared_data) -> Path:
-    """A working dir with a small formatted and sharded corpus (5 text shards)."""
+def corpus(tmp_path_factory) -> Path:
+    """A working dir with a small formatted and sharded corpus (5 text shards) of the two book excerpts."""
     root = tmp_path_factory.mktemp("corpus")
-    sentences = split_sentences(book_text(shared_data / "books" / "pg11.txt"))[:1200]
-    write_formatted((" ".join(sentences[i:i + 30]) for i in range(0, len(sentences), 30)),
+    sentences = [s for name in ("pg11.txt", "pg1661.txt")
+                 for s in split_sentences(book_text(TEST_DATA / "books" / name))]
+    # 8 sentences an article: about 30 articles for the 5 shards.
+    write_formatted((" ".join(sentences[i:i + 8]) for i in range(0, len(sentences), 8)),
                    layout.formatted_text(root, "bookscorpus"))
     assert _prep(root, "--action", "sharding", *FLAGS).returncode == 0
     return root
 
 
 @pytest.fixture()
-def workdir(corpus, tmp_path, shared_data) -> Path:
+def workdir(corpus, tmp_path) -> Path:
     shutil.copytree(corpus, tmp_path / "work")
     return tmp_path / "work"
 
@@ -146,14 +148,13 @@ def _assert_same_shards(a: Path, b: Path) -> None:
         assert attrs.keys() == other_attrs.keys() and all(np.all(attrs[k] == other_attrs[k]) for k in attrs), name
 
 
-def test_dask_workers_make_the_shards_of_local_processes(cluster, workdir, shared_data):
-    vocab = shared_data / "minilm" / "vocab.txt"
-    local = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--n_processes", "1", vocab=vocab)
+def test_dask_workers_make_the_shards_of_local_processes(cluster, workdir, vocab_file):
+    local = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--n_processes", "1", vocab=vocab_file)
     assert local.returncode == 0, local.stderr
     hdf5 = layout.hdf5_dir(workdir, PARAMS)
     hdf5.rename(workdir / "local")
     dask = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--scheduler_file", str(cluster.scheduler_file),
-                 vocab=vocab)
+                 vocab=vocab_file)
     assert dask.returncode == 0, dask.stderr
     used = set(re.search(r"5 shards made by \d Dask workers: (.*)", dask.stdout).group(1).split())
     assert used and used <= cluster.workers  # the tasks ran on the test's workers, not in bertPrep's process
@@ -162,7 +163,7 @@ def test_dask_workers_make_the_shards_of_local_processes(cluster, workdir, share
     # By address this time, and only the missing shard is made again.
     missing = hdf5 / "bookscorpus" / "training" / "bookscorpus_training_2.hdf5"
     missing.unlink()
-    again = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--scheduler", cluster.address, vocab=vocab)
+    again = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--scheduler", cluster.address, vocab=vocab_file)
     assert again.returncode == 0, again.stderr
     assert "4 of 5 shards already complete" in again.stdout and "1 shards made by 1 Dask workers" in again.stdout
     _assert_same_shards(workdir / "local", hdf5)
@@ -227,19 +228,18 @@ def _one_line_refusal(run: subprocess.CompletedProcess, *words: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: ") and all(w in lines[0] for w in words), run.stderr
 
 
-def test_unreachable_scheduler_is_one_line_and_leaves_no_shard_folder(workdir, shared_data):
-    vocab = shared_data / "minilm" / "vocab.txt"
+def test_unreachable_scheduler_is_one_line_and_leaves_no_shard_folder(workdir, vocab_file):
     address = f"tcp://127.0.0.1:{_free_port()}"
     started = time.monotonic()
     run = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--scheduler", address, "--scheduler_timeout",
-                "2", vocab=vocab)
+                "2", vocab=vocab_file)
     _one_line_refusal(run, "--scheduler", address, "no Dask scheduler answered")
     assert time.monotonic() - started < 60
     assert not layout.hdf5_dir(workdir, PARAMS).exists()
 
     missing = workdir / "nowhere" / "scheduler.json"
     run = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--scheduler_file", str(missing),
-                "--scheduler_timeout", "1", vocab=vocab)
+                "--scheduler_timeout", "1", vocab=vocab_file)
     _one_line_refusal(run, str(missing), "dask scheduler --scheduler-file")
     assert not layout.hdf5_dir(workdir, PARAMS).exists()
 
@@ -302,11 +302,10 @@ def test_prep_sub_refuses_bad_settings_in_one_line(tmp_path, env, words):
     assert run.stdout == ""
 
 
-def test_prep_sub_makes_the_shards_of_a_local_run(workdir, tmp_path, shared_data):
+def test_prep_sub_makes_the_shards_of_a_local_run(workdir, tmp_path, vocab_file):
     """The script itself, with an srun that runs its command here: scheduler and workers on the loopback; the
     text shards are made again on the workers, then the HDF5 shards."""
-    vocab = shared_data / "minilm" / "vocab.txt"
-    local = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--n_processes", "1", vocab=vocab)
+    local = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--n_processes", "1", vocab=vocab_file)
     assert local.returncode == 0, local.stderr
     layout.hdf5_dir(workdir, PARAMS).rename(workdir / "local")
     fake = tmp_path / "bin"
@@ -316,7 +315,7 @@ def test_prep_sub_makes_the_shards_of_a_local_run(workdir, tmp_path, shared_data
     run = _prep_sub({"PATH": f"{fake}:{os.environ['PATH']}", "BERT_PREP_WORKING_DIR": str(workdir),
                      "PYTHON": PYTHON, "SCHEDULER_PORT": "0", "INTERFACE": "lo", "HTTP_HOST": "127.0.0.1", "WORKERS_PER_NODE": "2",
                      "SCHEDULER_TIMEOUT": "60", "SLURM_JOB_ID": "5", "ACTIONS": "sharding create_hdf5_files"},
-                    *FLAGS, "--vocab_file", str(vocab), timeout=180)
+                    *FLAGS, "--vocab_file", str(vocab_file), timeout=180)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "tasks ran on" in run.stdout and "5 shards made by" in run.stdout
     _assert_same_shards(workdir / "local", layout.hdf5_dir(workdir, PARAMS))
@@ -334,9 +333,8 @@ echo "Submitted batch job $!"
 FAKE_SCANCEL = '#!/bin/bash\nfor id in "$@"; do kill -- "-$id" 2>/dev/null || true; done\n'
 
 
-def test_slurm_engine_submits_worker_jobs_that_make_the_shards(workdir, tmp_path, shared_data):
-    vocab = shared_data / "minilm" / "vocab.txt"
-    local = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--n_processes", "1", vocab=vocab)
+def test_slurm_engine_submits_worker_jobs_that_make_the_shards(workdir, tmp_path, vocab_file):
+    local = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--n_processes", "1", vocab=vocab_file)
     assert local.returncode == 0, local.stderr
     layout.hdf5_dir(workdir, PARAMS).rename(workdir / "local")
     fake, jobs = tmp_path / "bin", tmp_path / "jobs"
@@ -350,7 +348,7 @@ def test_slurm_engine_submits_worker_jobs_that_make_the_shards(workdir, tmp_path
     env = {"PATH": f"{fake}:{os.environ['PATH']}", "DASK_JOBQUEUE__SLURM__WORKER_EXTRA_ARGS": extra}
     try:
         run = subprocess.run([PYTHON, str(REPO_ROOT / "data" / "bertPrep.py"), "--action", "create_hdf5_files",
-                              *FLAGS, "--vocab_file", str(vocab), "--engine", "slurm", "--slurm_jobs", "2",
+                              *FLAGS, "--vocab_file", str(vocab_file), "--engine", "slurm", "--slurm_jobs", "2",
                               "--slurm_cores", "1", "--slurm_memory", "2GB", "--slurm_account", "bert",
                               "--scheduler_host", "127.0.0.1"],
                              env={**os.environ, **env, "BERT_PREP_WORKING_DIR": str(workdir)},

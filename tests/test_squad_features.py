@@ -1,26 +1,29 @@
 """SQuAD feature creation: windows, max context, improved answer spans, against a plain reference of the
-original BERT algorithm written here, and the recoverability of every dev-v1.1 answer."""
+original BERT algorithm written here on real dev questions (the excerpt in tests/data/squad), and the
+recoverability of every dev-v1.1 answer (of the excerpt, and of the full set in the integration tier)."""
 import dataclasses
+import unicodedata
 
 import numpy as np
 import pytest
 
 import squad
 import squad_answers
+from conftest import TEST_DATA
 from data.tokenization import BertTokenizer, load_vocab
 from evaluate_squad import normalize_answer
 
-pytestmark = pytest.mark.shared_data
+EXCERPT = TEST_DATA / "squad"  # 90 dev-v1.1 and 92 dev-v2.0 questions of a few real articles
 
 
 @pytest.fixture(scope="module")
-def tokenizer(shared_data):
-    return BertTokenizer(load_vocab(shared_data / "minilm" / "vocab.txt"), do_lower_case=True)
+def tokenizer(vocab_file):
+    return BertTokenizer(load_vocab(vocab_file), do_lower_case=True)
 
 
 @pytest.fixture(scope="module")
-def dev_v1(shared_data):
-    return squad.read_squad_examples(shared_data / "squad" / "dev-v1.1.json", is_training=False)
+def dev_v1():
+    return squad.read_squad_examples(EXCERPT / "dev-v1.1.json", is_training=False)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -125,7 +128,7 @@ def assert_features_match(examples, tokenizer, settings, is_training):
 def test_features_equal_reference_with_many_small_windows(dev_v1, tokenizer):
     # Short windows: most contexts need several, so stride, max context and out-of-window answers all occur.
     settings = squad.WindowSettings(max_seq_length=64, doc_stride=24, max_query_length=16)
-    features = assert_features_match(dev_v1[:250], tokenizer, settings, is_training=True)
+    features = assert_features_match(dev_v1, tokenizer, settings, is_training=True)
     per_example = np.bincount(features.example_index)
     assert per_example.max() >= 5
     assert (features.start_positions == 0).sum() > len(features) // 3  # windows without the answer
@@ -133,14 +136,14 @@ def test_features_equal_reference_with_many_small_windows(dev_v1, tokenizer):
 
 
 def test_features_equal_reference_with_default_settings(dev_v1, tokenizer):
-    assert_features_match(dev_v1[-150:], tokenizer, squad.WindowSettings(), is_training=True)
-    assert_features_match(dev_v1[1000:1100], tokenizer, squad.WindowSettings(), is_training=False)
+    features = assert_features_match(dev_v1, tokenizer, squad.WindowSettings(), is_training=True)
+    assert (np.bincount(features.example_index) > 1).any()  # some contexts need a second window even here
+    assert_features_match(dev_v1, tokenizer, squad.WindowSettings(), is_training=False)
 
 
-def test_features_equal_reference_on_squad_v2_with_impossible_questions(shared_data, tokenizer):
-    examples = squad.read_squad_examples(shared_data / "squad" / "dev-v2.0.json", True, version_2_with_negative=True)
-    subset = examples[:200]
-    assert sum(e.is_impossible for e in subset) > 50
+def test_features_equal_reference_on_squad_v2_with_impossible_questions(tokenizer):
+    subset = squad.read_squad_examples(EXCERPT / "dev-v2.0.json", True, version_2_with_negative=True)
+    assert sum(e.is_impossible for e in subset) == 62 and len(subset) == 92
     settings = squad.WindowSettings(max_seq_length=128, doc_stride=48, max_query_length=32)
     features = assert_features_match(subset, tokenizer, settings, is_training=True)
     impossible = np.array([subset[i].is_impossible for i in features.example_index])
@@ -162,7 +165,7 @@ def test_answer_span_is_refined_to_the_tokenized_answer(tokenizer):
 
 
 def test_window_layout_and_stride(tokenizer):
-    words = [f"w{i}" for i in range(40)]  # "w12" -> "w", "##12": 2 pieces a word
+    words = [f"w{i % 10}" for i in range(40)]  # "w7" -> "w", "##7": 2 pieces a word
     example = squad.SquadExample("q", "a b", words, [])
     pieces = len(tokenizer.tokenize(" ".join(words)))
     assert pieces == 80
@@ -190,16 +193,35 @@ def test_max_seq_length_without_room_for_the_document_is_an_input_error(tokenize
         squad.convert_examples_to_features([example], tokenizer, squad.WindowSettings(max_seq_length=5))
 
 
-def test_every_dev_v1_answer_is_recoverable_from_a_window(dev_v1, tokenizer, record_property):
-    """Each of the 34,726 gold answers (one training example per answer): some window holds its token span,
-    and the text that span maps back to contains the answer. Exact recovery is bounded by WordPiece (an
-    answer that is part of a piece, like "gold" of "golden", cannot be cut out); its rate is reported."""
-    per_answer = [dataclasses.replace(e, answers=[a]) for e in dev_v1 for a in e.answers]
+def splits_between(a: str, b: str) -> bool:
+    """Whether BERT's basic tokenizer separates adjacent characters a and b: at whitespace or punctuation (ASCII
+    symbols and Unicode P* categories; "€" is neither, so "€27" stays one token)."""
+    def punct(c: str) -> bool:
+        return 33 <= ord(c) <= 47 or 58 <= ord(c) <= 64 or 91 <= ord(c) <= 96 or 123 <= ord(c) <= 126 or \
+            unicodedata.category(c).startswith("P")
+    return any(c.isspace() or punct(c) for c in (a, b))
+
+
+def is_part_of_a_word(gold: str, text: str) -> bool:
+    """Whether gold, found in text, begins or ends inside a basic token of it (like "gold" in '"golden')."""
+    at = text.find(gold)
+    end = at + len(gold)
+    return at >= 0 and ((at > 0 and not splits_between(text[at - 1], gold[0])) or
+                        (end < len(text) and not splits_between(gold[-1], text[end])))
+
+
+def check_recoverable(examples: list, tokenizer: BertTokenizer, record_property, min_exact: float) -> tuple:
+    """Each gold answer (one training example per answer): some window holds its token span, and the text that
+    span maps back to contains the answer. Exact recovery is bounded by WordPiece (an answer that is part of a
+    piece, like "gold" of "golden", cannot be cut out); its rate, reported, must be at least min_exact. Returns
+    the number of answers and, for each answer not recovered exactly, (its text, the texts recovered)."""
+    per_answer = [dataclasses.replace(e, answers=[a]) for e in examples for a in e.answers]
     features = squad.convert_examples_to_features(per_answer, tokenizer, squad.WindowSettings(), is_training=True)
     in_window = np.zeros(len(per_answer), bool)
     contained = np.zeros(len(per_answer), bool)
     exact = np.zeros(len(per_answer), bool)
     normalized = np.zeros(len(per_answer), bool)
+    recovered = [[] for _ in per_answer]
     for row in np.flatnonzero(features.start_positions > 0).tolist():
         i = int(features.example_index[row])
         gold = per_answer[i].answers[0].text
@@ -208,6 +230,7 @@ def test_every_dev_v1_answer_is_recoverable_from_a_window(dev_v1, tokenizer, rec
             tokenizer.vocab, True,
         )
         in_window[i] = True
+        recovered[i].append(text)
         contained[i] |= " ".join(gold.split()) in text
         exact[i] |= text == gold
         normalized[i] |= normalize_answer(text) == normalize_answer(gold)
@@ -218,6 +241,21 @@ def test_every_dev_v1_answer_is_recoverable_from_a_window(dev_v1, tokenizer, rec
     )
     record_property("recoverable", report)
     print(report)
-    assert len(per_answer) == 34726
     assert in_window.all() and contained.all()
-    assert exact.mean() > 0.995 and normalized.mean() >= exact.mean()
+    assert exact.mean() >= min_exact and normalized.mean() >= exact.mean()
+    return len(per_answer), [(per_answer[i].answers[0].text, recovered[i]) for i in np.flatnonzero(~exact).tolist()]
+
+
+def test_every_dev_v1_answer_of_the_excerpt_is_recoverable_from_a_window(dev_v1, tokenizer, record_property):
+    # 3 of the excerpt's 287 answers are parts of words ("gold" of "golden" twice, "onomist" of "economist"), a
+    # larger share than the full set's misses (0.5 %), hence the lower bound; each miss must be such a part of a word
+    # (on the full set some are not: answers with doubled spaces or characters that are [UNK] to WordPiece).
+    count, misses = check_recoverable(dev_v1, tokenizer, record_property, min_exact=0.985)
+    assert count == 287  # as tests/data/squad/README.md counts them
+    for gold, texts in misses:
+        assert any(is_part_of_a_word(gold, text) for text in texts), (gold, texts)
+
+
+def test_every_dev_v1_answer_is_recoverable_from_a_window(shared_data, tokenizer, record_property):
+    full = squad.read_squad_examples(shared_data / "squad" / "dev-v1.1.json", is_training=False)
+    assert check_recoverable(full, tokenizer, record_property, min_exact=0.995)[0] == 34726

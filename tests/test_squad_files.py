@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 
 import squad
+from conftest import TEST_DATA
 from data.tokenization import BertTokenizer, load_vocab
 from errors import InputError
+
+EXCERPT = TEST_DATA / "squad"  # a few real dev articles of each version (README.md there)
 
 
 def write_squad(path, paragraphs, version="1.1"):
@@ -63,17 +66,36 @@ def test_v2_impossible_questions(tmp_path):
     assert squad.is_squad_v2(squad.load_squad_json(path))
 
 
-def test_squad_version_is_recognized_from_the_file(shared_data):
-    assert not squad.is_squad_v2(squad.load_squad_json(shared_data / "squad" / "dev-v1.1.json"))
-    v2 = squad.load_squad_json(shared_data / "squad" / "dev-v2.0.json")
+def test_squad_version_is_recognized_from_the_file():
+    assert not squad.is_squad_v2(squad.load_squad_json(EXCERPT / "dev-v1.1.json"))
+    v2 = squad.load_squad_json(EXCERPT / "dev-v2.0.json")
     assert squad.is_squad_v2(v2)
     del v2["version"]
     assert squad.is_squad_v2(v2)  # from is_impossible
 
 
+def read_dev_files(squad_dir) -> tuple[list, list]:
+    """Both dev files of squad_dir, every example checked against the JSON it was read from."""
+    read = []
+    for version, v2 in (("1.1", False), ("2.0", True)):
+        path = squad_dir / f"dev-v{version}.json"
+        examples = squad.read_squad_examples(path, is_training=False, version_2_with_negative=v2)
+        qas = [qa for a in json.loads(path.read_text("utf-8"))["data"] for p in a["paragraphs"] for qa in p["qas"]]
+        assert [e.qas_id for e in examples] == [qa["id"] for qa in qas]
+        assert [e.is_impossible for e in examples] == [qa.get("is_impossible", False) for qa in qas]
+        assert [[a.text for a in e.answers] for e in examples] == [[a["text"] for a in qa["answers"]] for qa in qas]
+        read.append(examples)
+    return read[0], read[1]
+
+
+def test_real_dev_excerpts_read_completely():
+    v1, v2 = read_dev_files(EXCERPT)
+    assert len(v1) == 90 and len(v2) == 92  # as tests/data/squad/README.md counts them
+    assert sum(e.is_impossible for e in v2) == 62
+
+
 def test_real_dev_files_read_completely(shared_data):
-    v1 = squad.read_squad_examples(shared_data / "squad" / "dev-v1.1.json", is_training=False)
-    v2 = squad.read_squad_examples(shared_data / "squad" / "dev-v2.0.json", False, version_2_with_negative=True)
+    v1, v2 = read_dev_files(shared_data / "squad")
     assert len(v1) == 10570 and len(v2) == 11873
     assert sum(e.is_impossible for e in v2) == 5945
 
@@ -123,8 +145,8 @@ def test_missing_and_non_utf8_files(tmp_path):
 # Cache
 # ---------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def tokenizer(shared_data):
-    return BertTokenizer(load_vocab(shared_data / "minilm" / "vocab.txt"), do_lower_case=True)
+def tokenizer(vocab_file):
+    return BertTokenizer(load_vocab(vocab_file), do_lower_case=True)
 
 
 def test_cache_key_changes_with_everything_that_affects_features(tokenizer):

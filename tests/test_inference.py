@@ -1,5 +1,6 @@
-"""inference.py mechanics with the real pretrained minilm (its QA head is untrained, so the answers are not
-judged, only their form) and with a stand-in model whose logits are known."""
+"""inference.py mechanics with a tiny seeded BERT laid out as a pretrained download (`tiny_bert`: config.json,
+safetensors without a QA head, so the answers are not judged, only their form) and with a stand-in model whose
+logits are known."""
 import json
 import subprocess
 import sys
@@ -12,10 +13,10 @@ import torch
 import inference
 import squad
 import squad_answers
+from conftest import TEST_DATA
 from errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.shared_data
 
 CONTEXT = (
     "Super Bowl 50 was an American football game to determine the champion of the National Football League "
@@ -25,16 +26,17 @@ CONTEXT = (
 
 
 @pytest.fixture(scope="module")
-def minilm(shared_data):
-    folder = shared_data / "minilm"
+def encoder(tiny_bert):
+    """The encoder folder, its tokenizer and a QA model loaded from it with a seeded (untrained) QA head."""
+    folder = tiny_bert
     tokenizer = inference.load_tokenizer(folder / "vocab.txt", do_lower_case=True)
     torch.manual_seed(0)
     model = inference.load_qa_model(folder, None, len(tokenizer.vocab), 384)
     return folder, tokenizer, model
 
 
-def test_answers_are_spans_of_the_context_with_an_nbest_list(minilm):
-    _, tokenizer, model = minilm
+def test_answers_are_spans_of_the_context_with_an_nbest_list(encoder):
+    _, tokenizer, model = encoder
     [result] = inference.answer_questions(model, tokenizer, ["Who won Super Bowl 50?"], CONTEXT)
     assert set(result) == {"question", "answer", "nbest", "windows"}
     assert result["windows"] == 1
@@ -46,8 +48,8 @@ def test_answers_are_spans_of_the_context_with_an_nbest_list(minilm):
     json.dumps(result)  # plain JSON types
 
 
-def test_bf16_and_v2_give_the_same_form(minilm):
-    _, tokenizer, model = minilm
+def test_bf16_and_v2_give_the_same_form(encoder):
+    _, tokenizer, model = encoder
     for threshold, empty in ((1e9, False), (-1e9, True)):  # null odds above the threshold: no answer
         answer = squad_answers.AnswerSettings(version_2_with_negative=True, null_score_diff_threshold=threshold)
         results = inference.answer_questions(
@@ -72,20 +74,20 @@ class PointAtWord(torch.nn.Module):
         return None, hit, hit
 
 
-def test_long_context_is_covered_by_sliding_windows(minilm, shared_data):
-    _, tokenizer, _ = minilm
-    book = (shared_data / "books" / "pg11.txt").read_text(encoding="utf-8")
+def test_long_context_is_covered_by_sliding_windows(encoder):
+    _, tokenizer, _ = encoder
+    book = (TEST_DATA / "books" / "pg11.txt").read_text(encoding="utf-8")  # Alice's first chapter, 2,180 words
     context = " ".join(book.split()[:3000]) + " The answer is Madrid ."
     window = squad.WindowSettings(max_seq_length=128, doc_stride=64, max_query_length=16)
-    [madrid] = tokenizer.encode("madrid")  # one piece in the uncased vocab, absent from the book
+    [madrid] = tokenizer.encode("madrid")  # one piece in the uncased vocab (excerpt), absent from the book
     [result] = inference.answer_questions(PointAtWord(madrid), tokenizer, ["Where?"], context, window)
     pieces = len(tokenizer.encode(context))
     assert result["windows"] >= pieces // 64  # far beyond one window (NVIDIA's would truncate)
     assert result["answer"] == "Madrid"  # found in the last window
 
 
-def test_cli_reads_questions_from_stdin_and_a_context_file(minilm, tmp_path):
-    folder, _, _ = minilm
+def test_cli_reads_questions_from_stdin_and_a_context_file(encoder, tmp_path):
+    folder, _, _ = encoder
     (tmp_path / "context.txt").write_text(CONTEXT * 8, encoding="utf-8")
     done = subprocess.run(
         [sys.executable, str(REPO / "inference.py"), "--init_checkpoint", str(folder), "--vocab_file",
@@ -97,7 +99,7 @@ def test_cli_reads_questions_from_stdin_and_a_context_file(minilm, tmp_path):
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert [line["question"] for line in lines] == ["Who won Super Bowl 50?", "Which season?"]
     assert all(line["windows"] > 1 and line["answer"] in CONTEXT * 8 for line in lines)
-    assert "untrained" in done.stderr  # minilm has no QA head, and says so
+    assert "untrained" in done.stderr  # the encoder folder has no QA head, and says so
 
 
 def run_inference(*args):
@@ -105,8 +107,8 @@ def run_inference(*args):
                           capture_output=True, text=True, cwd=REPO, timeout=120)
 
 
-def test_cli_bad_inputs_exit_2_naming_the_file(minilm, tmp_path):
-    folder, _, _ = minilm
+def test_cli_bad_inputs_exit_2_naming_the_file(encoder, tmp_path):
+    folder, _, _ = encoder
     missing = run_inference("--init_checkpoint", tmp_path / "nothing", "--vocab_file", folder / "vocab.txt",
                             "--question", "q", "--context", "c")
     assert missing.returncode == 2 and str(tmp_path / "nothing") in missing.stderr
@@ -119,8 +121,8 @@ def test_cli_bad_inputs_exit_2_naming_the_file(minilm, tmp_path):
     assert len(mismatch.stderr.strip().splitlines()) == 1
 
 
-def test_context_file_and_vocab_errors_are_input_errors(minilm, tmp_path):
-    folder, _, _ = minilm
+def test_context_file_and_vocab_errors_are_input_errors(encoder, tmp_path):
+    folder, tokenizer, _ = encoder
     with pytest.raises(InputError, match="context file not found"):
         inference.parse_args(["--init_checkpoint", str(folder), "--vocab_file", "v", "--context_file",
                               str(tmp_path / "absent.txt")])
@@ -131,11 +133,11 @@ def test_context_file_and_vocab_errors_are_input_errors(minilm, tmp_path):
     with pytest.raises(InputError, match="vocab file not found"):
         inference.load_tokenizer(tmp_path / "vocab.txt", True)
     with pytest.raises(InputError, match="max_position_embeddings"):
-        inference.load_qa_model(folder, None, 30522, 1024)
+        inference.load_qa_model(folder, None, len(tokenizer.vocab), 1024)  # the config has 512 positions
 
 
-def test_predict_logits_batches_agree_with_one_pass(minilm):
-    _, tokenizer, model = minilm
+def test_predict_logits_batches_agree_with_one_pass(encoder):
+    _, tokenizer, model = encoder
     words, _ = squad.split_context(CONTEXT * 3)
     examples = [squad.SquadExample("0", "who?", words, [])]
     features = squad.convert_examples_to_features(examples, tokenizer, squad.WindowSettings(64, 32, 8))
@@ -147,9 +149,9 @@ def test_predict_logits_batches_agree_with_one_pass(minilm):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 
-def test_fp16_on_cpu_answers_like_fp32(minilm):
+def test_fp16_on_cpu_answers_like_fp32(encoder):
     # --fp16 runs on a CPU as in training (fp16 autocast); the fp32 answer must survive its rounding.
-    _, tokenizer, model = minilm
+    _, tokenizer, model = encoder
     [fp32] = inference.answer_questions(model, tokenizer, ["Who won Super Bowl 50?"], CONTEXT)
     [fp16] = inference.answer_questions(model, tokenizer, ["Who won Super Bowl 50?"], CONTEXT, precision="fp16")
     assert fp16["answer"] == fp32["answer"] and fp16["answer"] in CONTEXT

@@ -46,7 +46,7 @@ def vocab(vocab_file):
 @pytest.fixture
 def predict_file(tmp_path):
     """A real SQuAD file (a dev-v1.1 excerpt), copied so that nothing the client might cache lands in tests/data."""
-    return str(shutil.copyfile(TEST_DATA / "inference" / "squad-dev-v1.1-excerpt.json", tmp_path / "dev.json"))
+    return str(shutil.copyfile(TEST_DATA / "squad" / "dev-v1.1.json", tmp_path / "dev.json"))
 
 
 def test_client_missing_context_file_names_the_file(vocab, tmp_path):

@@ -1,6 +1,6 @@
 """triton/deployer.py on a tiny seeded BERT with a QA head (the `tiny_bert` fixture: the export's plumbing does not
 depend on pretrained weights): ONNX Runtime and TorchScript equal PyTorch on real SQuAD windows (an excerpt of
-dev-v1.1 kept in tests/data/inference) at any batch size and length, config.pbtxt parses as Triton's ModelConfig, a
+dev-v1.1 kept in tests/data/squad) at any batch size and length, config.pbtxt parses as Triton's ModelConfig, a
 difference above the tolerance is refused and writes nothing; and the triton/ folder does not shadow OpenAI's `triton`
 for torch."""
 import os
@@ -27,8 +27,8 @@ SEQ = 128
 WINDOW = squad.WindowSettings(SEQ, 64, 32)
 
 
-# Super_Bowl_50 and Warsaw, first two paragraphs each, of the official dev-v1.1 (see tests/data/inference/README.md).
-SQUAD_EXCERPT = TEST_DATA / "inference" / "squad-dev-v1.1-excerpt.json"
+# 14 paragraphs of the official dev-v1.1 (see tests/data/squad/README.md).
+SQUAD_EXCERPT = TEST_DATA / "squad" / "dev-v1.1.json"
 
 
 def copy_squad_excerpt(target: Path) -> Path:
@@ -146,7 +146,7 @@ def test_torchscript_export_equals_pytorch_and_targets_libtorch(setup):
     with torch.no_grad():
         got = [t.numpy() for t in loaded(*(torch.from_numpy(a) for a in arrays))]
     expected = pytorch_logits(setup["model"], arrays)
-    real = arrays[2].astype(bool)  # as for ONNX: padded positions differ (PyTorch skips them), rows 2 and 5 have some
+    real = arrays[2].astype(bool)  # as for ONNX: padded positions differ (PyTorch skips them); some rows have them
     assert real.all(axis=1).any() and not real.all()
     assert max(float(np.abs(g[real] - e[real]).max()) for g, e in zip(got, expected)) < 1e-4
     config = parse_config(repository / "bert_ts" / "config.pbtxt")

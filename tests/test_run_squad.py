@@ -1,6 +1,8 @@
-"""run_squad.py end to end on the real pretrained MiniLM: a few training steps on some dev-v1.1 articles, then
-prediction and evaluation on others (mechanics, not accuracy: see benchmarks/finetune_accuracy.py); and its
-refusals, staging and cleaning on a tiny model built in the test's folder."""
+"""run_squad.py end to end on a tiny randomly initialised BERT saved as a Hugging Face folder (conftest's
+tiny_bert, laid out as a pretrained encoder download): a few training steps on some real dev-v1.1 articles, then
+prediction and evaluation on others, from the excerpt in tests/data/squad (mechanics, files and formats, not
+accuracy: see benchmarks/finetune_accuracy.py); and its refusals, staging and cleaning on a tiny model built in the
+test's folder."""
 import json
 import os
 import shutil
@@ -12,11 +14,13 @@ import pytest
 import torch
 
 import run_squad
+from conftest import TEST_DATA
 from errors import InputError
 from metric_logger import read_log
 from tests.test_run_glue import snapshot, tiny_model_files
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+EXCERPT = TEST_DATA / "squad"  # a few real dev articles of each version (README.md there)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores: one thread per process avoids oversubscription
 SHORT = ["--max_seq_length", "128", "--doc_stride", "64", "--max_query_length", "32", "--predict_batch_size", "32"]
 
@@ -29,9 +33,9 @@ def squad_subset(source: Path, target: Path, titles: list[str], paragraphs: int)
     return target
 
 
-def squad(shared_data, out, *extra, check=True):
+def squad(vocab: Path, out: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
     cmd = [sys.executable, str(REPO_ROOT / "run_squad.py"), "--output_dir", str(out), "--vocab_file",
-           str(shared_data / "minilm" / "vocab.txt"), "--do_lower_case", "--disable_progress_bar",
+           str(vocab), "--do_lower_case", "--disable_progress_bar",
            "--json-summary", str(out / "dllogger.json"), *SHORT, *extra]
     result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=REPO_ROOT)
     if check:
@@ -40,27 +44,27 @@ def squad(shared_data, out, *extra, check=True):
 
 
 @pytest.fixture(scope="module")
-def files(shared_data, tmp_path_factory):
+def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("squad")
-    dev = shared_data / "squad" / "dev-v1.1.json"
+    dev = EXCERPT / "dev-v1.1.json"
     return {
         "root": root,
-        "train": squad_subset(dev, root / "train.json", ["Jacksonville,_Florida", "Construction"], 5),
+        "train": squad_subset(dev, root / "train.json", ["Jacksonville,_Florida", "Construction"], 3),
         "predict": squad_subset(dev, root / "predict.json", ["Intergovernmental_Panel_on_Climate_Change",
-                                                             "1973_oil_crisis"], 3),
+                                                             "1973_oil_crisis"], 2),
     }
 
 
 @pytest.fixture(scope="module")
-def trained(shared_data, files):
+def trained(tiny_bert, files):
     out = files["root"] / "out"
-    squad(shared_data, out, "--init_checkpoint", str(shared_data / "minilm"), "--train_file", str(files["train"]),
+    squad(tiny_bert / "vocab.txt", out, "--init_checkpoint", str(tiny_bert), "--train_file", str(files["train"]),
           "--predict_file", str(files["predict"]), "--do_train", "--do_predict", "--do_eval", "--train_batch_size",
           "8", "--max_steps", "3", "--log_freq", "1", "--cache_dir", str(files["root"] / "cache"))
     return out
 
 
-def test_training_prediction_and_evaluation_write_files_and_final_log(trained, files):
+def test_training_prediction_and_evaluation_write_files_and_final_log(trained, files, tiny_bert):
     qids = {q["id"] for a in json.loads(files["predict"].read_text())["data"] for p in a["paragraphs"]
             for q in p["qas"]}
     predictions = json.loads((trained / "predictions.json").read_text())
@@ -80,12 +84,13 @@ def test_training_prediction_and_evaluation_write_files_and_final_log(trained, f
     assert final["data"]["train_steps"] == 3
     checkpoint = torch.load(trained / "pytorch_model.bin", weights_only=True)
     assert set(checkpoint) == {"model"} and "qa_outputs.weight" in checkpoint["model"]
-    assert json.loads((trained / "bert_config.json").read_text())["hidden_size"] == 384
+    written = json.loads((trained / "bert_config.json").read_text())
+    assert written["hidden_size"] == json.loads((tiny_bert / "config.json").read_text())["hidden_size"] == 32
 
 
-def test_reloaded_checkpoint_predicts_the_same_and_external_eval_script_agrees(trained, files, shared_data):
+def test_reloaded_checkpoint_predicts_the_same_and_external_eval_script_agrees(trained, files, tiny_bert):
     out = files["root"] / "reload"
-    squad(shared_data, out, "--init_checkpoint", str(trained / "pytorch_model.bin"), "--predict_file",
+    squad(tiny_bert / "vocab.txt", out, "--init_checkpoint", str(trained / "pytorch_model.bin"), "--predict_file",
           str(files["predict"]), "--do_predict", "--do_eval", "--eval_script", str(REPO_ROOT / "evaluate_squad.py"),
           "--cache_dir", str(files["root"] / "cache"))
     assert (out / "predictions.json").read_text() == (trained / "predictions.json").read_text()
@@ -94,14 +99,14 @@ def test_reloaded_checkpoint_predicts_the_same_and_external_eval_script_agrees(t
     assert "e2e_train_time" not in again
 
 
-def test_run_squad_sh_prediction_mode_with_nvidia_positional_arguments(trained, files, shared_data, tmp_path):
+def test_run_squad_sh_prediction_mode_with_nvidia_positional_arguments(trained, files, tiny_bert, tmp_path):
     squad_dir = tmp_path / "v1.1"
     squad_dir.mkdir()
     (squad_dir / "dev-v1.1.json").write_bytes(files["predict"].read_bytes())
     out = tmp_path / "out"
     # init epochs batch lr warmup precision gpus seed squad_dir vocab out mode config max_steps
     args = [str(trained), "1.0", "16", "3e-5", "0.1", "fp32", "1", "1", str(squad_dir),
-            str(shared_data / "minilm" / "vocab.txt"), str(out), "eval", "checkpoint", "-1"]
+            str(tiny_bert / "vocab.txt"), str(out), "eval", "checkpoint", "-1"]
     result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_squad.sh"), *args], capture_output=True,
                             text=True, env={**ENV, "PYTHON": sys.executable}, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:]
@@ -115,10 +120,10 @@ def test_features_are_cached_once_per_file_and_setting(trained, files):
     assert len(cached) == 2  # training and prediction features; the reload run reused the latter
 
 
-def test_squad_v2_prediction_writes_null_odds_and_v2_metrics(trained, files, shared_data):
-    predict = squad_subset(shared_data / "squad" / "dev-v2.0.json", files["root"] / "v2.json", ["Normans"], 2)
+def test_squad_v2_prediction_writes_null_odds_and_v2_metrics(trained, files, tiny_bert):
+    predict = squad_subset(EXCERPT / "dev-v2.0.json", files["root"] / "v2.json", ["Normans"], 2)
     out = files["root"] / "v2"
-    squad(shared_data, out, "--init_checkpoint", str(trained), "--predict_file", str(predict), "--do_predict",
+    squad(tiny_bert / "vocab.txt", out, "--init_checkpoint", str(trained), "--predict_file", str(predict), "--do_predict",
           "--do_eval", "--version_2_with_negative", "--skip_cache")
     null_odds = json.loads((out / "null_odds.json").read_text())
     assert set(null_odds) == set(json.loads((out / "predictions.json").read_text()))
@@ -127,18 +132,23 @@ def test_squad_v2_prediction_writes_null_odds_and_v2_metrics(trained, files, sha
     assert not list(out.glob("*.npz")) and not list(predict.parent.glob("squad_features_*.npz"))
 
 
-def test_checkpoint_with_another_config_is_a_one_line_error(files, shared_data, tmp_path):
-    result = squad(shared_data, tmp_path, "--init_checkpoint", str(shared_data / "minilm"), "--config_file",
-                   str(REPO_ROOT / "bert_configs" / "base.json"), "--train_file", str(files["train"]), "--do_train",
+def test_checkpoint_with_another_config_is_a_one_line_error(files, tiny_bert, tmp_path):
+    # BERT-base's shapes with the tiny vocabulary's size, so that the weights' shapes, not the vocabulary, differ.
+    config = json.loads((REPO_ROOT / "bert_configs" / "base.json").read_text())
+    config["vocab_size"] = json.loads((tiny_bert / "config.json").read_text())["vocab_size"]
+    (tmp_path / "base.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    result = squad(tiny_bert / "vocab.txt", out, "--init_checkpoint", str(tiny_bert), "--config_file",
+                   str(tmp_path / "base.json"), "--train_file", str(files["train"]), "--do_train",
                    "--max_steps", "1", "--skip_cache", check=False)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "minilm" in lines[0] and "shape" in lines[0], result.stderr
-    assert not (tmp_path / "pytorch_model.bin").exists()
+    assert len(lines) == 1 and str(tiny_bert) in lines[0] and "shape" in lines[0], result.stderr
+    assert not (out / "pytorch_model.bin").exists()
 
 
-def test_missing_predict_file_flag_is_a_one_line_error(shared_data, tmp_path):
-    result = squad(shared_data, tmp_path, "--init_checkpoint", str(shared_data / "minilm"), "--do_predict",
+def test_missing_predict_file_flag_is_a_one_line_error(tiny_bert, tmp_path):
+    result = squad(tiny_bert / "vocab.txt", tmp_path, "--init_checkpoint", str(tiny_bert), "--do_predict",
                    check=False)
     assert result.returncode == 2 and result.stderr.strip() == "error: --do_predict/--do_eval need --predict_file"
 

@@ -1,8 +1,11 @@
 """scripts/convert_checkpoint.py: every direction, checked through transformers' own loading."""
 import os
+import re
+import shutil
 import subprocess
 import sys
 
+import safetensors.torch
 import torch
 import transformers
 
@@ -49,12 +52,24 @@ def test_question_answering_checkpoint_exports_with_its_head(tmp_path):
         assert torch.allclose(loaded(input_ids=ids).start_logits, qa(ids)[1], atol=1e-5)
 
 
-def test_minilm_encoder_converts_to_nvidia_names(shared_data, tmp_path):
-    result = convert(shared_data / "minilm", tmp_path / "minilm_nvidia.pt")
+def test_huggingface_encoder_converts_to_nvidia_names(tiny_bert, tmp_path):
+    """A Hugging Face encoder folder (BertModel names, no heads, as MiniLM's is), with the position_ids buffer
+    that transformers 4.x saved beside the weights (MiniLM's file holds it): an index, not a weight, so dropped."""
+    source = tmp_path / "encoder"
+    shutil.copytree(tiny_bert, source)
+    weights = safetensors.torch.load_file(source / "model.safetensors")
+    safetensors.torch.save_file({**weights, "embeddings.position_ids": torch.arange(512)[None]},
+                                source / "model.safetensors", metadata={"format": "pt"})
+    result = convert(source, tmp_path / "encoder_nvidia.pt")
     assert result.returncode == 0, result.stderr
-    state = torch.load(tmp_path / "minilm_nvidia.pt", weights_only=True)["model"]
-    assert "bert.pooler.dense_act.weight" in state and "bert.encoder.layer.5.intermediate.dense_act.weight" in state
-    assert state["bert.embeddings.word_embeddings.weight"].shape == (30522, 384)
+    state = torch.load(tmp_path / "encoder_nvidia.pt", weights_only=True)["model"]
+    assert "bert.pooler.dense_act.weight" in state and "bert.encoder.layer.1.intermediate.dense_act.weight" in state
+    assert state["bert.embeddings.word_embeddings.weight"].shape == (8960, 32)
+    # NVIDIA's modeling.py names its Linear+activation layers dense_act (the intermediate and the pooler here).
+    nvidia_names = {"bert." + re.sub(r"(intermediate|pooler)\.dense\.", r"\1.dense_act.", name): tensor
+                    for name, tensor in weights.items()}
+    assert sorted(state) == sorted(nvidia_names)
+    assert all(torch.equal(state[name], tensor) for name, tensor in nvidia_names.items())
 
 
 def test_source_of_no_known_kind_is_refused_with_one_line(tmp_path):

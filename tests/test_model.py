@@ -1,8 +1,11 @@
 """model.py and model_weights.py against Hugging Face transformers, the independent reference."""
 import copy
 import json
+import shutil
+from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 import transformers
 
@@ -307,10 +310,26 @@ def test_pretraining_weights_start_a_question_answering_model(pair, tmp_path):
     assert torch.equal(qa.bert.encoder.layer[1].output.dense.weight, ours.bert.encoder.layer[1].output.dense.weight)
 
 
-def test_minilm_encoder_equals_transformers(shared_data):
-    folder = shared_data / "minilm"
+@pytest.fixture()
+def varied_tiny_bert(tiny_bert, tmp_path):
+    """conftest's tiny Hugging Face BERT folder with noise of 0.2 added to every tensor: transformers' init leaves
+    biases at 0 and LayerNorm at 1, and its weights of std 0.02 make attention nearly uniform; with the noise every
+    parameter counts and attention is peaked, as in pretrained weights. Saved as transformers saves it."""
+    folder = tmp_path / "tiny_bert_varied"
+    shutil.copytree(tiny_bert, folder)
+    state = safetensors.torch.load_file(folder / "model.safetensors")
+    generator = torch.Generator().manual_seed(1)
+    varied = {name: t + torch.randn(t.shape, generator=generator) * 0.2 if t.is_floating_point() else t
+              for name, t in state.items()}
+    safetensors.torch.save_file(varied, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def check_encoder_equals_transformers(folder: Path, hidden_size: int) -> None:
+    """A Hugging Face BertModel folder (no pre-training heads) read by read_weights into our BertForPreTraining:
+    the encoder's outputs equal transformers' own loading of the folder."""
     weights = read_weights(folder)
-    assert weights.source_format == "huggingface" and weights.config.hidden_size == 384
+    assert weights.source_format == "huggingface" and weights.config.hidden_size == hidden_size
     ours = BertForPreTraining(weights.config).eval()
     missing = load_weights_into(ours, weights)
     assert all(name.startswith("cls.") for name in missing) and missing
@@ -325,12 +344,22 @@ def test_minilm_encoder_equals_transformers(shared_data):
     assert_close(pooled, ref.pooler_output)
 
 
-def test_encoder_only_model_loads_minilm_without_heads(shared_data):
-    weights = read_weights(shared_data / "minilm")
+def test_huggingface_encoder_equals_transformers(varied_tiny_bert):
+    check_encoder_equals_transformers(varied_tiny_bert, hidden_size=32)
+
+
+def test_minilm_encoder_equals_transformers(shared_data):
+    """The same on real pretrained weights (MiniLM), whose scales random ones do not reproduce."""
+    check_encoder_equals_transformers(shared_data / "minilm", hidden_size=384)
+
+
+def test_encoder_only_model_loads_a_huggingface_encoder_without_heads(tiny_bert):
+    weights = read_weights(tiny_bert)
     encoder = BertModel(weights.config)
     state = {k.removeprefix("bert."): v for k, v in weights.state_dict.items()}
-    state["embeddings.word_embeddings.weight"] = torch.cat(
-        [state["embeddings.word_embeddings.weight"], torch.zeros(6, 384)])
+    embeddings = state["embeddings.word_embeddings.weight"]
+    padding = weights.config.padded_vocab_size - weights.config.vocab_size  # rows our embedding adds
+    state["embeddings.word_embeddings.weight"] = torch.cat([embeddings, embeddings.new_zeros(padding, weights.config.hidden_size)])
     result = encoder.load_state_dict(state, strict=True)
     assert not result.missing_keys and not result.unexpected_keys
 

@@ -1,4 +1,4 @@
-"""run_pretraining.py end to end on shards made from real books: learning, exact resume, DDP equivalence,
+"""run_pretraining.py end to end on shards made from real book excerpts: learning, exact resume, DDP equivalence,
 the phase-2 hand-off, preemption, evaluation and every bad input of the pre-training issue."""
 import json
 import math
@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -17,39 +18,44 @@ from metric_logger import read_log
 from model import BertConfig, BertForPreTraining
 import sample_order
 from pretraining_data import inspect_shard
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, TEST_DATA, VOCAB_EXCERPT
 
+# The model's vocab is the one the shards are tokenized with (tests/data's excerpt of BERT's uncased vocab).
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
-        "max_position_embeddings": 128, "vocab_size": 30522, "hidden_act": "gelu", "type_vocab_size": 2,
-        "initializer_range": 0.02, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+        "max_position_embeddings": 128, "vocab_size": sum(1 for _ in VOCAB_EXCERPT.open(encoding="utf-8")),
+        "hidden_act": "gelu", "type_vocab_size": 2, "initializer_range": 0.02, "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1}
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores: one thread per process avoids oversubscription
+HOLMES_HELD_OUT_FROM = 200  # line of tests/data/books/pg1661.txt (a paragraph break) where the held-out text starts
 
 
-def make_shard(shared_data, text_file, out_file, seq, preds):
+def make_shard(vocab_file: Path, text_file: Path, out_file: Path, seq: int, preds: int, dupe_factor: int = 1) -> None:
     subprocess.run([sys.executable, str(REPO_ROOT / "data" / "create_pretraining_data.py"), "--input_file",
-                    str(text_file), "--output_file", str(out_file), "--vocab_file",
-                    str(shared_data / "minilm" / "vocab.txt"), "--max_seq_length", str(seq),
-                    "--max_predictions_per_seq", str(preds), "--dupe_factor", "1"],
+                    str(text_file), "--output_file", str(out_file), "--vocab_file", str(vocab_file),
+                    "--max_seq_length", str(seq), "--max_predictions_per_seq", str(preds), "--dupe_factor",
+                    str(dupe_factor)],
                    check=True, capture_output=True, env=ENV)
 
 
 @pytest.fixture(scope="module")
-def corpus(shared_data, tmp_path_factory):
-    """Phase-1 (64/10) training shards from two books, a held-out shard, and phase-2 (128/20) shards."""
+def corpus(vocab_file, tmp_path_factory):
+    """Phase-1 (64/10) training shards from two book excerpts (tests/data/books), a shard of held-out text of one
+    of them, and phase-2 (128/20) shards. The phase-1 text is masked 5 times (NVIDIA's dupe factor) so that one
+    epoch (about 850 sequences) outlasts every run here: the tests expect their steps in epoch 0."""
     root = tmp_path_factory.mktemp("corpus")
-    texts = []
-    for name in ("pg1342.txt", "pg11.txt", "pg16.txt"):
-        text = (shared_data / "books" / name).read_text(encoding="utf-8")[:150_000]
-        path = root / f"{name}.txt"
-        path.write_text(text, encoding="utf-8")
-        texts.append(path)
+    holmes = (TEST_DATA / "books" / "pg1661.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    texts = {"holmes.txt": "".join(holmes[:HOLMES_HELD_OUT_FROM]),
+             "alice.txt": (TEST_DATA / "books" / "pg11.txt").read_text(encoding="utf-8"),
+             "holmes_held_out.txt": "".join(holmes[HOLMES_HELD_OUT_FROM:])}
+    for name, text in texts.items():
+        (root / name).write_text(text, encoding="utf-8")
     (root / "p1").mkdir()
     (root / "eval").mkdir()
     (root / "p2").mkdir()
-    make_shard(shared_data, texts[0], root / "p1" / "books_training_0.hdf5", 64, 10)
-    make_shard(shared_data, texts[1], root / "p1" / "books_training_1.hdf5", 64, 10)
-    make_shard(shared_data, texts[2], root / "eval" / "books_test_0.hdf5", 64, 10)
-    make_shard(shared_data, texts[1], root / "p2" / "books_training_0.hdf5", 128, 20)
+    make_shard(vocab_file, root / "holmes.txt", root / "p1" / "books_training_0.hdf5", 64, 10, dupe_factor=5)
+    make_shard(vocab_file, root / "alice.txt", root / "p1" / "books_training_1.hdf5", 64, 10, dupe_factor=5)
+    make_shard(vocab_file, root / "holmes_held_out.txt", root / "eval" / "books_test_0.hdf5", 64, 10)
+    make_shard(vocab_file, root / "alice.txt", root / "p2" / "books_training_0.hdf5", 128, 20)
     config = root / "bert_config.json"
     config.write_text(json.dumps(TINY))
     no_dropout = root / "bert_config_no_dropout.json"
@@ -278,11 +284,12 @@ def step_records_safe(folder):
         return {}
 
 
+@torch.no_grad()  # a reference forward pass: no autograd graph
 def masked_lm_reference(model, shard):
     """Masked-LM loss and accuracy computed sample by sample from the HDF5 arrays, independently of
     pretraining_data.py."""
     loss, correct, count = 0.0, 0, 0
-    with h5py.File(shard) as f, torch.no_grad():
+    with h5py.File(shard) as f:
         arrays = {k: f[k][()] for k in f}
     for i in range(len(arrays["input_ids"])):
         positions = [int(p) for p in arrays["masked_lm_positions"][i]]
@@ -448,11 +455,11 @@ def test_bf16_and_workers_train(corpus, tmp_path):
     assert (tmp_path / "out" / "ckpt_2.pt").exists()
 
 
-def test_run_pretraining_sh_runs_both_phases_on_one_cpu_process(shared_data, corpus, tmp_path):
+def test_run_pretraining_sh_runs_both_phases_on_one_cpu_process(vocab_file, corpus, tmp_path):
     """NVIDIA's positional arguments: phase 1 (128/20) then phase 2 (512/80) from phase 1's checkpoint."""
     for folder, seq, preds in (("p1", 128, 20), ("p2", 512, 80)):
         (tmp_path / folder).mkdir()
-        make_shard(shared_data, corpus / "pg11.txt.txt", tmp_path / folder / "books_training_0.hdf5", seq, preds)
+        make_shard(vocab_file, corpus / "alice.txt", tmp_path / folder / "books_training_0.hdf5", seq, preds)
     config = tmp_path / "config.json"
     config.write_text(json.dumps({**TINY, "max_position_embeddings": 512}))
     positional = [8, "1e-2", "bf16", 1, 0.1, 3, 2, "false", "false", "true", 2, 42, "job", "false", "false",

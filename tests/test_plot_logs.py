@@ -11,8 +11,8 @@ import matplotlib.axes
 import pytest
 
 from metric_logger import read_log
-from tests.conftest import REPO_ROOT
-from tests.test_run_glue import glue, subset
+from tests.conftest import REPO_ROOT, TEST_DATA
+from tests.test_run_glue import GLUE_EXCERPTS, glue, subset
 
 matplotlib.use("Agg")
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
@@ -32,17 +32,18 @@ def run(*command):
 
 
 @pytest.fixture(scope="module")
-def logs(shared_data, tmp_path_factory):
-    """Phase 1 (seq 64, 12 steps) then phase 2 (seq 128, 6 steps) of a tiny model on a real book."""
+def logs(vocab_file, tmp_path_factory):
+    """Phase 1 (seq 64, 12 steps) then phase 2 (seq 128, 6 steps) of a tiny model on a real book (the first
+    chapter of Alice in tests/data/books)."""
     root = tmp_path_factory.mktemp("plot")
     text = root / "book.txt"
-    text.write_text((shared_data / "books" / "pg11.txt").read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    text.write_text((TEST_DATA / "books" / "pg11.txt").read_text(encoding="utf-8"), encoding="utf-8")
     config = root / "bert_config.json"
     config.write_text(json.dumps(TINY))
     for phase, (seq, preds) in {1: (64, 10), 2: (128, 20)}.items():
         (root / f"p{phase}").mkdir()
         run(REPO_ROOT / "data" / "create_pretraining_data.py", "--input_file", text, "--output_file",
-            root / f"p{phase}" / "book_training_0.hdf5", "--vocab_file", shared_data / "minilm" / "vocab.txt",
+            root / f"p{phase}" / "book_training_0.hdf5", "--vocab_file", vocab_file,
             "--max_seq_length", seq, "--max_predictions_per_seq", preds, "--dupe_factor", "1")
     common = ["--config_file", config, "--output_dir", root / "ckpt", "--train_batch_size", 8, "--do_train",
               "--learning_rate", 1e-2, "--warmup_proportion", 0.1, "--disable_progress_bar", "--log_freq", 1]
@@ -161,10 +162,10 @@ def test_logs_without_per_step_throughput_still_plot(logs, tmp_path):
     assert output.read_bytes().startswith(b"\x89PNG")
 
 
-def test_finetuning_log_has_per_step_throughput_and_plots_it(shared_data, tmp_path):
-    data = subset(shared_data / "glue" / "SST-2", tmp_path / "SST-2", 40, 8)
+def test_finetuning_log_has_per_step_throughput_and_plots_it(tiny_bert, vocab_file, tmp_path):
+    data = subset(GLUE_EXCERPTS / "SST-2", tmp_path / "SST-2", 40, 8)
     out = tmp_path / "out"
-    glue(shared_data, data, out, "--task_name", "sst-2", "--init_checkpoint", str(shared_data / "minilm"),
+    glue(vocab_file, data, out, "--task_name", "sst-2", "--init_checkpoint", str(tiny_bert),
          "--do_train", "--max_seq_length", "32", "--train_batch_size", "8", "--max_steps", "4", "--log_freq", "1")
     records = training_records(out / "dllogger.json")
     assert [step for step, _ in records] == [1, 2, 3, 4]

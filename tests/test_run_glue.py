@@ -1,5 +1,6 @@
-"""run_glue.py end to end on the real pretrained MiniLM and real GLUE data (small subsets, short sequences), and
-its refusals, staging and cleaning on a tiny model built in the test's folder."""
+"""run_glue.py end to end on real GLUE rows (the excerpts in tests/data/glue) with a tiny random BERT folder
+(file formats, metrics, checkpoints, launchers), real fine-tuning accuracy of the pretrained MiniLM on the full data
+(integration), and its refusals, staging and cleaning on a tiny model built in the test's folder."""
 import json
 import math
 import os
@@ -11,10 +12,11 @@ from pathlib import Path
 import pytest
 
 import run_glue
+from conftest import REPO_ROOT, TEST_DATA
 from errors import InputError
 from metric_logger import read_log
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+GLUE_EXCERPTS = TEST_DATA / "glue"  # 40 train and 40 dev rows per task (see its README)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores: one thread per process avoids oversubscription
 
 
@@ -36,10 +38,11 @@ def mrpc_test_file(dev: Path, target: Path, skip: int, rows: int) -> None:
     target.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def glue(shared_data, data_dir, out, *extra, launcher=(sys.executable,), check=True):
-    minilm = shared_data / "minilm"
+def glue(vocab: Path, data_dir: Path, out: Path, *extra: str, launcher=(sys.executable,),
+         check: bool = True) -> subprocess.CompletedProcess:
+    """run_glue.py in a subprocess with the given vocabulary file, uncased, its log in out/dllogger.json."""
     cmd = [*launcher, str(REPO_ROOT / "run_glue.py"), "--data_dir", str(data_dir), "--output_dir", str(out),
-           "--vocab_file", str(minilm / "vocab.txt"), "--do_lower_case", "--disable_progress_bar",
+           "--vocab_file", str(vocab), "--do_lower_case", "--disable_progress_bar",
            "--json-summary", str(out / "dllogger.json"), *extra]
     result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=REPO_ROOT)
     if check:
@@ -47,30 +50,62 @@ def glue(shared_data, data_dir, out, *extra, launcher=(sys.executable,), check=T
     return result
 
 
-@pytest.fixture(scope="module")
-def sst2_run(shared_data, tmp_path_factory):
-    """640 SST-2 training sentences, one epoch, then the first 200 dev sentences (never trained on)."""
-    root = tmp_path_factory.mktemp("sst2")
-    data = subset(shared_data / "glue" / "SST-2", root / "SST-2", 640, 200)
-    out = root / "out"
-    glue(shared_data, data, out, "--task_name", "SST-2", "--init_checkpoint", str(shared_data / "minilm"),
-         "--do_train", "--do_eval", "--max_seq_length", "64", "--train_batch_size", "16", "--learning_rate", "1e-4",
-         "--num_train_epochs", "1", "--eval_batch_size", "64", "--seed", "1", "--log_freq", "10")
-    return data, out
+def sst2_finetuning(vocab: Path, init: Path, data: Path, out: Path) -> None:
+    """One epoch of SST-2 from init, then evaluation on the dev rows (never trained on)."""
+    glue(vocab, data, out, "--task_name", "SST-2", "--init_checkpoint", str(init), "--do_train", "--do_eval",
+         "--max_seq_length", "64", "--train_batch_size", "16", "--learning_rate", "1e-4", "--num_train_epochs", "1",
+         "--eval_batch_size", "64", "--seed", "1", "--log_freq", "10")
 
 
-def test_sst2_finetuning_beats_the_majority_class(sst2_run):
-    data, out = sst2_run
-    results = json.loads((out / "results.json").read_text())
+def reload_and_compare(vocab: Path, task: str, data: Path, out: Path, again: Path) -> None:
+    """Evaluation alone from the model a train + eval run saved in out gives the same dev predictions."""
+    glue(vocab, data, again, "--task_name", task, "--init_checkpoint", str(out / "pytorch_model.bin"),
+         "--mode", "eval", "--max_seq_length", "64", "--eval_batch_size", "64")
+    assert (again / "eval_predictions.tsv").read_text() == (out / "eval_predictions.tsv").read_text()
+    assert "e2e_train_time" not in json.loads((again / "results.json").read_text())
+
+
+@pytest.mark.shared_data
+def test_sst2_finetuning_beats_the_majority_class(shared_data, tmp_path):
+    """Real accuracy: 640 SST-2 training sentences on the pretrained MiniLM, the first 200 dev sentences; then
+    the run's files, and its saved model reloaded."""
+    data = subset(shared_data / "glue" / "SST-2", tmp_path / "SST-2", 640, 200)
+    minilm = shared_data / "minilm"
+    sst2_finetuning(minilm / "vocab.txt", minilm, data, tmp_path / "out")
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
     dev_labels = [line.split("\t")[1] for line in (data / "dev.tsv").read_text().splitlines()[1:]]
     majority = max(dev_labels.count("0"), dev_labels.count("1")) / len(dev_labels)
     print(f"SST-2 dev accuracy {results['eval_acc']:.3f} vs majority class {majority:.3f}")
     assert results["eval_examples"] == 200
     assert results["eval_acc"] >= majority + 0.15
+    check_run_outputs(tmp_path / "out", 200)
+    reload_and_compare(minilm / "vocab.txt", "sst-2", data, tmp_path / "out", tmp_path / "eval")
 
 
-def test_glue_run_writes_checkpoint_predictions_results_and_log(sst2_run):
-    _, out = sst2_run
+def test_glue_run_writes_checkpoint_predictions_results_and_log(tiny_bert, vocab_file, tmp_path):
+    """The 40 SST-2 training sentences of the excerpt, one epoch of the tiny random BERT, then the 40 dev
+    sentences: every output file, at a fraction of a real model's cost."""
+    data = subset(GLUE_EXCERPTS / "SST-2", tmp_path / "SST-2", 40, 40)
+    sst2_finetuning(vocab_file, tiny_bert, data, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["eval_examples"] == 40
+    check_run_outputs(tmp_path / "out", 40)
+
+
+def test_saved_checkpoint_reloads_to_the_same_predictions(tiny_bert, vocab_file, tmp_path):
+    """On STS-B: the tiny random model's class predictions are all one class on SST-2, but its scores (written
+    with 6 decimals) differ from one pair to the next, so only the saved weights reproduce them."""
+    data = subset(GLUE_EXCERPTS / "STS-B", tmp_path / "STS-B", 40, 40)
+    out = tmp_path / "out"
+    glue(vocab_file, data, out, "--task_name", "sts-b", "--init_checkpoint", str(tiny_bert), "--do_train",
+         "--do_eval", "--max_seq_length", "64", "--train_batch_size", "16", "--learning_rate", "1e-3",
+         "--num_train_epochs", "1", "--eval_batch_size", "64", "--seed", "1")
+    scores = [row.split("\t")[1] for row in (out / "eval_predictions.tsv").read_text().splitlines()[1:]]
+    assert len(scores) == 40 and len(set(scores)) >= 20
+    reload_and_compare(vocab_file, "sts-b", data, out, tmp_path / "eval")
+
+
+def check_run_outputs(out: Path, n_dev: int) -> None:
+    """The files of a train + eval SST-2 run: timings, predictions agreeing with the accuracy, log, model."""
     results = json.loads((out / "results.json").read_text())
     for key in ("e2e_train_time", "training_sequences_per_second", "final_loss", "e2e_inference_time",
                 "inference_sequences_per_second", "latency_p50_ms", "latency_p90_ms", "latency_p95_ms",
@@ -78,10 +113,10 @@ def test_glue_run_writes_checkpoint_predictions_results_and_log(sst2_run):
         assert results[key] > 0, key
     assert results["latency_p50_ms"] <= results["latency_p90_ms"] <= results["latency_p99_ms"]
     rows = (out / "eval_predictions.tsv").read_text().splitlines()
-    assert rows[0] == "index\tprediction\tlabel" and len(rows) == 201
+    assert rows[0] == "index\tprediction\tlabel" and len(rows) == n_dev + 1
     assert {row.split("\t")[1] for row in rows[1:]} <= {"0", "1"}
     correct = sum(row.split("\t")[1] == row.split("\t")[2] for row in rows[1:])
-    assert correct / 200 == pytest.approx(results["eval_acc"])
+    assert correct / n_dev == pytest.approx(results["eval_acc"])
     records = read_log(out / "dllogger.json")
     assert records[0]["step"] == "PARAMETER"
     assert [r["step"] for r in records if r.get("type") == "LOG"][-1] == []
@@ -89,31 +124,26 @@ def test_glue_run_writes_checkpoint_predictions_results_and_log(sst2_run):
     assert (out / "bert_config.json").is_file() and (out / "pytorch_model.bin").is_file()
 
 
-def test_saved_checkpoint_reloads_to_the_same_predictions(sst2_run, shared_data, tmp_path):
-    data, out = sst2_run
-    again = tmp_path / "eval"
-    glue(shared_data, data, again, "--task_name", "sst-2", "--init_checkpoint", str(out / "pytorch_model.bin"),
-         "--mode", "eval", "--max_seq_length", "64", "--eval_batch_size", "64")
-    assert (again / "eval_predictions.tsv").read_text() == (out / "eval_predictions.tsv").read_text()
-    assert "e2e_train_time" not in json.loads((again / "results.json").read_text())
-
-
-def test_checkpoint_with_another_config_is_a_one_line_error(shared_data, tmp_path):
-    data = subset(shared_data / "glue" / "RTE", tmp_path / "RTE", 8, 8)
-    result = glue(shared_data, data, tmp_path / "out", "--task_name", "rte", "--init_checkpoint",
-                  str(shared_data / "minilm"), "--config_file", str(REPO_ROOT / "bert_configs" / "base.json"),
+def test_checkpoint_with_another_config_is_a_one_line_error(tiny_bert, vocab_file, tmp_path):
+    data = subset(GLUE_EXCERPTS / "RTE", tmp_path / "RTE", 8, 8)
+    # BERT-base's config with the checkpoint's own vocabulary size: the layers' shapes are what differ.
+    base = json.loads((REPO_ROOT / "bert_configs" / "base.json").read_text())
+    vocab_size = json.loads((tiny_bert / "config.json").read_text())["vocab_size"]
+    (tmp_path / "base.json").write_text(json.dumps({**base, "vocab_size": vocab_size}))
+    result = glue(vocab_file, data, tmp_path / "out", "--task_name", "rte", "--init_checkpoint",
+                  str(tiny_bert), "--config_file", str(tmp_path / "base.json"),
                   "--do_train", "--max_steps", "1", check=False)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "minilm" in lines[0] and "shape" in lines[0], result.stderr
+    assert len(lines) == 1 and str(tiny_bert) in lines[0] and "shape" in lines[0], result.stderr
     assert not (tmp_path / "out" / "pytorch_model.bin").exists()
 
 
-def test_two_process_gloo_run_trains_and_evaluates(shared_data, tmp_path):
-    data = subset(shared_data / "glue" / "STS-B", tmp_path / "STS-B", 48, 24)
+def test_two_process_gloo_run_trains_and_evaluates(tiny_bert, vocab_file, tmp_path):
+    data = subset(GLUE_EXCERPTS / "STS-B", tmp_path / "STS-B", 40, 24)
     out = tmp_path / "out"
     launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
-    glue(shared_data, data, out, "--task_name", "sts-b", "--init_checkpoint", str(shared_data / "minilm"),
+    glue(vocab_file, data, out, "--task_name", "sts-b", "--init_checkpoint", str(tiny_bert),
          "--mode", "train eval", "--max_seq_length", "32", "--train_batch_size", "4",
          "--gradient_accumulation_steps", "2", "--max_steps", "3", "--log_freq", "1", launcher=launcher)
     results = json.loads((out / "results.json").read_text())
@@ -142,14 +172,13 @@ def test_unknown_mode_or_nothing_to_do_is_an_input_error():
         run_glue.parse_args(base)
 
 
-def test_run_glue_sh_passes_nvidia_positional_arguments(shared_data, tmp_path):
+def test_run_glue_sh_passes_nvidia_positional_arguments(tiny_bert, vocab_file, tmp_path):
     """Also the one end-to-end run of --bf16 and of prediction (with eval in the same run): cheapest here."""
-    data = subset(shared_data / "glue" / "MRPC", tmp_path / "MRPC", 16, 8)
-    mrpc_test_file(shared_data / "glue" / "MRPC" / "dev.tsv", data / "test.tsv", skip=8, rows=12)
+    data = subset(GLUE_EXCERPTS / "MRPC", tmp_path / "MRPC", 16, 8)
+    mrpc_test_file(GLUE_EXCERPTS / "MRPC" / "dev.tsv", data / "test.tsv", skip=8, rows=12)
     out = tmp_path / "out"
-    minilm = shared_data / "minilm"
     # init data vocab config out task gpus batch accumulation lr warmup epochs max_steps precision seed mode
-    args = [str(minilm), str(data), str(minilm / "vocab.txt"), "checkpoint", str(out), "mrpc", "1", "8", "2",
+    args = [str(tiny_bert), str(data), str(vocab_file), "checkpoint", str(out), "mrpc", "1", "8", "2",
             "5e-5", "0.1", "1", "2", "bf16", "3", "train eval prediction"]
     result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_glue.sh"), *args], capture_output=True,
                             text=True, env={**ENV, "PYTHON": sys.executable}, cwd=tmp_path)
@@ -186,8 +215,8 @@ def mnli_file(path: Path, pairs: list[tuple[str, str]], labels: list[str]) -> No
     path.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8")
 
 
-def test_mnli_reports_matched_and_mismatched_dev_sets(shared_data, tmp_path):
-    lines = (shared_data / "glue" / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:20]
+def test_mnli_reports_matched_and_mismatched_dev_sets(tiny_bert, vocab_file, tmp_path):
+    lines = (GLUE_EXCERPTS / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:20]
     pairs = [tuple(line.split("\t")[1:3]) for line in lines]
     classes = ["entailment", "neutral", "contradiction"]
     data = tmp_path / "MNLI"
@@ -196,7 +225,7 @@ def test_mnli_reports_matched_and_mismatched_dev_sets(shared_data, tmp_path):
     mnli_file(data / "dev_matched.tsv", pairs[8:14], [classes[i % 3] for i in range(6)])
     mnli_file(data / "dev_mismatched.tsv", pairs[14:19], [classes[i % 3] for i in range(5)])
     out = tmp_path / "out"
-    glue(shared_data, data, out, "--task_name", "mnli", "--init_checkpoint", str(shared_data / "minilm"),
+    glue(vocab_file, data, out, "--task_name", "mnli", "--init_checkpoint", str(tiny_bert),
          "--do_train", "--do_eval", "--max_seq_length", "32", "--train_batch_size", "4", "--max_steps", "1")
     results = json.loads((out / "results.json").read_text())
     assert results["eval_examples"] == 6 and results["eval_mm_examples"] == 5

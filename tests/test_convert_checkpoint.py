@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 import safetensors.torch
 import torch
 import transformers
@@ -22,6 +23,7 @@ def convert(*args):
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_round_trip_through_nvidia_and_ours_gives_the_same_transformers_model(tmp_path):
     torch.manual_seed(0)
     original = BertForPreTraining(BertConfig(**TINY)).eval()
@@ -40,6 +42,7 @@ def test_round_trip_through_nvidia_and_ours_gives_the_same_transformers_model(tm
         assert torch.equal(a(input_ids=ids).prediction_logits, b(input_ids=ids).prediction_logits)
 
 
+@pytest.mark.slow
 def test_question_answering_checkpoint_exports_with_its_head(tmp_path):
     torch.manual_seed(0)
     qa = BertForQuestionAnswering(BertConfig(**TINY)).eval()
@@ -52,6 +55,7 @@ def test_question_answering_checkpoint_exports_with_its_head(tmp_path):
         assert torch.allclose(loaded(input_ids=ids).start_logits, qa(ids)[1], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_huggingface_encoder_converts_to_nvidia_names(tiny_bert, tmp_path):
     """A Hugging Face encoder folder (BertModel names, no heads, as MiniLM's is), with the position_ids buffer
     that transformers 4.x saved beside the weights (MiniLM's file holds it): an index, not a weight, so dropped."""
@@ -72,6 +76,7 @@ def test_huggingface_encoder_converts_to_nvidia_names(tiny_bert, tmp_path):
     assert all(torch.equal(state[name], tensor) for name, tensor in nvidia_names.items())
 
 
+@pytest.mark.slow
 def test_source_of_no_known_kind_is_refused_with_one_line(tmp_path):
     bogus = tmp_path / "notes.txt"
     bogus.write_text("hello")
@@ -81,6 +86,7 @@ def test_source_of_no_known_kind_is_refused_with_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_nvidia_checkpoint_without_config_asks_for_one(tmp_path):
     model = BertForPreTraining(BertConfig(**TINY))
     torch.save({"model": model.state_dict()}, tmp_path / "ckpt_1.pt")
@@ -91,6 +97,7 @@ def test_nvidia_checkpoint_without_config_asks_for_one(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_help_explains_the_directions():
     result = convert("--help")
     assert result.returncode == 0 and "Hugging Face directory" in result.stdout and "NVIDIA" in result.stdout
@@ -109,6 +116,7 @@ def _snapshot(folder):
     return {p.name: p.read_bytes() for p in folder.iterdir()}
 
 
+@pytest.mark.slow
 def test_export_into_an_existing_folder_writes_only_its_files_and_keeps_the_rest(tmp_path):
     source = _our_checkpoint(tmp_path / "results")
     (tmp_path / "results" / "notes.txt").write_text("mine")
@@ -121,6 +129,7 @@ def test_export_into_an_existing_folder_writes_only_its_files_and_keeps_the_rest
     transformers.BertForPreTraining.from_pretrained(tmp_path / "results")
 
 
+@pytest.mark.slow
 def test_export_refuses_to_replace_its_files_without_overwrite(tmp_path):
     source = _our_checkpoint(tmp_path / "results")
     (tmp_path / "hf").mkdir()
@@ -133,6 +142,7 @@ def test_export_refuses_to_replace_its_files_without_overwrite(tmp_path):
     assert '"model_type": "bert"' in (tmp_path / "hf" / "config.json").read_text()
 
 
+@pytest.mark.slow
 def test_an_existing_destination_file_is_kept_unless_overwrite(tmp_path):
     source = _our_checkpoint(tmp_path / "results")
     (tmp_path / "nvidia.pt").write_bytes(b"precious")
@@ -143,6 +153,7 @@ def test_an_existing_destination_file_is_kept_unless_overwrite(tmp_path):
     assert read_weights(tmp_path / "nvidia.pt").source_format == "nvidia"
 
 
+@pytest.mark.slow
 def test_destination_equal_to_the_source_is_refused(tmp_path):
     source = _our_checkpoint(tmp_path / "results")
     before = source.read_bytes()
@@ -157,6 +168,7 @@ def test_destination_equal_to_the_source_is_refused(tmp_path):
     assert (tmp_path / "hf" / "model.safetensors").read_bytes() == weights
 
 
+@pytest.mark.slow
 def test_missing_vocab_file_is_one_line_before_anything_is_written(tmp_path):
     source = _our_checkpoint(tmp_path / "results")
     result = convert(source, tmp_path / "hf", "--vocab_file", tmp_path / "nope.txt")
@@ -164,6 +176,7 @@ def test_missing_vocab_file_is_one_line_before_anything_is_written(tmp_path):
     assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.slow
 def test_exported_and_converted_files_are_readable_like_any_new_file(tmp_path):
     # tempfile creates 0600 files; a model written through it must still be readable by the user's group.
     source = _our_checkpoint(tmp_path / "results")

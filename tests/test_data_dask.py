@@ -148,6 +148,7 @@ def _assert_same_shards(a: Path, b: Path) -> None:
         assert attrs.keys() == other_attrs.keys() and all(np.all(attrs[k] == other_attrs[k]) for k in attrs), name
 
 
+@pytest.mark.slow
 def test_dask_workers_make_the_shards_of_local_processes(cluster, workdir, vocab_file):
     local = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--n_processes", "1", vocab=vocab_file)
     assert local.returncode == 0, local.stderr
@@ -198,6 +199,7 @@ def _text_outputs(root: Path) -> dict[str, bytes]:
             if p.is_file() and "download" not in p.parts}
 
 
+@pytest.mark.slow
 def test_dask_workers_format_and_shard_the_bytes_of_this_process(cluster, tmp_path):
     local, remote = tmp_path / "local", tmp_path / "dask"
     for root in (local, remote):
@@ -228,6 +230,7 @@ def _one_line_refusal(run: subprocess.CompletedProcess, *words: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: ") and all(w in lines[0] for w in words), run.stderr
 
 
+@pytest.mark.slow
 def test_unreachable_scheduler_is_one_line_and_leaves_no_shard_folder(workdir, vocab_file):
     address = f"tcp://127.0.0.1:{_free_port()}"
     started = time.monotonic()
@@ -302,6 +305,7 @@ def test_prep_sub_refuses_bad_settings_in_one_line(tmp_path, env, words):
     assert run.stdout == ""
 
 
+@pytest.mark.slow
 def test_prep_sub_makes_the_shards_of_a_local_run(workdir, tmp_path, vocab_file):
     """The script itself, with an srun that runs its command here: scheduler and workers on the loopback; the
     text shards are made again on the workers, then the HDF5 shards."""
@@ -333,6 +337,7 @@ echo "Submitted batch job $!"
 FAKE_SCANCEL = '#!/bin/bash\nfor id in "$@"; do kill -- "-$id" 2>/dev/null || true; done\n'
 
 
+@pytest.mark.slow
 def test_slurm_engine_submits_worker_jobs_that_make_the_shards(workdir, tmp_path, vocab_file):
     local = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--n_processes", "1", vocab=vocab_file)
     assert local.returncode == 0, local.stderr

@@ -287,6 +287,7 @@ def test_create_vocab_refuses_text_that_is_not_utf8_in_one_line(tmp_path):
     assert not out.exists() and not list(tmp_path.glob(".vocab.txt*"))
 
 
+@pytest.mark.slow
 def test_default_corpus_builds_from_nothing(tmp_path):
     env = {**os.environ, "BERT_PREP_WORKING_DIR": str(tmp_path)}
     run = subprocess.run([sys.executable, str(REPO / "data" / "build_default_corpus.py"), "--n_processes", "1",
@@ -338,6 +339,7 @@ def _bad_cases(tmp_path: Path, good_vocab: Path) -> dict[str, tuple[Path, Path, 
     }
 
 
+@pytest.mark.slow
 def test_bad_inputs_exit_2_with_one_line_and_no_output(tmp_path, vocab_file):
     for name, (input_file, vocab, extra, message) in _bad_cases(tmp_path, vocab_file).items():
         run, out = _run_cpd(tmp_path, input_file, vocab, *extra)

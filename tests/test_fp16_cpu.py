@@ -158,6 +158,7 @@ def rank_input(rank):
     return torch.randn(4, 64, generator=torch.Generator().manual_seed(rank + 1))
 
 
+@pytest.mark.slow
 def test_fp16_compressed_allreduce_gives_the_fp16_rounded_mean(tmp_path):
     mp.spawn(_ddp_gradients, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
     local = []

@@ -275,6 +275,7 @@ def assert_usable_shard(info: Any, arrays: dict[str, np.ndarray]) -> None:
 
 
 @fuzz(shard_case())
+@pytest.mark.slow
 def test_fuzz_shard_reader(case: Case) -> None:
     """inspect_shard + read_rows: a complete, in-range shard or one InputError line."""
     with tempfile.TemporaryDirectory() as folder:
@@ -343,6 +344,7 @@ def assert_well_typed(document: dict[str, Any], version_2: bool) -> None:
 
 
 @fuzz(json_file_bytes(squad_document()), st.booleans(), st.booleans())
+@pytest.mark.slow
 def test_fuzz_squad_reader(content: bytes, is_training: bool, version_2: bool) -> None:
     """read_squad_examples: well-typed examples whose answers lie inside their context, or one InputError line."""
     with tempfile.TemporaryDirectory() as folder:
@@ -397,6 +399,7 @@ def assert_usable_glue(task: glue.GlueTask, split: str, examples: list, content:
 
 
 @fuzz(glue_file())
+@pytest.mark.slow
 def test_fuzz_glue_reader(case: tuple[str, str, bytes]) -> None:
     """glue.read_examples: labelled (or test) examples, one per data line, or one InputError line."""
     name, split, content = case
@@ -448,6 +451,7 @@ def assert_usable_config(config: BertConfig) -> None:
 
 
 @fuzz(json_file_bytes(bert_config_dict()))
+@pytest.mark.slow
 def test_fuzz_config_reader(content: bytes) -> None:
     """read_config: a config every value of which can build a model, or one WeightsError line."""
     with tempfile.TemporaryDirectory() as folder:
@@ -478,6 +482,7 @@ def vocab_bytes(draw: st.DrawFn) -> bytes:
 
 
 @fuzz(vocab_bytes(), st.booleans())
+@pytest.mark.slow
 def test_fuzz_vocab_reader(content: bytes, lower_case: bool) -> None:
     """load_vocab: a vocab whose ids and tokens agree and that tokenizes, or one DataError line."""
     with tempfile.TemporaryDirectory() as folder:
@@ -577,6 +582,7 @@ def assert_usable_weights(weights: LoadedWeights) -> None:
 
 
 @fuzz(checkpoint_file(MARKER))
+@pytest.mark.slow
 def test_fuzz_checkpoint_readers(named: tuple[str, Case]) -> None:
     """read_weights and load_checkpoint: a state dict of tensors (a checkpoint with a model dict), or one
     InputError line; no pickled object is ever built, so the marker file never appears."""

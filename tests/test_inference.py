@@ -86,6 +86,7 @@ def test_long_context_is_covered_by_sliding_windows(encoder):
     assert result["answer"] == "Madrid"  # found in the last window
 
 
+@pytest.mark.slow
 def test_cli_reads_questions_from_stdin_and_a_context_file(encoder, tmp_path):
     folder, _, _ = encoder
     (tmp_path / "context.txt").write_text(CONTEXT * 8, encoding="utf-8")
@@ -107,6 +108,7 @@ def run_inference(*args):
                           capture_output=True, text=True, cwd=REPO, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_bad_inputs_exit_2_naming_the_file(encoder, tmp_path):
     folder, _, _ = encoder
     missing = run_inference("--init_checkpoint", tmp_path / "nothing", "--vocab_file", folder / "vocab.txt",

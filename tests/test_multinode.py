@@ -254,6 +254,7 @@ def uninterrupted(ws):
     return runs
 
 
+@pytest.mark.slow
 def test_two_nodes_train_like_one_process_with_the_same_global_batch(ws, uninterrupted):
     two, one = uninterrupted[TWO], uninterrupted[ONE]
     # The same samples each step, micro-batch by micro-batch, in both layouts; both ranks trained (each step's
@@ -314,6 +315,7 @@ def resumed(ws, uninterrupted):
 
 # 1 -> 2 also changes the micro-batch (4 -> 2) and has each rank accumulate: rank r takes micro-batches 2r, 2r+1.
 @pytest.mark.parametrize("before, after", [(TWO, ONE), (ONE, TWO_ACCUMULATING)])
+@pytest.mark.slow
 def test_resume_on_another_world_size_continues_the_same_sample_stream(ws, uninterrupted, resumed, before, after):
     out = resumed(before, after)
     # Steps SPLIT+1.. take exactly the samples the plan gives them, which both uninterrupted runs took there,

@@ -40,6 +40,7 @@ def make_params(seed):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["foreach", "compiled"])
+@pytest.mark.slow
 def test_lamb_equals_per_tensor_reference_over_many_steps(compiled):
     ours_decay, ours_plain = make_params(0)
     ref_decay, ref_plain = make_params(0)

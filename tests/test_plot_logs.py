@@ -55,6 +55,7 @@ def logs(vocab_file, tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_both_phase_logs_are_drawn_with_the_phase_boundary_marked(logs, monkeypatch):
     marks = []
     honest = matplotlib.axes.Axes.axvline
@@ -162,6 +163,7 @@ def test_logs_without_per_step_throughput_still_plot(logs, tmp_path):
     assert output.read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.slow
 def test_finetuning_log_has_per_step_throughput_and_plots_it(tiny_bert, vocab_file, tmp_path):
     data = subset(GLUE_EXCERPTS / "SST-2", tmp_path / "SST-2", 40, 8)
     out = tmp_path / "out"

@@ -79,6 +79,7 @@ def checkpoint_names(folder):
 
 
 # --- Rotation (item 2) -----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_rotation_after_resuming_past_a_corrupt_checkpoint_keeps_the_good_ones(workspace):
     out = workspace / "out"
     assert pretrain(workspace, "--num_steps_per_checkpoint", 2, "--steps_this_run", 6).returncode == 0
@@ -96,6 +97,7 @@ def test_rotation_after_resuming_past_a_corrupt_checkpoint_keeps_the_good_ones(w
     assert torch.load(out / "ckpt_6.pt", weights_only=True)["phase_step"] == 6
 
 
+@pytest.mark.slow
 def test_rotation_never_deletes_the_checkpoint_it_resumed_from_nor_the_new_one(workspace):
     out = workspace / "out"
     assert pretrain(workspace, "--num_steps_per_checkpoint", 2, "--steps_this_run", 6).returncode == 0
@@ -106,6 +108,7 @@ def test_rotation_never_deletes_the_checkpoint_it_resumed_from_nor_the_new_one(w
     assert checkpoint_names(out) == ["ckpt_2.pt", "ckpt_3.pt", "ckpt_4.pt", "ckpt_6.pt"]
 
 
+@pytest.mark.slow
 def test_stale_temporary_checkpoints_of_a_killed_save_are_removed_and_nothing_else(workspace):
     out = workspace / "out"
     out.mkdir()
@@ -127,6 +130,7 @@ def test_stale_temporary_checkpoints_of_a_killed_save_are_removed_and_nothing_el
     ("masked_lm_ids", 2, VOCAB, "outside the model's vocab of 128"),
     ("input_mask", 4, 3, "mask values 0 and 1"),
 ])
+@pytest.mark.slow
 def test_out_of_range_shard_values_name_file_key_row_and_value(workspace, key, row, value, expected):
     arrays = shard_arrays(seed=0)
     if arrays[key].ndim == 1:
@@ -141,6 +145,7 @@ def test_out_of_range_shard_values_name_file_key_row_and_value(workspace, key, r
     assert not list((workspace / "out").glob("ckpt_*.pt"))
 
 
+@pytest.mark.slow
 def test_second_segment_with_type_vocab_size_1_names_the_config_value(workspace):
     (workspace / "bert_config.json").write_text(json.dumps({**CONFIG, "type_vocab_size": 1}))
     one_line_error(pretrain(workspace, "--max_steps", 2), "segment_ids", "type_vocab_size 1")
@@ -161,11 +166,13 @@ def test_second_segment_with_type_vocab_size_1_names_the_config_value(workspace)
     (["--init_loss_scale", "inf"], "--init_loss_scale"),
     (["--data_lanes", 3], "3 lanes (--data_lanes"),
 ])
+@pytest.mark.slow
 def test_senseless_flags_are_one_line_and_create_nothing(workspace, extra, fragment):
     one_line_error(pretrain(workspace, *extra), fragment)
     assert not (workspace / "out").exists()
 
 
+@pytest.mark.slow
 def test_output_dir_that_is_a_file_and_json_summary_that_is_a_folder(workspace):
     (workspace / "afile").write_text("keep me")
     one_line_error(pretrain(workspace, out="afile"), "afile", "--output_dir")
@@ -178,6 +185,7 @@ def test_output_dir_that_is_a_file_and_json_summary_that_is_a_folder(workspace):
     assert not (workspace / "out").exists()
 
 
+@pytest.mark.slow
 def test_refused_resume_with_another_config_names_the_changed_keys(workspace):
     assert pretrain(workspace, "--max_steps", 4, "--steps_this_run", 2).returncode == 0
     before = checkpoint_names(workspace / "out")
@@ -187,6 +195,7 @@ def test_refused_resume_with_another_config_names_the_changed_keys(workspace):
     assert checkpoint_names(workspace / "out") == before
 
 
+@pytest.mark.slow
 def test_resume_keeps_the_streams_lanes_and_refuses_others(workspace):
     assert pretrain(workspace, "--max_steps", 4, "--steps_this_run", 2, "--data_lanes", 2).returncode == 0
     assert torch.load(workspace / "out" / "ckpt_2.pt", weights_only=True)["data"]["lanes"] == 2
@@ -195,6 +204,7 @@ def test_resume_keeps_the_streams_lanes_and_refuses_others(workspace):
     assert pretrain(workspace, "--max_steps", 4, "--resume_from_checkpoint").returncode == 0
 
 
+@pytest.mark.slow
 def test_resume_from_a_weights_only_checkpoint_points_to_init_checkpoint(workspace):
     out = workspace / "out"
     out.mkdir()
@@ -286,6 +296,7 @@ class Marker:
     ("pickle", "never unpickles"),
     ("truncated", "truncated or damaged"),
 ])
+@pytest.mark.slow
 def test_unreadable_init_checkpoint_is_one_true_line(workspace, content, expected):
     path = workspace / "weights.pt"
     if content == "text":
@@ -302,6 +313,7 @@ def test_unreadable_init_checkpoint_is_one_true_line(workspace, content, expecte
 
 @pytest.mark.parametrize("script", ["run_pretraining.py", "run_squad.py", "run_glue.py", "inference.py",
                                     "evaluate_squad.py", "scripts/convert_checkpoint.py", "triton/client.py"])
+@pytest.mark.slow
 def test_an_unknown_flag_is_one_line_naming_the_program(script):
     result = subprocess.run([sys.executable, str(REPO_ROOT / script), "--no_such_flag"], env=ENV,
                             capture_output=True, text=True, timeout=120)
@@ -309,6 +321,7 @@ def test_an_unknown_flag_is_one_line_naming_the_program(script):
     assert "usage:" not in line
 
 
+@pytest.mark.slow
 def test_skipped_steps_counter_goes_on_after_a_resume(workspace):
     from metric_logger import read_log
     # fp16 from a loss scale of 2^30 overflows the first steps; the count must survive the resume.

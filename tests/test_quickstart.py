@@ -3,12 +3,14 @@ import json
 import os
 import subprocess
 
+import pytest
 import torch
 
 from metric_logger import read_log
 from tests.conftest import REPO_ROOT
 
 
+@pytest.mark.slow
 def test_quickstart_runs_every_stage_and_reuses_its_work_on_a_second_run(tmp_path):
     env = {**os.environ, "QUICKSTART_STEPS": "40", "BERT_PREP_WORKING_DIR": str(tmp_path / "data"),
            "OMP_NUM_THREADS": "2"}

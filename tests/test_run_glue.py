@@ -82,6 +82,7 @@ def test_sst2_finetuning_beats_the_majority_class(shared_data, tmp_path):
     reload_and_compare(minilm / "vocab.txt", "sst-2", data, tmp_path / "out", tmp_path / "eval")
 
 
+@pytest.mark.slow
 def test_glue_run_writes_checkpoint_predictions_results_and_log(tiny_bert, vocab_file, tmp_path):
     """The 40 SST-2 training sentences of the excerpt, one epoch of the tiny random BERT, then the 40 dev
     sentences: every output file, at a fraction of a real model's cost."""
@@ -91,6 +92,7 @@ def test_glue_run_writes_checkpoint_predictions_results_and_log(tiny_bert, vocab
     check_run_outputs(tmp_path / "out", 40)
 
 
+@pytest.mark.slow
 def test_saved_checkpoint_reloads_to_the_same_predictions(tiny_bert, vocab_file, tmp_path):
     """On STS-B: the tiny random model's class predictions are all one class on SST-2, but its scores (written
     with 6 decimals) differ from one pair to the next, so only the saved weights reproduce them."""
@@ -124,6 +126,7 @@ def check_run_outputs(out: Path, n_dev: int) -> None:
     assert (out / "bert_config.json").is_file() and (out / "pytorch_model.bin").is_file()
 
 
+@pytest.mark.slow
 def test_checkpoint_with_another_config_is_a_one_line_error(tiny_bert, vocab_file, tmp_path):
     data = subset(GLUE_EXCERPTS / "RTE", tmp_path / "RTE", 8, 8)
     # BERT-base's config with the checkpoint's own vocabulary size: the layers' shapes are what differ.
@@ -139,6 +142,7 @@ def test_checkpoint_with_another_config_is_a_one_line_error(tiny_bert, vocab_fil
     assert not (tmp_path / "out" / "pytorch_model.bin").exists()
 
 
+@pytest.mark.slow
 def test_two_process_gloo_run_trains_and_evaluates(tiny_bert, vocab_file, tmp_path):
     data = subset(GLUE_EXCERPTS / "STS-B", tmp_path / "STS-B", 40, 24)
     out = tmp_path / "out"
@@ -172,6 +176,7 @@ def test_unknown_mode_or_nothing_to_do_is_an_input_error():
         run_glue.parse_args(base)
 
 
+@pytest.mark.slow
 def test_run_glue_sh_passes_nvidia_positional_arguments(tiny_bert, vocab_file, tmp_path):
     """Also the one end-to-end run of --bf16 and of prediction (with eval in the same run): cheapest here."""
     data = subset(GLUE_EXCERPTS / "MRPC", tmp_path / "MRPC", 16, 8)
@@ -215,6 +220,7 @@ def mnli_file(path: Path, pairs: list[tuple[str, str]], labels: list[str]) -> No
     path.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_mnli_reports_matched_and_mismatched_dev_sets(tiny_bert, vocab_file, tmp_path):
     lines = (GLUE_EXCERPTS / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:20]
     pairs = [tuple(line.split("\t")[1:3]) for line in lines]

@@ -95,6 +95,7 @@ def final_record(path):
     return next(r["data"] for r in read_log(path) if r["type"] == "LOG" and r["step"] == [])
 
 
+@pytest.mark.slow
 def test_loss_falls_on_real_text_and_logs_follow_dllogger_format(corpus, tmp_path):
     pretrain(corpus, tmp_path, "--train_batch_size", 16, "--max_steps", 40, "--log_freq", 5)
     records = read_log(tmp_path / "log.json")
@@ -115,6 +116,7 @@ def test_loss_falls_on_real_text_and_logs_follow_dllogger_format(corpus, tmp_pat
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.slow
 def test_resume_continues_bit_for_bit(corpus, tmp_path, nproc):
     straight, split = tmp_path / "straight", tmp_path / "split"
     common = ["--train_batch_size", 8, "--gradient_accumulation_steps", 2, "--max_steps", 8,
@@ -135,6 +137,7 @@ def test_resume_continues_bit_for_bit(corpus, tmp_path, nproc):
     assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process_with_double_accumulation(corpus, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     pretrain(corpus, one, "--train_batch_size", 8, "--gradient_accumulation_steps", 4, "--max_steps", 3,
@@ -187,6 +190,7 @@ run_pretraining.main(sys.argv[1:])
 """
 
 
+@pytest.mark.slow
 def test_fp16_compressed_allreduce_hands_every_rank_the_fp16_rounded_mean(corpus, tmp_path):
     """--allreduce_post_accumulation_fp16 with --fp16 on two gloo processes: the gradients DDP hands back are
     the mean of both ranks' gradients rounded to fp16, as a plain computation here gives, not the fp32 mean."""
@@ -207,6 +211,7 @@ def test_fp16_compressed_allreduce_hands_every_rank_the_fp16_rounded_mean(corpus
     assert (tmp_path / "ckpt_2.pt").exists()
 
 
+@pytest.mark.slow
 def test_fp16_on_cpu_checkpoints_the_loss_scale_and_resumes_bit_for_bit(corpus, tmp_path):
     """--fp16 on a CPU from NVIDIA's initial scale 2**20: the first steps overflow in fp16 and halve the scale;
     ckpt_3 keeps the scaler's state and the resumed run goes on from it exactly (from 2**20 again it would skip
@@ -236,6 +241,7 @@ def test_fp16_on_cpu_checkpoints_the_loss_scale_and_resumes_bit_for_bit(corpus, 
     assert all(torch.equal(end_a["model"][k], end_b["model"][k]) for k in end_a["model"])
 
 
+@pytest.mark.slow
 def test_phase2_starts_from_phase1_with_reset_schedule_and_continued_numbers(corpus, tmp_path):
     pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 4, "--num_steps_per_checkpoint", 2)
     phase1 = torch.load(tmp_path / "ckpt_4.pt", weights_only=True)
@@ -255,6 +261,7 @@ def test_phase2_starts_from_phase1_with_reset_schedule_and_continued_numbers(cor
 
 
 @pytest.mark.parametrize("workers, whole_job", [(0, False), (1, True)])
+@pytest.mark.slow
 def test_sigterm_finishes_the_step_checkpoints_and_exits_0(corpus, tmp_path, workers, whole_job):
     """SIGTERM to the main process, or (as Slurm does) to the whole job including DataLoader workers."""
     process = pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 100000,
@@ -305,6 +312,7 @@ def masked_lm_reference(model, shard):
     return loss / count, correct / count
 
 
+@pytest.mark.slow
 def test_do_eval_alone_reports_masked_lm_loss_and_accuracy(corpus, tmp_path):
     pretrain(corpus, tmp_path / "train", "--train_batch_size", 16, "--max_steps", 10)
     result = subprocess.run(
@@ -323,6 +331,7 @@ def test_do_eval_alone_reports_masked_lm_loss_and_accuracy(corpus, tmp_path):
     assert not list((tmp_path / "eval_out").glob("ckpt_*.pt"))
 
 
+@pytest.mark.slow
 def test_non_finite_losses_stop_with_exit_1_and_the_last_checkpoint_intact(corpus, tmp_path):
     pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 30, "--steps_this_run", 2)
     good = torch.load(tmp_path / "ckpt_2.pt", weights_only=True)
@@ -338,6 +347,7 @@ def test_non_finite_losses_stop_with_exit_1_and_the_last_checkpoint_intact(corpu
     assert {p.name: p.read_bytes() for p in tmp_path.glob("ckpt_*.pt")} == before
 
 
+@pytest.mark.slow
 def test_corrupt_newest_checkpoint_is_skipped_for_the_previous(corpus, tmp_path):
     pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 6, "--num_steps_per_checkpoint", 2,
              "--steps_this_run", 4)
@@ -398,6 +408,7 @@ def assert_clear_error(result, *fragments):
     ("vocab_attr_mismatch", ["books_training_0.hdf5", "vocab of 50000"]),
     ("not_hdf5", ["books_training_0.hdf5", "HDF5"]),
 ])
+@pytest.mark.slow
 def test_bad_shards_are_clear_errors(corpus, tmp_path, case, fragments):
     data = tmp_path / "data"
     data.mkdir()
@@ -437,6 +448,7 @@ def test_output_dir_of_another_run_needs_resume(corpus, tmp_path):
     assert_clear_error(cli(corpus, tmp_path, corpus / "p1"), "ckpt_7.pt", "--resume_from_checkpoint")
 
 
+@pytest.mark.slow
 def test_do_eval_alone_needs_weights(corpus, tmp_path):
     result = subprocess.run(
         [sys.executable, str(REPO_ROOT / "run_pretraining.py"), "--input_dir", str(corpus / "p1"), "--config_file",
@@ -445,16 +457,19 @@ def test_do_eval_alone_needs_weights(corpus, tmp_path):
     assert_clear_error(result, "--init_checkpoint")
 
 
+@pytest.mark.slow
 def test_fp16_with_a_loss_scale_of_0_is_a_clear_error(corpus, tmp_path):
     assert_clear_error(cli(corpus, tmp_path, corpus / "p1", "--fp16", "--init_loss_scale", "0"), "--init_loss_scale")
 
 
+@pytest.mark.slow
 def test_bf16_and_workers_train(corpus, tmp_path):
     result = cli(corpus, tmp_path, corpus / "p1", "--bf16", "--num_workers", "2")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out" / "ckpt_2.pt").exists()
 
 
+@pytest.mark.slow
 def test_run_pretraining_sh_runs_both_phases_on_one_cpu_process(vocab_file, corpus, tmp_path):
     """NVIDIA's positional arguments: phase 1 (128/20) then phase 2 (512/80) from phase 1's checkpoint."""
     for folder, seq, preds in (("p1", 128, 20), ("p2", 512, 80)):

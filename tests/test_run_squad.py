@@ -64,6 +64,7 @@ def trained(tiny_bert, files):
     return out
 
 
+@pytest.mark.slow
 def test_training_prediction_and_evaluation_write_files_and_final_log(trained, files, tiny_bert):
     qids = {q["id"] for a in json.loads(files["predict"].read_text())["data"] for p in a["paragraphs"]
             for q in p["qas"]}
@@ -88,6 +89,7 @@ def test_training_prediction_and_evaluation_write_files_and_final_log(trained, f
     assert written["hidden_size"] == json.loads((tiny_bert / "config.json").read_text())["hidden_size"] == 32
 
 
+@pytest.mark.slow
 def test_reloaded_checkpoint_predicts_the_same_and_external_eval_script_agrees(trained, files, tiny_bert):
     out = files["root"] / "reload"
     squad(tiny_bert / "vocab.txt", out, "--init_checkpoint", str(trained / "pytorch_model.bin"), "--predict_file",
@@ -99,6 +101,7 @@ def test_reloaded_checkpoint_predicts_the_same_and_external_eval_script_agrees(t
     assert "e2e_train_time" not in again
 
 
+@pytest.mark.slow
 def test_run_squad_sh_prediction_mode_with_nvidia_positional_arguments(trained, files, tiny_bert, tmp_path):
     squad_dir = tmp_path / "v1.1"
     squad_dir.mkdir()
@@ -132,6 +135,7 @@ def test_squad_v2_prediction_writes_null_odds_and_v2_metrics(trained, files, tin
     assert not list(out.glob("*.npz")) and not list(predict.parent.glob("squad_features_*.npz"))
 
 
+@pytest.mark.slow
 def test_checkpoint_with_another_config_is_a_one_line_error(files, tiny_bert, tmp_path):
     # BERT-base's shapes with the tiny vocabulary's size, so that the weights' shapes, not the vocabulary, differ.
     config = json.loads((REPO_ROOT / "bert_configs" / "base.json").read_text())

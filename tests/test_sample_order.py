@@ -84,6 +84,7 @@ def test_each_chunk_is_decompressed_about_once_per_epoch_across_ranks():
     assert touched <= 1.2 * sum(sizes) / chunk
 
 
+@pytest.mark.slow
 def test_order_does_not_depend_on_processes_or_workers(shards):
     reference = global_steps(shards, world=1, workers=0, accumulation=8, micro=2, lanes=8, steps=30)
     for world, workers, accumulation in [(2, 0, 4), (4, 2, 2), (8, 3, 1), (2, 4, 4)]:
@@ -207,6 +208,7 @@ def test_dynamic_masks_change_from_epoch_to_epoch(text_shards):
     assert changed >= 40  # nearly every sample seen in both epochs got another mask
 
 
+@pytest.mark.slow
 def test_run_pretraining_trains_with_dynamic_masking_and_refuses_whole_words_without_a_vocab(text_shards, tmp_path):
     import json
     import subprocess

@@ -87,6 +87,7 @@ def test_the_repository_has_the_expected_scripts():
     assert not [name for name in scripts if name.startswith((".venv/", ".venv-triton/"))]  # ignored by git
 
 
+@pytest.mark.slow
 def test_shellcheck_as_called_here_rejects_an_unquoted_expansion(tmp_path):
     # The check below must be able to fail: an info-level finding (SC2086) already fails it.
     (tmp_path / "bad.sh").write_text('#!/usr/bin/env bash\nrm -rf $1/cache\n')

@@ -57,6 +57,7 @@ def test_client_missing_context_file_names_the_file(vocab, tmp_path):
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.slow
 def test_client_with_unreachable_server_names_the_url(vocab, protocol):
     url = f"127.0.0.1:{closed_port()}"
     line = one_line_error("client.py", "--vocab_file", vocab, "--question", "Who?", "--context", "Ann went home.",

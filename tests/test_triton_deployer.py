@@ -86,6 +86,7 @@ def feature_arrays(setup):
     return features.input_ids, features.segment_ids, features.input_mask
 
 
+@pytest.mark.slow
 def test_onnx_runtime_equals_pytorch_on_squad_windows_at_other_batch_sizes_and_lengths(setup, onnx_repo):
     import onnxruntime
 
@@ -179,6 +180,7 @@ def test_a_difference_above_the_tolerance_is_refused_and_nothing_is_written(setu
     assert not [p for p in (repository / "bert").iterdir()]  # no staging folder left behind
 
 
+@pytest.mark.slow
 def test_importing_triton_from_the_repository_root_never_yields_this_folder(tmp_path):
     # torch imports `triton` (OpenAI's compiler) when it can; the repository's triton/ must not stand in for it.
     probe = "import torch._dynamo, importlib.util, sys\ntry:\n import triton\n print(triton.MARK)\nexcept ImportError:\n print('absent')"

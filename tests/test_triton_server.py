@@ -122,12 +122,14 @@ def listening_addresses(port: int) -> set[str]:
     return found
 
 
+@pytest.mark.slow
 def test_server_listens_on_loopback_only(served):
     for port in (served["http"], served["grpc"], served["metrics"]):
         addresses = listening_addresses(port)
         assert addresses and addresses <= LOOPBACK, (port, addresses)
 
 
+@pytest.mark.slow
 def test_squad_predictions_through_triton_equal_run_squad(served):
     out_pt = served["root"] / "run_squad"
     done = subprocess.run([sys.executable, str(REPO_ROOT / "run_squad.py"), "--init_checkpoint",
@@ -149,6 +151,7 @@ def test_squad_predictions_through_triton_equal_run_squad(served):
     assert scores["F1"] == pytest.approx(final["F1"])
 
 
+@pytest.mark.slow
 def test_one_question_over_grpc_gets_inference_py_answer(served):
     tokenizer = load_tokenizer(served["vocab"], True)
     context = json.loads(served["predict"].read_text())["data"][0]["paragraphs"][0]["context"]
@@ -198,6 +201,7 @@ def test_perf_client_writes_percentiles_and_throughput(served, capsys):
     assert len(rows) == 4
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_server_within_the_time_bound(served):
     process = served["process"]
     began = time.time()

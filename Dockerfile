@@ -17,3 +17,5 @@ RUN sed '/^torch==/d' requirements.txt > /tmp/requirements-image.txt \
     && rm /tmp/requirements-image.txt
 
 COPY . .
+# The recipe's modules as the package `bertrecipe` (pyproject.toml), in place; the dependencies are above.
+RUN pip install --no-cache-dir --no-deps -e .

@@ -15,8 +15,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from errors import InputError
-from model_weights import load_torch_file, save_torch_atomic
+from bertrecipe.errors import InputError
+from bertrecipe.model_weights import load_torch_file, save_torch_atomic
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
 CHECKPOINT_NAME = re.compile(r"ckpt_\d+\.pt")  # for atomic_files.remove_stale_temporaries

@@ -33,8 +33,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from errors import ArgumentParser, InputError, run_cli
-from squad import is_squad_v2, load_squad_json
+from bertrecipe.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.squad import is_squad_v2, load_squad_json
 
 _PUNCTUATION = frozenset(string.punctuation)  # ASCII only, as the official scripts
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)

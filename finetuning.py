@@ -21,14 +21,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from atomic_files import remove_stale_temporaries, write_temporary
-from data.tokenization import BertTokenizer, load_vocab
-from distributed import DistributedContext, all_reduce_sum
-from errors import InputError, check_output_dir
-from metric_logger import MetricLogger, check_log_paths
-from model import BertConfig
-from model_weights import LoadedWeights, load_weights_into, read_config, read_weights
-from training import Precision, Stepper, allow_tf32, batches_to_device, take, unwrap
+from bertrecipe.atomic_files import remove_stale_temporaries, write_temporary
+from bertrecipe.data.tokenization import BertTokenizer, load_vocab
+from bertrecipe.process_group import DistributedContext, all_reduce_sum
+from bertrecipe.errors import InputError, check_output_dir
+from bertrecipe.metric_logger import MetricLogger, check_log_paths
+from bertrecipe.model import BertConfig
+from bertrecipe.model_weights import LoadedWeights, load_weights_into, read_config, read_weights
+from bertrecipe.training import Precision, Stepper, allow_tf32, batches_to_device, take, unwrap
 
 Arrays = dict[str, np.ndarray]
 Batch = dict[str, torch.Tensor]

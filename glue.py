@@ -13,8 +13,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from data.tokenization import BertTokenizer
-from errors import InputError
+from bertrecipe.data.tokenization import BertTokenizer
+from bertrecipe.errors import InputError
 
 
 @dataclass(frozen=True)

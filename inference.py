@@ -19,13 +19,13 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-import finetuning
-import squad
-import squad_answers
-from data.tokenization import BertTokenizer
-from errors import ArgumentParser, InputError, read_text_file, run_cli
-from model import BertForQuestionAnswering
-from training import make_precision
+from bertrecipe import finetuning
+from bertrecipe import squad
+from bertrecipe import squad_answers
+from bertrecipe.data.tokenization import BertTokenizer
+from bertrecipe.errors import ArgumentParser, InputError, read_text_file, run_cli
+from bertrecipe.model import BertForQuestionAnswering
+from bertrecipe.training import make_precision
 
 
 @dataclass(frozen=True)

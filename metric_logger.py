@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from errors import InputError, check_creatable
+from bertrecipe.errors import InputError, check_creatable
 
 Step = Union[str, list, tuple]
 

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from errors import InputError, read_text_file
-from fast_dropout import Dropout, dropout
+from bertrecipe.errors import InputError, read_text_file
+from bertrecipe.fast_dropout import Dropout, dropout
 
 VOCAB_PAD_MULTIPLE = 8  # tensor cores and AMX tiles want matrix sides that are multiples of 8
 

@@ -20,9 +20,9 @@ from safetensors.torch import load_file as load_safetensors
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
 
-from atomic_files import write_atomic
-from errors import InputError
-from model import BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertModel
+from bertrecipe.atomic_files import write_atomic
+from bertrecipe.errors import InputError
+from bertrecipe.model import BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertModel
 
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 CONFIG_FILES = ("config.json", "bert_config.json")

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-import masking
-import sample_order
-from errors import InputError
+from bertrecipe import masking
+from bertrecipe import sample_order
+from bertrecipe.errors import InputError
 
 SHARD_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
               "next_sentence_labels")

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import glue
-from distributed import DistributedContext, barrier, init_distributed, shutdown
-from errors import ArgumentParser, InputError, run_cli
-from finetuning import (
+from bertrecipe import glue
+from bertrecipe.process_group import DistributedContext, barrier, init_distributed, shutdown
+from bertrecipe.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.finetuning import (
     MODEL_FILES,
     LoopSettings,
     StagedOutputs,
@@ -42,10 +42,10 @@ from finetuning import (
     timed_inference,
     train_loop,
 )
-from metric_logger import MetricLogger
-from model import BertForSequenceClassification
-from optimization import LinearWarmUpScheduler, build_adamw
-from training import Precision, make_precision, wrap_ddp
+from bertrecipe.metric_logger import MetricLogger
+from bertrecipe.model import BertForSequenceClassification
+from bertrecipe.optimization import LinearWarmUpScheduler, build_adamw
+from bertrecipe.training import Precision, make_precision, wrap_ddp
 
 MODES = ("train", "eval", "prediction")
 OUTPUTS = (*MODEL_FILES, "results.json", "eval_predictions.tsv", "eval_mismatched_predictions.tsv",

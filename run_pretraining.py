@@ -22,9 +22,9 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-import checkpointing
-import masking
-from distributed import (
+from bertrecipe import checkpointing
+from bertrecipe import masking
+from bertrecipe.process_group import (
     DistributedContext,
     all_gather_objects,
     all_reduce_sum,
@@ -32,15 +32,15 @@ from distributed import (
     init_distributed,
     shutdown,
 )
-from atomic_files import remove_stale_temporaries
-from errors import ArgumentParser, InputError, check_output_dir, run_cli
-from metric_logger import MetricLogger, check_log_paths
-from model import BertConfig, BertForPreTraining
-from model_weights import load_weights_into, read_config, read_weights
-from optimization import PolyWarmUpScheduler, build_lamb, weight_decay_groups
-from sample_order import check_lanes, default_lanes
-from data.tokenization import load_vocab
-from pretraining_data import (
+from bertrecipe.atomic_files import remove_stale_temporaries
+from bertrecipe.errors import ArgumentParser, InputError, check_output_dir, run_cli
+from bertrecipe.metric_logger import MetricLogger, check_log_paths
+from bertrecipe.model import BertConfig, BertForPreTraining
+from bertrecipe.model_weights import load_weights_into, read_config, read_weights
+from bertrecipe.optimization import PolyWarmUpScheduler, build_lamb, weight_decay_groups
+from bertrecipe.sample_order import check_lanes, default_lanes
+from bertrecipe.data.tokenization import load_vocab
+from bertrecipe.pretraining_data import (
     BatchPlan,
     PretrainingData,
     evaluation_batches,
@@ -48,7 +48,7 @@ from pretraining_data import (
     inspect_shard,
     read_rows,
 )
-from training import (
+from bertrecipe.training import (
     MAX_CONSECUTIVE_NON_FINITE,
     Stepper,
     StopSignal,

@@ -25,12 +25,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import evaluate_squad
-import squad
-import squad_answers
-from distributed import DistributedContext, barrier, init_distributed, shutdown
-from errors import ArgumentParser, InputError, check_output_dir, run_cli
-from finetuning import (
+from bertrecipe import evaluate_squad
+from bertrecipe import squad
+from bertrecipe import squad_answers
+from bertrecipe.process_group import DistributedContext, barrier, init_distributed, shutdown
+from bertrecipe.errors import ArgumentParser, InputError, check_output_dir, run_cli
+from bertrecipe.finetuning import (
     MODEL_FILES,
     LoopSettings,
     StagedOutputs,
@@ -47,10 +47,10 @@ from finetuning import (
     timed_inference,
     train_loop,
 )
-from metric_logger import MetricLogger
-from model import BertForQuestionAnswering
-from optimization import LinearWarmUpScheduler, build_adamw
-from training import Precision, make_precision, wrap_ddp
+from bertrecipe.metric_logger import MetricLogger
+from bertrecipe.model import BertForQuestionAnswering
+from bertrecipe.optimization import LinearWarmUpScheduler, build_adamw
+from bertrecipe.training import Precision, make_precision, wrap_ddp
 
 OUTPUTS = (*MODEL_FILES, "predictions.json", "nbest_predictions.json", "null_odds.json")
 

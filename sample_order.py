@@ -26,7 +26,7 @@ from typing import Iterator
 
 import numpy as np
 
-from errors import InputError
+from bertrecipe.errors import InputError
 
 DEFAULT_MAX_LANES = 64
 

@@ -25,9 +25,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from data.tokenization import BertTokenizer, Vocab
-from atomic_files import write_atomic
-from errors import InputError
+from bertrecipe.data.tokenization import BertTokenizer, Vocab
+from bertrecipe.atomic_files import write_atomic
+from bertrecipe.errors import InputError
 
 logger = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from data.tokenization import Vocab
-from atomic_files import write_atomic
-from squad import SquadExample, SquadFeatures
+from bertrecipe.data.tokenization import Vocab
+from bertrecipe.atomic_files import write_atomic
+from bertrecipe.squad import SquadExample, SquadFeatures
 
 @dataclass(frozen=True)
 class AnswerSettings:

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from distributed import DistributedContext
-from errors import InputError
-from optimization import Lamb, global_grad_norm
+from bertrecipe.process_group import DistributedContext
+from bertrecipe.errors import InputError
+from bertrecipe.optimization import Lamb, global_grad_norm
 
 MAX_CONSECUTIVE_NON_FINITE = 10
 

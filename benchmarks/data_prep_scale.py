@@ -37,7 +37,6 @@ from importlib import metadata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 BERT_PREP = REPO / "data" / "bertPrep.py"
 DATASET = "bookscorpus"  # the only text corpus bertPrep formats from plain files
@@ -48,8 +47,7 @@ INSTANCE_ARGS = ["--do_lower_case", "1", "--max_seq_length", "128", "--max_predi
 REFERENCE = """
 import json, resource, sys
 from pathlib import Path
-sys.path.insert(0, {repo!r})
-from data.create_pretraining_data import ShardConfig, create_shard
+from bertrecipe.data.create_pretraining_data import ShardConfig, create_shard
 cfg = ShardConfig(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), True, 128, 20, 0.15, 0.1, 5, 12345)
 r = create_shard(cfg, progress=False)
 print(json.dumps({{"seconds": r.seconds, "bytes": r.input_bytes,
@@ -72,8 +70,8 @@ class Stage:
 def source_pieces(books: Path | None, piece_bytes: int = 2048) -> list[str]:
     """The source text cut into pieces of about piece_bytes at sentence ends (". "), so that documents drawn
     from them are shuffled text rather than the same articles repeated."""
-    from data.default_corpus import articles
-    from data.text_formatting import book_text
+    from bertrecipe.data.default_corpus import articles
+    from bertrecipe.data.text_formatting import book_text
 
     texts = list(articles())
     if books is not None:

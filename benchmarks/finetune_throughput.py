@@ -16,17 +16,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from model import BertConfig, BertForQuestionAnswering  # noqa: E402
-from optimization import build_adamw  # noqa: E402
+from bertrecipe.model import BertConfig, BertForQuestionAnswering
+from bertrecipe.optimization import build_adamw
 
 Batch = tuple[torch.Tensor, ...]
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -34,8 +31,8 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 def real_windows(squad_file: Path, vocab_file: Path, seq: int) -> Batch:
     """Every training window of a SQuAD file (ids, segments, mask, start, end), as run_squad.py makes them."""
-    import squad
-    from finetuning import load_tokenizer
+    from bertrecipe import squad
+    from bertrecipe.finetuning import load_tokenizer
 
     for path in (squad_file, vocab_file):
         if not path.is_file():

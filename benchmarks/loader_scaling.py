@@ -37,10 +37,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-import sample_order  # noqa: E402
-from pretraining_data import (SHARD_KEYS, BatchPlan, PretrainingData, ShardInfo,  # noqa: E402
+from bertrecipe import sample_order
+from bertrecipe.pretraining_data import (SHARD_KEYS, BatchPlan, PretrainingData, ShardInfo,
                               check_value_ranges, inspect_shard, make_batch)
 
 VOCAB, SEQ, PREDICTIONS = 30522, 128, 20

@@ -12,17 +12,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from model import BertConfig, BertForPreTraining  # noqa: E402
-from optimization import Lamb, weight_decay_groups  # noqa: E402
+from bertrecipe.model import BertConfig, BertForPreTraining
+from bertrecipe.optimization import Lamb, weight_decay_groups
 
 MASKED_PER_SEQ = {128: 20, 512: 80}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -23,15 +23,13 @@ import h5py
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
 
-from metric_logger import read_log  # noqa: E402
-from model import BertConfig  # noqa: E402
-from model_throughput import MASKED_PER_SEQ, make_batch, peer_step, time_steps  # noqa: E402
-from data.sharding import split_sentences  # noqa: E402
-from data.text_formatting import book_text  # noqa: E402
-from pretraining_data import BatchPlan, PretrainingData, find_shards, inspect_shard  # noqa: E402
+from bertrecipe.metric_logger import read_log
+from bertrecipe.model import BertConfig
+from model_throughput import MASKED_PER_SEQ, make_batch, peer_step, time_steps
+from bertrecipe.data.sharding import split_sentences
+from bertrecipe.data.text_formatting import book_text
+from bertrecipe.pretraining_data import BatchPlan, PretrainingData, find_shards, inspect_shard
 
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 

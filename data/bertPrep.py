@@ -9,27 +9,23 @@ Everything lives under $BERT_PREP_WORKING_DIR (default `data/` in the checkout);
 from __future__ import annotations
 
 import argparse
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: make `data` importable from the checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tqdm import tqdm
 
 # tqdm's default lock is a multiprocessing semaphore that spawn workers leak warnings about; threads suffice.
 tqdm.set_lock(threading.RLock())
 
-from data import download, engine, layout, text_formatting
-from data.create_pretraining_data import ShardConfig, check_paths, shard_attributes, shard_task, validate
-from data.errors import ArgumentParser, DataError, run_cli
-from data.outputs import inside, refuse_input_as_output, remove_stale_temporaries_of
-from data.sharding import ShardingConfig, segment_tasks, shard_corpus
-from data.shard_writer import is_complete
-from data.tokenization import load_vocab
-from data.vocab_training import train_vocab, vocab_path
+from bertrecipe.data import download, engine, layout, text_formatting
+from bertrecipe.data.create_pretraining_data import ShardConfig, check_paths, shard_attributes, shard_task, validate
+from bertrecipe.data.errors import ArgumentParser, DataError, run_cli
+from bertrecipe.data.outputs import inside, refuse_input_as_output, remove_stale_temporaries_of
+from bertrecipe.data.sharding import ShardingConfig, segment_tasks, shard_corpus
+from bertrecipe.data.shard_writer import is_complete
+from bertrecipe.data.tokenization import load_vocab
+from bertrecipe.data.vocab_training import train_vocab, vocab_path
 
 ACTIONS = ("download", "text_formatting", "sharding", "create_hdf5_files", "create_vocab")
 TEXT_CORPORA = ("wikicorpus_en", "bookscorpus", "python_docs")

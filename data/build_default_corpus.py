@@ -8,16 +8,11 @@ all under $BERT_PREP_WORKING_DIR (default `data/`). Prints where each product we
 """
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `data` importable from the checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from data import bertPrep, layout
-from data.errors import ArgumentParser, run_cli
-from data.vocab_training import vocab_path
+from bertrecipe.data import bertPrep, layout
+from bertrecipe.data.errors import ArgumentParser, run_cli
+from bertrecipe.data.vocab_training import vocab_path
 
 CORPUS = "python_docs"
 SHARDS = ["--n_training_shards", "2", "--n_test_shards", "1", "--fraction_test_set", "0.1"]

@@ -9,25 +9,21 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `data` importable from the checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import numpy as np
 from tqdm import tqdm
 
-from data.documents import input_files, input_paths, read_text, tokenize_documents
-from data.errors import ArgumentParser, DataError, run_cli
-from data.instances import (MaskingConfig, SpecialIds, instance_blocks, instance_row_shapes, pair_spans,
+from bertrecipe.data.documents import input_files, input_paths, read_text, tokenize_documents
+from bertrecipe.data.errors import ArgumentParser, DataError, run_cli
+from bertrecipe.data.instances import (MaskingConfig, SpecialIds, instance_blocks, instance_row_shapes, pair_spans,
                             truncate_spans)
-from data.outputs import check_writable, refuse_input_as_output
-from data.shard_writer import write_shard_blocks
-from data.tokenization import BertTokenizer, load_vocab
+from bertrecipe.data.outputs import check_writable, refuse_input_as_output
+from bertrecipe.data.shard_writer import write_shard_blocks
+from bertrecipe.data.tokenization import BertTokenizer, load_vocab
 
 
 @dataclass(frozen=True)

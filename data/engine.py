@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import pickle
 import sys
 import threading
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from data.errors import DataError
+from bertrecipe.data.errors import DataError
 
 ENGINES = ("local", "dask", "slurm")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -69,36 +68,27 @@ def runs_here(cfg: EngineConfig, n_tasks: int) -> bool:
 
 
 def _dask_distributed() -> Any:
-    """Dask's `distributed` package. The checkout's own distributed.py (torch.distributed helpers) has the same
-    top-level name and comes first on sys.path when a tool runs from the checkout, so it is left out here."""
-    loaded = sys.modules.get("distributed")
-    if loaded is not None:
-        if not hasattr(loaded, "__path__"):
-            raise RuntimeError("the checkout's distributed.py is imported in this process; Dask cannot be used here")
-        return loaded
-    saved = list(sys.path)
-    repo = REPO_ROOT.resolve()
-    sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != repo]
+    """Dask's `distributed` package, or one line saying how to install it."""
     try:
         import distributed
     except ImportError:
         raise DataError("--engine", "Dask is not installed; pip install -r requirements.txt (dask, distributed, "
                                     "dask-jobqueue)") from None
-    finally:
-        sys.path[:] = saved
     return distributed
 
 
 def _on_worker(repo: str, payload: bytes) -> tuple[str, Any]:
-    """Runs on a Dask worker. Sent by value (cloudpickle), so the worker needs no import path set up: the
-    checkout is appended (not prepended: its distributed.py must not shadow Dask's) and the task unpickled."""
+    """Runs on a Dask worker. Sent by value (cloudpickle), so that a worker whose environment does not have this
+    checkout installed as `bertrecipe` answers so instead of failing to unpickle the task."""
+    import importlib.util
     import pickle
-    import sys
     from pathlib import Path
-    if not (Path(repo) / "data" / "engine.py").is_file():
+    try:
+        spec = importlib.util.find_spec("bertrecipe.data.engine")
+    except ImportError:
+        spec = None
+    if spec is None or Path(spec.origin).resolve() != (Path(repo) / "data" / "engine.py").resolve():
         return "no-checkout", repo
-    if repo not in sys.path:
-        sys.path.append(repo)
     function, args = pickle.loads(payload)
     from distributed import get_worker
     return "ok", (function(*args), get_worker().address)
@@ -177,8 +167,8 @@ def _slurm_cluster(cfg: EngineConfig) -> Any:
     scheduler: dict[str, Any] = {"dashboard": False}
     if cfg.scheduler_host:  # its HTTP endpoints (/health) too, which otherwise listen everywhere
         scheduler.update(host=cfg.scheduler_host, dashboard_address=f"{cfg.scheduler_host}:0")
-    # `python -P`: the workers start in the submission folder, often the checkout, whose distributed.py would
-    # otherwise shadow Dask's.
+    # `python -P`: the workers start in the submission folder, often the checkout, whose files must not shadow
+    # installed packages (the workers import the checkout as the installed `bertrecipe`).
     cluster = SLURMCluster(cores=cfg.slurm_cores, processes=cfg.slurm_cores, memory=cfg.slurm_memory,
                            walltime=cfg.slurm_walltime, queue=cfg.slurm_queue, account=cfg.slurm_account,
                            python=f"{sys.executable} -P", scheduler_options=scheduler)
@@ -216,8 +206,9 @@ def _run_dask(client: Any, function: Callable, tasks: Sequence[tuple], on_done: 
         for future in distributed.as_completed(futures, loop=client.loop):
             status, value = future.result()  # a task's DataError is raised here, intact
             if status == "no-checkout":
-                raise DataError(value, "the Dask workers cannot see this checkout; run them where the checkout and "
-                                       "$BERT_PREP_WORKING_DIR have the same paths (a shared file system)")
+                raise DataError(value, "the Dask workers do not run this checkout: start them where the checkout and "
+                                       "$BERT_PREP_WORKING_DIR have the same paths (a shared file system), in an "
+                                       "environment where it is installed (pip install -e <checkout>)")
             result, worker = value
             workers.add(worker)
             on_done(result)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from errors import ArgumentParser, InputError, run_cli
+from bertrecipe.errors import ArgumentParser, InputError, run_cli
 
 __all__ = ["ArgumentParser", "DataError", "run_cli"]
 

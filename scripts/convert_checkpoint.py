@@ -17,13 +17,10 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from errors import ArgumentParser, InputError, run_cli  # noqa: E402
-from model_weights import (  # noqa: E402
+from bertrecipe.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.model_weights import (
     check_export_target,
     export_huggingface,
     export_state_dict,

@@ -14,13 +14,10 @@ marked on every panel. The final summaries' throughputs are written in the title
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from errors import ArgumentParser, InputError, run_cli  # noqa: E402
-from metric_logger import read_log  # noqa: E402
+from bertrecipe.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.metric_logger import read_log
 
 LOSS_KEYS = ("average_loss", "step_loss", "loss", "train_loss")
 THROUGHPUT_KEY = "training_sequences_per_second"

@@ -17,16 +17,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
+import torch
 
-from data import layout  # noqa: E402
-from data.tokenization import BertTokenizer, load_vocab  # noqa: E402
-from data.vocab_training import vocab_path  # noqa: E402
-from errors import ArgumentParser, InputError, run_cli  # noqa: E402
-from metric_logger import read_log  # noqa: E402
-from model import BertConfig, BertForPreTraining  # noqa: E402
+from bertrecipe.data import layout
+from bertrecipe.data.tokenization import BertTokenizer, load_vocab
+from bertrecipe.data.vocab_training import vocab_path
+from bertrecipe.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.metric_logger import read_log
+from bertrecipe.model import BertConfig, BertForPreTraining
 
 CORPUS = "python_docs"
 VOCAB_SIZE = 8192

@@ -6,13 +6,10 @@ The loss function sees exactly what the model is fed, so the record shows what e
 loader is built. Launched like run_pretraining.py, with or without torchrun."""
 import json
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import run_pretraining  # noqa: E402
-from errors import run_cli  # noqa: E402
+from bertrecipe import run_pretraining
+from bertrecipe.errors import run_cli
 
 
 def main() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
-from tests.test_shell_scripts import shell_scripts
+from conftest import REPO_ROOT
+from test_shell_scripts import shell_scripts
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 
@@ -55,7 +55,9 @@ def test_image_is_a_versioned_ngc_pytorch_image_matching_build_sh():
 def test_image_installs_every_pin_but_torch_from_the_requirements_files(tmp_path):
     copies = only("COPY")
     assert [copy.split() for copy in copies] == [["requirements.txt", "requirements-deploy.txt", "./"], [".", "."]]
-    [install] = [run for run in only("RUN") if "pip install" in run]
+    install, package = [run for run in only("RUN") if "pip install" in run]
+    # The checkout itself is installed last, in place and without dependencies, so the pins stay the ones above.
+    assert package.split()[-3:] == ["--no-deps", "-e", "."] and only("RUN")[-1] == package
     # Run the Dockerfile's own filter on the real requirements.txt.
     sed = re.search(r"sed '([^']+)' requirements\.txt > (\S+)", install)
     filtered = subprocess.run(["sed", sed.group(1), str(REPO_ROOT / "requirements.txt")], capture_output=True,

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-import run_pretraining
-from tests.conftest import REPO_ROOT
+from bertrecipe import run_pretraining
+from conftest import REPO_ROOT
 
 RUN_SUB = REPO_ROOT / "run.sub"
 

@@ -10,9 +10,9 @@ import safetensors.torch
 import torch
 import transformers
 
-from model import BertConfig, BertForPreTraining, BertForQuestionAnswering
-from model_weights import export_huggingface, read_weights
-from tests.conftest import REPO_ROOT
+from bertrecipe.model import BertConfig, BertForPreTraining, BertForQuestionAnswering
+from bertrecipe.model_weights import export_huggingface, read_weights
+from conftest import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "convert_checkpoint.py"
 TINY = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,

@@ -20,12 +20,12 @@ import h5py
 import numpy as np
 import pytest
 
-from data import layout
-from data.sharding import split_sentences
-from data.text_formatting import book_text
-from tests.conftest import REPO_ROOT, TEST_DATA, write_formatted
+from bertrecipe.data import layout
+from bertrecipe.data.sharding import split_sentences
+from bertrecipe.data.text_formatting import book_text
+from conftest import REPO_ROOT, TEST_DATA, write_formatted
 
-pytest.importorskip("dask")  # (not `distributed`: the checkout's own distributed.py shadows it in this process)
+pytest.importorskip("distributed")
 PYTHON = sys.executable
 FLAGS = ["--dataset", "bookscorpus", "--n_training_shards", "4", "--n_test_shards", "1", "--max_seq_length", "64",
          "--max_predictions_per_seq", "10", "--dupe_factor", "2"]
@@ -78,7 +78,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     def start(name: str, args: list[str]) -> Path:
         log = folder / f"{name}.log"
         logs.append(log)
-        with open(log, "w") as out:  # -P: the test's cwd may be the checkout, whose distributed.py shadows Dask's
+        with open(log, "w") as out:  # -P: as data/prep.sub starts them, nothing in the cwd shadows a package
             procs.append(subprocess.Popen([PYTHON, "-P", "-m", *args], cwd=folder, stdout=out,
                                           stderr=subprocess.STDOUT))
         return log
@@ -174,9 +174,8 @@ def test_dask_workers_make_the_shards_of_local_processes(cluster, workdir, vocab
 # their byte ranges and book groups, so the workers need no such setting.
 SMALL_TASKS = """
 import sys
-sys.path.append({repo!r})  # appended: the checkout's distributed.py must not shadow Dask's
-from data import bertPrep, sharding, text_formatting
-from data.errors import run_cli
+from bertrecipe.data import bertPrep, sharding, text_formatting
+from bertrecipe.data.errors import run_cli
 sharding.SEGMENT_BYTES = 20_000
 text_formatting.BOOKS_PER_TASK = 4
 run_cli(bertPrep.main)
@@ -185,7 +184,7 @@ run_cli(bertPrep.main)
 
 def _books(root: Path) -> None:
     """30 books made of the embedded corpus's articles, five of them in a sub-folder."""
-    from data.default_corpus import articles
+    from bertrecipe.data.default_corpus import articles
     texts = list(articles())[:90]
     for i in range(30):
         path = layout.download_dir(root) / "bookscorpus" / ("more" if i > 24 else "") / f"book{i}.txt"
@@ -271,7 +270,7 @@ def _prep_sub(env: dict[str, str], *args: str, timeout: float = 30) -> subproces
 
 
 def test_prep_sub_dry_run_starts_scheduler_workers_and_the_client_on_one_scheduler_file(tmp_path):
-    from data import bertPrep
+    from bertrecipe.data import bertPrep
     run = _prep_sub({"DRYRUN": "1", "BERT_PREP_WORKING_DIR": str(tmp_path), "SLURM_JOB_NUM_NODES": "4",
                      "SLURM_JOB_ID": "77", "WORKERS_PER_NODE": "16", "INTERFACE": "ib0"},
                     "--dataset", "wikicorpus_en", "--max_seq_length", "128")

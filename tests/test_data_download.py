@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from data import download
-from data.errors import DataError
+from bertrecipe.data import download
+from bertrecipe.data.errors import DataError
 
 
 class RangeHandler(http.server.SimpleHTTPRequestHandler):

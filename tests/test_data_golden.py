@@ -22,9 +22,9 @@ from pathlib import Path
 import h5py
 import pytest
 
-from data.create_pretraining_data import ShardConfig, create_shard
-from data.shard_writer import KEYS
-from tests.conftest import TEST_DATA, VOCAB_EXCERPT
+from bertrecipe.data.create_pretraining_data import ShardConfig, create_shard
+from bertrecipe.data.shard_writer import KEYS
+from conftest import TEST_DATA, VOCAB_EXCERPT
 
 AWKWARD = [
     "Café naïve résumé — “quoted” ¿Qué? 中文字符 ΟΔΟΣ ΣΟΦΟΣ \ue000private",

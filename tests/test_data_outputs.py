@@ -10,13 +10,13 @@ import h5py
 import numpy as np
 import pytest
 
-from data import bertPrep, build_default_corpus, layout
-from data import create_pretraining_data as cpd
-from data.errors import DataError, run_cli
-from data.sharding import ShardingConfig, shard_corpus
-from data.vocab_training import train_vocab
-from data.text_formatting import book_groups, format_corpus, format_tasks
-from tests.conftest import write_formatted
+from bertrecipe.data import bertPrep, build_default_corpus, layout
+from bertrecipe.data import create_pretraining_data as cpd
+from bertrecipe.data.errors import DataError, run_cli
+from bertrecipe.data.sharding import ShardingConfig, shard_corpus
+from bertrecipe.data.vocab_training import train_vocab
+from bertrecipe.data.text_formatting import book_groups, format_corpus, format_tasks
+from conftest import write_formatted
 
 DEAD_PID = 999_999_999  # above every kernel's pid_max: the run that left such a temporary is surely gone
 WORDS = "the cat sat on a mat and dog ran in park it was big small red blue day night".split()

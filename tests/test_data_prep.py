@@ -13,13 +13,13 @@ import h5py
 import numpy as np
 import pytest
 
-from data import bertPrep, layout
-from data.errors import DataError
-from data.sharding import ShardingConfig, shard_corpus, split_sentences
-from data.text_formatting import book_groups, book_text, format_corpus, format_tasks, wiki_articles
-from data.tokenization import BertTokenizer, load_vocab
-from data.vocab_training import train_vocab
-from tests.conftest import write_formatted
+from bertrecipe.data import bertPrep, layout
+from bertrecipe.data.errors import DataError
+from bertrecipe.data.sharding import ShardingConfig, shard_corpus, split_sentences
+from bertrecipe.data.text_formatting import book_groups, book_text, format_corpus, format_tasks, wiki_articles
+from bertrecipe.data.tokenization import BertTokenizer, load_vocab
+from bertrecipe.data.vocab_training import train_vocab
+from conftest import write_formatted
 
 REPO = Path(__file__).resolve().parents[1]
 BOOKS = REPO / "tests" / "data" / "books"
@@ -397,7 +397,7 @@ def _dump(path: Path, pages: int) -> Path:
 
 
 def test_wiki_reading_memory_does_not_grow_with_the_dump(tmp_path):
-    from data.text_formatting import iter_wiki_pages
+    from bertrecipe.data.text_formatting import iter_wiki_pages
     small, large = _dump(tmp_path / "s.xml", 2_000), _dump(tmp_path / "l.xml", 20_000)
     assert sum(1 for _ in iter_wiki_pages(large)) == 20_000
     peak_small = _peak_bytes(lambda: sum(1 for _ in iter_wiki_pages(small)))

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from data import sharding
-from data.errors import DataError
-from data.sharding import ShardingConfig, shard_corpus
+from bertrecipe.data import sharding
+from bertrecipe.data.errors import DataError
+from bertrecipe.data.sharding import ShardingConfig, shard_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -140,7 +140,7 @@ def _reference_articles(path: Path) -> list[str]:
 
 
 def test_sharding_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path, monkeypatch):
-    from data import engine
+    from bertrecipe.data import engine
     articles = [f"Article {i} says hello. It is number {i} of many, caf\u00e9 and na\u00efve. Dr. Who came."
                 for i in range(60)]
     text = "".join(a + "\n\n" for a in articles)
@@ -162,7 +162,7 @@ def test_sharding_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path, 
 
 
 def test_formatting_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path, monkeypatch):
-    from data import engine, text_formatting
+    from bertrecipe.data import engine, text_formatting
     books = tmp_path / "books"
     # Sorted as paths are sorted (by parts), not as strings: a/z.txt, a b/x.txt, a-1.txt, a.txt, ...
     names = ["a.txt", "a-1.txt", "a b/x.txt", "a/z.txt", "b/c/d.txt", "b/c.txt", "notes.md", "e.txt"]
@@ -188,7 +188,7 @@ def test_formatting_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path
 
 
 def test_a_failing_formatting_task_leaves_no_output_and_no_scratch(tmp_path, monkeypatch):
-    from data import engine, text_formatting
+    from bertrecipe.data import engine, text_formatting
     books = tmp_path / "books"
     books.mkdir()
     for i in range(4):
@@ -204,7 +204,7 @@ def test_a_failing_formatting_task_leaves_no_output_and_no_scratch(tmp_path, mon
 
 
 def test_a_failing_segmentation_task_on_processes_is_one_error_and_leaves_nothing(tmp_path, monkeypatch):
-    from data import engine
+    from bertrecipe.data import engine
     source = tmp_path / "formatted.txt"
     good = "".join(f"Article {i} is here. It has two sentences.\n\n" for i in range(40)).encode("utf-8")
     source.write_bytes(good + b"bad \xff byte.\n\n" + good)  # a task in the middle fails, others run on

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from data.errors import DataError
-from data.tokenization import BertTokenizer, load_vocab
-from tests.conftest import TEST_DATA
+from bertrecipe.data.errors import DataError
+from bertrecipe.data.tokenization import BertTokenizer, load_vocab
+from conftest import TEST_DATA
 
 
 # ---------------------------------------------------------------- reference (Google's algorithm, plain Python)

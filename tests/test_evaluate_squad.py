@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import evaluate_squad as ev
+from bertrecipe import evaluate_squad as ev
 from conftest import TEST_DATA
-from errors import InputError
+from bertrecipe.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 EXCERPT = TEST_DATA / "squad"  # a few dev articles of each version and three systems' predictions on them

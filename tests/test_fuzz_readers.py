@@ -26,14 +26,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file as save_safetensors
 
-import glue
-import squad
-from checkpointing import load_checkpoint
-from data.tokenization import SPECIAL_TOKENS, BertTokenizer, load_vocab
-from errors import InputError
-from model import ACTIVATIONS, BertConfig, BertModel, ConfigError
-from model_weights import LoadedWeights, WeightsError, read_config, read_weights
-from pretraining_data import SHARD_KEYS, inspect_shard, make_batch, read_rows
+from bertrecipe import glue
+from bertrecipe import squad
+from bertrecipe.checkpointing import load_checkpoint
+from bertrecipe.data.tokenization import SPECIAL_TOKENS, BertTokenizer, load_vocab
+from bertrecipe.errors import InputError
+from bertrecipe.model import ACTIVATIONS, BertConfig, BertModel, ConfigError
+from bertrecipe.model_weights import LoadedWeights, WeightsError, read_config, read_weights
+from bertrecipe.pretraining_data import SHARD_KEYS, inspect_shard, make_batch, read_rows
 
 FAST_EXAMPLES = 50
 INTEGRATION_EXAMPLES = 1000

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import glue
+from bertrecipe import glue
 from conftest import TEST_DATA
-from data.tokenization import BertTokenizer, load_vocab
-from errors import InputError
+from bertrecipe.data.tokenization import BertTokenizer, load_vocab
+from bertrecipe.errors import InputError
 
 # Official example counts of the GLUE train/dev sets.
 OFFICIAL_COUNTS = {

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-import inference
-import squad
-import squad_answers
+from bertrecipe import inference
+from bertrecipe import squad
+from bertrecipe import squad_answers
 from conftest import TEST_DATA
-from errors import InputError
+from bertrecipe.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 

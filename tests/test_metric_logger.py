@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from errors import InputError
-from metric_logger import MetricLogger, check_log_paths, read_log
+from bertrecipe.errors import InputError
+from bertrecipe.metric_logger import MetricLogger, check_log_paths, read_log
 
 
 def test_records_follow_the_dllogger_layout(tmp_path):

@@ -9,7 +9,7 @@ import safetensors.torch
 import torch
 import transformers
 
-from model import (
+from bertrecipe.model import (
     BertConfig,
     BertForPreTraining,
     BertForQuestionAnswering,
@@ -18,7 +18,7 @@ from model import (
     Linear,
     TokenPacking,
 )
-from model_weights import (
+from bertrecipe.model_weights import (
     WeightsError,
     export_huggingface,
     export_state_dict,

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 import torch
 
-import sample_order
-from metric_logger import read_log
-from model import BertConfig, BertForPreTraining
-from pretraining_data import inspect_shard
-from tests.conftest import REPO_ROOT
+from bertrecipe import sample_order
+from bertrecipe.metric_logger import read_log
+from bertrecipe.model import BertConfig, BertForPreTraining
+from bertrecipe.pretraining_data import inspect_shard
+from conftest import REPO_ROOT
 
 VOCAB, SEQ, PREDS = 128, 16, 3
 SIZES = (18, 21)  # 39 samples an epoch: steps straddle files, blocks and the epoch boundary

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-import run_pretraining
-from errors import InputError
-from tests.conftest import REPO_ROOT
+from bertrecipe import run_pretraining
+from bertrecipe.errors import InputError
+from conftest import REPO_ROOT
 
 VOCAB, SEQ, PREDS = 128, 16, 3
 CONFIG = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -208,7 +208,7 @@ def test_resume_keeps_the_streams_lanes_and_refuses_others(workspace):
 def test_resume_from_a_weights_only_checkpoint_points_to_init_checkpoint(workspace):
     out = workspace / "out"
     out.mkdir()
-    from model import BertConfig, BertForPreTraining
+    from bertrecipe.model import BertConfig, BertForPreTraining
     model = BertForPreTraining(BertConfig.from_dict(CONFIG))
     torch.save({"model": model.state_dict(), "config": CONFIG}, out / "ckpt_3.pt")
     one_line_error(pretrain(workspace, "--resume_from_checkpoint"), "ckpt_3.pt", "--init_checkpoint")
@@ -323,7 +323,7 @@ def test_an_unknown_flag_is_one_line_naming_the_program(script):
 
 @pytest.mark.slow
 def test_skipped_steps_counter_goes_on_after_a_resume(workspace):
-    from metric_logger import read_log
+    from bertrecipe.metric_logger import read_log
     # fp16 from a loss scale of 2^30 overflows the first steps; the count must survive the resume.
     common = ["--fp16", "--init_loss_scale", 2.0**30, "--max_steps", 8]
     assert pretrain(workspace, *common, "--steps_this_run", 4).returncode == 0

@@ -6,8 +6,8 @@ import subprocess
 import pytest
 import torch
 
-from metric_logger import read_log
-from tests.conftest import REPO_ROOT
+from bertrecipe.metric_logger import read_log
+from conftest import REPO_ROOT
 
 
 @pytest.mark.slow

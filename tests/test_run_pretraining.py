@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from metric_logger import read_log
-from model import BertConfig, BertForPreTraining
-import sample_order
-from pretraining_data import inspect_shard
-from tests.conftest import REPO_ROOT, TEST_DATA, VOCAB_EXCERPT
+from bertrecipe.metric_logger import read_log
+from bertrecipe.model import BertConfig, BertForPreTraining
+from bertrecipe import sample_order
+from bertrecipe.pretraining_data import inspect_shard
+from conftest import REPO_ROOT, TEST_DATA, VOCAB_EXCERPT
 
 # The model's vocab is the one the shards are tokenized with (tests/data's excerpt of BERT's uncased vocab).
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
@@ -165,10 +165,9 @@ def test_two_processes_equal_one_process_with_double_accumulation(corpus, tmp_pa
 # what the all-reduce handed back.
 HOOK_SPY = """
 import sys
-sys.path.insert(0, {repo!r})
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-import run_pretraining
+from bertrecipe import run_pretraining
 
 calls = []
 real_hook = default_hooks.fp16_compress_hook

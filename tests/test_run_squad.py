@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import run_squad
+from bertrecipe import run_squad
 from conftest import TEST_DATA
-from errors import InputError
-from metric_logger import read_log
-from tests.test_run_glue import snapshot, tiny_model_files
+from bertrecipe.errors import InputError
+from bertrecipe.metric_logger import read_log
+from test_run_glue import snapshot, tiny_model_files
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXCERPT = TEST_DATA / "squad"  # a few real dev articles of each version (README.md there)

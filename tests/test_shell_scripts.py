@@ -7,7 +7,7 @@ from typing import Optional
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from conftest import REPO_ROOT
 
 SHELLS = {"sh", "bash", "dash", "ksh"}  # the dialects shellcheck checks
 

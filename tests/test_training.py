@@ -3,10 +3,10 @@ import pytest
 import torch
 from torch import nn
 
-from optimization import PolyWarmUpScheduler
-import training
-from training import MAX_CONSECUTIVE_NON_FINITE, Precision, Stepper, TrainingFailure, make_precision
-from errors import InputError
+from bertrecipe.optimization import PolyWarmUpScheduler
+from bertrecipe import training
+from bertrecipe.training import MAX_CONSECUTIVE_NON_FINITE, Precision, Stepper, TrainingFailure, make_precision
+from bertrecipe.errors import InputError
 
 
 def squared_error(model, batch):

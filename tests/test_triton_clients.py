@@ -10,12 +10,12 @@ import threading
 
 import pytest
 
-from tests.conftest import REPO_ROOT, TEST_DATA
+from conftest import REPO_ROOT, TEST_DATA
 
 sys.path.insert(0, str(REPO_ROOT / "triton"))
-import client  # noqa: E402
-import run_perf_client  # noqa: E402
-from errors import InputError  # noqa: E402
+import client
+import run_perf_client
+from bertrecipe.errors import InputError
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TRITON = REPO_ROOT / "triton"

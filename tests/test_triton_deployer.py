@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT, TEST_DATA
+from conftest import REPO_ROOT, TEST_DATA
 
 sys.path.insert(0, str(REPO_ROOT / "triton"))
-import deployer  # noqa: E402
-import squad  # noqa: E402
-from finetuning import load_tokenizer, save_finetuned  # noqa: E402
-from inference import load_qa_model  # noqa: E402
-from model import BertForQuestionAnswering  # noqa: E402
-from model_weights import load_weights_into, read_weights  # noqa: E402
+import deployer
+from bertrecipe import squad
+from bertrecipe.finetuning import load_tokenizer, save_finetuned
+from bertrecipe.inference import load_qa_model
+from bertrecipe.model import BertForQuestionAnswering
+from bertrecipe.model_weights import load_weights_into, read_weights
 
 SEQ = 128
 WINDOW = squad.WindowSettings(SEQ, 64, 32)
@@ -192,7 +192,7 @@ def test_importing_triton_from_the_repository_root_never_yields_this_folder(tmp_
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("MARK = 'installed triton'\n")
     env["PYTHONPATH"] = str(tmp_path / "site")
-    done = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, ''); import triton; print(triton.MARK)"],
+    done = subprocess.run([sys.executable, "-c", "import triton; print(triton.MARK)"],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "installed triton", done.stderr[-2000:]
 

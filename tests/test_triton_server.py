@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
-from tests.test_triton_deployer import SEQ, WINDOW, copy_squad_excerpt, deploy, make_qa_checkpoint
+from conftest import REPO_ROOT
+from test_triton_deployer import SEQ, WINDOW, copy_squad_excerpt, deploy, make_qa_checkpoint
 
 sys.path.insert(0, str(REPO_ROOT / "triton"))
-import client  # noqa: E402
-import run_perf_client  # noqa: E402
-import run_squad_client  # noqa: E402
-import squad_answers  # noqa: E402
-from finetuning import load_tokenizer  # noqa: E402
-from inference import answer_questions, load_qa_model  # noqa: E402
-from metric_logger import read_log  # noqa: E402
+import client
+import run_perf_client
+import run_squad_client
+from bertrecipe import squad_answers
+from bertrecipe.finetuning import load_tokenizer
+from bertrecipe.inference import answer_questions, load_qa_model
+from bertrecipe.metric_logger import read_log
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 SERVER = REPO_ROOT / "triton" / "server.py"

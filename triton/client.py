@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import squad  # noqa: E402
-import squad_answers  # noqa: E402
-from errors import ArgumentParser, InputError, read_text_file, run_cli  # noqa: E402
-from finetuning import load_tokenizer  # noqa: E402
-from inference import keep_document_logits  # noqa: E402
+from bertrecipe import squad
+from bertrecipe import squad_answers
+from bertrecipe.errors import ArgumentParser, InputError, read_text_file, run_cli
+from bertrecipe.finetuning import load_tokenizer
+from bertrecipe.inference import keep_document_logits
 
 INPUTS = ("input__0", "input__1", "input__2")
 OUTPUTS = ("output__0", "output__1")

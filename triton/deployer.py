@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,14 +26,11 @@ import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-
-import squad  # noqa: E402
-from errors import ArgumentParser, InputError, run_cli  # noqa: E402
-from finetuning import build_model, load_tokenizer, model_config  # noqa: E402
-from model import BertForQuestionAnswering, BertForSequenceClassification  # noqa: E402
-from runtime import INPUTS, runner_for  # noqa: E402
+from bertrecipe import squad
+from bertrecipe.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.finetuning import build_model, load_tokenizer, model_config
+from bertrecipe.model import BertForQuestionAnswering, BertForSequenceClassification
+from runtime import INPUTS, runner_for
 
 PLATFORMS = {"onnx": ("onnxruntime_onnx", "model.onnx"), "torchscript": ("pytorch_libtorch", "model.pt")}
 SAMPLE_QUESTIONS = ("Where do the gentry of the county visit?", "Who came to the house that morning?")

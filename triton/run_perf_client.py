@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,14 +19,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-
-import squad  # noqa: E402
-from client import TritonQA, add_server_arguments  # noqa: E402
-from deployer import sample_inputs  # noqa: E402
-from errors import ArgumentParser, InputError, run_cli  # noqa: E402
-from finetuning import load_tokenizer  # noqa: E402
+from bertrecipe import squad
+from client import TritonQA, add_server_arguments
+from deployer import sample_inputs
+from bertrecipe.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.finetuning import load_tokenizer
 
 FIELDS = ("batch_size", "concurrency", "requests", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms",
           "sequences_per_second")

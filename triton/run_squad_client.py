@@ -11,19 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-
-import run_squad  # noqa: E402
-import squad_answers  # noqa: E402
-from client import TritonQA, add_server_arguments  # noqa: E402
-from errors import ArgumentParser, InputError, check_output_dir, run_cli  # noqa: E402
-from finetuning import load_tokenizer  # noqa: E402
+from bertrecipe import run_squad
+from bertrecipe import squad_answers
+from client import TritonQA, add_server_arguments
+from bertrecipe.errors import ArgumentParser, InputError, check_output_dir, run_cli
+from bertrecipe.finetuning import load_tokenizer
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

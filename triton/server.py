@@ -25,11 +25,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-
-from errors import ArgumentParser, InputError, run_cli  # noqa: E402
-from runtime import INPUTS, runner_for  # noqa: E402
+from bertrecipe.errors import ArgumentParser, InputError, run_cli
+from runtime import INPUTS, runner_for
 
 
 def require_numpy_1() -> None:

@@ -145,17 +145,9 @@ def read_squad_examples(
                     example = SquadExample(
                         _question_id(qa), _question_text(qa), words, answers, impossible, context_id
                     )
-                    if is_training and not impossible:
-                        if not answers:
-                            raise InputError(
-                                f"{path}: {where} has no answer (pass --version_2_with_negative for SQuAD 2.0)"
-                            )
-                        first = answers[0]
-                        found = " ".join(words[first.start_word : first.end_word + 1])
-                        if " ".join(first.text.split()) not in found:
-                            logger.warning("%s: %s: answer %r not in the context, skipped", path, where, first.text)
-                            skipped += 1
-                            continue
+                    if is_training and not impossible and not _trainable(example, path, where):
+                        skipped += 1
+                        continue
                     examples.append(example)
                 context_id += 1
     except (KeyError, TypeError, AttributeError) as error:
@@ -166,6 +158,19 @@ def read_squad_examples(
     if skipped:
         logger.warning("%s: %d training question(s) skipped", path, skipped)
     return examples
+
+
+def _trainable(example: SquadExample, path: Path, where: str) -> bool:
+    """Whether the first answer's text is found in its words (else a warning: the reference skips the question);
+    InputError for an answerable question without answers."""
+    if not example.answers:
+        raise InputError(f"{path}: {where} has no answer (pass --version_2_with_negative for SQuAD 2.0)")
+    first = example.answers[0]
+    found = " ".join(example.doc_tokens[first.start_word : first.end_word + 1])
+    if " ".join(first.text.split()) not in found:
+        logger.warning("%s: %s: answer %r not in the context, skipped", path, where, first.text)
+        return False
+    return True
 
 
 class _BadEntry(Exception):
@@ -303,6 +308,19 @@ def _max_context_window(spans: list[tuple[int, int]], n_pieces: int) -> np.ndarr
     return scores.argmax(axis=0)
 
 
+@dataclass
+class _WindowPlan:
+    """One example before its windows are laid out: its query and document pieces, the word of every document
+    piece, the windows (start, length) over the document, and the gold piece span (training, answerable)."""
+
+    example_index: int
+    query: np.ndarray
+    pieces: np.ndarray
+    piece_word: np.ndarray
+    spans: list[tuple[int, int]]
+    gold: Optional[tuple[int, int]]
+
+
 def convert_examples_to_features(
     examples: Sequence[SquadExample],
     tokenizer: BertTokenizer,
@@ -310,21 +328,31 @@ def convert_examples_to_features(
     is_training: bool = False,
 ) -> SquadFeatures:
     """Windows of every example, in example order (the windows of one example are consecutive)."""
-    seq_len, max_query = settings.max_seq_length, settings.max_query_length
-    if settings.doc_stride < 1 or max_query < 0:
+    if settings.doc_stride < 1 or settings.max_query_length < 0:
         raise InputError(f"doc_stride ({settings.doc_stride}) must be >= 1 and max_query_length >= 0")
-    vocab = tokenizer.vocab
-    cls_id, sep_id = vocab.id("[CLS]"), vocab.id("[SEP]")
+    plans = _plan_windows(examples, tokenizer, settings, is_training)
+    out = _empty_features(sum(len(plan.spans) for plan in plans), settings.max_seq_length)
+    cls_id, sep_id = tokenizer.vocab.id("[CLS]"), tokenizer.vocab.id("[SEP]")
+    row = 0
+    for plan in plans:
+        row = _lay_out_windows(out, row, plan, cls_id, sep_id)
+    return out
+
+
+def _plan_windows(
+    examples: Sequence[SquadExample], tokenizer: BertTokenizer, settings: WindowSettings, is_training: bool
+) -> list[_WindowPlan]:
+    """The plan of every example; raises InputError when a query leaves no room for the document."""
+    seq_len = settings.max_seq_length
     documents = _DocumentPieces(examples, tokenizer)
     # Questions and training answers tokenized in bulk; "\n" is whitespace to BERT and the line separator here.
     q_ids, q_offsets = tokenizer.encode_lines([e.question_text.replace("\n", " ") for e in examples])
     if is_training:
         answer_texts = [e.answers[0].text.replace("\n", " ") if e.answers else "" for e in examples]
         a_ids, a_offsets = tokenizer.encode_lines(answer_texts)
-
-    plans = []  # (example index, query, doc pieces, piece -> word, windows, gold piece span or None)
+    plans = []
     for i, example in enumerate(examples):
-        query = q_ids[q_offsets[i] : q_offsets[i + 1]][:max_query]
+        query = q_ids[q_offsets[i] : q_offsets[i + 1]][: settings.max_query_length]
         pieces, piece_word, word_start = documents.of(example)
         window = seq_len - len(query) - 3
         if window < 1:
@@ -339,10 +367,13 @@ def convert_examples_to_features(
             start = int(word_start[answer.start_word])
             end = int(word_start[answer.end_word + 1]) - 1
             gold = _improve_answer_span(pieces, start, end, a_ids[a_offsets[i] : a_offsets[i + 1]])
-        plans.append((i, query, pieces, piece_word, spans, gold))
+        plans.append(_WindowPlan(i, query, pieces, piece_word, spans, gold))
+    return plans
 
-    n = sum(len(plan[4]) for plan in plans)
-    out = SquadFeatures(
+
+def _empty_features(n: int, seq_len: int) -> SquadFeatures:
+    """n all-padding windows: zeros, no word (-1), no max context."""
+    return SquadFeatures(
         input_ids=np.zeros((n, seq_len), np.int32),
         input_mask=np.zeros((n, seq_len), np.int8),
         segment_ids=np.zeros((n, seq_len), np.int8),
@@ -352,29 +383,33 @@ def convert_examples_to_features(
         token_to_orig=np.full((n, seq_len), -1, np.int32),
         token_is_max_context=np.zeros((n, seq_len), bool),
     )
-    row = 0
-    for i, query, pieces, piece_word, spans, gold in plans:
-        if not spans:  # a context without any word piece has no window
-            continue
-        best_window = _max_context_window(spans, len(pieces))
-        doc_offset = len(query) + 2  # [CLS] query [SEP]
-        for k, (start, length) in enumerate(spans):
-            end = doc_offset + length
-            out.input_ids[row, 0] = cls_id
-            out.input_ids[row, 1 : doc_offset - 1] = query
-            out.input_ids[row, doc_offset - 1] = sep_id
-            out.input_ids[row, doc_offset:end] = pieces[start : start + length]
-            out.input_ids[row, end] = sep_id
-            out.input_mask[row, : end + 1] = 1
-            out.segment_ids[row, doc_offset : end + 1] = 1
-            out.token_to_orig[row, doc_offset:end] = piece_word[start : start + length]
-            out.token_is_max_context[row, doc_offset:end] = best_window[start : start + length] == k
-            out.example_index[row] = i
-            if gold is not None and start <= gold[0] and gold[1] <= start + length - 1:
-                out.start_positions[row] = gold[0] - start + doc_offset
-                out.end_positions[row] = gold[1] - start + doc_offset
-            row += 1
-    return out
+
+
+def _lay_out_windows(out: SquadFeatures, row: int, plan: _WindowPlan, cls_id: int, sep_id: int) -> int:
+    """Writes the windows of `plan` as `[CLS] query [SEP] doc [SEP]` from row `row` on; returns the next row."""
+    if not plan.spans:  # a context without any word piece has no window
+        return row
+    best_window = _max_context_window(plan.spans, len(plan.pieces))
+    doc_offset = len(plan.query) + 2  # [CLS] query [SEP]
+    gold = plan.gold
+    for k, (start, length) in enumerate(plan.spans):
+        end = doc_offset + length
+        doc = slice(start, start + length)
+        out.input_ids[row, 0] = cls_id
+        out.input_ids[row, 1 : doc_offset - 1] = plan.query
+        out.input_ids[row, doc_offset - 1] = sep_id
+        out.input_ids[row, doc_offset:end] = plan.pieces[doc]
+        out.input_ids[row, end] = sep_id
+        out.input_mask[row, : end + 1] = 1
+        out.segment_ids[row, doc_offset : end + 1] = 1
+        out.token_to_orig[row, doc_offset:end] = plan.piece_word[doc]
+        out.token_is_max_context[row, doc_offset:end] = best_window[doc] == k
+        out.example_index[row] = plan.example_index
+        if gold is not None and start <= gold[0] and gold[1] <= start + length - 1:
+            out.start_positions[row] = gold[0] - start + doc_offset
+            out.end_positions[row] = gold[1] - start + doc_offset
+        row += 1
+    return row
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -9,13 +9,13 @@ from __future__ import annotations
 import functools
 import json
 import math
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from bertrecipe.data.basic_tokenizer import basic_tokenize
 from bertrecipe.data.tokenization import Vocab
 from bertrecipe.atomic_files import write_atomic
 from bertrecipe.squad import SquadExample, SquadFeatures
@@ -39,52 +39,6 @@ class SquadPredictions:
     answers: dict[str, str]
     nbest: dict[str, list[dict[str, Any]]]
     null_odds: dict[str, float]
-
-
-def basic_tokenize(text: str, do_lower_case: bool) -> list[str]:
-    """BERT's basic tokenizer: drop control characters, space out CJK ideographs, split on whitespace,
-    lower-case and strip accents when uncased, split off every punctuation character."""
-    chars = []
-    for char in text:
-        category = unicodedata.category(char)
-        if char in "\t\n\r" or category == "Zs":
-            chars.append(" ")
-        elif char == "\x00" or char == "\ufffd" or category in ("Cc", "Cf"):
-            continue
-        elif _is_cjk(ord(char)):
-            chars.append(f" {char} ")
-        else:
-            chars.append(char)
-    tokens: list[str] = []
-    for word in "".join(chars).split():
-        if do_lower_case:
-            word = "".join(c for c in unicodedata.normalize("NFD", word.lower()) if unicodedata.category(c) != "Mn")
-        current = ""
-        for char in word:
-            if _is_punctuation(char):
-                tokens += [current, char] if current else [char]
-                current = ""
-            else:
-                current += char
-        if current:
-            tokens.append(current)
-    return tokens
-
-
-_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
-               (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))  # the CJK ideograph blocks BERT spaces out
-
-
-def _is_cjk(cp: int) -> bool:
-    return any(low <= cp <= high for low, high in _CJK_RANGES)
-
-
-def _is_punctuation(char: str) -> bool:
-    cp = ord(char)
-    # All non-alphanumeric printable ASCII counts, as in BERT ("$", "^", "`" are not Unicode punctuation).
-    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
-        return True
-    return unicodedata.category(char).startswith("P")
 
 
 def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool) -> str:
@@ -138,6 +92,87 @@ def _top_indexes(logits: np.ndarray, n: int) -> np.ndarray:
     return np.argsort(-logits, kind="stable")[:n]
 
 
+class _Span(NamedTuple):
+    """A candidate answer: pieces start..end of window `row`, scored by start + end logit."""
+
+    score: float
+    row: int
+    start: int
+    end: int
+    start_logit: float
+    end_logit: float
+
+
+@dataclass(frozen=True)
+class _AnswerFinder:
+    """The model's logits with what turns them into answers; each step of the reference algorithm is a method."""
+
+    features: SquadFeatures
+    start_logits: np.ndarray  # float32 [N, L]
+    end_logits: np.ndarray
+    vocab: Vocab
+    settings: AnswerSettings
+
+    def null_span(self, rows: list[int]) -> Optional[_Span]:
+        """SQuAD 2.0's null answer: the window with the smallest [CLS] start + end (the first on ties)."""
+        if not self.settings.version_2_with_negative:
+            return None
+        null = None
+        for row in rows:
+            start, end = self.start_logits[row, 0].astype(np.float64), self.end_logits[row, 0].astype(np.float64)
+            if null is None or start + end < null.score:
+                null = _Span(start + end, row, 0, 0, start, end)
+        return null
+
+    def window_spans(self, row: int) -> list[_Span]:
+        """The valid spans among the n_best_size best starts x ends of one window, in the reference's order."""
+        features, n_best = self.features, self.settings.n_best_size
+        # Padded positions never take an n-best slot: with padding skipped their logits are only the head's
+        # bias, where a dense model has learnt low values (its SQuAD loss spans them).
+        padded = features.input_mask[row] == 0
+        starts = _top_indexes(np.where(padded, -np.inf, self.start_logits[row]), n_best)[:, None]
+        ends = _top_indexes(np.where(padded, -np.inf, self.end_logits[row]), n_best)[None, :]
+        in_doc = features.token_to_orig[row] >= 0
+        valid = (
+            in_doc[starts] & in_doc[ends] & features.token_is_max_context[row][starts]
+            & (ends >= starts) & (ends - starts + 1 <= self.settings.max_answer_length)
+        )
+        s_logits = self.start_logits[row].astype(np.float64)
+        e_logits = self.end_logits[row].astype(np.float64)
+        spans = []
+        for s, e in zip(*np.nonzero(valid)):
+            start, end = int(starts[s, 0]), int(ends[0, e])
+            spans.append(_Span(s_logits[start] + e_logits[end], row, start, end, s_logits[start], e_logits[end]))
+        return spans
+
+    def nbest(self, example: SquadExample, rows: list[int]) -> tuple[list[tuple[str, float, float]], Optional[_Span]]:
+        """The n best distinct answer texts with their start and end logits, best first, and the null span."""
+        null = self.null_span(rows)
+        candidates = [span for row in rows for span in self.window_spans(row)]
+        if null is not None:
+            candidates.append(null)
+        candidates.sort(key=lambda span: span.score, reverse=True)  # stable, like the reference's sorted()
+        nbest: list[tuple[str, float, float]] = []
+        seen: set[str] = set()
+        for span in candidates:
+            if len(nbest) >= self.settings.n_best_size:
+                break
+            text = self.text(example, span) if span.start > 0 else ""
+            if text not in seen:
+                seen.add(text)
+                nbest.append((text, float(span.start_logit), float(span.end_logit)))
+        if null is not None and "" not in seen:
+            nbest.append(("", float(null.start_logit), float(null.end_logit)))
+        if not any(text for text, _, _ in nbest) and rows:
+            # No valid span in any window: a placeholder keeps the n-best non-empty, as later reference code does.
+            nbest.insert(0, ("empty", 0.0, 0.0))
+        return nbest, null
+
+    def text(self, example: SquadExample, span: _Span) -> str:
+        return span_text(example, self.features, span.row, span.start, span.end, self.vocab,
+                         self.settings.do_lower_case)
+
+
 def extract_answers(
     examples: Sequence[SquadExample],
     features: SquadFeatures,
@@ -153,74 +188,39 @@ def extract_answers(
     windows of the question. SQuAD 2.0 adds the null answer scored by the smallest [CLS] start + end over the
     windows and answers "" when null score - best non-null score > null_score_diff_threshold.
     """
-    start_logits = np.asarray(start_logits, np.float32)
-    end_logits = np.asarray(end_logits, np.float32)
+    finder = _AnswerFinder(
+        features, np.asarray(start_logits, np.float32), np.asarray(end_logits, np.float32), vocab, settings
+    )
     order = np.argsort(features.example_index, kind="stable")
     bounds = np.searchsorted(features.example_index[order], np.arange(len(examples) + 1))
     result = SquadPredictions({}, {}, {})
-    v2 = settings.version_2_with_negative
     for i, example in enumerate(examples):
-        rows = order[bounds[i] : bounds[i + 1]]
-        candidates = []  # (score, row, start, end, start logit, end logit), in the reference's insertion order
-        null = None
-        for row in rows.tolist():
-            s_logits = start_logits[row].astype(np.float64)
-            e_logits = end_logits[row].astype(np.float64)
-            if v2:
-                null_score = s_logits[0] + e_logits[0]
-                if null is None or null_score < null[0]:
-                    null = (null_score, row, 0, 0, s_logits[0], e_logits[0])
-            # Padded positions never take an n-best slot: with padding skipped their logits are only the head's
-            # bias, where a dense model has learnt low values (its SQuAD loss spans them).
-            padded = features.input_mask[row] == 0
-            starts = _top_indexes(np.where(padded, -np.inf, start_logits[row]), settings.n_best_size)[:, None]
-            ends = _top_indexes(np.where(padded, -np.inf, end_logits[row]), settings.n_best_size)[None, :]
-            in_doc = features.token_to_orig[row] >= 0
-            valid = (
-                in_doc[starts] & in_doc[ends] & features.token_is_max_context[row][starts]
-                & (ends >= starts) & (ends - starts + 1 <= settings.max_answer_length)
-            )
-            for s, e in zip(*np.nonzero(valid)):
-                start, end = int(starts[s, 0]), int(ends[0, e])
-                candidates.append((s_logits[start] + e_logits[end], row, start, end, s_logits[start], e_logits[end]))
-        if null is not None:
-            candidates.append(null)
-        candidates.sort(key=lambda c: c[0], reverse=True)  # stable, like the reference's sorted()
-
-        nbest: list[tuple[str, float, float]] = []
-        seen: set[str] = set()
-        for _score, row, start, end, s_logit, e_logit in candidates:
-            if len(nbest) >= settings.n_best_size:
-                break
-            text = span_text(example, features, row, start, end, vocab, settings.do_lower_case) if start > 0 else ""
-            if text in seen:
-                continue
-            seen.add(text)
-            nbest.append((text, float(s_logit), float(e_logit)))
-        if v2 and null is not None and "" not in seen:
-            nbest.append(("", float(null[4]), float(null[5])))
-        if not any(text for text, _, _ in nbest) and rows.size:
-            # No valid span in any window: a placeholder keeps the n-best non-empty, as later reference code does.
-            nbest.insert(0, ("empty", 0.0, 0.0))
-
+        nbest, null = finder.nbest(example, order[bounds[i] : bounds[i + 1]].tolist())
         probabilities = _softmax([s + e for _, s, e in nbest])
         entries = [
             {"text": text, "probability": p, "start_logit": s, "end_logit": e}
             for (text, s, e), p in zip(nbest, probabilities)
         ]
         result.nbest[example.qas_id] = entries
-        best = next((entry for entry in entries if entry["text"]), None)
-        if best is None:  # an example without any window (empty context)
-            result.answers[example.qas_id] = ""
-            if v2:
-                result.null_odds[example.qas_id] = 0.0
-        elif v2:
-            diff = float(null[0]) - best["start_logit"] - best["end_logit"]
-            result.null_odds[example.qas_id] = diff
-            result.answers[example.qas_id] = "" if diff > settings.null_score_diff_threshold else best["text"]
-        else:
-            result.answers[example.qas_id] = entries[0]["text"]
+        answer, null_odds = _choose_answer(entries, null, settings)
+        result.answers[example.qas_id] = answer
+        if null_odds is not None:
+            result.null_odds[example.qas_id] = null_odds
     return result
+
+
+def _choose_answer(
+    entries: list[dict[str, Any]], null: Optional[_Span], settings: AnswerSettings
+) -> tuple[str, Optional[float]]:
+    """The answer of one question and, for SQuAD 2.0, its null score minus the best non-null score."""
+    v2 = settings.version_2_with_negative
+    best = next((entry for entry in entries if entry["text"]), None)
+    if best is None:  # an example without any window (empty context)
+        return "", (0.0 if v2 else None)
+    if not v2:
+        return entries[0]["text"], None
+    diff = float(null.score) - best["start_logit"] - best["end_logit"]
+    return ("" if diff > settings.null_score_diff_threshold else best["text"]), diff
 
 
 def span_text(

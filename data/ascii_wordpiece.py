@@ -15,12 +15,17 @@ from itertools import repeat
 import numpy as np
 from tokenizers import models
 
+from .basic_tokenizer import is_control, is_punctuation
+
 _LETTER, _PUNCT, _CONTROL = 1, 2, 3
-_CLASS = np.zeros(256, np.uint8)  # 0: whitespace (tab, newline, carriage return, space)
-# Google removes NUL and the Cc controls except tab, newline and carriage return (\x0b and \x0c included).
-_CLASS[[*range(0, 9), 11, 12, *range(14, 32), 127]] = _CONTROL
-_CLASS[np.frombuffer(b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", np.uint8)] = _LETTER
-_CLASS[[c for c in range(33, 127) if not chr(c).isalnum()]] = _PUNCT  # Google's ASCII punctuation ranges
+# Byte classes from the basic tokenizer's own rules; the ASCII characters left, tab, newline, carriage return
+# and space, are its whitespace: class 0.
+# Controls are NUL and the Cc characters other than tab, newline and carriage return (\x0b and \x0c included).
+_ASCII = [chr(c) for c in range(128)]
+_CLASS = np.zeros(256, np.uint8)
+_CLASS[[ord(c) for c in _ASCII if is_control(c)]] = _CONTROL
+_CLASS[[ord(c) for c in _ASCII if c.isalnum()]] = _LETTER
+_CLASS[[ord(c) for c in _ASCII if is_punctuation(c)]] = _PUNCT
 # The same as tables for bytes.translate, which maps and deletes bytes several times faster than a numpy lookup.
 _CLASS_TABLE = _CLASS.tobytes()
 _CONTROL_BYTES = bytes(np.flatnonzero(_CLASS == _CONTROL).tolist())
@@ -87,54 +92,18 @@ class AsciiWordPiece:
         """For every word its row of the piece table: (rows [W], first piece of every row, flat piece ids)."""
         lengths = ends - starts
         short = np.flatnonzero(lengths <= KEY_BYTES)
-        padded = np.zeros(len(raw) + KEY_BYTES, np.uint8)
-        padded[:len(raw)] = raw
-        # A little-endian uint64 starting at every byte (an unaligned view): 1-D gathers, no [S, 16] copy.
-        at = np.ndarray((len(raw) + KEY_BYTES - 7,), np.dtype("<u8"), padded, 0, (1,))
-        first_byte = starts[short]
         size = lengths[short]
-        # The 16 bytes from the word's start with the bytes after the word zeroed (no NUL in a word): exact.
-        # The second word is 0 for words of up to 8 bytes, most of them.
-        key0 = at[first_byte] & _LOW_BYTES[np.minimum(size, 8)]
-        key1 = np.zeros(len(short), np.uint64)
-        long = np.flatnonzero(size > 8)
-        key1[long] = at[first_byte[long] + 8] & _LOW_BYTES[size[long] - 8]
-        # Words of up to 3 bytes (many of the most frequent: "the", ",", "of") pack exactly into 21 bits and are
-        # made distinct with a direct table.
+        key0, key1 = _word_keys(raw, starts[short], size)
+        # Words of up to 3 bytes (many of the most frequent: "the", ",", "of") by a direct table, the others by
+        # a hash table.
         tiny = np.flatnonzero(size <= TINY_BYTES)
-        packed = key0[tiny]
-        code = (packed & 0x7F) | ((packed >> 1) & 0x3F80) | ((packed >> 2) & 0x1FC000)
-        present = np.zeros(1 << 21, bool)
-        present[code] = True
-        tiny_codes = np.flatnonzero(present)
-        lookup = np.empty(1 << 21, np.int32)
-        lookup[tiny_codes] = np.arange(len(tiny_codes))
-        tiny_rows = lookup[code]
-        tiny_first = np.empty(len(tiny_codes), np.int64)
-        tiny_first[tiny_rows] = tiny
-        # The others by a hash table: a slot keeps one word (the last written), the words equal to it take its
-        # row; the few that share a slot with a different word are made distinct by a sort.
+        tiny_rows, tiny_first = _tiny_rows(key0[tiny], tiny)
         other = np.flatnonzero(size > TINY_BYTES)
-        k0, k1 = key0[other], key1[other]
-        slot = ((k0 * _MIX + k1) * _MIX) >> np.uint64(64 - HASH_BITS)
-        owner = np.empty(1 << HASH_BITS, np.int32)
-        owner[slot] = np.arange(len(other))
-        kept = owner[slot]
-        settled = (k0[kept] == k0) & (k1[kept] == k1)
-        firsts = np.flatnonzero(kept == np.arange(len(other)))  # the words kept in a slot
-        row_of_slot = np.empty(1 << HASH_BITS, np.int32)
-        row_of_slot[slot[firsts]] = np.arange(len(firsts))
-        other_rows = row_of_slot[slot]
-        unsettled = np.flatnonzero(~settled)
-        if unsettled.size:  # their words differ from every kept word (equal words share a slot)
-            pairs = np.stack((k0[unsettled], k1[unsettled]), axis=1)
-            distinct, where, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
-            other_rows[unsettled] = len(firsts) + inverse.reshape(-1)
-            firsts = np.concatenate((firsts, unsettled[where]))
+        other_rows, other_first = _hashed_rows(key0[other], key1[other])
         rows = np.empty(len(starts), np.int64)
         rows[short[tiny]] = tiny_rows
-        rows[short[other]] = len(tiny_codes) + other_rows
-        chosen = short[np.concatenate((tiny_first, other[firsts]))]
+        rows[short[other]] = len(tiny_first) + other_rows
+        chosen = short[np.concatenate((tiny_first, other[other_first]))]
         words = _slice_words(raw, starts[chosen], ends[chosen])
         # Longer words (rare) by a dict; they never equal a shorter one.
         rest = np.flatnonzero(lengths > KEY_BYTES)
@@ -180,6 +149,58 @@ class AsciiWordPiece:
         if missing is words:
             return np.arange(first_row, first_row + len(words)), *self._table
         return np.fromiter(map(row.__getitem__, words), np.int64, count=len(words)), *self._table
+
+
+def _word_keys(raw: np.ndarray, first_byte: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The key of every word of up to KEY_BYTES bytes: its bytes, zero-padded to 16, as two uint64."""
+    padded = np.zeros(len(raw) + KEY_BYTES, np.uint8)
+    padded[:len(raw)] = raw
+    # A little-endian uint64 starting at every byte (an unaligned view): 1-D gathers, no [S, 16] copy.
+    at = np.ndarray((len(raw) + KEY_BYTES - 7,), np.dtype("<u8"), padded, 0, (1,))
+    # The 16 bytes from the word's start with the bytes after the word zeroed (no NUL in a word): exact.
+    # The second word is 0 for words of up to 8 bytes, most of them.
+    key0 = at[first_byte] & _LOW_BYTES[np.minimum(size, 8)]
+    key1 = np.zeros(len(first_byte), np.uint64)
+    long = np.flatnonzero(size > 8)
+    key1[long] = at[first_byte[long] + 8] & _LOW_BYTES[size[long] - 8]
+    return key0, key1
+
+
+def _tiny_rows(packed: np.ndarray, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of words of up to TINY_BYTES bytes (keys `packed`, numbers `words`), packed exactly into 21
+    bits and looked up in a direct table: (row of every word, number of a word of every row)."""
+    code = (packed & 0x7F) | ((packed >> 1) & 0x3F80) | ((packed >> 2) & 0x1FC000)
+    present = np.zeros(1 << 21, bool)
+    present[code] = True
+    codes = np.flatnonzero(present)
+    lookup = np.empty(1 << 21, np.int32)
+    lookup[codes] = np.arange(len(codes))
+    rows = lookup[code]
+    first = np.empty(len(codes), np.int64)
+    first[rows] = words
+    return rows, first
+
+
+def _hashed_rows(k0: np.ndarray, k1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of the words keyed (k0, k1) by a hash table: (row of every word, index of a word of every
+    row). A slot keeps one word (the last written), the words equal to it take its row; the few that share a
+    slot with a different word are made distinct by a sort."""
+    slot = ((k0 * _MIX + k1) * _MIX) >> np.uint64(64 - HASH_BITS)
+    owner = np.empty(1 << HASH_BITS, np.int32)
+    owner[slot] = np.arange(len(k0))
+    kept = owner[slot]
+    settled = (k0[kept] == k0) & (k1[kept] == k1)
+    firsts = np.flatnonzero(kept == np.arange(len(k0)))  # the words kept in a slot
+    row_of_slot = np.empty(1 << HASH_BITS, np.int32)
+    row_of_slot[slot[firsts]] = np.arange(len(firsts))
+    rows = row_of_slot[slot]
+    unsettled = np.flatnonzero(~settled)
+    if unsettled.size:  # their words differ from every kept word (equal words share a slot)
+        pairs = np.stack((k0[unsettled], k1[unsettled]), axis=1)
+        distinct, where, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
+        rows[unsettled] = len(firsts) + inverse.reshape(-1)
+        firsts = np.concatenate((firsts, unsettled[where]))
+    return rows, firsts
 
 
 def _slice_words(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[str]:

@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
+from .basic_tokenizer import clean_text
 from .ascii_wordpiece import AsciiWordPiece, non_ascii_lines, spread
 from .errors import DataError
 
@@ -76,22 +77,6 @@ def load_vocab(path: str | Path) -> Vocab:
     if missing:
         raise DataError(path, f"vocab lacks the special token(s) {' '.join(missing)}")
     return Vocab(path=path, tokens=tokens, ids=ids, sha256=hashlib.sha256(raw).hexdigest())
-
-
-def _google_clean(text: str) -> str:
-    """Google's _clean_text: drop NUL, U+FFFD and Cc/Cf controls; every whitespace becomes a space."""
-    import unicodedata
-
-    out = []
-    for char in text:
-        if char in "\t\n\r":
-            out.append(" ")
-            continue
-        category = unicodedata.category(char)
-        if char == "\x00" or char == "\ufffd" or category in ("Cc", "Cf"):
-            continue
-        out.append(" " if category == "Zs" else char)
-    return "".join(out)
 
 
 class BertTokenizer:
@@ -180,7 +165,7 @@ class BertTokenizer:
             line = _PRIVATE_USE.sub(self._stand_in, line)
         if self.do_lower_case and "\u03a3" in line:
             # Python's lower() knows the final sigma; clean first so removed controls do not change the context.
-            line = _google_clean(line).lower()
+            line = clean_text(line).lower()
         return line
 
 

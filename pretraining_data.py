@@ -58,6 +58,23 @@ def find_shards(directory: str | Path, name_must_contain: str = "") -> list[Path
 def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_length: Optional[int] = None,
                   max_predictions: Optional[int] = None, type_vocab_size: int = 2) -> ShardInfo:
     """Checks keys, dtypes and shapes (and the writer's attributes when present) without reading the data."""
+    shapes, attrs, chunks = _read_layout(path)
+    n, seq, preds = _check_shapes(path, shapes)
+    if seq > max_positions:
+        raise InputError(f"{path}: sequences of {seq} tokens exceed the model's max_position_embeddings "
+                         f"{max_positions}; use a config with more positions or shorter shards")
+    if max_seq_length is not None and seq != max_seq_length:
+        raise InputError(f"{path}: sequences have {seq} tokens but --max_seq_length is {max_seq_length}; pass "
+                         f"--max_seq_length {seq} or the shards of that length")
+    if max_predictions is not None and preds != max_predictions:
+        raise InputError(f"{path}: {preds} masked positions per sequence but --max_predictions_per_seq is "
+                         f"{max_predictions}; pass --max_predictions_per_seq {preds} or matching shards")
+    _check_vocab_size(path, attrs, vocab_size)
+    return ShardInfo(path, n, seq, preds, type_vocab_size, block_rows_for(n, chunks))
+
+
+def _read_layout(path: Path) -> tuple[dict[str, tuple], dict, list[tuple[int, int]]]:
+    """Each key's shape, the file's attributes and the chunking (rows, bytes a row) of the chunked keys."""
     try:
         with h5py.File(path, "r") as f:
             missing = [k for k in SHARD_KEYS if k not in f]
@@ -67,18 +84,21 @@ def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_lengt
             not_arrays = [k for k in SHARD_KEYS if not isinstance(f[k], h5py.Dataset) or f[k].shape is None]
             if not_arrays:  # a group, or a dataset with no dataspace (h5py.Empty): no shape to check
                 raise InputError(f"{path}: not an array: {', '.join(not_arrays)}; rewrite the shard")
-            shapes = {k: f[k].shape for k in SHARD_KEYS}
             for key in SHARD_KEYS:
                 if f[key].dtype.kind not in "iu":
                     raise InputError(f"{path}: {key} has dtype {f[key].dtype}, expected integers; rewrite the shard")
-            attrs = dict(f.attrs)
-            chunks = {k: (f[k].chunks[0], f[k].dtype.itemsize * int(np.prod(f[k].shape[1:])))
-                      for k in SHARD_KEYS if f[k].chunks}
+            chunks = [(f[k].chunks[0], f[k].dtype.itemsize * int(np.prod(f[k].shape[1:])))
+                      for k in SHARD_KEYS if f[k].chunks]
+            return {k: f[k].shape for k in SHARD_KEYS}, dict(f.attrs), chunks
     except InputError:
         raise
     except (OSError, KeyError, RuntimeError, ValueError) as error:  # h5py's errors for damaged metadata
         raise InputError(f"{path}: not a readable HDF5 file ({error}); rewrite it or move it out of the folder"
                          ) from None
+
+
+def _check_shapes(path: Path, shapes: dict[str, tuple]) -> tuple[int, int, int]:
+    """Samples, sequence length and masked positions a sample, once the keys' shapes agree."""
     if len(shapes["input_ids"]) != 2:
         raise InputError(f"{path}: input_ids has shape {shapes['input_ids']}, expected [N, max_seq_length]; "
                          "rewrite the shard")
@@ -93,15 +113,10 @@ def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_lengt
     if shapes["next_sentence_labels"] not in ((n,), (n, 1)):
         raise InputError(f"{path}: next_sentence_labels has shape {shapes['next_sentence_labels']}, expected ({n},); "
                          "rewrite the shard")
-    if seq > max_positions:
-        raise InputError(f"{path}: sequences of {seq} tokens exceed the model's max_position_embeddings "
-                         f"{max_positions}; use a config with more positions or shorter shards")
-    if max_seq_length is not None and seq != max_seq_length:
-        raise InputError(f"{path}: sequences have {seq} tokens but --max_seq_length is {max_seq_length}; pass "
-                         f"--max_seq_length {seq} or the shards of that length")
-    if max_predictions is not None and preds[1] != max_predictions:
-        raise InputError(f"{path}: {preds[1]} masked positions per sequence but --max_predictions_per_seq is "
-                         f"{max_predictions}; pass --max_predictions_per_seq {preds[1]} or matching shards")
+    return int(n), int(seq), int(preds[1])
+
+
+def _check_vocab_size(path: Path, attrs: dict, vocab_size: int) -> None:
     try:
         written_vocab = int(attrs.get("vocab_size", 0))
     except (TypeError, ValueError, OverflowError):  # a string, an array, NaN, h5py.Empty
@@ -110,8 +125,6 @@ def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_lengt
     if written_vocab > vocab_size:
         raise InputError(f"{path}: written for a vocab of {written_vocab} tokens, the model has {vocab_size}; use the "
                          "config (vocab_size) the shards were made for")
-    return ShardInfo(path, int(n), int(seq), int(preds[1]), type_vocab_size,
-                     block_rows_for(int(n), list(chunks.values())))
 
 
 def block_rows_for(rows: int, chunks: list[tuple[int, int]]) -> int:

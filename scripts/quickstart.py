@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 import torch
 
+from bertrecipe.atomic_files import write_atomic
 from bertrecipe.data import layout
 from bertrecipe.data.tokenization import BertTokenizer, load_vocab
 from bertrecipe.data.vocab_training import vocab_path
@@ -123,7 +124,7 @@ def fill_mask_demo(checkpoint: Path, config: BertConfig, vocab: Path, count: int
     return results
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", type=Path, default=REPO / "quickstart_output")
     parser.add_argument("--steps", type=int, default=int(os.environ.get("QUICKSTART_STEPS", 400)),
@@ -131,20 +132,44 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.steps < 2:
         raise InputError(f"--steps/QUICKSTART_STEPS must be at least 2, got {args.steps}")
-    started = time.time()
-    out = args.output_dir
-    out.mkdir(parents=True, exist_ok=True)
-    phase1_steps, phase2_steps = args.steps, max(args.steps // 10, 2)
+    return args
 
-    print("== 1/5 default corpus: text, vocab, phase-1 and phase-2 shards", flush=True)
+
+def build_corpus(out: Path) -> tuple[Path, BertConfig, Path]:
+    """The default corpus's text, vocab and shards; the small model's config sized to that vocab."""
     run([sys.executable, str(REPO / "data" / "build_default_corpus.py"), "--vocab_size", str(VOCAB_SIZE),
          "--dupe_factor", str(DUPE_FACTOR)])
     vocab = vocab_path(layout.working_dir(), CORPUS, True, VOCAB_SIZE)
     config_path = out / "bert_config.json"
     config = BertConfig.from_dict({**SMALL_BERT, "vocab_size": len(load_vocab(vocab))})
     config.to_json_file(config_path)
-    bf16 = cpu_has_bf16()
+    return vocab, config, config_path
 
+
+def print_summary(summary: dict, out: Path) -> None:
+    print("\nQuick start finished in {seconds} s".format(**summary))
+    for phase in ("phase1", "phase2"):
+        figures = summary[phase]
+        print(f"  {phase}: final loss {figures['final_loss']:.3f}, held-out masked-LM loss "
+              f"{figures['eval_loss']:.3f}, accuracy {figures['eval_mlm_accuracy']:.1%}")
+    print(f"  model:       {summary['checkpoint']}  (convert: python scripts/convert_checkpoint.py "
+          f"{summary['checkpoint']} hf_dir/)")
+    print(f"  curves:      {summary['loss_curve']}")
+    print(f"  logs:        {out / 'dllogger_phase1.json'}, {out / 'dllogger_phase2.json'}")
+    print(f"  shards:      {shard_dir(128, 20, 'training').parent.parent}")
+    print(f"  summary:     {out / 'summary.json'}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    started = time.time()
+    out = args.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    phase1_steps, phase2_steps = args.steps, max(args.steps // 10, 2)
+
+    print("== 1/5 default corpus: text, vocab, phase-1 and phase-2 shards", flush=True)
+    vocab, config, config_path = build_corpus(out)
+    bf16 = cpu_has_bf16()
     print("== 2/5 pre-training phase 1 (seq 128)", flush=True)
     phase1 = pretrain_phase(1, phase1_steps, 64, 1e-2, out, config_path, bf16, phase1_steps)
     print("== 3/5 pre-training phase 2 (seq 512)", flush=True)
@@ -161,30 +186,13 @@ def main(argv: list[str] | None = None) -> None:
     for item in demo:
         print(f"  {item['text']}\n    answer: {item['answer']:<15} model's top 5: {', '.join(item['top5'])}")
 
-    summary = {
-        "phase1": {k: phase1.get(k) for k in ("final_loss", "eval_loss", "eval_mlm_accuracy",
-                                              "training_sequences_per_second")},
-        "phase2": {k: phase2.get(k) for k in ("final_loss", "eval_loss", "eval_mlm_accuracy",
-                                              "training_sequences_per_second")},
-        "fill_mask": demo,
-        "checkpoint": str(final_checkpoint),
-        "loss_curve": str(curves),
-        "vocab": str(vocab),
-        "config": str(config_path),
-        "seconds": round(time.time() - started, 1),
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    print("\nQuick start finished in {seconds} s".format(**summary))
-    for phase in ("phase1", "phase2"):
-        figures = summary[phase]
-        print(f"  {phase}: final loss {figures['final_loss']:.3f}, held-out masked-LM loss "
-              f"{figures['eval_loss']:.3f}, accuracy {figures['eval_mlm_accuracy']:.1%}")
-    print(f"  model:       {final_checkpoint}  (convert: python scripts/convert_checkpoint.py "
-          f"{final_checkpoint} hf_dir/)")
-    print(f"  curves:      {curves}")
-    print(f"  logs:        {out / 'dllogger_phase1.json'}, {out / 'dllogger_phase2.json'}")
-    print(f"  shards:      {shard_dir(128, 20, 'training').parent.parent}")
-    print(f"  summary:     {out / 'summary.json'}")
+    figures = ("final_loss", "eval_loss", "eval_mlm_accuracy", "training_sequences_per_second")
+    summary = {"phase1": {k: phase1.get(k) for k in figures}, "phase2": {k: phase2.get(k) for k in figures},
+               "fill_mask": demo, "checkpoint": str(final_checkpoint), "loss_curve": str(curves),
+               "vocab": str(vocab), "config": str(config_path), "seconds": round(time.time() - started, 1)}
+    text = json.dumps(summary, indent=2) + "\n"
+    write_atomic(out / "summary.json", lambda f: f.write(text.encode("utf-8")))
+    print_summary(summary, out)
 
 
 if __name__ == "__main__":

@@ -302,16 +302,10 @@ def train_loop(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
     if n == 0:
         raise InputError("no training features")
     stepper = Stepper(model, optimizer, scheduler, precision, compute_loss)
-    bar = tqdm(total=total_steps, disable=not (settings.progress_bar and ctx.is_main), desc="fine-tuning",
-               unit="step", dynamic_ncols=True)
-    start = time.perf_counter()
-    steps, epoch, sequences = 0, 0, 0
-    # Per-step throughput: sequences of all processes since the previous record, over the wall time since then,
-    # read once the record's loss all-reduce has synchronised.
-    record_clock, sequences_at_record = start, 0
-    final_loss = float("nan")
+    progress = _Progress(total_steps, settings, ctx, log, optimizer, stepper)
     model.train()
-    while steps < total_steps:
+    epoch = 0
+    while progress.steps < total_steps:
         batches = epoch_micro_batches(n, settings.micro_batch_size, settings.seed, epoch, ctx)
         loader = DataLoader(_Rows(arrays, batches, settings.trim_padding), batch_size=None,
                             num_workers=settings.num_workers,
@@ -319,27 +313,55 @@ def train_loop(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
         iterator = iter(loader)
         for _ in range(math.ceil(len(batches) / settings.accumulation)):
             micro = [batches_to_device(b, ctx.device) for b in take(iterator, settings.accumulation)]
-            outcome = stepper.step(micro)
-            steps += 1
-            sequences += sum(len(next(iter(b.values()))) for b in micro) * ctx.world_size
-            bar.update(1)
-            if steps % settings.log_freq == 0 or steps == total_steps:
-                final_loss = float(all_reduce_sum(torch.tensor([outcome.loss], dtype=torch.float64,
-                                                                device=ctx.device), ctx)) / ctx.world_size
-                now = time.perf_counter()
-                log.log([epoch, steps], {"step_loss": final_loss, "learning_rate": optimizer.param_groups[0]["lr"],
-                                         "skipped_steps": stepper.skipped_steps,
-                                         "training_sequences_per_second": (sequences - sequences_at_record)
-                                         / max(now - record_clock, 1e-9)})
-                record_clock, sequences_at_record = now, sequences
-                bar.set_postfix(loss=f"{final_loss:.4f}")
-            if steps == total_steps:
+            progress.count(epoch, micro, stepper.step(micro).loss)
+            if progress.steps == total_steps:
                 break
         epoch += 1
-    bar.close()
-    elapsed = time.perf_counter() - start
-    return {"e2e_train_time": elapsed, "training_sequences_per_second": sequences / elapsed,
-            "final_loss": final_loss}
+    return progress.finish()
+
+
+class _Progress:
+    """train_loop's counts, progress bar and log records: the loss (averaged over processes), learning rate,
+    skipped steps and throughput every log_freq optimizer steps and at the last one."""
+
+    def __init__(self, total_steps: int, settings: LoopSettings, ctx: DistributedContext, log: MetricLogger,
+                 optimizer: torch.optim.Optimizer, stepper: Stepper) -> None:
+        self.total_steps, self.log_freq, self.ctx, self.log = total_steps, settings.log_freq, ctx, log
+        self.optimizer, self.stepper = optimizer, stepper
+        self.bar = tqdm(total=total_steps, disable=not (settings.progress_bar and ctx.is_main), desc="fine-tuning",
+                        unit="step", dynamic_ncols=True)
+        self.start = time.perf_counter()
+        self.steps, self.sequences = 0, 0
+        # Per-step throughput: sequences of all processes since the previous record, over the wall time since
+        # then, read once the record's loss all-reduce has synchronised.
+        self.record_clock, self.sequences_at_record = self.start, 0
+        self.final_loss = float("nan")
+
+    def count(self, epoch: int, micro: Sequence[Batch], loss: float) -> None:
+        """One optimizer step over the micro-batches `micro`, whose loss (this process's) was `loss`."""
+        self.steps += 1
+        self.sequences += sum(len(next(iter(b.values()))) for b in micro) * self.ctx.world_size
+        self.bar.update(1)
+        if self.steps % self.log_freq == 0 or self.steps == self.total_steps:
+            self.record(epoch, loss)
+
+    def record(self, epoch: int, loss: float) -> None:
+        self.final_loss = float(all_reduce_sum(torch.tensor([loss], dtype=torch.float64, device=self.ctx.device),
+                                               self.ctx)) / self.ctx.world_size
+        now = time.perf_counter()
+        self.log.log([epoch, self.steps], {
+            "step_loss": self.final_loss, "learning_rate": self.optimizer.param_groups[0]["lr"],
+            "skipped_steps": self.stepper.skipped_steps,
+            "training_sequences_per_second": (self.sequences - self.sequences_at_record)
+            / max(now - self.record_clock, 1e-9)})
+        self.record_clock, self.sequences_at_record = now, self.sequences
+        self.bar.set_postfix(loss=f"{self.final_loss:.4f}")
+
+    def finish(self) -> dict[str, float]:
+        self.bar.close()
+        elapsed = time.perf_counter() - self.start
+        return {"e2e_train_time": elapsed, "training_sequences_per_second": self.sequences / elapsed,
+                "final_loss": self.final_loss}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -137,23 +137,26 @@ def read_examples(task: GlueTask, data_dir: str | Path, split: str) -> list[Glue
     for i, row in enumerate(rows):
         if len(row) < needed:
             raise InputError(f"{path}: line {i + line_offset} has {len(row)} columns, task {task.name} needs {needed}")
-        label: Optional[str | float] = None
-        if not is_test:
-            label = row[task.label]
-            if task.is_regression:
-                try:
-                    label = float(label)
-                    if not np.isfinite(label):  # nan would read as "no label" (test files), inf as an inf loss
-                        raise ValueError
-                except ValueError:
-                    raise InputError(f"{path}: line {i + line_offset}: score {label!r} is not a number") from None
-            elif label not in task.labels:
-                raise InputError(
-                    f"{path}: line {i + line_offset}: label {label!r} is not one of {', '.join(task.labels)}"
-                )
+        label = None if is_test else _checked_label(task, row[task.label], path, i + line_offset)
         text_b = row[b_col] if b_col is not None else None
         examples.append(GlueExample(f"{split}-{i}", row[a_col], text_b, label))
     return examples
+
+
+def _checked_label(task: GlueTask, value: str, path: Path, line: int) -> str | float:
+    """The label of a train or dev row: one of the task's label strings, or a finite score for STS-B. Raises
+    InputError naming file and line otherwise."""
+    if task.is_regression:
+        try:
+            score = float(value)
+        except ValueError:
+            raise InputError(f"{path}: line {line}: score {value!r} is not a number") from None
+        if not np.isfinite(score):  # nan would read as "no label" (test files), inf as an inf loss
+            raise InputError(f"{path}: line {line}: score {score!r} is not a number")
+        return score
+    if value not in task.labels:
+        raise InputError(f"{path}: line {line}: label {value!r} is not one of {', '.join(task.labels)}")
+    return value
 
 
 @dataclass
@@ -201,8 +204,7 @@ def convert_examples_to_features(
         raise InputError(f"max_seq_length {max_seq_length} is too short for {task.name}: it needs at least "
                          f"{min_seq_length(task)} ([CLS], [SEP] and one token of each sentence)")
     n = len(examples)
-    vocab = tokenizer.vocab
-    cls_id, sep_id = vocab.id("[CLS]"), vocab.id("[SEP]")
+    cls_id, sep_id = tokenizer.vocab.id("[CLS]"), tokenizer.vocab.id("[SEP]")
     # "\n" separates lines for the tokenizer and is only whitespace to BERT.
     a_ids, a_off = tokenizer.encode_lines([e.text_a.replace("\n", " ") for e in examples])
     b_ids, b_off = tokenizer.encode_lines([(e.text_b or "").replace("\n", " ") for e in examples])
@@ -211,27 +213,37 @@ def convert_examples_to_features(
     segment_ids = np.zeros((n, max_seq_length), np.int8)
     for i, example in enumerate(examples):
         a = a_ids[a_off[i] : a_off[i + 1]]
-        b = b_ids[b_off[i] : b_off[i + 1]]
-        if example.text_b is None:
-            la, lb = min(len(a), max_seq_length - 2), 0
-        else:
-            la, lb = truncate_pair_lengths(len(a), len(b), max_seq_length - 3)
-        input_ids[i, 0] = cls_id
-        input_ids[i, 1 : 1 + la] = a[:la]
-        input_ids[i, 1 + la] = sep_id
-        end = 2 + la
-        if example.text_b is not None:
-            input_ids[i, end : end + lb] = b[:lb]
-            input_ids[i, end + lb] = sep_id
-            segment_ids[i, end : end + lb + 1] = 1
-            end += lb + 1
-        input_mask[i, :end] = 1
-    if task.is_regression:
-        labels = np.array([np.nan if e.label is None else e.label for e in examples], np.float32)
+        b = None if example.text_b is None else b_ids[b_off[i] : b_off[i + 1]]
+        _lay_out_row(input_ids[i], segment_ids[i], input_mask[i], a, b, cls_id, sep_id)
+    return GlueFeatures(input_ids, input_mask, segment_ids, _label_array(task, examples))
+
+
+def _lay_out_row(ids: np.ndarray, segments: np.ndarray, mask: np.ndarray, a: np.ndarray, b: Optional[np.ndarray],
+                 cls_id: int, sep_id: int) -> None:
+    """Fills one zeroed row of each array with `[CLS] a [SEP]` or `[CLS] a [SEP] b [SEP]`, truncated to the
+    row's length (pairs longest-first)."""
+    if b is None:
+        la, lb = min(len(a), len(ids) - 2), 0
     else:
-        index = {label: k for k, label in enumerate(task.labels)}
-        labels = np.array([-1 if e.label is None else index[e.label] for e in examples], np.int64)
-    return GlueFeatures(input_ids, input_mask, segment_ids, labels)
+        la, lb = truncate_pair_lengths(len(a), len(b), len(ids) - 3)
+    ids[0] = cls_id
+    ids[1 : 1 + la] = a[:la]
+    ids[1 + la] = sep_id
+    end = 2 + la
+    if b is not None:
+        ids[end : end + lb] = b[:lb]
+        ids[end + lb] = sep_id
+        segments[end : end + lb + 1] = 1
+        end += lb + 1
+    mask[:end] = 1
+
+
+def _label_array(task: GlueTask, examples: Sequence[GlueExample]) -> np.ndarray:
+    """GlueFeatures.labels: class indexes (int64, -1 without label), or float32 scores (nan without label)."""
+    if task.is_regression:
+        return np.array([np.nan if e.label is None else e.label for e in examples], np.float32)
+    index = {label: k for k, label in enumerate(task.labels)}
+    return np.array([-1 if e.label is None else index[e.label] for e in examples], np.int64)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -43,7 +44,7 @@ from bertrecipe.finetuning import (
     train_loop,
 )
 from bertrecipe.metric_logger import MetricLogger
-from bertrecipe.model import BertForSequenceClassification
+from bertrecipe.model import BertConfig, BertForSequenceClassification
 from bertrecipe.optimization import LinearWarmUpScheduler, build_adamw
 from bertrecipe.training import Precision, make_precision, wrap_ddp
 
@@ -147,6 +148,62 @@ def main(argv: Optional[list[str]] = None) -> None:
         shutdown(ctx)
 
 
+@dataclass
+class GlueRun:
+    """What the steps of one run share: the flags, this process, the task, its features and the model."""
+
+    args: argparse.Namespace
+    ctx: DistributedContext
+    task: glue.GlueTask
+    precision: Precision
+    bar: bool  # this process shows progress bars
+    config: BertConfig
+    model: torch.nn.Module
+    splits: dict[str, glue.GlueFeatures]  # "train", "dev", "dev_mm", "test": those the run needs
+
+
+def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
+    """Trains, evaluates and predicts as the flags ask; returns the results (those of results.json on the first
+    process)."""
+    state = prepare(args, ctx)
+    log = open_log(args, ctx, state.bar)
+    results: dict[str, Any] = {"task": state.task.name}
+    # The model, the predictions and results.json are staged and renamed into place together at the end, so
+    # that a failure on the way leaves the previous run's files as they were (finetuning.StagedOutputs).
+    with StagedOutputs(args.output_dir, OUTPUTS) as stage:
+        if args.do_train:
+            results.update(train(state, log))
+            if ctx.is_main:
+                stage_finetuned(stage, state.model, state.config)
+            barrier(ctx)
+        if ctx.is_main and (args.do_eval or args.do_predict):
+            results.update(evaluate(state, stage))
+            results["eval_batch_size"] = args.eval_batch_size
+            stage.write_json("results.json", results)
+        if ctx.is_main:
+            stage.commit()
+    barrier(ctx)
+    log.log([], results)
+    log.close()
+    return results
+
+
+def prepare(args: argparse.Namespace, ctx: DistributedContext) -> GlueRun:
+    """Reads and checks every input and builds the model. It writes nothing: a refused run creates nothing, not
+    even the log."""
+    task = glue.get_task(args.task_name)
+    precision = make_precision(ctx.device, args.fp16, args.bf16)
+    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
+    config, weights = model_config(args.config_file, args.init_checkpoint)
+    splits = read_splits(task, args, tokenizer)
+    seed_everything(args.seed)  # the same new classifier on every process
+    model = build_model(lambda c: BertForSequenceClassification(c, task.num_labels), config, weights,
+                        args.init_checkpoint, len(tokenizer.vocab), args.max_seq_length).to(ctx.device)
+    torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
+    bar = ctx.is_main and not args.disable_progress_bar
+    return GlueRun(args, ctx, task, precision, bar, config, model, splits)
+
+
 def open_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> MetricLogger:
     log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar else print)
     log.log("PARAMETER", {k: v for k, v in vars(args).items() if not k.startswith("_")}, echo=False)
@@ -158,91 +215,66 @@ def open_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> Me
     return log
 
 
-def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
-    task = glue.get_task(args.task_name)
-    precision = make_precision(ctx.device, args.fp16, args.bf16)
-    bar = ctx.is_main and not args.disable_progress_bar
-    # Every input is read and checked before the first write: a refused run creates nothing, not even the log.
-    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
-    config, weights = model_config(args.config_file, args.init_checkpoint)
-    splits = read_splits(task, args, tokenizer)
-    seed_everything(args.seed)  # the same new classifier on every process
-    model = build_model(lambda c: BertForSequenceClassification(c, task.num_labels), config, weights,
-                        args.init_checkpoint, len(tokenizer.vocab), args.max_seq_length).to(ctx.device)
-    torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
-    log = open_log(args, ctx, bar)
-    results: dict[str, Any] = {"task": task.name}
-    # The model, the predictions and results.json are staged and renamed into place together at the end, so
-    # that a failure on the way leaves the previous run's files as they were (finetuning.StagedOutputs).
-    with StagedOutputs(args.output_dir, OUTPUTS) as stage:
-        if args.do_train:
-            results.update(train(args, ctx, model, splits["train"], precision, bar, log))
-            if ctx.is_main:
-                stage_finetuned(stage, model, config)
-            barrier(ctx)
-        if ctx.is_main and (args.do_eval or args.do_predict):
-            results.update(evaluate(args, task, model, splits, precision, bar, stage))
-            results["eval_batch_size"] = args.eval_batch_size
-            stage.write_json("results.json", results)
-        if ctx.is_main:
-            stage.commit()
-    barrier(ctx)
-    log.log([], results)
-    log.close()
-    return results
-
-
-def train(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module, features: glue.GlueFeatures,
-          precision: Precision, bar: bool, log: MetricLogger) -> dict[str, Any]:
+def train(state: GlueRun, log: MetricLogger) -> dict[str, Any]:
+    args, ctx, features = state.args, state.ctx, state.splits["train"]
     settings = LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
                             args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps, args.seed,
-                            args.log_freq, bar, args.num_workers, trim_padding=True)
+                            args.log_freq, state.bar, args.num_workers, trim_padding=True)
     total_steps = planned_steps(len(features), settings, ctx)
-    optimizer = build_adamw(model, args.learning_rate)
+    optimizer = build_adamw(state.model, args.learning_rate)
     scheduler = LinearWarmUpScheduler(optimizer, args.warmup_proportion, total_steps)
-    results = train_loop(wrap_ddp(model, ctx), optimizer, scheduler, precision, feature_arrays(features),
-                         classification_loss, settings, total_steps, ctx, log)
+    results = train_loop(wrap_ddp(state.model, ctx), optimizer, scheduler, state.precision,
+                         feature_arrays(features), classification_loss, settings, total_steps, ctx, log)
     return {**results, "train_examples": len(features), "train_steps": total_steps}
 
 
-def predict_split(args: argparse.Namespace, task: glue.GlueTask, model: torch.nn.Module,
-                  features: glue.GlueFeatures, precision: Precision, bar: bool) -> tuple[np.ndarray, list[float]]:
-    (logits,), latencies = timed_inference(model, feature_arrays(features), args.eval_batch_size, precision,
-                                           classification_logits, bar, trim=True)
-    return predictions_of(task, logits), latencies
-
-
-def evaluate(args: argparse.Namespace, task: glue.GlueTask, model: torch.nn.Module,
-             splits: dict[str, glue.GlueFeatures], precision: Precision, bar: bool,
-             stage: StagedOutputs) -> dict[str, Any]:
+def evaluate(state: GlueRun, stage: StagedOutputs) -> dict[str, Any]:
     """Dev metrics and test predictions (staged); returns their results.json entries."""
     results: dict[str, Any] = {}
-    if args.do_eval:
-        dev = splits["dev"]
-        preds, latencies = predict_split(args, task, model, dev, precision, bar)
-        results.update({f"eval_{k}": v for k, v in glue.compute_metrics(task, preds, dev.labels).items()})
-        results["eval_examples"] = len(dev)
+    if state.args.do_eval:
+        dev = state.splits["dev"]
+        scores, latencies = score_dev(state, stage, state.task, dev, "eval", "eval_predictions.tsv")
+        results.update(scores)
         results.update(latency_summary(latencies, len(dev)))
-        stage.write_text("eval_predictions.tsv", predictions_text(task, preds, dev.labels))
-        if "dev_mm" in splits:
-            mismatched, dev_mm = glue.get_task("mnli-mm"), splits["dev_mm"]
-            preds, _ = predict_split(args, mismatched, model, dev_mm, precision, bar)
-            results.update({f"eval_mm_{k}": v for k, v in glue.compute_metrics(mismatched, preds,
-                                                                                dev_mm.labels).items()})
-            results["eval_mm_examples"] = len(dev_mm)
-            stage.write_text("eval_mismatched_predictions.tsv", predictions_text(mismatched, preds, dev_mm.labels))
-    if args.do_predict:
-        test = splits["test"]
-        preds, latencies = predict_split(args, task, model, test, precision, bar)
-        stage.write_text("test_predictions.tsv", predictions_text(task, preds, None))
-        timing = latency_summary(latencies, len(test))
-        # The unprefixed keys belong to the dev pass when there is one; the test pass always keeps its own
-        # prediction_* copy, so that running both never drops the prediction latency.
-        if not args.do_eval:
-            results.update(timing)
-        results.update({f"prediction_{k}": v for k, v in timing.items()})
-        results["prediction_examples"] = len(test)
+        if "dev_mm" in state.splits:
+            scores, _ = score_dev(state, stage, glue.get_task("mnli-mm"), state.splits["dev_mm"], "eval_mm",
+                                  "eval_mismatched_predictions.tsv")
+            results.update(scores)
+    if state.args.do_predict:
+        results.update(predict_test(state, stage))
     return results
+
+
+def score_dev(state: GlueRun, stage: StagedOutputs, task: glue.GlueTask, features: glue.GlueFeatures,
+              prefix: str, file_name: str) -> tuple[dict[str, Any], list[float]]:
+    """The metrics of one dev set as `<prefix>_<metric>` and `<prefix>_examples`, its predictions staged as
+    file_name; also the batches' latencies."""
+    preds, latencies = predict_split(state, task, features)
+    scores = {f"{prefix}_{k}": v for k, v in glue.compute_metrics(task, preds, features.labels).items()}
+    scores[f"{prefix}_examples"] = len(features)
+    stage.write_text(file_name, predictions_text(task, preds, features.labels))
+    return scores, latencies
+
+
+def predict_test(state: GlueRun, stage: StagedOutputs) -> dict[str, Any]:
+    """Test predictions (staged as test_predictions.tsv) and the timings of that pass."""
+    test = state.splits["test"]
+    preds, latencies = predict_split(state, state.task, test)
+    stage.write_text("test_predictions.tsv", predictions_text(state.task, preds, None))
+    timing = latency_summary(latencies, len(test))
+    # The unprefixed keys belong to the dev pass when there is one; the test pass always keeps its own
+    # prediction_* copy, so that running both never drops the prediction latency.
+    results: dict[str, Any] = {} if state.args.do_eval else dict(timing)
+    results.update({f"prediction_{k}": v for k, v in timing.items()})
+    results["prediction_examples"] = len(test)
+    return results
+
+
+def predict_split(state: GlueRun, task: glue.GlueTask,
+                  features: glue.GlueFeatures) -> tuple[np.ndarray, list[float]]:
+    (logits,), latencies = timed_inference(state.model, feature_arrays(features), state.args.eval_batch_size,
+                                           state.precision, classification_logits, state.bar, trim=True)
+    return predictions_of(task, logits), latencies
 
 
 if __name__ == "__main__":

@@ -22,9 +22,11 @@ import torch
 from bertrecipe import finetuning
 from bertrecipe import squad
 from bertrecipe import squad_answers
+from bertrecipe import squad_cli
 from bertrecipe.data.tokenization import BertTokenizer
-from bertrecipe.errors import ArgumentParser, InputError, read_text_file, run_cli
+from bertrecipe.errors import ArgumentParser, read_text_file, run_cli
 from bertrecipe.model import BertForQuestionAnswering
+from bertrecipe.question_answering import answer_about_context
 from bertrecipe.training import make_precision
 
 
@@ -55,14 +57,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--context", help="the context paragraph")
     source.add_argument("--context_file", help="a UTF-8 text file holding the context")
-    p.add_argument("--max_seq_length", type=int, default=384)
-    p.add_argument("--doc_stride", type=int, default=128)
-    p.add_argument("--max_query_length", type=int, default=64)
-    p.add_argument("--n_best_size", type=int, default=20)
-    p.add_argument("--max_answer_length", type=int, default=30)
+    squad_cli.add_window_arguments(p)
+    squad_cli.add_answer_arguments(p)
     p.add_argument("--do_lower_case", action="store_true", help="for uncased models")
-    p.add_argument("--version_2_with_negative", action="store_true", help="the model may answer nothing")
-    p.add_argument("--null_score_diff_threshold", type=float, default=0.0)
     p.add_argument("--fp16", "--amp", dest="fp16", action="store_true", help="fp16 autocast (CUDA)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU or CUDA)")
     p.add_argument("--predict_batch_size", type=int, default=8, help="windows per forward pass")
@@ -83,11 +80,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
         vocab_file=Path(args.vocab_file),
         questions=None if args.question is None else [args.question],
         context=context,
-        window=squad.WindowSettings(args.max_seq_length, args.doc_stride, args.max_query_length),
-        answer=squad_answers.AnswerSettings(
-            args.n_best_size, args.max_answer_length, args.do_lower_case, args.version_2_with_negative,
-            args.null_score_diff_threshold,
-        ),
+        window=squad_cli.window_settings(args),
+        answer=squad_cli.answer_settings(args),
         batch_size=args.predict_batch_size,
         precision="fp16" if args.fp16 else "bf16" if args.bf16 else "fp32",
         seed=args.seed,
@@ -127,15 +121,6 @@ def predict_logits(
     return start, end
 
 
-def keep_document_logits(features: squad.SquadFeatures, logits: np.ndarray) -> np.ndarray:
-    """Logits with every position outside the document part except [CLS] pushed to -10000, so that the n best
-    starts and ends are all candidates. (run_squad.py ranks the question's tokens too, as the reference does;
-    for a model whose logits there are not low, e.g. an untrained head, that can leave no valid span.)"""
-    keep = features.token_to_orig >= 0
-    keep[:, 0] = True
-    return np.where(keep, logits, np.float32(-10000.0))
-
-
 def answer_questions(
     model: BertForQuestionAnswering,
     tokenizer: BertTokenizer,
@@ -146,29 +131,9 @@ def answer_questions(
     batch_size: int = 8,
     precision: str = "fp32",
 ) -> list[dict[str, Any]]:
-    """One result per question: {"question", "answer", "nbest", "windows"} (+ "null_odds" for SQuAD 2.0),
-    the context covered by sliding windows, candidates taken from the document only."""
-    words, _ = squad.split_context(context)
-    examples = [squad.SquadExample(str(i), q, words, [], context_id=0) for i, q in enumerate(questions)]
-    features = squad.convert_examples_to_features(examples, tokenizer, window)
-    if len(features) == 0:
-        raise InputError("the context is empty (no word pieces); pass a non-empty --context or --context_file")
-    start, end = predict_logits(model, features, batch_size, precision)
-    start, end = keep_document_logits(features, start), keep_document_logits(features, end)
-    predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab, answer)
-    windows = np.bincount(features.example_index, minlength=len(examples))
-    results = []
-    for i, question in enumerate(questions):
-        result: dict[str, Any] = {
-            "question": question,
-            "answer": predictions.answers[str(i)],
-            "nbest": predictions.nbest[str(i)],
-            "windows": int(windows[i]),
-        }
-        if answer.version_2_with_negative:
-            result["null_odds"] = predictions.null_odds[str(i)]
-        results.append(result)
-    return results
+    """question_answering.answer_about_context with this model's logits (predict_logits)."""
+    return answer_about_context(lambda features: predict_logits(model, features, batch_size, precision),
+                                tokenizer, questions, context, window, answer)
 
 
 def _stdin_questions() -> Iterator[str]:

@@ -14,10 +14,6 @@ Launch with torchrun for more than one process; prediction and evaluation run on
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -25,9 +21,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bertrecipe import evaluate_squad
 from bertrecipe import squad
 from bertrecipe import squad_answers
+from bertrecipe import squad_cli
+from bertrecipe.squad_cli import evaluate, features_for
 from bertrecipe.process_group import DistributedContext, barrier, init_distributed, shutdown
 from bertrecipe.errors import ArgumentParser, InputError, check_output_dir, run_cli
 from bertrecipe.finetuning import (
@@ -62,19 +59,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--predict_file", help="SQuAD JSON to predict (and evaluate), e.g. dev-v1.1.json")
     p.add_argument("--do_predict", action="store_true")
     p.add_argument("--do_eval", action="store_true", help="score predictions.json against --predict_file")
-    p.add_argument("--eval_script", help="an external evaluation script (e.g. the official evaluate-v1.1.py)")
-    p.add_argument("--max_seq_length", type=int, default=384)
-    p.add_argument("--doc_stride", type=int, default=128)
-    p.add_argument("--max_query_length", type=int, default=64)
+    squad_cli.add_eval_script_argument(p)
+    squad_cli.add_window_arguments(p)
     p.add_argument("--predict_batch_size", type=int, default=8)
-    p.add_argument("--n_best_size", type=int, default=20)
-    p.add_argument("--max_answer_length", type=int, default=30)
+    squad_cli.add_answer_arguments(p)
     p.add_argument("--verbose_logging", action="store_true", help="accepted for compatibility")
-    p.add_argument("--version_2_with_negative", action="store_true", help="SQuAD 2.0: questions may have no answer")
-    p.add_argument("--null_score_diff_threshold", type=float, default=0.0,
-                   help="SQuAD 2.0: answer nothing when null score - best span score exceeds this")
-    p.add_argument("--skip_cache", action="store_true", help="neither read nor write the feature cache")
-    p.add_argument("--cache_dir", help="feature cache folder (default: the data file's, else --output_dir)")
+    squad_cli.add_cache_arguments(p)
     args = p.parse_args(argv)
     if not (args.do_train or args.do_predict or args.do_eval):
         raise InputError("nothing to do: pass --do_train, --do_predict and/or --do_eval")
@@ -97,42 +87,6 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     args.max_steps = int(args.max_steps)
     args.log_freq = max(1, args.log_freq)
     return args
-
-
-def cache_dir_for(args: argparse.Namespace, data_file: str) -> Optional[Path]:
-    if args.skip_cache:
-        return None
-    if args.cache_dir:
-        return Path(args.cache_dir)
-    beside = Path(data_file).resolve().parent  # NVIDIA caches beside the data; not possible on read-only data
-    return beside if os.access(beside, os.W_OK) else Path(args.output_dir)
-
-
-def features_for(args: argparse.Namespace, tokenizer: Any, data_file: str, is_training: bool,
-                 cache_writes: Optional[list[Callable[[], None]]] = None,
-                 ) -> tuple[list[squad.SquadExample], squad.SquadFeatures]:
-    """The examples and windowed features of a SQuAD file, through the feature cache. With `cache_writes`, a
-    missing cache entry is not written but its write appended there, to run once every input is checked."""
-    examples = squad.read_squad_examples(data_file, is_training, args.version_2_with_negative)
-    if not examples:
-        raise InputError(f"{data_file}: no {'usable training ' if is_training else ''}questions "
-                         f"(--{'train' if is_training else 'predict'}_file needs at least one)")
-    settings = squad.WindowSettings(args.max_seq_length, args.doc_stride, args.max_query_length)
-    cache_dir = cache_dir_for(args, data_file)
-    if cache_writes is None or cache_dir is None:
-        features = squad.cached_features(examples, tokenizer, settings, is_training, data_file,
-                                         args.version_2_with_negative, cache_dir)
-    else:
-        key = squad.features_cache_key(squad.file_sha256(data_file), tokenizer.vocab, tokenizer.do_lower_case,
-                                       settings, is_training, args.version_2_with_negative)
-        path = squad.features_cache_path(cache_dir, key)
-        features = squad.load_features(path, key)
-        if features is None:
-            features = squad.convert_examples_to_features(examples, tokenizer, settings, is_training)
-            cache_writes.append(lambda: squad.save_features(path, features, key))
-    if len(features) == 0:
-        raise InputError(f"{data_file}: no features (no questions with a usable context)")
-    return examples, features
 
 
 def check_scorable(predict_file: str) -> None:
@@ -178,42 +132,13 @@ def predict(args: argparse.Namespace, model: torch.nn.Module, tokenizer: Any, pr
     --predict_file; returns the inference timings and the staged files by name."""
     (start, end), latencies = timed_inference(model, qa_arrays(features, False), args.predict_batch_size,
                                               precision, qa_logits, progress_bar)
-    settings = squad_answers.AnswerSettings(args.n_best_size, args.max_answer_length, args.do_lower_case,
-                                            args.version_2_with_negative, args.null_score_diff_threshold)
-    predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab, settings)
+    predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab,
+                                                squad_cli.answer_settings(args))
     files = {"predictions.json": predictions.answers, "nbest_predictions.json": predictions.nbest}
     if args.version_2_with_negative:
         files["null_odds.json"] = predictions.null_odds
     staged = {name: stage.write_json(name, obj, indent=4) for name, obj in files.items()}  # squad_answers' layout
     return {**latency_summary(latencies, len(features)), "predict_features": len(features)}, staged
-
-
-def evaluate(args: argparse.Namespace, files: Optional[dict[str, Path]] = None) -> dict[str, float]:
-    """exact_match and F1 of output_dir/predictions.json, or of this run's staged `files` (by name); v2.0:
-    "exact" read as exact_match."""
-    if files is None:
-        files = {name: Path(args.output_dir) / name for name in ("predictions.json", "null_odds.json")}
-    pred_file = files["predictions.json"]
-    null_odds = files.get("null_odds.json") if args.version_2_with_negative else None
-    na_file = null_odds if null_odds is not None and null_odds.is_file() else None
-    if args.eval_script:
-        cmd = [sys.executable, args.eval_script, args.predict_file, str(pred_file)]
-        if na_file is not None:
-            cmd += ["--na-prob-file", str(na_file)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise InputError(f"{args.eval_script}: exited with {done.returncode}: {done.stderr.strip()[-300:]}")
-        try:
-            scores = json.loads(done.stdout[done.stdout.index("{"):])
-        except ValueError:
-            raise InputError(f"{args.eval_script}: printed no JSON scores ({done.stdout.strip()[:200]!r})") from None
-    else:
-        scores = evaluate_squad.evaluate_files(args.predict_file, pred_file, na_file)
-    result = {"exact_match": float(scores.get("exact_match", scores.get("exact", float("nan")))),
-              "F1": float(scores["f1"])}
-    result.update({k: v for k, v in scores.items() if k not in ("exact_match", "exact", "f1")
-                   and isinstance(v, (int, float))})
-    return result
 
 
 def main(argv: Optional[list[str]] = None) -> None:

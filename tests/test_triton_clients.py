@@ -10,12 +10,11 @@ import threading
 
 import pytest
 
-from conftest import REPO_ROOT, TEST_DATA
-
-sys.path.insert(0, str(REPO_ROOT / "triton"))
-import client
-import run_perf_client
 from bertrecipe.errors import InputError
+from bertrecipe.serving import TritonQA
+from conftest import REPO_ROOT, TEST_DATA, load_script
+
+run_perf_client = load_script("triton/run_perf_client.py")
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TRITON = REPO_ROOT / "triton"
@@ -110,7 +109,7 @@ def test_perf_client_accepts_values_within_the_limits():
 
 def test_url_with_a_scheme_is_an_input_error():
     with pytest.raises(InputError, match="without the scheme"):
-        client.TritonQA("http://127.0.0.1:8000", "bert")
+        TritonQA("http://127.0.0.1:8000", "bert")
 
 
 class ReadyHandler(http.server.BaseHTTPRequestHandler):
@@ -131,8 +130,8 @@ def test_readiness_check_names_a_model_the_server_lacks():
     thread.start()
     url = f"127.0.0.1:{server.server_address[1]}"
     try:
-        ready = client.TritonQA(url, "bert", timeout_s=10)
-        missing = client.TritonQA(url, "roberta", timeout_s=10)
+        ready = TritonQA(url, "bert", timeout_s=10)
+        missing = TritonQA(url, "roberta", timeout_s=10)
         try:
             ready.check_ready()
             with pytest.raises(InputError, match=f"{url}: model 'roberta' is not ready"):

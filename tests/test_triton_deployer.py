@@ -1,8 +1,8 @@
 """triton/deployer.py on a tiny seeded BERT with a QA head (the `tiny_bert` fixture: the export's plumbing does not
 depend on pretrained weights): ONNX Runtime and TorchScript equal PyTorch on real SQuAD windows (an excerpt of
-dev-v1.1 kept in tests/data/squad) at any batch size and length, config.pbtxt parses as Triton's ModelConfig, a
-difference above the tolerance is refused and writes nothing; and the triton/ folder does not shadow OpenAI's `triton`
-for torch."""
+dev-v1.1 kept in tests/data/squad) at any batch size and length, config.pbtxt parses as Triton's ModelConfig and says
+what the earlier hand-written one said (a misspelt field or label now fails), a difference above the tolerance is
+refused and writes nothing; and the triton/ folder does not shadow OpenAI's `triton` for torch."""
 import os
 import shutil
 import subprocess
@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO_ROOT, TEST_DATA
-
-sys.path.insert(0, str(REPO_ROOT / "triton"))
-import deployer
 from bertrecipe import squad
 from bertrecipe.finetuning import load_tokenizer, save_finetuned
 from bertrecipe.inference import load_qa_model
 from bertrecipe.model import BertForQuestionAnswering
 from bertrecipe.model_weights import load_weights_into, read_weights
+from bertrecipe.serving import INPUTS, runner_for
+from conftest import REPO_ROOT, TEST_DATA, load_script
+
+deployer = load_script("triton/deployer.py")
 
 SEQ = 128
 WINDOW = squad.WindowSettings(SEQ, 64, 32)
@@ -96,7 +96,7 @@ def test_onnx_runtime_equals_pytorch_on_squad_windows_at_other_batch_sizes_and_l
     worst = 0.0
     for rows, length in ((slice(0, 13), SEQ), (slice(13, 14), SEQ), (slice(20, 25), 96)):
         arrays = [np.ascontiguousarray(a[rows, :length], dtype=np.int64) for a in (ids, segments, mask)]
-        got = session.run(["output__0", "output__1"], dict(zip(deployer.INPUTS, arrays)))
+        got = session.run(["output__0", "output__1"], dict(zip(INPUTS, arrays)))
         expected = pytorch_logits(setup["model"], arrays)
         assert got[0].shape == expected[0].shape == (arrays[0].shape[0], length)
         real = arrays[2].astype(bool)  # PyTorch skips padded positions (model.BertModel.skip_padding); the export not
@@ -117,11 +117,15 @@ def test_onnx_inputs_and_outputs_have_dynamic_batch_and_sequence_axes(onnx_repo)
     assert all(i.type.tensor_type.elem_type == onnx.TensorProto.INT64 for i in graph.input)
 
 
-def parse_config(path: Path):
+def parse_text(text: str):
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def parse_config(path: Path):
+    return parse_text(path.read_text())
 
 
 def test_config_pbtxt_parses_as_a_triton_model_config(onnx_repo):
@@ -137,6 +141,119 @@ def test_config_pbtxt_parses_as_a_triton_model_config(onnx_repo):
     assert config.dynamic_batching.max_queue_delay_microseconds == 200
     [group] = config.instance_group
     assert (group.count, group.kind) == (2, pb.ModelInstanceGroup.KIND_CPU)
+
+
+# deployer.py's config.pbtxt, byte for byte, from before it was built from tritonclient's ModelConfig message.
+SQUAD_SETTINGS = dict(max_batch_size=16, dynamic_batching=True, preferred_batch_sizes=(4, 8), max_queue_delay_us=200,
+                      instance_count=2, instance_kind="KIND_CPU")
+HAND_WRITTEN_SQUAD = """name: "bert"
+platform: "onnxruntime_onnx"
+max_batch_size: 16
+input [
+  {
+    name: "input__0"
+    data_type: TYPE_INT64
+    dims: [ -1 ]
+  },
+  {
+    name: "input__1"
+    data_type: TYPE_INT64
+    dims: [ -1 ]
+  },
+  {
+    name: "input__2"
+    data_type: TYPE_INT64
+    dims: [ -1 ]
+  }
+]
+output [
+  {
+    name: "output__0"
+    data_type: TYPE_FP32
+    dims: [ -1 ]
+  },
+  {
+    name: "output__1"
+    data_type: TYPE_FP32
+    dims: [ -1 ]
+  }
+]
+instance_group [
+  {
+    count: 2
+    kind: KIND_CPU
+  }
+]
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 200
+}
+"""
+HAND_WRITTEN_GLUE = """name: "mnli"
+platform: "pytorch_libtorch"
+max_batch_size: 8
+input [
+  {
+    name: "input__0"
+    data_type: TYPE_INT64
+    dims: [ -1 ]
+  },
+  {
+    name: "input__1"
+    data_type: TYPE_INT64
+    dims: [ -1 ]
+  },
+  {
+    name: "input__2"
+    data_type: TYPE_INT64
+    dims: [ -1 ]
+  }
+]
+output [
+  {
+    name: "output__0"
+    data_type: TYPE_FP32
+    dims: [ 3 ]
+  }
+]
+instance_group [
+  {
+    count: 1
+    kind: KIND_GPU
+  }
+]
+"""  # TritonSettings() and --num_labels 3
+HAND_WRITTEN = [
+    (("bert", "onnxruntime_onnx", "squad", 2, SQUAD_SETTINGS), HAND_WRITTEN_SQUAD),
+    (("mnli", "pytorch_libtorch", "glue", 3, {}), HAND_WRITTEN_GLUE),
+    # dynamic batching with every field at its default: the block was written, and must still be there
+    (("bert", "onnxruntime_onnx", "squad", 2, {**SQUAD_SETTINGS, "preferred_batch_sizes": (), "max_queue_delay_us": 0}),
+     HAND_WRITTEN_SQUAD.replace("  preferred_batch_size: [ 4, 8 ]\n  max_queue_delay_microseconds: 200\n",
+                                "  max_queue_delay_microseconds: 0\n")),
+]
+
+
+@pytest.mark.parametrize("arguments, hand_written", HAND_WRITTEN, ids=["squad", "glue", "default_batching"])
+def test_config_pbtxt_from_the_message_says_what_the_hand_written_one_said(arguments, hand_written):
+    name, platform, task, num_labels, settings = arguments
+    written = deployer.config_pbtxt(name, platform, task, num_labels, deployer.TritonSettings(**settings))
+    assert parse_text(written) == parse_text(hand_written)
+    assert parse_text(written).HasField("dynamic_batching") == ("dynamic_batching" in hand_written)
+
+
+def test_a_misspelt_field_or_label_fails_where_the_hand_written_text_passed():
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    # The template wrote any instance kind as given; Triton would have refused the file only when loading it.
+    with pytest.raises(ValueError, match="KIND_TPU"):
+        deployer.config_pbtxt("bert", "onnxruntime_onnx", "squad", 2,
+                              deployer.TritonSettings(instance_kind="KIND_TPU"))
+    with pytest.raises(ValueError, match="max_batch_sise"):  # a misspelt field, filled as model_config fills them
+        model_config_pb2.ModelConfig(name="bert", max_batch_sise=8)
+    _, hand_written = HAND_WRITTEN[0]
+    with pytest.raises(text_format.ParseError, match="max_queue_delay_microsecond"):
+        parse_text(hand_written.replace("max_queue_delay_microseconds", "max_queue_delay_microsecond"))
 
 
 def test_torchscript_export_equals_pytorch_and_targets_libtorch(setup):
@@ -198,18 +315,17 @@ def test_importing_triton_from_the_repository_root_never_yields_this_folder(tmp_
 
 
 def test_server_function_pads_gathered_requests_of_different_lengths_and_cuts_answers_back(setup, onnx_repo):
-    import server
-
-    run = deployer.runner_for(onnx_repo / "bert" / "1" / "model.onnx", "onnx")
+    server = load_script("triton/server.py")
+    run = runner_for(onnx_repo / "bert" / "1" / "model.onnx", "onnx")
     infer = server.make_infer(run, outputs=2, max_seq_length=SEQ)
     ids, segments, mask = feature_arrays(setup)
-    requests = [dict(zip(deployer.INPUTS, (a[rows, :length].astype(np.int64) for a in (ids, segments, mask))))
+    requests = [dict(zip(INPUTS, (a[rows, :length].astype(np.int64) for a in (ids, segments, mask))))
                 for rows, length in ((slice(0, 3), SEQ), (slice(3, 4), 90))]
     answers = infer(requests)
     for request, answer in zip(requests, answers):
-        alone = run([request[name] for name in deployer.INPUTS])
+        alone = run([request[name] for name in INPUTS])
         assert answer["output__0"].shape == request["input__0"].shape
         assert max(float(np.abs(answer[f"output__{i}"] - alone[i]).max()) for i in range(2)) < 1e-4
-    too_long = {name: np.zeros((1, SEQ + 1), dtype=np.int64) for name in deployer.INPUTS}
+    too_long = {name: np.zeros((1, SEQ + 1), dtype=np.int64) for name in INPUTS}
     with pytest.raises(ValueError, match="exceeds"):
         infer([too_long])

@@ -16,17 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
-from test_triton_deployer import SEQ, WINDOW, copy_squad_excerpt, deploy, make_qa_checkpoint
-
-sys.path.insert(0, str(REPO_ROOT / "triton"))
-import client
-import run_perf_client
-import run_squad_client
 from bertrecipe import squad_answers
 from bertrecipe.finetuning import load_tokenizer
 from bertrecipe.inference import answer_questions, load_qa_model
 from bertrecipe.metric_logger import read_log
+from bertrecipe.serving import TritonQA
+from conftest import REPO_ROOT, load_script
+from test_triton_deployer import SEQ, WINDOW, copy_squad_excerpt, deploy, make_qa_checkpoint
+
+run_perf_client = load_script("triton/run_perf_client.py")
+run_squad_client = load_script("triton/run_squad_client.py")
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 SERVER = REPO_ROOT / "triton" / "server.py"
@@ -81,7 +80,7 @@ def served(tiny_bert, tmp_path_factory):
         [str(SERVER_PYTHON), str(SERVER), "--model_file", str(root / "repo/bert/1/model.onnx"),
          "--http_port", str(http), "--grpc_port", str(grpc), "--metrics_port", str(metrics), "--max_batch_size", "8",
          "--max_seq_length", str(SEQ)], env=SERVER_ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    qa = client.TritonQA(f"127.0.0.1:{http}", "bert")
+    qa = TritonQA(f"127.0.0.1:{http}", "bert")
     deadline = time.time() + START_SECONDS
     try:
         while True:
@@ -173,7 +172,7 @@ def test_requests_beyond_the_bounds_are_refused(served, rows, length):
     import numpy as np
     from tritonclient.utils import InferenceServerException
 
-    qa = client.TritonQA(f"127.0.0.1:{served['http']}", "bert", timeout_s=60)
+    qa = TritonQA(f"127.0.0.1:{served['http']}", "bert", timeout_s=60)
     try:
         with pytest.raises(InferenceServerException):
             qa.infer([np.ones((rows, length), dtype=np.int64)] * 3)

@@ -24,24 +24,17 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
+from google.protobuf import text_format
 from torch import nn
+from tritonclient.grpc import model_config_pb2
 
-from bertrecipe import squad
+from bertrecipe import finetuning
+from bertrecipe import squad_cli
 from bertrecipe.errors import ArgumentParser, InputError, run_cli
-from bertrecipe.finetuning import build_model, load_tokenizer, model_config
 from bertrecipe.model import BertForQuestionAnswering, BertForSequenceClassification
-from runtime import INPUTS, runner_for
+from bertrecipe.serving import INPUTS, OUTPUTS, runner_for, sample_inputs
 
 PLATFORMS = {"onnx": ("onnxruntime_onnx", "model.onnx"), "torchscript": ("pytorch_libtorch", "model.pt")}
-SAMPLE_QUESTIONS = ("Where do the gentry of the county visit?", "Who came to the house that morning?")
-SAMPLE_CONTEXT = (
-    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want "
-    "of a wife. However little known the feelings or views of such a man may be on his first entering a "
-    "neighbourhood, this truth is so well fixed in the minds of the surrounding families, that he is considered "
-    "the rightful property of some one or other of their daughters. The gentry of the county visit the assembly "
-    "rooms at Meryton every month, and that morning a young man of large fortune from the north of England came "
-    "down on Monday in a chaise and four to see the place."
-)
 
 
 @dataclass(frozen=True)
@@ -70,41 +63,31 @@ class TritonSignature(nn.Module):
 
 
 def output_names(task: str) -> tuple[str, ...]:
-    return ("output__0", "output__1") if task == "squad" else ("output__0",)
+    return OUTPUTS if task == "squad" else OUTPUTS[:1]
+
+
+def model_config(name: str, platform: str, task: str, num_labels: int,
+                 settings: TritonSettings) -> model_config_pb2.ModelConfig:
+    """Triton's ModelConfig message, filled field by field: a misspelt field or enum label (e.g. an
+    instance_kind Triton lacks) raises here instead of reaching the server. Dims exclude the batch axis
+    (max_batch_size > 0)."""
+    config = model_config_pb2.ModelConfig(name=name, platform=platform, max_batch_size=settings.max_batch_size)
+    for tensor in INPUTS:
+        config.input.add(name=tensor, data_type=model_config_pb2.TYPE_INT64, dims=[-1])
+    for tensor in output_names(task):
+        config.output.add(name=tensor, data_type=model_config_pb2.TYPE_FP32,
+                          dims=[-1] if task == "squad" else [num_labels])
+    config.instance_group.add(count=settings.instance_count, kind=settings.instance_kind)
+    if settings.dynamic_batching:
+        config.dynamic_batching.SetInParent()  # present even when every field below keeps its default
+        config.dynamic_batching.preferred_batch_size.extend(settings.preferred_batch_sizes)
+        config.dynamic_batching.max_queue_delay_microseconds = settings.max_queue_delay_us
+    return config
 
 
 def config_pbtxt(name: str, platform: str, task: str, num_labels: int, settings: TritonSettings) -> str:
-    """A Triton ModelConfig in protobuf text format; dims exclude the batch axis (max_batch_size > 0)."""
-    out_dims = "[ -1 ]" if task == "squad" else f"[ {num_labels} ]"
-    lines = [f'name: "{name}"', f'platform: "{platform}"', f"max_batch_size: {settings.max_batch_size}", "input ["]
-    lines += [",\n".join(f'  {{\n    name: "{n}"\n    data_type: TYPE_INT64\n    dims: [ -1 ]\n  }}' for n in INPUTS)]
-    lines += ["]", "output ["]
-    lines += [",\n".join(f'  {{\n    name: "{n}"\n    data_type: TYPE_FP32\n    dims: {out_dims}\n  }}'
-                         for n in output_names(task))]
-    lines += ["]", "instance_group [", f"  {{\n    count: {settings.instance_count}\n    kind: {settings.instance_kind}\n  }}",
-              "]"]
-    if settings.dynamic_batching:
-        lines.append("dynamic_batching {")
-        if settings.preferred_batch_sizes:
-            lines.append(f"  preferred_batch_size: [ {', '.join(map(str, settings.preferred_batch_sizes))} ]")
-        lines += [f"  max_queue_delay_microseconds: {settings.max_queue_delay_us}", "}"]
-    return "\n".join(lines) + "\n"
-
-
-def sample_inputs(tokenizer, predict_file: Optional[str], window: squad.WindowSettings,
-                  count: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Real windows (ids, segments, mask as int64 [N, L]) from a SQuAD file, else from the built-in paragraph."""
-    if predict_file:
-        examples = squad.read_squad_examples(predict_file, is_training=False, version_2_with_negative=True)
-    else:
-        words, _ = squad.split_context(SAMPLE_CONTEXT)
-        examples = [squad.SquadExample(str(i), q, words, [], context_id=0) for i, q in enumerate(SAMPLE_QUESTIONS)]
-    features = squad.convert_examples_to_features(examples[:count], tokenizer, window)
-    if len(features) == 0:
-        raise InputError(f"{predict_file or 'sample'}: no features to check the export with")
-    rows = slice(0, count)
-    return tuple(np.asarray(a[rows], dtype=np.int64) for a in (features.input_ids, features.segment_ids,
-                                                              features.input_mask))
+    """config.pbtxt: the ModelConfig in protobuf text format, as Triton reads it."""
+    return text_format.MessageToString(model_config(name, platform, task, num_labels, settings))
 
 
 def export_onnx(module: nn.Module, example: tuple[torch.Tensor, ...], path: Path, task: str, opset: int) -> None:
@@ -179,9 +162,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--task", choices=("squad", "glue"), default="squad")
     p.add_argument("--num_labels", type=int, default=2, help="GLUE: classes (1 for regression)")
     p.add_argument("--predict_file", help="SQuAD JSON whose first windows check the export (default: built in)")
-    p.add_argument("--max_seq_length", type=int, default=384)
-    p.add_argument("--doc_stride", type=int, default=128)
-    p.add_argument("--max_query_length", type=int, default=64)
+    squad_cli.add_window_arguments(p)
     p.add_argument("--format", choices=tuple(PLATFORMS), default="onnx")
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--tolerance", type=float, default=1e-3, help="largest accepted |export - PyTorch|")
@@ -205,17 +186,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
-    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
-    config, weights = model_config(args.config_file, args.init_checkpoint)
+    tokenizer = finetuning.load_tokenizer(args.vocab_file, args.do_lower_case)
+    config, weights = finetuning.model_config(args.config_file, args.init_checkpoint)
     torch.manual_seed(args.seed)
     if args.task == "squad":
         make: Callable = BertForQuestionAnswering
     else:
         def make(c):
             return BertForSequenceClassification(c, args.num_labels)
-    model = build_model(make, config, weights, args.init_checkpoint, len(tokenizer.vocab), args.max_seq_length)
-    window = squad.WindowSettings(args.max_seq_length, args.doc_stride, args.max_query_length)
-    inputs = sample_inputs(tokenizer, args.predict_file, window)
+    model = finetuning.build_model(make, config, weights, args.init_checkpoint, len(tokenizer.vocab),
+                                   args.max_seq_length)
+    inputs = sample_inputs(tokenizer, args.predict_file, squad_cli.window_settings(args))
     settings = TritonSettings(args.max_batch_size, args.dynamic_batching, tuple(args.preferred_batch_sizes),
                               args.max_queue_delay_us, args.instance_count, args.instance_kind)
     model_dir, _ = deploy(TritonSignature(model).eval(), inputs, Path(args.model_repository), args.model_name,

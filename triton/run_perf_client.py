@@ -5,8 +5,9 @@
         --concurrency 1 2 4 --seq_length 384 --requests 50 --output_dir results/perf
 
 For every (batch size, concurrency) pair, `concurrency` threads (one client each) send requests of real SQuAD
-windows (--predict_file, else deployer.py's built-in paragraph) until --requests are done or --max_seconds
-passed. perf.csv holds p50/p90/p95/p99 and mean latency (ms) and throughput (sequences/s); perf.png draws them.
+windows (--predict_file, else the built-in paragraph that deployer.py checks exports with) until --requests
+are done or --max_seconds passed. perf.csv holds p50/p90/p95/p99 and mean latency (ms) and throughput
+(sequences/s); perf.png draws them.
 """
 from __future__ import annotations
 
@@ -15,22 +16,21 @@ import csv
 import threading
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from bertrecipe import squad
-from client import TritonQA, add_server_arguments
-from deployer import sample_inputs
 from bertrecipe.errors import ArgumentParser, InputError, run_cli
 from bertrecipe.finetuning import load_tokenizer
+from bertrecipe.serving import TritonQA, add_server_arguments, check_server, sample_inputs
 
 FIELDS = ("batch_size", "concurrency", "requests", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms",
           "sequences_per_second")
 
 
-def measure(make_client, arrays: Sequence[np.ndarray], batch_size: int, concurrency: int, requests: int,
-            max_seconds: float) -> dict[str, float]:
+def measure(make_client: Callable[[], TritonQA], arrays: Sequence[np.ndarray], batch_size: int, concurrency: int,
+            requests: int, max_seconds: float) -> dict[str, float]:
     """One (batch size, concurrency) point; every thread stops at the request budget or the deadline."""
     rows = np.arange(batch_size) % len(arrays[0])  # repeat windows when the sample holds fewer than batch_size
     batch = [a[rows] for a in arrays]
@@ -141,18 +141,12 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict[str, float]]:
     tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
     arrays = sample_inputs(tokenizer, args.predict_file, squad.WindowSettings(args.seq_length, 128, 64))
 
-    def make_client() -> TritonQA:
-        return TritonQA(args.url, args.model_name, args.protocol, args.model_version, args.timeout)
-
-    probe = make_client()  # one clear error for a dead server, before any thread starts
-    try:
-        probe.check_ready()
-    finally:
-        probe.close()
+    check_server(args)  # one clear error for a dead server, before any thread starts
     rows = []
     for concurrency in args.concurrency:
         for batch_size in args.batch_sizes:
-            row = measure(make_client, arrays, batch_size, concurrency, args.requests, args.max_seconds)
+            row = measure(lambda: TritonQA.from_args(args), arrays, batch_size, concurrency, args.requests,
+                          args.max_seconds)
             print(", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
                   flush=True)
             rows.append(row)

@@ -4,8 +4,9 @@
     python triton/run_squad_client.py --predict_file dev-v1.1.json --vocab_file vocab.txt --do_lower_case \
         --output_dir results/triton --url 127.0.0.1:8001 --protocol grpc --model_name bert
 
-Windows, answer extraction, prediction files and scoring are run_squad.py's own (same flags and defaults), so
-for the same model the predictions equal `run_squad.py --do_predict --do_eval`'s. Prints the scores as JSON.
+Windows, answer extraction, prediction files and scoring are run_squad.py's own (same flags and defaults, from
+squad_cli.py), so for the same model the predictions equal `run_squad.py --do_predict --do_eval`'s. Prints the
+scores as JSON.
 """
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ import json
 import time
 from typing import Any, Optional, Sequence
 
-from bertrecipe import run_squad
 from bertrecipe import squad_answers
-from client import TritonQA, add_server_arguments
+from bertrecipe import squad_cli
 from bertrecipe.errors import ArgumentParser, InputError, check_output_dir, run_cli
 from bertrecipe.finetuning import load_tokenizer
+from bertrecipe.serving import TritonQA, add_server_arguments, check_server
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -28,16 +29,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--vocab_file", required=True)
     p.add_argument("--do_lower_case", action="store_true")
     p.add_argument("--output_dir", required=True, help="where predictions.json and nbest_predictions.json go")
-    p.add_argument("--max_seq_length", type=int, default=384)
-    p.add_argument("--doc_stride", type=int, default=128)
-    p.add_argument("--max_query_length", type=int, default=64)
-    p.add_argument("--n_best_size", type=int, default=20)
-    p.add_argument("--max_answer_length", type=int, default=30)
-    p.add_argument("--version_2_with_negative", action="store_true")
-    p.add_argument("--null_score_diff_threshold", type=float, default=0.0)
-    p.add_argument("--eval_script", help="an external evaluation script (default: the in-process official metric)")
-    p.add_argument("--skip_cache", action="store_true", help="neither read nor write the feature cache")
-    p.add_argument("--cache_dir", help="feature cache folder (default: the data file's, else --output_dir)")
+    squad_cli.add_window_arguments(p)
+    squad_cli.add_answer_arguments(p)
+    squad_cli.add_eval_script_argument(p)
+    squad_cli.add_cache_arguments(p)
     args = p.parse_args(argv)
     if args.batch_size < 1:
         raise InputError("--batch_size must be at least 1")
@@ -48,26 +43,19 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     args = parse_args(argv)
     check_output_dir(args.output_dir)  # the folder itself is made by the first write
     tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
-    # A dead server is reported before the features, which take a minute on a full dev set; the probe's client
-    # is closed rather than left idle meanwhile.
-    probe = TritonQA(args.url, args.model_name, args.protocol, args.model_version, args.timeout)
-    try:
-        probe.check_ready()
-    finally:
-        probe.close()
-    examples, features = run_squad.features_for(args, tokenizer, args.predict_file, is_training=False)
-    qa = TritonQA(args.url, args.model_name, args.protocol, args.model_version, args.timeout)
+    check_server(args)  # a dead server is reported before the features, which take a minute on a full dev set
+    examples, features = squad_cli.features_for(args, tokenizer, args.predict_file, is_training=False)
+    qa = TritonQA.from_args(args)
     began = time.perf_counter()
     try:
         start, end = qa.logits(features, args.batch_size)
     finally:
         qa.close()
     seconds = time.perf_counter() - began
-    settings = squad_answers.AnswerSettings(args.n_best_size, args.max_answer_length, args.do_lower_case,
-                                            args.version_2_with_negative, args.null_score_diff_threshold)
-    predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab, settings)
+    predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab,
+                                                squad_cli.answer_settings(args))
     squad_answers.write_predictions(args.output_dir, predictions, args.version_2_with_negative)
-    scores = run_squad.evaluate(args)
+    scores = squad_cli.evaluate(args)
     scores.update(e2e_inference_time=seconds, inference_sequences_per_second=len(features) / seconds)
     print(json.dumps(scores, indent=2))
     return scores

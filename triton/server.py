@@ -26,7 +26,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from bertrecipe.errors import ArgumentParser, InputError, run_cli
-from runtime import INPUTS, runner_for
+from bertrecipe.serving import INPUTS, runner_for
 
 
 def require_numpy_1() -> None:

@@ -23,9 +23,7 @@ before anything is read); it is written whole or not at all.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import re
 import string
 import sys
@@ -33,7 +31,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from bertrecipe.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.atomic_files import write_atomic
+from bertrecipe.errors import ArgumentParser, InputError, read_json_file, run_cli
 from bertrecipe.squad import is_squad_v2, load_squad_json
 
 _PUNCTUATION = frozenset(string.punctuation)  # ASCII only, as the official scripts
@@ -228,18 +227,7 @@ def evaluate_v2(
 # Files and command line
 # ---------------------------------------------------------------------------------------------------------
 def _load_json_object(path: str | Path, what: str) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except FileNotFoundError:
-        raise InputError(f"{path}: {what} file not found") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not a {what} file") from None
-    except UnicodeDecodeError as error:
-        raise InputError(f"{path}: not UTF-8 (byte {error.start})") from None
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}: malformed JSON ({error.msg} at line {error.lineno} column {error.colno})") from None
+    value = read_json_file(path, f"{what} file")
     if not isinstance(value, dict):
         raise InputError(f"{path}: the {what} file must hold a JSON object")
     return value
@@ -304,16 +292,12 @@ def check_out_file(path: str | Path) -> Path:
 
 
 def write_scores(path: Path, result: dict[str, Any]) -> None:
-    """The scores as one JSON line (as evaluate-v2.0.py writes them), through a temporary file in the same
-    folder (with the permissions a plain open gives), so that a failed write leaves no partial file."""
-    temporary = path.parent / f".scores.{os.getpid()}.tmp"
+    """The scores as one JSON line (as evaluate-v2.0.py writes them), written atomically: a failed write leaves
+    no partial file."""
+    text = json.dumps(result)
     try:
-        with open(temporary, "w", encoding="utf-8") as f:
-            json.dump(result, f)
-        os.replace(temporary, path)
+        write_atomic(path, lambda f: f.write(text.encode("utf-8")))
     except OSError as error:
-        with contextlib.suppress(OSError):
-            temporary.unlink(missing_ok=True)
         raise InputError(f"{path}: cannot write the scores ({error.strerror})") from None
 
 

@@ -18,10 +18,11 @@ from tqdm import tqdm
 # tqdm's default lock is a multiprocessing semaphore that spawn workers leak warnings about; threads suffice.
 tqdm.set_lock(threading.RLock())
 
+from bertrecipe.atomic_files import remove_stale_temporaries_of
 from bertrecipe.data import download, engine, layout, text_formatting
 from bertrecipe.data.create_pretraining_data import ShardConfig, check_paths, shard_attributes, shard_task, validate
 from bertrecipe.data.errors import ArgumentParser, DataError, run_cli
-from bertrecipe.data.outputs import inside, refuse_input_as_output, remove_stale_temporaries_of
+from bertrecipe.data.outputs import inside, refuse_input_as_output
 from bertrecipe.data.sharding import ShardingConfig, segment_tasks, shard_corpus
 from bertrecipe.data.shard_writer import is_complete
 from bertrecipe.data.tokenization import load_vocab

@@ -8,6 +8,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from bertrecipe.errors import read_text_file
+
 from .ascii_wordpiece import non_ascii_lines
 from .errors import DataError
 from .tokenization import BertTokenizer
@@ -76,16 +78,12 @@ def input_files(spec: str | Path) -> list[Path]:
 
 
 def read_text(path: Path) -> str:
-    """The whole file as text; a missing file or non-UTF-8 bytes are a DataError."""
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise DataError(path, f"cannot read the input file ({err.strerror}); check --input_file") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(path, f"not UTF-8 text (invalid byte at offset {err.start}); convert it to UTF-8, e.g. "
-                              "iconv -f <its encoding> -t utf-8") from None
+    """The whole file as text, line ends as they are; an unreadable file or non-UTF-8 bytes are a DataError."""
+    return read_text_file(path, "input file", newline="", error=DataError, wording={
+        "missing": "input file not found; check --input_file",
+        "unreadable": "cannot read the input file ({reason}); check --input_file",
+        "not UTF-8": "not UTF-8 text (invalid byte at offset {byte}); convert it to UTF-8, e.g. iconv -f <its "
+                     "encoding> -t utf-8"})
 
 
 def _slices(text: str) -> Iterable[str]:

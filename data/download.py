@@ -8,15 +8,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
 from typing import Callable
 
+from bertrecipe.atomic_files import atomic_output, scratch_folder
+from bertrecipe.errors import read_text_file
+
 from .errors import DataError
-from .outputs import atomic_output, remove_stale_temporaries, temporary_name
 
 TIMEOUT = 15  # seconds without a byte: offline or a dead mirror fails fast, with the URL in the message
 CHUNK = 1 << 20
@@ -132,23 +133,20 @@ def fetch_zip(url: str, dest_dir: Path, expected: dict[str, str] | None = None) 
 
 
 def _extract(archive: Path, folder: Path) -> None:
-    """Unzip into `.<folder name>.tmp-<pid>` beside folder, then rename into place; the temporary folder a
-    killed run left there is removed first, ours whatever happens."""
-    remove_stale_temporaries(folder)
-    tmp = temporary_name(folder)
+    """Unzip into a scratch folder beside folder, move the result (the zip's one top folder, when it has it) to
+    folder's temporary name, then rename that into place; a killed run's temporaries are removed first."""
     try:
-        with zipfile.ZipFile(archive) as z:
-            z.extractall(tmp)
-        inner = tmp / archive.stem
-        os.replace(inner if inner.is_dir() else tmp, folder)  # a zip with one top folder: that folder
+        with atomic_output(folder) as tmp, scratch_folder(folder) as scratch:
+            with zipfile.ZipFile(archive) as z:
+                z.extractall(scratch)
+            inner = scratch / archive.stem
+            os.replace(inner if inner.is_dir() else scratch, tmp)
     except zipfile.BadZipFile:
         archive.unlink()  # a corrupt archive would otherwise be "complete" forever
         raise DataError(archive, "not a valid zip file (deleted; run again to download it anew)") from None
     except OSError as err:
         raise DataError(archive, f"cannot extract ({err.strerror or err}); check free space and permissions of "
                                  f"{folder.parent}") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def download_google_weights(root: Path, base: str = GOOGLE_BERT) -> list[Path]:
@@ -203,21 +201,12 @@ def read_book_urls(url_list: Path) -> tuple[list[str], int]:
     """The book URLs of a BookCorpus list and the number of JSON-lines entries without a .txt URL (skipped:
     only plain text is downloaded). Lines are URLs, or JSON objects as soskek/bookcorpus's download_list.py
     writes them; blank lines are ignored."""
-    try:
-        text = url_list.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    text = read_text_file(url_list, "BookCorpus URL list", error=DataError, wording={
         # The repository ships no list (BookCorpus is no longer distributed): say what to put there.
-        raise DataError(url_list, "BookCorpus URL list not found; this repository ships none. Write this file "
-                                  f"with {BOOK_LIST_FORMAT}; or pass another file with --bookscorpus_url_list"
-                        ) from None
-    except IsADirectoryError:
-        raise DataError(url_list, "BookCorpus URL list is a directory, not a file; pass the list file with "
-                                  "--bookscorpus_url_list") from None
-    except UnicodeDecodeError as err:
-        raise DataError(url_list, f"BookCorpus URL list is not UTF-8 (byte {err.start}); save it as UTF-8"
-                        ) from None
-    except OSError as err:
-        raise DataError(url_list, f"cannot read the BookCorpus URL list ({err.strerror})") from None
+        "missing": f"{{what}} not found; this repository ships none. Write this file with {BOOK_LIST_FORMAT}; or "
+                   "pass another file with --bookscorpus_url_list",
+        "directory": "{what} is a directory, not a file; pass the list file with --bookscorpus_url_list",
+        "not UTF-8": "{what} is not UTF-8 (byte {byte}); save it as UTF-8"})
     urls: list[str] = []
     no_txt = 0
     for number, line in enumerate(text.split("\n"), 1):

@@ -8,11 +8,11 @@ from typing import Iterable, Mapping
 import h5py
 import numpy as np
 
-from .errors import DataError
-from .outputs import atomic_output, temporary_name
+from bertrecipe.atomic_files import atomic_output
 
-__all__ = ["FORMAT_VERSION", "KEYS", "is_complete", "temporary_name", "write_shard",
-           "write_shard_blocks"]
+from .errors import DataError
+
+__all__ = ["FORMAT_VERSION", "KEYS", "is_complete", "write_shard", "write_shard_blocks"]
 
 FORMAT_VERSION = 1
 # Key -> (dtype, number of dimensions) of interfaces section 1.
@@ -43,7 +43,7 @@ def write_shard_blocks(path: str | Path, rows: int, row_shapes: Mapping[str, tup
     """write_shard for rows that come in blocks (consecutive rows of all six keys): the datasets are created
     with their final shapes (rows, *row_shapes[key]) and filled block by block, so that only one block need be
     in memory. Blocks that do not add up to rows are a ValueError, and nothing is left at path. clean=False:
-    the caller removed path's stale temporaries already (data/outputs.py)."""
+    the caller removed path's stale temporaries already (atomic_files.remove_stale_temporaries_of)."""
     path = Path(path)
     try:
         # Missing folders are made and stale temporaries of killed runs removed only now, at the first write.

@@ -38,10 +38,12 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
 
 import blingfire
 
+from bertrecipe.atomic_files import atomic_output, remove_stale_temporaries_of, scratch_folder
+
 from .engine import Runner, in_order
 from .errors import DataError
 from .layout import SPLITS
-from .outputs import atomic_output, refuse_input_as_output, remove_stale_temporaries_of, scratch_folder
+from .outputs import refuse_input_as_output
 
 FAN_OUT = 128  # most shards, or spill files, written at once by one level (at least 2)
 _RECORD = struct.Struct("<IQ")  # an article: shard index within a spill (or sentences in a part), byte length

@@ -27,9 +27,11 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Sequence, TextIO
 
 from wikiextractor.extract import Extractor
 
+from bertrecipe.atomic_files import atomic_output, scratch_folder
+from bertrecipe.errors import read_text_file
+
 from .engine import Runner, in_order
 from .errors import DataError
-from .outputs import atomic_output, scratch_folder
 
 BOOKS_PER_TASK = 256  # books formatted by one task: enough work to amortise a Dask round trip
 
@@ -102,15 +104,9 @@ def wiki_articles(path: Path) -> Iterator[str]:
 
 def book_text(path: Path) -> str:
     """A book as one line: UTF-8 with or without BOM, CRLF or LF; whitespace runs become one space."""
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise DataError(path, f"cannot read the book ({err.strerror}); fix its permissions or remove it") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise DataError(path, f"not UTF-8 text (invalid byte at offset {err.start}); convert the book to UTF-8 "
-                              "or remove it") from None
+    text = read_text_file(path, "book", encoding="utf-8-sig", newline="", error=DataError, wording={
+        "unreadable": "cannot read the book ({reason}); fix its permissions or remove it",
+        "not UTF-8": "not UTF-8 text (invalid byte at offset {byte}); convert the book to UTF-8 or remove it"})
     return " ".join(text.split())
 
 

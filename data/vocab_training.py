@@ -15,8 +15,10 @@ from typing import Iterator, Sequence
 import numpy as np
 from tokenizers.implementations import BertWordPieceTokenizer
 
+from bertrecipe.atomic_files import atomic_output
+
 from .errors import DataError
-from .outputs import atomic_output, check_writable, refuse_input_as_output
+from .outputs import check_writable, refuse_input_as_output
 from .tokenization import SPECIAL_TOKENS, load_vocab
 
 LIMIT_ALPHABET = 1000  # most distinct characters kept (the most frequent ones)

@@ -37,13 +37,9 @@ EXTRA_ARGS=${EXTRA_ARGS:-}           # e.g. "--eval_dir DIR --compile_optimizer 
 
 mkdir -p "$CHECKPOINTS_DIR"
 flags=()
-case "$precision" in
-  fp16) flags+=(--fp16) ;;
-  bf16) flags+=(--bf16) ;;
-  tf32) flags+=(--tf32) ;;
-  fp32) ;;
-  *) echo "error: unknown precision '$precision' (fp16, bf16, tf32 or fp32)" >&2; exit 2 ;;
-esac
+# shellcheck source=scripts/precision_flags.sh
+source "$(dirname "${BASH_SOURCE[0]}")/precision_flags.sh"
+add_precision_flag "$precision"
 [ "$accumulate_gradients" = "true" ] || { gradient_accumulation_steps=1; gradient_accumulation_steps_phase2=1; }
 [ "$allreduce_post_accumulation" = "true" ] && flags+=(--allreduce_post_accumulation)
 [ "$allreduce_post_accumulation_fp16" = "true" ] && flags+=(--allreduce_post_accumulation_fp16)

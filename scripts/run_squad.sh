@@ -23,13 +23,9 @@ CODEDIR=${CODEDIR:-"$(cd "$(dirname "$0")/.." && pwd)"}
 PYTHON=${PYTHON:-python3}
 
 flags=()
-case "$precision" in
-  fp16) flags+=(--fp16) ;;
-  bf16) flags+=(--bf16) ;;
-  tf32) flags+=(--tf32) ;;
-  fp32) ;;
-  *) echo "error: unknown precision '$precision' (fp16, bf16, tf32 or fp32)" >&2; exit 2 ;;
-esac
+# shellcheck source=scripts/precision_flags.sh
+source "$(dirname "${BASH_SOURCE[0]}")/precision_flags.sh"
+add_precision_flag "$precision"
 [[ $mode == *train* ]] && flags+=(--do_train --train_file="$squad_dir/train-v1.1.json" --train_batch_size="$batch_size")
 [[ $mode == *eval* || $mode == *prediction* ]] && flags+=(--do_predict --predict_file="$squad_dir/dev-v1.1.json" \
   --predict_batch_size="$batch_size")

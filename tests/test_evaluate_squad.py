@@ -526,7 +526,7 @@ def test_failed_out_file_write_keeps_the_old_file_and_leaves_no_temporary(tmp_pa
     def full_disk(*args):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(ev.os, "replace", full_disk)
+    monkeypatch.setattr(os, "replace", full_disk)  # wherever the write happens (atomic_files)
     with pytest.raises(InputError, match=f"{out}: cannot write the scores .No space left on device."):
         ev.main([str(data), str(pred), "--out-file", str(out)])
     assert out.read_text() == "old scores" and sorted(p.name for p in tmp_path.iterdir()) == before

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from host import detect, host_line
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 GOOGLE_MB_S = 0.27
@@ -195,6 +197,7 @@ def main() -> None:
     args = p.parse_args()
     if not SHARED.is_dir():
         raise SystemExit(f"error: {SHARED}: shared data not found (set BERT_SHARED_DATA)")
+    print(host_line(detect(), "no model runs"), flush=True)
     run_benchmark(args.repeats)
     if args.segmenters:
         compare_segmenters()

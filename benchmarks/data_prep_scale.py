@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from host import detect, host_line
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 BERT_PREP = REPO / "data" / "bertPrep.py"
@@ -280,11 +282,9 @@ def show_goals(results: dict[float, tuple[float, list[Stage], dict]]) -> None:
 
 
 def header(vocab: Path, books: Path | None, args: argparse.Namespace) -> None:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    versions = ", ".join(f"{m} {metadata.version(m)}" for m in ("torch", "numpy", "h5py", "blingfire", "tokenizers"))
-    print(f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {versions}; fp32 CPU only "
-          f"(no model runs); {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    versions = ", ".join(f"{m} {metadata.version(m)}" for m in ("numpy", "h5py", "blingfire", "tokenizers"))
+    print(f"{host_line(detect(), 'no model runs')}; {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"{versions}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"corpus: default corpus{' + ' + str(books) if books else ''}, documents of {args.doc_kb} KB; "
           f"{args.n_training_shards} training + {args.n_test_shards} test shards; seq 128, 20 predictions, "
           f"dupe factor 5, no compression; vocab {vocab}")

@@ -7,7 +7,8 @@ run_squad.py, one command for the whole table:
 
 GLUE tasks train on the full train.tsv and are scored on dev.tsv. The official SQuAD train set is not available
 here, so SQuAD v1.1 trains on the first 40 of the 48 dev-v1.1 articles and is scored on the other 8. Every run is
-a subprocess with the exact flags printed, so each figure can be reproduced on its own.
+a subprocess with the exact flags printed, so each figure can be reproduced on its own. The runs are fp32 unless
+--extra passes --bf16 or --fp16; the table names the device, precision and torch version.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from host import detect, host_line, recipe_device, warn_if_emulated
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = Path(os.environ.get("BERT_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
@@ -89,14 +92,20 @@ def main() -> None:
     parser.add_argument("--extra", default="", help="more flags for every run, e.g. '--bf16'")
     args = parser.parse_args()
     model = args.model or args.data / "minilm"
+    extra = args.extra.split()
+    host = detect(recipe_device())  # run_glue.py and run_squad.py train on the GPU when there is one
+    precision = next((flag[2:] for flag in extra if flag in ("--bf16", "--fp16")), "fp32")
+    warn_if_emulated(host, [precision])
+    print(host_line(host, precision), flush=True)
     rows = []
     for task in args.tasks:
         out = args.output_dir / task
         if task == "squad":
-            rows.append(squad_task(args.data, model, out, args.extra.split()))
+            rows.append(squad_task(args.data, model, out, extra))
         else:
-            rows.append(glue_task(task, args.data, model, out, args.extra.split()))
-    print(f"\nmodel: {model}, torch threads: {os.environ.get('OMP_NUM_THREADS', 'default')}")
+            rows.append(glue_task(task, args.data, model, out, extra))
+    print(f"\n{host_line(host, precision)}; model: {model}, torch threads: "
+          f"{os.environ.get('OMP_NUM_THREADS', 'default')}")
     print("| task | score | settings | minutes |\n|---|---|---|---|")
     for row in rows:
         print(f"| {row['task']} | {row['scores']} | {row['settings']} | {row['minutes']:.1f} |")

@@ -8,7 +8,7 @@ per second over all timed steps and our speed-up over the peer, for two kinds of
         random; on average 178 of their 384 positions are tokens, the rest padding, as in any SQuAD run;
   full: every position a token (no padding), the model's speed alone.
 
-    python benchmarks/finetune_throughput.py                            # BERT-base, batch 4, bf16
+    python benchmarks/finetune_throughput.py                            # BERT-base, batch 4, bf16 where native
     python benchmarks/finetune_throughput.py --config large --precision fp32 bf16 --steps 5 --windows full
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 
 from bertrecipe.model import BertConfig, BertForQuestionAnswering
 from bertrecipe.optimization import build_adamw
+from host import detect, host_line, host_record, pick_precisions
 
 Batch = tuple[torch.Tensor, ...]
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -127,7 +128,8 @@ def main() -> None:
     parser.add_argument("--config", default="base", help="base, large, or a bert_config.json / config.json path")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=384)
-    parser.add_argument("--precision", nargs="+", default=["bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--precision", nargs="+", choices=["fp32", "bf16"],
+                        help="default: bf16 where the CPU has it natively, else fp32")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=4, help="batches per round, each a step")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds over the batches (median reported)")
@@ -140,18 +142,20 @@ def main() -> None:
     presets = {"base": BertConfig(), "large": BertConfig(hidden_size=1024, num_hidden_layers=24,
                                                          num_attention_heads=16, intermediate_size=4096)}
     config = presets.get(args.config) or BertConfig.from_json_file(args.config)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; BERT {args.config}, batch {args.batch}, "
-          f"seq {args.seq}")
+    host = detect("cpu")  # both models run on the CPU
+    precisions = pick_precisions(host, args.precision, ["bf16"])
+    print(f"{host_line(host, ' and '.join(precisions))}, {torch.get_num_threads()} threads; BERT {args.config}, "
+          f"batch {args.batch}, seq {args.seq}")
     windows = real_windows(args.squad_file, args.vocab_file, args.seq) if "real" in args.windows else None
     results = []
     for kind in args.windows:
         batches = make_batches(kind, windows, config.vocab_size, args.batch, args.seq, args.steps)
         filled = sum(int(b[2].sum()) for b in batches) / sum(b[2].numel() for b in batches)
-        for precision in args.precision:
+        for precision in precisions:
             for phase, build in (("training", train_step), ("inference", infer_step)):
                 row = {"windows": kind, "tokens_per_position": round(filled, 3), "phase": phase,
-                       "precision": precision, "batch": args.batch, "seq": args.seq, "steps": args.steps,
-                       "rounds": args.rounds}
+                       "batch": args.batch, "seq": args.seq, "steps": args.steps, "rounds": args.rounds,
+                       **host_record(host, precision)}
                 steps = {}
                 for name, make in (("ours", ours), ("peer", peer)):
                     torch.manual_seed(0)

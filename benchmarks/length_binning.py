@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -22,23 +21,12 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-import torch
+
+from host import detect, host_line, pick_precisions, recipe_device
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024,
          "max_position_embeddings": 512, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
-
-
-def native_bf16() -> bool:
-    """bf16 only where the CPU computes it natively (AMX or AVX-512 BF16); emulated bf16 times nothing useful."""
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def cpu_name() -> str:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    match = re.search(r"model name\s*:\s*(.+)", text)
-    return match.group(1).strip() if match else "unknown CPU"
 
 
 def default_shards(work: Path) -> Path:
@@ -76,8 +64,11 @@ def main() -> None:
     p.add_argument("--accumulation", type=int, default=8)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16" if native_bf16() else "fp32")
+    p.add_argument("--precision", choices=("bf16", "fp32"),
+                   help="default: bf16 where the hardware has it natively, else fp32")
     args = p.parse_args()
+    host = detect(recipe_device())  # run_pretraining.py trains on the GPU when there is one
+    args.precision = pick_precisions(host, [args.precision] if args.precision else None, ["bf16"])[0]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         folder = args.input_dir or default_shards(work / "prep")
@@ -91,7 +82,7 @@ def main() -> None:
             for binned in (False, True):
                 results[binned].append(throughput(args, folder, config, work, binned))
     shards = args.input_dir or "the embedded corpus's phase-2 shards"
-    print(f"{cpu_name()}, torch {torch.__version__}, {args.precision}; {shards}; {real:.0f} real tokens per "
+    print(f"{host_line(host, args.precision)}; {shards}; {real:.0f} real tokens per "
           f"sequence of 512; batch {args.batch} x accumulation {args.accumulation}, {args.steps} steps")
     for binned in (False, True):
         best = max(results[binned])

@@ -22,7 +22,7 @@ import argparse
 import hashlib
 import json
 import math
-import platform
+import os
 import subprocess
 import sys
 import tempfile
@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 from bertrecipe import sample_order
 from bertrecipe.pretraining_data import (SHARD_KEYS, BatchPlan, PretrainingData, ShardInfo,
                               check_value_ranges, inspect_shard, make_batch)
+from host import detect, host_line, host_record
 
 VOCAB, SEQ, PREDICTIONS = 30522, 128, 20
 CLS, SEP, MASK = 101, 102, 103
@@ -314,12 +315,6 @@ def throughput(folder: Path, lanes: list[int], micro: int, rounds: int) -> dict:
 
 # --- Report -------------------------------------------------------------------------------------------------------
 
-def cpu_name() -> str:
-    with open("/proc/cpuinfo") as f:
-        names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-    return f"{names[0] if names else platform.processor()}, {len(names)} logical CPUs"
-
-
 def print_decompression(title: str, rows: list[dict]) -> None:
     print(f"\n{title}; every block read whole once (1 lane): {rows[0]['blocks_once_over_data']:.3f}x the data")
     print("  W    K  lanes  decompressed/data  /every-chunk-once  per rank max / mean MiB  per worker max MiB")
@@ -385,12 +380,15 @@ def main() -> None:
         return child(args.child)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # 4 workers on 2 cores: on purpose
-    print(f"CPU: {cpu_name()}; torch {torch.__version__}, h5py {h5py.__version__} (HDF5 {h5py.version.hdf5_version}), "
-          f"numpy {np.__version__}; seq {SEQ}, {PREDICTIONS} predictions, gzip shards of h5py's default chunks")
+    host = detect()
+    print(f"{host_line(host, 'no model runs')}, {os.cpu_count()} logical CPUs; h5py {h5py.__version__} (HDF5 "
+          f"{h5py.version.hdf5_version}), numpy {np.__version__}; seq {SEQ}, {PREDICTIONS} predictions, gzip shards "
+          f"of h5py's default chunks")
     rng = np.random.default_rng(args.seed)
     sizes = np.exp(rng.uniform(*np.log(args.rows), args.shards)).astype(int).tolist()
     scale = rng.integers(*args.scale_rows, args.scale_shards).tolist()
-    results: dict[str, Any] = {"cpu": cpu_name(), "torch": torch.__version__, "sizes": sizes}
+    results: dict[str, Any] = {"cpu": f"{host.device}, {os.cpu_count()} logical CPUs",
+                               **host_record(host, "no model runs"), "sizes": sizes}
     with tempfile.TemporaryDirectory() as tmp:
         began = time.perf_counter()
         small = make_set(Path(tmp) / "small", sizes, args.seed)

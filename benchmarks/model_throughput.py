@@ -5,6 +5,7 @@ Both run in this process on the same batch and precision: forward, backward and 
 FLOP/s is reported as a fraction of this machine's matrix-multiply peak, measured here with large GEMMs.
 
     python benchmarks/model_throughput.py                       # BERT-base, seq 128 and 512, fp32 and bf16
+                                                                # (fp32 alone where the CPU has no native bf16)
     python benchmarks/model_throughput.py --seq 128 --precision bf16 --steps 3
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from bertrecipe.model import BertConfig, BertForPreTraining
 from bertrecipe.optimization import Lamb, weight_decay_groups
+from host import detect, host_line, host_record, pick_precisions
 
 MASKED_PER_SEQ = {128: 20, 512: 80}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -116,7 +118,8 @@ def main() -> None:
     parser.add_argument("--config", default="base", help="base, large, or a bert_config.json path")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, nargs="+", default=[128, 512])
-    parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=sorted(DTYPES))
+    parser.add_argument("--precision", nargs="+", choices=sorted(DTYPES),
+                        help="default: fp32 and bf16, fp32 alone where the CPU has no native bf16")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -126,8 +129,11 @@ def main() -> None:
                                                          num_attention_heads=16, intermediate_size=4096)}
     config = presets.get(args.config) or BertConfig.from_json_file(args.config)
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; BERT {args.config}, batch {args.batch}")
-    peaks = {p: matmul_peak_flops(DTYPES[p]) for p in args.precision}
+    host = detect("cpu")  # both models run on the CPU
+    precisions = pick_precisions(host, args.precision, ["fp32", "bf16"])
+    print(f"{host_line(host, ' and '.join(precisions))}, {torch.get_num_threads()} threads; BERT {args.config}, "
+          f"batch {args.batch}")
+    peaks = {p: matmul_peak_flops(DTYPES[p]) for p in precisions}
     for p, flops in peaks.items():
         print(f"matmul peak {p}: {flops / 1e12:.3f} TFLOP/s")
     results = []
@@ -135,8 +141,8 @@ def main() -> None:
         masked = MASKED_PER_SEQ.get(seq, max(1, round(seq * 0.15)))
         batch = make_batch(config, args.batch, seq, masked)
         flops = training_flops(config, args.batch, seq, masked)
-        for precision in args.precision:
-            row = {"seq": seq, "masked": masked, "precision": precision, "batch": args.batch}
+        for precision in precisions:
+            row = {"seq": seq, "masked": masked, "batch": args.batch, **host_record(host, precision)}
             for name, build in (("ours", ours_step), ("peer", peer_step)):
                 seconds = time_steps(build(config, batch), precision, args.warmup, args.steps)
                 row[f"{name}_seq_per_s"] = args.batch / seconds
@@ -147,7 +153,8 @@ def main() -> None:
                   f"({row['ours_peak_fraction']:.0%} of peak), transformers+AdamW {row['peer_seq_per_s']:.2f} seq/s "
                   f"({row['peer_peak_fraction']:.0%}), speed-up {row['speedup']:.2f}x", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"peaks": peaks, "results": results}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"host": host_record(host, " and ".join(precisions)), "peaks": peaks,
+                                         "results": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ BertForPreTraining + AdamW on the same batch size and precision, plus the data l
 Shards are made first from real text (../shared/data/books with the standard uncased vocab, or any text and
 vocab given with --text/--vocab) by data/create_pretraining_data.py.
 
-    python benchmarks/pretrain_throughput.py                 # BERT-base, seq 128 and 512, bf16, batch 8
+    python benchmarks/pretrain_throughput.py                 # BERT-base, seq 128 and 512, batch 8, bf16
+                                                             # where native (else fp32; --precision to choose)
     python benchmarks/pretrain_throughput.py --seq 128 --steps 6
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ from model_throughput import MASKED_PER_SEQ, make_batch, peer_step, time_steps
 from bertrecipe.data.sharding import split_sentences
 from bertrecipe.data.text_formatting import book_text
 from bertrecipe.pretraining_data import BatchPlan, PretrainingData, find_shards, inspect_shard
+from host import detect, host_line, host_record, pick_precisions
 
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 
@@ -64,14 +66,17 @@ def loader_throughput(folder: Path, micro_batch: int = 64, batches: int = 400) -
     return micro_batch * batches / (time.perf_counter() - start)
 
 
-def run_loop(folder: Path, seq: int, batch: int, steps: int, out: Path, compile_optimizer: bool) -> float:
+def run_loop(folder: Path, seq: int, batch: int, steps: int, out: Path, compile_optimizer: bool,
+             precision: str) -> float:
     log = out / f"loop_{seq}.json"
     command = [sys.executable, str(REPO / "run_pretraining.py"), "--input_dir", str(folder), "--config_file",
                str(REPO / "bert_configs" / "base.json"), "--output_dir", str(out / f"ckpt_{seq}"),
                "--max_seq_length", str(seq), "--max_predictions_per_seq", str(MASKED_PER_SEQ[seq]),
                "--train_batch_size", str(batch), "--max_steps", str(steps), "--learning_rate", "6e-3",
-               "--warmup_proportion", "0.5", "--bf16", "--do_train", "--skip_checkpoint",
-               "--disable_progress_bar", "--json-summary", str(log)]
+               "--warmup_proportion", "0.5", "--do_train", "--skip_checkpoint", "--disable_progress_bar",
+               "--json-summary", str(log), "--no_cuda"]  # --no_cuda: on the CPU, as the peer it is compared with
+    if precision == "bf16":
+        command.append("--bf16")
     if compile_optimizer:
         command.append("--compile_optimizer")
     subprocess.run(command, check=True, capture_output=True)
@@ -90,12 +95,16 @@ def main() -> None:
     parser.add_argument("--text", type=Path, default=SHARED / "books" / "pg1342.txt")
     parser.add_argument("--vocab", type=Path, default=SHARED / "minilm" / "vocab.txt")
     parser.add_argument("--no_compile_optimizer", action="store_true")
+    parser.add_argument("--precision", choices=["fp32", "bf16"],
+                        help="of the loop and the peer (default: bf16 where the CPU has it natively, else fp32)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     for path in (args.text, args.vocab):
         if not path.is_file():
             raise SystemExit(f"error: {path} not found (pass --text and --vocab)")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; BERT-base, bf16, batch {args.batch}")
+    host = detect("cpu")  # loop and peer both run on the CPU
+    precision = pick_precisions(host, [args.precision] if args.precision else None, ["bf16"])[0]
+    print(f"{host_line(host, precision)}, {torch.get_num_threads()} threads; BERT-base, batch {args.batch}")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
@@ -107,17 +116,18 @@ def main() -> None:
             step = peer_step(config, make_batch(config, args.batch, seq, MASKED_PER_SEQ[seq]))
             loops, peers = [], []
             for _ in range(args.rounds):  # in turns, so that a busy spell of a shared machine hits both
-                loops.append(run_loop(folder, seq, args.batch, args.steps, out, not args.no_compile_optimizer))
-                peers.append(args.batch / time_steps(step, "bf16", warmup=2, steps=args.peer_steps))
+                loops.append(run_loop(folder, seq, args.batch, args.steps, out, not args.no_compile_optimizer,
+                                      precision))
+                peers.append(args.batch / time_steps(step, precision, warmup=2, steps=args.peer_steps))
             ours, peer = sorted(loops)[len(loops) // 2], sorted(peers)[len(peers) // 2]
             del step
             row = {"seq": seq, "batch": args.batch, "loop_seq_per_s": ours, "peer_seq_per_s": peer,
                    "speedup": ours / peer, "loader_seq_per_s_per_worker": loader, "rounds": args.rounds,
                    "real_token_fraction": tokens,
-                   "loop_rounds": loops, "peer_rounds": peers}
+                   "loop_rounds": loops, "peer_rounds": peers, **host_record(host, precision)}
             results.append(row)
-            print(f"seq {seq}: run_pretraining.py {ours:.2f} seq/s, transformers+AdamW {peer:.2f} seq/s, "
-                  f"speed-up {ours / peer:.2f}x; data loader {loader:,.0f} seq/s per worker; "
+            print(f"seq {seq} {precision}: run_pretraining.py {ours:.2f} seq/s, transformers+AdamW {peer:.2f} "
+                  f"seq/s, speed-up {ours / peer:.2f}x; data loader {loader:,.0f} seq/s per worker; "
                   f"{tokens:.0%} of the shard's positions are tokens", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

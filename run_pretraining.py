@@ -13,8 +13,9 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, NoReturn, Optional
 
 import h5py
 import numpy as np
@@ -50,7 +51,9 @@ from bertrecipe.pretraining_data import (
 )
 from bertrecipe.training import (
     MAX_CONSECUTIVE_NON_FINITE,
+    Precision,
     Stepper,
+    StepResult,
     StopSignal,
     TrainingFailure,
     allow_tf32,
@@ -65,6 +68,21 @@ from bertrecipe.training import (
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # Declared in --help's order: inputs, then the step, then the run, then the data stream and device.
+    add_input_flags(p)
+    add_step_flags(p)
+    add_run_flags(p)
+    add_stream_flags(p)
+    args = p.parse_args(argv)
+    check_numbers(args)
+    check_combinations(args)
+    args.max_steps = int(args.max_steps)
+    args.log_freq = max(1, int(args.log_freq))
+    return args
+
+
+def add_input_flags(p: argparse.ArgumentParser) -> None:
+    """Where the shards, the config and the starting weights are, and where the checkpoints go."""
     p.add_argument("--input_dir", required=True, help="directory of *training*.hdf5 shards")
     p.add_argument("--config_file", required=True, help="bert_config.json")
     p.add_argument("--output_dir", required=True, help="where ckpt_<step>.pt files go")
@@ -72,6 +90,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--init_checkpoint", help="initial weights: our checkpoint, NVIDIA's or a Hugging Face directory")
     p.add_argument("--max_seq_length", type=int, default=512)
     p.add_argument("--max_predictions_per_seq", type=int, default=80)
+
+
+def add_step_flags(p: argparse.ArgumentParser) -> None:
+    """The optimizer step: batch, learning-rate schedule, accumulation, precision."""
     p.add_argument("--train_batch_size", type=int, default=32, help="per process, before accumulation")
     p.add_argument("--learning_rate", type=float, default=5e-5)
     p.add_argument("--num_train_epochs", type=float, default=3.0, help="accepted for compatibility; max_steps rules")
@@ -88,6 +110,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--init_loss_scale", type=float, default=2.0**20)
     p.add_argument("--log_freq", type=float, default=1.0, help="log every N steps")
     p.add_argument("--checkpoint_activations", action="store_true")
+
+
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+    """Checkpoints, resuming, the two phases, evaluation and how long this run lasts."""
     p.add_argument("--resume_from_checkpoint", action="store_true", help="continue from the newest checkpoint")
     p.add_argument("--resume_step", type=int, default=-1, help="resume from ckpt_<resume_step>.pt")
     p.add_argument("--num_steps_per_checkpoint", type=int, default=100)
@@ -106,6 +132,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--json-summary", dest="json_summary", default="results/dllogger.json")
     p.add_argument("--steps_this_run", type=int, default=-1, help="stop this run after N steps (-1: max_steps)")
     p.add_argument("--disable_progress_bar", action="store_true")
+
+
+def add_stream_flags(p: argparse.ArgumentParser) -> None:
+    """The sample stream (loader workers, dynamic masking, length binning, lanes), the optimizer's compilation and
+    the device."""
     p.add_argument("--num_workers", type=int, default=0, help="DataLoader workers per process")
     p.add_argument("--dynamic_masking", action="store_true",
                    help="mask every sample afresh each epoch (RoBERTa, NVIDIA's LDDL) from the shards' original tokens")
@@ -123,8 +154,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--compile_optimizer", action="store_true",
                    help="fuse the LAMB update with torch.compile (CPU: about 4x faster steps of the optimizer)")
     p.add_argument("--no_cuda", action="store_true")
-    args = p.parse_args(argv)
-    check_numbers(args)
+
+
+def check_combinations(args: argparse.Namespace) -> None:
+    """Refuses flags that contradict each other or lack a companion, with one line."""
     if not args.do_train and not args.do_eval:
         raise InputError("nothing to do: pass --do_train and/or --do_eval")
     if args.train_batch_size % args.gradient_accumulation_steps:
@@ -141,9 +174,6 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if args.do_eval and not args.do_train and not (args.init_checkpoint or args.resume_from_checkpoint):
         raise InputError("--do_eval without --do_train evaluates given weights: pass --init_checkpoint or "
                          "--resume_from_checkpoint")
-    args.max_steps = int(args.max_steps)
-    args.log_freq = max(1, int(args.log_freq))
-    return args
 
 
 def check_numbers(args: argparse.Namespace) -> None:
@@ -198,18 +228,19 @@ def pretraining_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> 
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, shards: list, args: argparse.Namespace, ctx: DistributedContext,
-             precision: Any) -> dict[str, float]:
+def evaluate(session: Session) -> dict[str, float]:
     """MLPerf's metric: masked-LM accuracy over all masked tokens, and the mean masked-LM cross-entropy."""
-    bare = unwrap(model)
+    args, ctx = session.args, session.ctx
+    bare = unwrap(session.model)
     was_training = bare.training
     bare.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, masked tokens
     batch_size = args.eval_batch_size or args.train_batch_size // args.gradient_accumulation_steps
-    for batch in evaluation_batches(shards, bare.config.vocab_size, batch_size, ctx.rank, ctx.world_size):
+    for batch in evaluation_batches(session.eval_shards, bare.config.vocab_size, batch_size, ctx.rank,
+                                    ctx.world_size):
         batch = batches_to_device(batch, ctx.device)
         labels = batch["masked_lm_labels"]
-        with precision.autocast():
+        with session.precision.autocast():
             logits = bare(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                           predict_positions=labels >= 0).prediction_logits.float()
         targets = labels[labels >= 0]
@@ -264,26 +295,6 @@ def weights_are_finite(model: torch.nn.Module) -> bool:
     return bool(torch.stack([p.detach().isfinite().all() for p in unwrap(model).parameters()]).all())
 
 
-def checkpoint_payload(args, model, optimizer, scheduler, precision, data, position, phase_step, config,
-                       rng_per_rank):
-    return {
-        "model": unwrap(model).state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "scaler": precision.scaler.state_dict() if precision.scaler is not None else None,
-        "epoch": data.epoch(position),
-        "data": {"stream_position": position, "seed": args.seed, "lanes": data.order.lanes,
-                 "files": [shard.path.name for shard in data.shards]},
-        "rng": rng_per_rank[0],
-        "rng_per_rank": rng_per_rank,  # each rank's dropout stream, so that a multi-process resume is exact
-        "phase2": bool(args.phase2),
-        "phase1_end_step": args.phase1_end_step if args.phase2 else None,
-        "phase_step": phase_step,
-        "config": config.to_dict(),
-        "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))},
-    }
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
     ctx = init_distributed(args.no_cuda)
@@ -323,7 +334,7 @@ def find_resume_checkpoint(args: argparse.Namespace, config: BertConfig) -> Opti
         missing = [key for key in ("optimizer", "phase_step", "data") if key not in ckpt]
         if missing:
             raise InputError(f"{path}: holds weights but no training state ({', '.join(missing)}), so a run cannot "
-                             "resume from it; pass it as --init_checkpoint in a new --output_dir instead")
+                        "resume from it; pass it as --init_checkpoint in a new --output_dir instead")
     saved = ckpt.get("config")
     if isinstance(saved, dict):
         ours = config.to_dict()
@@ -380,6 +391,24 @@ def open_log(args: argparse.Namespace, ctx: DistributedContext, bar_enabled: boo
     return log
 
 
+@dataclass
+class Session:
+    """What a run works with once its inputs are checked and its model and optimizer are set up; training and
+    the evaluation share it."""
+
+    args: argparse.Namespace
+    ctx: DistributedContext
+    config: BertConfig
+    model: torch.nn.Module  # wrapped for DDP when there is more than one process
+    optimizer: torch.optim.Optimizer
+    scheduler: PolyWarmUpScheduler
+    precision: Precision
+    log: MetricLogger
+    eval_shards: list
+    bar_enabled: bool
+    start_time: float  # time.time() when the run began, for e2e_train_time
+
+
 def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     start_time = time.time()
     # Every input is checked before the first write: a refused run leaves --output_dir as it was.
@@ -400,11 +429,29 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
         remove_stale_temporaries(args.output_dir, checkpointing.CHECKPOINT_NAME)
     bar_enabled = ctx.is_main and not args.disable_progress_bar
     log = open_log(args, ctx, bar_enabled)
+    ddp_model, optimizer, scheduler, resume = set_up_optimizer(args, ctx, model, precision, log, resume_from)
+    session = Session(args, ctx, config, ddp_model, optimizer, scheduler, precision, log, eval_shards, bar_enabled,
+                      start_time)
 
+    final: dict[str, Any] = {}
+    if args.do_train:
+        final.update(train(session, train_shards, spec, resume))
+    if args.do_eval and eval_shards and "eval_mlm_accuracy" not in final:
+        final.update(evaluate(session))
+    log.log([], final)
+    log.close()
+
+
+def set_up_optimizer(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module,
+                     precision: Precision, log: MetricLogger, resume_from: Optional[tuple[Path, dict[str, Any]]]
+                     ) -> tuple[torch.nn.Module, torch.optim.Optimizer, PolyWarmUpScheduler, dict[str, Any]]:
+    """LAMB, its schedule and the loss scaler, restored from the checkpoint the run continues (see FRESH_START for
+    what the returned resume point holds); then the model wrapped for DDP."""
     optimizer = build_lamb(weight_decay_groups(model, 0.01), lr=args.learning_rate, compiled=args.compile_optimizer)
     resume = dict(FRESH_START)
     if resume_from is not None:
         resume = restore_state(args, ctx, model, optimizer, log, *resume_from)
+    # Built after the restore: a phase-2 handoff has just reset the optimizer's lr and step.
     scheduler = PolyWarmUpScheduler(optimizer, args.warmup_proportion, max(args.max_steps, 1))
     if resume["scheduler"] is not None:
         scheduler.load_state_dict(resume["scheduler"])
@@ -413,28 +460,73 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     compress = None
     if args.allreduce_post_accumulation_fp16:
         compress = torch.bfloat16 if args.bf16 else torch.float16
-    ddp_model = wrap_ddp(model, ctx, compress)
-
-    final: dict[str, Any] = {}
-    if args.do_train:
-        final.update(train(args, ctx, config, ddp_model, optimizer, scheduler, precision, train_shards, eval_shards,
-                           resume, log, bar_enabled, start_time, spec))
-    if args.do_eval and eval_shards and "eval_mlm_accuracy" not in final:
-        final.update(evaluate(ddp_model, eval_shards, args, ctx, precision))
-    log.log([], final)
-    log.close()
+    return wrap_ddp(model, ctx, compress), optimizer, scheduler, resume
 
 
-def train(args, ctx, config, model, optimizer, scheduler, precision, train_shards, eval_shards, resume, log,
-          bar_enabled, start_time, spec) -> dict[str, Any]:
+@dataclass
+class Phase:
+    """The training loop's state: what this run's steps are built from, and where the phase stands. phase_step
+    and position (samples of the stream consumed) are what a checkpoint records to resume exactly."""
+
+    session: Session
+    plan: BatchPlan
+    data: PretrainingData
+    batches: Iterator[dict[str, torch.Tensor]]
+    stepper: Stepper
+    stop: StopSignal
+    bar: tqdm
+    steps_left: int  # steps this run takes
+    step_offset: int  # phase 2's steps are logged and saved after phase 1's
+    keep: Optional[Path]  # the checkpoint this run resumed from, which rotation must keep
+    phase_step: int
+    position: int
+    current_step: int  # the global step being taken, for the error line
+    record_clock: float  # perf_counter() at the previous training record (evaluation time excluded)
+    steps_since_record: int = 0
+    losses: list[float] = field(default_factory=list)  # this process's step losses since the previous record
+    step_times: list[float] = field(default_factory=list)
+    last_loss: float = float("nan")
+    result: dict[str, Any] = field(default_factory=dict)  # the newest evaluation
+
+    @property
+    def global_step(self) -> int:
+        return self.phase_step + self.step_offset
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences of all processes per optimizer step."""
+        return self.session.args.train_batch_size * self.session.ctx.world_size
+
+
+def train(session: Session, shards: list, spec: Optional[masking.MaskingSpec],
+          resume: dict[str, Any]) -> dict[str, Any]:
+    """Takes the steps of this run from the resume point on; returns the run's closing record."""
+    phase = start_phase(session, shards, spec, resume)
+    try:
+        for index in range(phase.steps_left):
+            if not train_one_step(phase, last_of_run=index == phase.steps_left - 1):
+                break
+    except TrainingFailure as error:
+        phase.bar.close()
+        stop_with_error(phase, error)
+    finally:
+        phase.stop.restore()
+    phase.bar.close()
+    return closing_record(phase)
+
+
+def start_phase(session: Session, shards: list, spec: Optional[masking.MaskingSpec],
+                resume: dict[str, Any]) -> Phase:
+    """Opens this rank's share of the sample stream at the resume position and puts the dropout RNG where the
+    checkpoint left it."""
+    args, ctx = session.args, session.ctx
     plan = BatchPlan(args.train_batch_size // args.gradient_accumulation_steps, args.gradient_accumulation_steps,
                      ctx.world_size, ctx.rank)
-    phase_step = resume["phase_step"]
-    steps_left = args.max_steps - phase_step
+    steps_left = args.max_steps - resume["phase_step"]
     if args.steps_this_run > 0:
         steps_left = min(steps_left, args.steps_this_run)
-    data = PretrainingData(train_shards, args.seed, plan, args.data_lanes, config.vocab_size, start=resume["position"],
-                           max_steps=max(steps_left, 0), masking_spec=spec,
+    data = PretrainingData(shards, args.seed, plan, args.data_lanes, session.config.vocab_size,
+                           start=resume["position"], max_steps=max(steps_left, 0), masking_spec=spec,
                            bin_by_length=args.bin_by_length)
     # A private generator for the loader, so that creating it draws nothing from the dropout RNG.
     loader = DataLoader(data.reader(), batch_size=None, num_workers=args.num_workers,
@@ -446,105 +538,146 @@ def train(args, ctx, config, model, optimizer, scheduler, precision, train_shard
     batches = data.batches(iter(loader))
     if resume["rng"] is not None:
         checkpointing.set_rng_state(resume["rng"])
-    stepper = Stepper(model, optimizer, scheduler, precision, pretraining_loss, skipped_steps=resume["skipped_steps"])
+    stepper = Stepper(session.model, session.optimizer, session.scheduler, session.precision, pretraining_loss,
+                      skipped_steps=resume["skipped_steps"])
     step_offset = args.phase1_end_step if args.phase2 else 0
-    position = resume["position"]
-    losses: list[float] = []
-    step_times: list[float] = []
-    bar = tqdm(total=steps_left, disable=not bar_enabled, desc="pre-training", unit="step", dynamic_ncols=True)
-    model.train()
-    current_step = phase_step + step_offset
-    last_loss = float("nan")
-    result: dict[str, Any] = {}
-    # Per-step throughput: sequences of all processes since the previous training record, over the wall time
-    # since then (periodic evaluation excluded), read once the record's loss all-reduce has synchronised.
-    sequences_per_step = args.train_batch_size * ctx.world_size
-    steps_since_record = 0
-    record_clock = time.perf_counter()
+    bar = tqdm(total=steps_left, disable=not session.bar_enabled, desc="pre-training", unit="step",
+               dynamic_ncols=True)
+    session.model.train()
+    return Phase(session, plan, data, batches, stepper, stop, bar, steps_left, step_offset, keep=resume["path"],
+                 phase_step=resume["phase_step"], position=resume["position"],
+                 current_step=resume["phase_step"] + step_offset, record_clock=time.perf_counter())
 
-    def save(periodic: bool) -> None:
-        # A periodic checkpoint never rotates a good one out during a run of non-finite (not fp16-overflow)
-        # steps; the SIGTERM and end-of-run ones are always written (skipped steps left the weights good).
-        if args.skip_checkpoint or (periodic and precision.scaler is None and stepper.consecutive_non_finite):
-            return
-        if not weights_are_finite(model):
-            raise TrainingFailure("the weights are no longer finite numbers; no checkpoint written")
-        rng_per_rank = all_gather_objects(checkpointing.rng_state(), ctx)
-        failure = None
-        if ctx.is_main:
-            payload = checkpoint_payload(args, model, optimizer, scheduler, precision, data, position,
-                                         phase_step, config, rng_per_rank)
-            payload["skipped_steps"] = stepper.skipped_steps  # the log's counter goes on after a resume
-            try:
-                checkpointing.save_checkpoint(args.output_dir, phase_step + step_offset, payload,
-                                              keep=resume["path"])
-            except InputError as error:  # e.g. disk full: every rank stops, the earlier checkpoints are intact
-                failure = error
-        if any_process(failure is not None, ctx):
-            raise failure or InputError(f"{args.output_dir}: the first process could not write the checkpoint")
 
-    try:
-        for index in range(steps_left):
-            tick = time.perf_counter()
-            micro = [batches_to_device(b, ctx.device) for b in take(batches, plan.accumulation)]
-            current_step = phase_step + step_offset + 1
-            outcome = stepper.step(micro)
-            if not outcome.applied and precision.scaler is None:
-                print(f"warning: step {current_step}: the loss or gradients are not finite; step skipped "
-                      f"({stepper.consecutive_non_finite} in a row, stopping at {MAX_CONSECUTIVE_NON_FINITE})",
-                      file=sys.stderr, flush=True)
-            phase_step += 1
-            position += plan.samples_per_step
-            step_times.append(time.perf_counter() - tick)
-            losses.append(outcome.loss)
-            steps_since_record += 1
-            bar.update(1)
-            last_of_run = index == steps_left - 1
-            if phase_step % args.log_freq == 0 or last_of_run:
-                mean = all_reduce_sum(torch.tensor([np.mean(losses), outcome.loss], dtype=torch.float64,
-                                                   device=ctx.device), ctx) / ctx.world_size
-                last_loss = float(mean[1])
-                now = time.perf_counter()
-                record = {"average_loss": float(mean[0]), "step_loss": last_loss,
-                          "learning_rate": optimizer.param_groups[0]["lr"], "skipped_steps": stepper.skipped_steps,
-                          "training_sequences_per_second": sequences_per_step * steps_since_record
-                          / max(now - record_clock, 1e-9)}
-                steps_since_record, record_clock = 0, now
-                if precision.scaler is not None:
-                    record["loss_scale"] = precision.scaler.get_scale()
-                log.log([data.epoch(position), phase_step + step_offset], record)
-                bar.set_postfix(loss=f"{last_loss:.4f}")
-                losses.clear()
-            if args.eval_steps and phase_step % args.eval_steps == 0 and eval_shards:
-                evaluation_start = time.perf_counter()
-                result = evaluate(model, eval_shards, args, ctx, precision)
-                log.log([data.epoch(position), phase_step + step_offset], result)
-                record_clock += time.perf_counter() - evaluation_start  # not training time
-            stopping = any_process(stop.requested, ctx)
-            if stopping or last_of_run or phase_step % args.num_steps_per_checkpoint == 0:
-                save(periodic=not (stopping or last_of_run))
-            if stopping:
-                log.log("PARAMETER", {"stopped_by": "SIGTERM", "global_step": phase_step + step_offset})
-                break
-    except TrainingFailure as error:
-        bar.close()
-        saved = checkpointing.list_checkpoints(args.output_dir)
-        last = f"the last good checkpoint is {saved[-1][1]}" if saved else f"no checkpoint in {args.output_dir}"
-        print(f"error: step {current_step}: {error}; stopping, {last}", file=sys.stderr, flush=True)
-        raise SystemExit(1)
-    finally:
-        stop.restore()
-    bar.close()
-    if eval_shards and args.do_eval:
-        result = evaluate(model, eval_shards, args, ctx, precision)
-    timed = step_times[2:] if len(step_times) > 2 else step_times
-    sequences = args.train_batch_size * ctx.world_size * len(timed)
+def train_one_step(phase: Phase, last_of_run: bool) -> bool:
+    """One optimizer step, then whatever is due after it: the log record, an evaluation, a checkpoint. False when
+    a SIGTERM (on any process) ends the run after its checkpoint."""
+    args = phase.session.args
+    outcome = apply_step(phase)
+    if phase.phase_step % args.log_freq == 0 or last_of_run:
+        log_training_record(phase, outcome.loss)
+    if args.eval_steps and phase.phase_step % args.eval_steps == 0 and phase.session.eval_shards:
+        evaluate_between_steps(phase)
+    stopping = any_process(phase.stop.requested, phase.session.ctx)
+    if stopping or last_of_run or phase.phase_step % args.num_steps_per_checkpoint == 0:
+        save(phase, periodic=not (stopping or last_of_run))
+    if stopping:
+        phase.session.log.log("PARAMETER", {"stopped_by": "SIGTERM", "global_step": phase.global_step})
+    return not stopping
+
+
+def apply_step(phase: Phase) -> StepResult:
+    """Feeds the step's micro-batches to the stepper and advances the phase past them."""
+    tick = time.perf_counter()
+    micro = [batches_to_device(b, phase.session.ctx.device) for b in take(phase.batches, phase.plan.accumulation)]
+    phase.current_step = phase.global_step + 1
+    outcome = phase.stepper.step(micro)
+    if not outcome.applied and phase.session.precision.scaler is None:
+        print(f"warning: step {phase.current_step}: the loss or gradients are not finite; step skipped "
+              f"({phase.stepper.consecutive_non_finite} in a row, stopping at {MAX_CONSECUTIVE_NON_FINITE})",
+              file=sys.stderr, flush=True)
+    phase.phase_step += 1
+    phase.position += phase.plan.samples_per_step
+    phase.step_times.append(time.perf_counter() - tick)
+    phase.losses.append(outcome.loss)
+    phase.steps_since_record += 1
+    phase.bar.update(1)
+    return outcome
+
+
+def log_training_record(phase: Phase, step_loss: float) -> None:
+    """The losses averaged over processes, the lr, and the throughput since the previous record: sequences of
+    all processes over the wall time, read once the loss all-reduce has synchronised them."""
+    session, ctx = phase.session, phase.session.ctx
+    mean = all_reduce_sum(torch.tensor([np.mean(phase.losses), step_loss], dtype=torch.float64,
+                                       device=ctx.device), ctx) / ctx.world_size
+    phase.last_loss = float(mean[1])
+    now = time.perf_counter()
+    record = {"average_loss": float(mean[0]), "step_loss": phase.last_loss,
+              "learning_rate": session.optimizer.param_groups[0]["lr"], "skipped_steps": phase.stepper.skipped_steps,
+              "training_sequences_per_second": phase.global_batch * phase.steps_since_record
+              / max(now - phase.record_clock, 1e-9)}
+    phase.steps_since_record, phase.record_clock = 0, now
+    if session.precision.scaler is not None:
+        record["loss_scale"] = session.precision.scaler.get_scale()
+    session.log.log([phase.data.epoch(phase.position), phase.global_step], record)
+    phase.bar.set_postfix(loss=f"{phase.last_loss:.4f}")
+    phase.losses.clear()
+
+
+def evaluate_between_steps(phase: Phase) -> None:
+    evaluation_start = time.perf_counter()
+    phase.result = evaluate(phase.session)
+    phase.session.log.log([phase.data.epoch(phase.position), phase.global_step], phase.result)
+    phase.record_clock += time.perf_counter() - evaluation_start  # not training time
+
+
+def save(phase: Phase, periodic: bool) -> None:
+    """Writes ckpt_<global step>.pt from the first process, with every rank's RNG; every rank stops if it fails."""
+    session, ctx, args = phase.session, phase.session.ctx, phase.session.args
+    # A periodic checkpoint never rotates a good one out during a run of non-finite (not fp16-overflow)
+    # steps; the SIGTERM and end-of-run ones are always written (skipped steps left the weights good).
+    if args.skip_checkpoint or (periodic and session.precision.scaler is None and phase.stepper.consecutive_non_finite):
+        return
+    if not weights_are_finite(session.model):
+        raise TrainingFailure("the weights are no longer finite numbers; no checkpoint written")
+    rng_per_rank = all_gather_objects(checkpointing.rng_state(), ctx)
+    failure = None
+    if ctx.is_main:
+        payload = checkpoint_payload(phase, rng_per_rank)
+        try:
+            checkpointing.save_checkpoint(args.output_dir, phase.global_step, payload, keep=phase.keep)
+        except InputError as error:  # e.g. disk full: every rank stops, the earlier checkpoints are intact
+            failure = error
+    if any_process(failure is not None, ctx):
+        raise failure or InputError(f"{args.output_dir}: the first process could not write the checkpoint")
+
+
+def checkpoint_payload(phase: Phase, rng_per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """The checkpoint's content (docs/interfaces.md, section 3)."""
+    session, args = phase.session, phase.session.args
     return {
-        "e2e_train_time": time.time() - start_time,
+        "model": unwrap(session.model).state_dict(),
+        "optimizer": session.optimizer.state_dict(),
+        "scheduler": session.scheduler.state_dict(),
+        "scaler": session.precision.scaler.state_dict() if session.precision.scaler is not None else None,
+        "epoch": phase.data.epoch(phase.position),
+        "data": {"stream_position": phase.position, "seed": args.seed, "lanes": phase.data.order.lanes,
+                 "files": [shard.path.name for shard in phase.data.shards]},
+        "rng": rng_per_rank[0],
+        "rng_per_rank": rng_per_rank,  # each rank's dropout stream, so that a multi-process resume is exact
+        "phase2": bool(args.phase2),
+        "phase1_end_step": args.phase1_end_step if args.phase2 else None,
+        "phase_step": phase.phase_step,
+        "config": session.config.to_dict(),
+        "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))},
+        "skipped_steps": phase.stepper.skipped_steps,  # the log's counter goes on after a resume
+    }
+
+
+def stop_with_error(phase: Phase, error: TrainingFailure) -> NoReturn:
+    """One line naming the step and the checkpoint to resume from, and exit status 1."""
+    output_dir = phase.session.args.output_dir
+    saved = checkpointing.list_checkpoints(output_dir)
+    last = f"the last good checkpoint is {saved[-1][1]}" if saved else f"no checkpoint in {output_dir}"
+    print(f"error: step {phase.current_step}: {error}; stopping, {last}", file=sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
+def closing_record(phase: Phase) -> dict[str, Any]:
+    """The run's summary: times, throughput (the first two steps, which warm up, left out when there are more) and
+    the final loss, with the final evaluation when --do_eval asks for one."""
+    session = phase.session
+    if session.eval_shards and session.args.do_eval:
+        phase.result = evaluate(session)
+    timed = phase.step_times[2:] if len(phase.step_times) > 2 else phase.step_times
+    sequences = phase.global_batch * len(timed)
+    return {
+        "e2e_train_time": time.time() - session.start_time,
         "training_sequences_per_second": sequences / sum(timed) if timed and sum(timed) > 0 else 0.0,
-        "final_loss": last_loss,
-        "raw_train_time": sum(step_times),
-        **result,
+        "final_loss": phase.last_loss,
+        "raw_train_time": sum(phase.step_times),
+        **phase.result,
     }
 
 

@@ -8,7 +8,6 @@ import argparse
 import json
 import math
 import os
-import random
 import re
 import time
 from dataclasses import dataclass
@@ -96,12 +95,6 @@ def check_positive(args: argparse.Namespace, *names: str) -> None:
     for name in names:
         if getattr(args, name) < 1:
             raise InputError(f"--{name} must be at least 1, got {getattr(args, name)}")
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def load_tokenizer(vocab_file: str | Path, do_lower_case: bool) -> BertTokenizer:

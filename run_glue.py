@@ -38,7 +38,6 @@ from bertrecipe.finetuning import (
     load_tokenizer,
     model_config,
     planned_steps,
-    seed_everything,
     stage_finetuned,
     timed_inference,
     train_loop,
@@ -46,7 +45,7 @@ from bertrecipe.finetuning import (
 from bertrecipe.metric_logger import MetricLogger
 from bertrecipe.model import BertConfig, BertForSequenceClassification
 from bertrecipe.optimization import LinearWarmUpScheduler, build_adamw
-from bertrecipe.training import Precision, make_precision, wrap_ddp
+from bertrecipe.training import Precision, make_precision, seed_everything, wrap_ddp
 
 MODES = ("train", "eval", "prediction")
 OUTPUTS = (*MODEL_FILES, "results.json", "eval_predictions.tsv", "eval_mismatched_predictions.tsv",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import random
 import sys
 import time
 from dataclasses import dataclass, field
@@ -60,6 +59,7 @@ from bertrecipe.training import (
     outlive_job_sigterm,
     batches_to_device,
     make_precision,
+    seed_everything,
     take,
     unwrap,
     wrap_ddp,
@@ -205,12 +205,6 @@ def check_output_paths(args: argparse.Namespace) -> None:
     """The output folder and the logs must be creatable where the flags point (checked before any write)."""
     check_output_dir(args.output_dir)
     check_log_paths(args.json_summary, Path(args.output_dir) / "tensorboard")
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def build_model(args: argparse.Namespace, config: BertConfig, device: torch.device) -> BertForPreTraining:

@@ -39,7 +39,6 @@ from bertrecipe.finetuning import (
     load_tokenizer,
     model_config,
     planned_steps,
-    seed_everything,
     stage_finetuned,
     timed_inference,
     train_loop,
@@ -47,7 +46,7 @@ from bertrecipe.finetuning import (
 from bertrecipe.metric_logger import MetricLogger
 from bertrecipe.model import BertForQuestionAnswering
 from bertrecipe.optimization import LinearWarmUpScheduler, build_adamw
-from bertrecipe.training import Precision, make_precision, wrap_ddp
+from bertrecipe.training import Precision, make_precision, seed_everything, wrap_ddp
 
 OUTPUTS = (*MODEL_FILES, "predictions.json", "nbest_predictions.json", "null_odds.json")
 

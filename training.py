@@ -7,10 +7,12 @@ import contextlib
 import math
 import os
 import signal
+import random
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -20,6 +22,13 @@ from bertrecipe.errors import InputError
 from bertrecipe.optimization import Lamb, global_grad_norm
 
 MAX_CONSECUTIVE_NON_FINITE = 10
+
+
+def seed_everything(seed: int) -> None:
+    """Seeds Python's, NumPy's and torch's generators (torch's on every device) from one integer."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 class TrainingFailure(RuntimeError):

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from host import detect, host_line
+from bertrecipe.hardware import detect, host_line
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))

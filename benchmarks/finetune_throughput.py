@@ -24,7 +24,7 @@ import torch
 
 from bertrecipe.model import BertConfig, BertForQuestionAnswering
 from bertrecipe.optimization import build_adamw
-from host import detect, host_line, host_record, pick_precisions
+from bertrecipe.hardware import detect, host_line, host_record, pick_precisions
 
 Batch = tuple[torch.Tensor, ...]
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -21,7 +21,7 @@ import torch
 
 from bertrecipe.model import BertConfig, BertForPreTraining
 from bertrecipe.optimization import Lamb, weight_decay_groups
-from host import detect, host_line, host_record, pick_precisions
+from bertrecipe.hardware import detect, host_line, host_record, pick_precisions
 
 MASKED_PER_SEQ = {128: 20, 512: 80}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -31,7 +31,7 @@ from model_throughput import MASKED_PER_SEQ, make_batch, peer_step, time_steps
 from bertrecipe.data.sharding import split_sentences
 from bertrecipe.data.text_formatting import book_text
 from bertrecipe.pretraining_data import BatchPlan, PretrainingData, find_shards, inspect_shard
-from host import detect, host_line, host_record, pick_precisions
+from bertrecipe.hardware import detect, host_line, host_record, pick_precisions
 
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 

@@ -25,6 +25,7 @@ from bertrecipe.data import layout
 from bertrecipe.data.tokenization import BertTokenizer, load_vocab
 from bertrecipe.data.vocab_training import vocab_path
 from bertrecipe.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.hardware import detect, recipe_device
 from bertrecipe.metric_logger import read_log
 from bertrecipe.model import BertConfig, BertForPreTraining
 
@@ -46,16 +47,6 @@ def run(command: list[str], **kwargs) -> None:
 def shard_dir(seq: int, preds: int, split: str) -> Path:
     params = layout.InstanceParams(True, seq, preds, 0.15, 12345, DUPE_FACTOR)
     return layout.hdf5_split_dir(layout.working_dir(), params, CORPUS, split)
-
-
-def cpu_has_bf16() -> bool:
-    if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
 def final_record(path: Path) -> dict:
@@ -169,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
 
     print("== 1/5 default corpus: text, vocab, phase-1 and phase-2 shards", flush=True)
     vocab, config, config_path = build_corpus(out)
-    bf16 = cpu_has_bf16()
+    bf16 = detect(recipe_device()).native_bf16  # bf16 only where the hardware computes it natively
     print("== 2/5 pre-training phase 1 (seq 128)", flush=True)
     phase1 = pretrain_phase(1, phase1_steps, 64, 1e-2, out, config_path, bf16, phase1_steps)
     print("== 3/5 pre-training phase 2 (seq 512)", flush=True)

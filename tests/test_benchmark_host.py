@@ -1,13 +1,11 @@
-"""benchmarks/host.py: bf16 is the default only where the hardware computes it natively, the user's choice wins
+"""hardware.py: bf16 is the default only where the hardware computes it natively, the user's choice wins
 (with a warning on a host that would emulate it), and the line every benchmark prints names device, precision and
 torch version. Fake /proc/cpuinfo texts; nothing is timed."""
 from __future__ import annotations
 
 import torch
 
-from conftest import load_script
-
-host = load_script("benchmarks/host.py")
+from bertrecipe import hardware as host
 
 FLAGS = "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 bmi2"
 

@@ -1,12 +1,10 @@
-"""The host a benchmark figure is measured on, and the precision a benchmark defaults to there.
+"""The host a figure is measured on, and the precision the benchmarks and the quick start default to there.
 
 Every benchmark prints host_line() with its figures and writes host_record() into its JSON, so that each figure
 names its CPU (or GPU), precision and torch version. Mixed precision defaults to bf16 only where the hardware
 computes it natively: a CPU with AMX or AVX-512 BF16 (flags amx_bf16, avx512_bf16 in /proc/cpuinfo), a GPU where
 torch.cuda.is_bf16_supported() without emulation. Elsewhere torch emulates bf16 matmuls (under 1 GFLOP/s on an
 AVX2-only CPU), so a bf16 figure would time the emulation, not the recipe: such hosts get fp32 and the reason.
-
-Benchmarks run as files, so they import this as a sibling: `from host import detect, host_line`.
 """
 from __future__ import annotations
 

@@ -132,7 +132,7 @@ MODEL_FILES = ("pytorch_model.bin", "bert_config.json")
 
 
 def remove_stale_output_temporaries(output_dir: str | Path, names: Sequence[str]) -> list[Path]:
-    """Removes what killed writes of `names` left in output_dir: our `.<name>.<random>.tmp` names (see
+    """Removes what killed writes of `names` left in output_dir: our `.<name>.<pid>.<random>.tmp` names (see
     atomic_files) and the names earlier versions used, `.<name>.tmp` and `<name>.<random>.tmp`. Nothing else."""
     removed = remove_stale_temporaries(output_dir, names)
     alternatives = "|".join(re.escape(name) for name in names)
@@ -145,7 +145,7 @@ def remove_stale_output_temporaries(output_dir: str | Path, names: Sequence[str]
 
 
 class StagedOutputs:
-    """The output files of one run, written under temporary names in output_dir (`.<name>.<random>.tmp`) and
+    """The output files of one run, written under temporary names in output_dir (`.<name>.<pid>.<random>.tmp`) and
     renamed into place together by commit(): a run that fails before commit() leaves output_dir as it was.
 
     A file that describes a model (results, predictions) must never sit beside another model. commit()

@@ -25,9 +25,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from bertrecipe.data.tokenization import BertTokenizer, Vocab
 from bertrecipe.atomic_files import write_atomic
-from bertrecipe.errors import InputError
+from bertrecipe.data.tokenization import BertTokenizer, Vocab
+from bertrecipe.errors import InputError, read_json_file
 
 logger = logging.getLogger(__name__)
 
@@ -83,20 +83,7 @@ def split_context(context: str) -> tuple[list[str], list[int]]:
 
 def load_squad_json(path: str | Path) -> dict[str, Any]:
     """The parsed SQuAD file; InputError (naming the file) when it is missing, not UTF-8 or not JSON."""
-    path = Path(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise InputError(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not a SQuAD JSON file") from None
-    except UnicodeDecodeError as error:
-        raise InputError(f"{path}: not UTF-8 (byte {error.start})") from None
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}: malformed JSON ({error.msg} at line {error.lineno} column {error.colno})") from None
-    except (ValueError, RecursionError) as error:  # an integer of over 4300 digits; nesting deeper than the stack
-        raise InputError(f"{path}: unusable JSON ({str(error).splitlines()[0][:100]})") from None
+    data = read_json_file(path, "SQuAD JSON file", {"missing": "file not found"})
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise InputError(f"{path}: not a SQuAD file (expected an object with a 'data' list)")
     return data

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bertrecipe.atomic_files import write_atomic
 from bertrecipe.errors import ArgumentParser, InputError, run_cli
 from bertrecipe.metric_logger import read_log
 
@@ -107,10 +108,8 @@ def plot(paths: list[Path], output: Path) -> Path:
 
     fig = figure(paths)
     output.parent.mkdir(parents=True, exist_ok=True)
-    temporary = output.with_name(f".{output.name}.tmp.png")
-    fig.savefig(temporary, dpi=110)
+    write_atomic(output, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
-    temporary.replace(output)
     return output
 
 

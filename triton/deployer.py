@@ -30,6 +30,7 @@ from tritonclient.grpc import model_config_pb2
 
 from bertrecipe import finetuning
 from bertrecipe import squad_cli
+from bertrecipe.atomic_files import write_atomic
 from bertrecipe.errors import ArgumentParser, InputError, run_cli
 from bertrecipe.model import BertForQuestionAnswering, BertForSequenceClassification
 from bertrecipe.serving import INPUTS, OUTPUTS, runner_for, sample_inputs
@@ -147,9 +148,7 @@ def deploy(module: nn.Module, inputs: tuple[np.ndarray, ...], repository: Path, 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     config = config_pbtxt(name, platform, task, num_labels, settings)
-    temporary = model_dir / ".config.pbtxt.tmp"
-    temporary.write_text(config)
-    temporary.replace(model_dir / "config.pbtxt")
+    write_atomic(model_dir / "config.pbtxt", lambda f: f.write(config.encode("utf-8")))
     return model_dir, difference
 
 

@@ -23,32 +23,17 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from bertrecipe import finetuning
 from bertrecipe import glue
-from bertrecipe.process_group import DistributedContext, barrier, init_distributed, shutdown
 from bertrecipe.errors import ArgumentParser, InputError, run_cli
-from bertrecipe.finetuning import (
-    MODEL_FILES,
-    LoopSettings,
-    StagedOutputs,
-    add_common_arguments,
-    build_model,
-    check_common_arguments,
-    check_positive,
-    latency_summary,
-    load_tokenizer,
-    model_config,
-    planned_steps,
-    stage_finetuned,
-    timed_inference,
-    train_loop,
-)
 from bertrecipe.metric_logger import MetricLogger
 from bertrecipe.model import BertConfig, BertForSequenceClassification
 from bertrecipe.optimization import LinearWarmUpScheduler, build_adamw
+from bertrecipe.process_group import DistributedContext, barrier, init_distributed, shutdown
 from bertrecipe.training import Precision, make_precision, seed_everything, wrap_ddp
 
 MODES = ("train", "eval", "prediction")
-OUTPUTS = (*MODEL_FILES, "results.json", "eval_predictions.tsv", "eval_mismatched_predictions.tsv",
+OUTPUTS = (*finetuning.MODEL_FILES, "results.json", "eval_predictions.tsv", "eval_mismatched_predictions.tsv",
            "test_predictions.tsv")
 
 
@@ -56,7 +41,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task_name", required=True, help=", ".join(glue.TASKS))
     p.add_argument("--data_dir", required=True, help="the task's folder of train.tsv, dev.tsv, test.tsv")
-    add_common_arguments(p, batch_size=32, learning_rate=5e-5, epochs=3.0, warmup=0.1)
+    finetuning.add_common_arguments(p, batch_size=32, learning_rate=5e-5, epochs=3.0, warmup=0.1)
     p.add_argument("--do_eval", action="store_true", help="metrics on the dev set")
     p.add_argument("--do_predict", action="store_true", help="predictions for the test set")
     p.add_argument("--mode", help='NVIDIA run_glue.sh spelling: "train", "eval", "prediction" or a combination')
@@ -76,8 +61,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if not (args.do_train or args.init_checkpoint):
         raise InputError("evaluation without training needs --init_checkpoint (a fine-tuned model)")
     task = glue.get_task(args.task_name)
-    check_common_arguments(args)
-    check_positive(args, "eval_batch_size")
+    finetuning.check_common_arguments(args)
+    finetuning.check_positive(args, "eval_batch_size")
     if args.max_seq_length < glue.min_seq_length(task):
         raise InputError(f"--max_seq_length {args.max_seq_length} is too small for {task.name}: it needs at least "
                          f"{glue.min_seq_length(task)} ([CLS], [SEP] and one token of each sentence)")
@@ -169,11 +154,11 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
     results: dict[str, Any] = {"task": state.task.name}
     # The model, the predictions and results.json are staged and renamed into place together at the end, so
     # that a failure on the way leaves the previous run's files as they were (finetuning.StagedOutputs).
-    with StagedOutputs(args.output_dir, OUTPUTS) as stage:
+    with finetuning.StagedOutputs(args.output_dir, OUTPUTS) as stage:
         if args.do_train:
             results.update(train(state, log))
             if ctx.is_main:
-                stage_finetuned(stage, state.model, state.config)
+                finetuning.stage_finetuned(stage, state.model, state.config)
             barrier(ctx)
         if ctx.is_main and (args.do_eval or args.do_predict):
             results.update(evaluate(state, stage))
@@ -192,12 +177,12 @@ def prepare(args: argparse.Namespace, ctx: DistributedContext) -> GlueRun:
     even the log."""
     task = glue.get_task(args.task_name)
     precision = make_precision(ctx.device, args.fp16, args.bf16)
-    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
-    config, weights = model_config(args.config_file, args.init_checkpoint)
+    tokenizer = finetuning.load_tokenizer(args.vocab_file, args.do_lower_case)
+    config, weights = finetuning.model_config(args.config_file, args.init_checkpoint)
     splits = read_splits(task, args, tokenizer)
     seed_everything(args.seed)  # the same new classifier on every process
-    model = build_model(lambda c: BertForSequenceClassification(c, task.num_labels), config, weights,
-                        args.init_checkpoint, len(tokenizer.vocab), args.max_seq_length).to(ctx.device)
+    model = finetuning.build_model(lambda c: BertForSequenceClassification(c, task.num_labels), config, weights,
+                                   args.init_checkpoint, len(tokenizer.vocab), args.max_seq_length).to(ctx.device)
     torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
     bar = ctx.is_main and not args.disable_progress_bar
     return GlueRun(args, ctx, task, precision, bar, config, model, splits)
@@ -216,25 +201,25 @@ def open_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> Me
 
 def train(state: GlueRun, log: MetricLogger) -> dict[str, Any]:
     args, ctx, features = state.args, state.ctx, state.splits["train"]
-    settings = LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
-                            args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps, args.seed,
-                            args.log_freq, state.bar, args.num_workers, trim_padding=True)
-    total_steps = planned_steps(len(features), settings, ctx)
+    settings = finetuning.LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
+                                       args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps,
+                                       args.seed, args.log_freq, state.bar, args.num_workers, trim_padding=True)
+    total_steps = finetuning.planned_steps(len(features), settings, ctx)
     optimizer = build_adamw(state.model, args.learning_rate)
     scheduler = LinearWarmUpScheduler(optimizer, args.warmup_proportion, total_steps)
-    results = train_loop(wrap_ddp(state.model, ctx), optimizer, scheduler, state.precision,
-                         feature_arrays(features), classification_loss, settings, total_steps, ctx, log)
+    results = finetuning.train_loop(wrap_ddp(state.model, ctx), optimizer, scheduler, state.precision,
+                                    feature_arrays(features), classification_loss, settings, total_steps, ctx, log)
     return {**results, "train_examples": len(features), "train_steps": total_steps}
 
 
-def evaluate(state: GlueRun, stage: StagedOutputs) -> dict[str, Any]:
+def evaluate(state: GlueRun, stage: finetuning.StagedOutputs) -> dict[str, Any]:
     """Dev metrics and test predictions (staged); returns their results.json entries."""
     results: dict[str, Any] = {}
     if state.args.do_eval:
         dev = state.splits["dev"]
         scores, latencies = score_dev(state, stage, state.task, dev, "eval", "eval_predictions.tsv")
         results.update(scores)
-        results.update(latency_summary(latencies, len(dev)))
+        results.update(finetuning.latency_summary(latencies, len(dev)))
         if "dev_mm" in state.splits:
             scores, _ = score_dev(state, stage, glue.get_task("mnli-mm"), state.splits["dev_mm"], "eval_mm",
                                   "eval_mismatched_predictions.tsv")
@@ -244,7 +229,7 @@ def evaluate(state: GlueRun, stage: StagedOutputs) -> dict[str, Any]:
     return results
 
 
-def score_dev(state: GlueRun, stage: StagedOutputs, task: glue.GlueTask, features: glue.GlueFeatures,
+def score_dev(state: GlueRun, stage: finetuning.StagedOutputs, task: glue.GlueTask, features: glue.GlueFeatures,
               prefix: str, file_name: str) -> tuple[dict[str, Any], list[float]]:
     """The metrics of one dev set as `<prefix>_<metric>` and `<prefix>_examples`, its predictions staged as
     file_name; also the batches' latencies."""
@@ -255,12 +240,12 @@ def score_dev(state: GlueRun, stage: StagedOutputs, task: glue.GlueTask, feature
     return scores, latencies
 
 
-def predict_test(state: GlueRun, stage: StagedOutputs) -> dict[str, Any]:
+def predict_test(state: GlueRun, stage: finetuning.StagedOutputs) -> dict[str, Any]:
     """Test predictions (staged as test_predictions.tsv) and the timings of that pass."""
     test = state.splits["test"]
     preds, latencies = predict_split(state, state.task, test)
     stage.write_text("test_predictions.tsv", predictions_text(state.task, preds, None))
-    timing = latency_summary(latencies, len(test))
+    timing = finetuning.latency_summary(latencies, len(test))
     # The unprefixed keys belong to the dev pass when there is one; the test pass always keeps its own
     # prediction_* copy, so that running both never drops the prediction latency.
     results: dict[str, Any] = {} if state.args.do_eval else dict(timing)
@@ -271,8 +256,8 @@ def predict_test(state: GlueRun, stage: StagedOutputs) -> dict[str, Any]:
 
 def predict_split(state: GlueRun, task: glue.GlueTask,
                   features: glue.GlueFeatures) -> tuple[np.ndarray, list[float]]:
-    (logits,), latencies = timed_inference(state.model, feature_arrays(features), state.args.eval_batch_size,
-                                           state.precision, classification_logits, state.bar, trim=True)
+    (logits,), latencies = finetuning.timed_inference(state.model, feature_arrays(features), state.args.eval_batch_size,
+                                                      state.precision, classification_logits, state.bar, trim=True)
     return predictions_of(task, logits), latencies
 
 

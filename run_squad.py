@@ -21,39 +21,24 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from bertrecipe import finetuning
 from bertrecipe import squad
 from bertrecipe import squad_answers
 from bertrecipe import squad_cli
-from bertrecipe.squad_cli import evaluate, features_for
-from bertrecipe.process_group import DistributedContext, barrier, init_distributed, shutdown
 from bertrecipe.errors import ArgumentParser, InputError, check_output_dir, run_cli
-from bertrecipe.finetuning import (
-    MODEL_FILES,
-    LoopSettings,
-    StagedOutputs,
-    add_common_arguments,
-    build_model,
-    check_common_arguments,
-    check_positive,
-    latency_summary,
-    load_tokenizer,
-    model_config,
-    planned_steps,
-    stage_finetuned,
-    timed_inference,
-    train_loop,
-)
 from bertrecipe.metric_logger import MetricLogger
 from bertrecipe.model import BertForQuestionAnswering
 from bertrecipe.optimization import LinearWarmUpScheduler, build_adamw
+from bertrecipe.process_group import DistributedContext, barrier, init_distributed, shutdown
+from bertrecipe.squad_cli import evaluate, features_for
 from bertrecipe.training import Precision, make_precision, seed_everything, wrap_ddp
 
-OUTPUTS = (*MODEL_FILES, "predictions.json", "nbest_predictions.json", "null_odds.json")
+OUTPUTS = (*finetuning.MODEL_FILES, "predictions.json", "nbest_predictions.json", "null_odds.json")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(p, batch_size=32, learning_rate=5e-5, epochs=3.0, warmup=0.1)
+    finetuning.add_common_arguments(p, batch_size=32, learning_rate=5e-5, epochs=3.0, warmup=0.1)
     p.add_argument("--train_file", help="SQuAD JSON for training, e.g. train-v1.1.json")
     p.add_argument("--predict_file", help="SQuAD JSON to predict (and evaluate), e.g. dev-v1.1.json")
     p.add_argument("--do_predict", action="store_true")
@@ -75,8 +60,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         raise InputError("--do_predict without --do_train needs --init_checkpoint (a fine-tuned model)")
     if args.doc_stride < 1 or args.max_query_length < 1:
         raise InputError("--doc_stride and --max_query_length must be positive")
-    check_common_arguments(args)
-    check_positive(args, "predict_batch_size", "n_best_size", "max_answer_length")
+    finetuning.check_common_arguments(args)
+    finetuning.check_positive(args, "predict_batch_size", "n_best_size", "max_answer_length")
     if args.max_seq_length < args.max_query_length + 4:
         raise InputError(f"--max_seq_length {args.max_seq_length} leaves no room for the document after a "
                          f"--max_query_length {args.max_query_length} question, [CLS] and two [SEP]: it needs at "
@@ -126,18 +111,18 @@ def qa_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[t
 
 def predict(args: argparse.Namespace, model: torch.nn.Module, tokenizer: Any, precision: Precision,
             progress_bar: bool, examples: list[squad.SquadExample], features: squad.SquadFeatures,
-            stage: StagedOutputs) -> tuple[dict[str, Any], dict[str, Path]]:
+            stage: finetuning.StagedOutputs) -> tuple[dict[str, Any], dict[str, Path]]:
     """Stages predictions.json, nbest_predictions.json (and null_odds.json for v2.0) for the features of
     --predict_file; returns the inference timings and the staged files by name."""
-    (start, end), latencies = timed_inference(model, qa_arrays(features, False), args.predict_batch_size,
-                                              precision, qa_logits, progress_bar)
+    (start, end), latencies = finetuning.timed_inference(model, qa_arrays(features, False), args.predict_batch_size,
+                                                         precision, qa_logits, progress_bar)
     predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab,
                                                 squad_cli.answer_settings(args))
     files = {"predictions.json": predictions.answers, "nbest_predictions.json": predictions.nbest}
     if args.version_2_with_negative:
         files["null_odds.json"] = predictions.null_odds
     staged = {name: stage.write_json(name, obj, indent=4) for name, obj in files.items()}  # squad_answers' layout
-    return {**latency_summary(latencies, len(features)), "predict_features": len(features)}, staged
+    return {**finetuning.latency_summary(latencies, len(features)), "predict_features": len(features)}, staged
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -166,10 +151,10 @@ def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: An
     from the cache the first one writes)."""
     inputs: dict[str, Any] = {"model": None, "config": None, "train": None, "predict": None}
     if args.do_train or args.do_predict:
-        config, weights = model_config(args.config_file, args.init_checkpoint)
+        config, weights = finetuning.model_config(args.config_file, args.init_checkpoint)
         seed_everything(args.seed)  # the same new QA head on every process
-        inputs["model"] = build_model(BertForQuestionAnswering, config, weights, args.init_checkpoint,
-                                      len(tokenizer.vocab), args.max_seq_length).to(ctx.device)
+        inputs["model"] = finetuning.build_model(BertForQuestionAnswering, config, weights, args.init_checkpoint,
+                                                 len(tokenizer.vocab), args.max_seq_length).to(ctx.device)
         inputs["config"] = config
         torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
     if not ctx.is_main:
@@ -190,7 +175,7 @@ def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: An
 def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
     precision = make_precision(ctx.device, args.fp16, args.bf16)
     bar = ctx.is_main and not args.disable_progress_bar
-    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
+    tokenizer = finetuning.load_tokenizer(args.vocab_file, args.do_lower_case)
     cache_writes: list[Callable[[], None]] = []
     inputs = read_inputs(args, ctx, tokenizer, cache_writes)
     # Nothing was written before this point: a refused run leaves no log, cache or output folder behind.
@@ -201,11 +186,11 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
     model = inputs["model"]
     # The model and the predictions are staged and renamed into place together at the end, so that a failure
     # on the way leaves the previous run's files as they were (finetuning.StagedOutputs).
-    with StagedOutputs(args.output_dir, OUTPUTS) as stage:
+    with finetuning.StagedOutputs(args.output_dir, OUTPUTS) as stage:
         if args.do_train:
             results.update(train(args, ctx, model, tokenizer, inputs["train"], precision, bar, log))
             if ctx.is_main:
-                stage_finetuned(stage, model, inputs["config"])
+                finetuning.stage_finetuned(stage, model, inputs["config"])
             barrier(ctx)
         staged = None
         if ctx.is_main and args.do_predict:
@@ -227,14 +212,14 @@ def train(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Mod
     barrier(ctx)  # the first process has written the feature cache
     if features is None:
         _, features = features_for(args, tokenizer, args.train_file, is_training=True)
-    settings = LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
-                            args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps, args.seed,
-                            args.log_freq, bar, args.num_workers)
-    total_steps = planned_steps(len(features), settings, ctx)
+    settings = finetuning.LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
+                                       args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps,
+                                       args.seed, args.log_freq, bar, args.num_workers)
+    total_steps = finetuning.planned_steps(len(features), settings, ctx)
     optimizer = build_adamw(model, args.learning_rate)
     scheduler = LinearWarmUpScheduler(optimizer, args.warmup_proportion, total_steps)
-    results = train_loop(wrap_ddp(model, ctx), optimizer, scheduler, precision, qa_arrays(features, True), qa_loss,
-                         settings, total_steps, ctx, log)
+    results = finetuning.train_loop(wrap_ddp(model, ctx), optimizer, scheduler, precision, qa_arrays(features, True),
+                                    qa_loss, settings, total_steps, ctx, log)
     return {**results, "train_features": len(features), "train_steps": total_steps}
 
 

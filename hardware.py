@@ -27,10 +27,6 @@ class Host:
     reason: str  # why bf16 is or is not native here, printed when it changes a default
     torch: str
 
-    @property
-    def default_precision(self) -> str:
-        return "bf16" if self.native_bf16 else "fp32"
-
 
 def read_cpuinfo(path: Path = CPUINFO) -> str | None:
     """The text of /proc/cpuinfo, None where there is none (macOS, Windows, some containers)."""

@@ -18,8 +18,7 @@ def cpuinfo(model: str, *extra_flags: str, processors: int = 2) -> str:
 
 def test_amx_cpu_defaults_to_bf16(capsys) -> None:
     found = host.cpu_host(cpuinfo("Intel(R) Xeon(R) Platinum 8480+", "avx512f", "amx_bf16", "amx_tile"))
-    assert (found.device, found.native_bf16, found.default_precision) == ("Intel(R) Xeon(R) Platinum 8480+", True,
-                                                                          "bf16")
+    assert (found.device, found.native_bf16) == ("Intel(R) Xeon(R) Platinum 8480+", True)
     assert "amx_bf16" in found.reason
     assert host.pick_precisions(found, None, ["fp32", "bf16"]) == ["fp32", "bf16"]
     assert capsys.readouterr() == ("", "")  # nothing to explain
@@ -27,13 +26,13 @@ def test_amx_cpu_defaults_to_bf16(capsys) -> None:
 
 def test_avx512_bf16_cpu_defaults_to_bf16() -> None:
     found = host.cpu_host(cpuinfo("AMD EPYC 9654 96-Core Processor", "avx512f", "avx512_bf16"))
-    assert (found.native_bf16, found.default_precision) == (True, "bf16")
+    assert found.native_bf16 and host.pick_precisions(found, None, ["bf16"]) == ["bf16"]
     assert "avx512_bf16" in found.reason and "amx_bf16" not in found.reason
 
 
 def test_avx2_only_cpu_gets_fp32_and_the_reason(capsys) -> None:
     found = host.cpu_host(cpuinfo("Intel(R) Core(TM) i7-8700 CPU @ 3.20GHz"))
-    assert (found.native_bf16, found.default_precision) == (False, "fp32")
+    assert not found.native_bf16
     assert host.pick_precisions(found, None, ["bf16"]) == ["fp32"]
     assert host.pick_precisions(found, None, ["fp32", "bf16"]) == ["fp32"]  # not fp32 twice
     out = capsys.readouterr().out
@@ -49,7 +48,7 @@ def test_flags_are_whole_words_on_the_flags_line() -> None:
 def test_no_proc_cpuinfo_gets_fp32(tmp_path) -> None:
     assert host.read_cpuinfo(tmp_path / "cpuinfo") is None
     found = host.cpu_host(None)
-    assert (found.native_bf16, found.default_precision) == (False, "fp32")
+    assert not found.native_bf16 and host.pick_precisions(found, None, ["bf16"]) == ["fp32"]
     assert found.device  # the platform's name for the processor, never empty
     assert "/proc/cpuinfo" in found.reason
 
@@ -72,7 +71,7 @@ def test_gpu_counts_native_bf16_only(monkeypatch) -> None:
     assert host.detect("cuda").native_bf16 is False and emulated_too == [False]
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     found = host.detect("cuda")
-    assert (found.device, found.default_precision) == ("Tesla V100-SXM2-16GB", "bf16")
+    assert found.device == "Tesla V100-SXM2-16GB" and found.native_bf16
 
 
 def test_host_line_and_record_name_device_precision_and_torch() -> None:

@@ -146,10 +146,7 @@ def test_config_pbtxt_parses_as_a_triton_model_config(onnx_repo):
 # deployer.py's config.pbtxt, byte for byte, from before it was built from tritonclient's ModelConfig message.
 SQUAD_SETTINGS = dict(max_batch_size=16, dynamic_batching=True, preferred_batch_sizes=(4, 8), max_queue_delay_us=200,
                       instance_count=2, instance_kind="KIND_CPU")
-HAND_WRITTEN_SQUAD = """name: "bert"
-platform: "onnxruntime_onnx"
-max_batch_size: 16
-input [
+HAND_WRITTEN_INPUTS = """input [
   {
     name: "input__0"
     data_type: TYPE_INT64
@@ -166,7 +163,11 @@ input [
     dims: [ -1 ]
   }
 ]
-output [
+"""  # the same three int64 tensors in every config
+HAND_WRITTEN_SQUAD = """name: "bert"
+platform: "onnxruntime_onnx"
+max_batch_size: 16
+""" + HAND_WRITTEN_INPUTS + """output [
   {
     name: "output__0"
     data_type: TYPE_FP32
@@ -192,24 +193,7 @@ dynamic_batching {
 HAND_WRITTEN_GLUE = """name: "mnli"
 platform: "pytorch_libtorch"
 max_batch_size: 8
-input [
-  {
-    name: "input__0"
-    data_type: TYPE_INT64
-    dims: [ -1 ]
-  },
-  {
-    name: "input__1"
-    data_type: TYPE_INT64
-    dims: [ -1 ]
-  },
-  {
-    name: "input__2"
-    data_type: TYPE_INT64
-    dims: [ -1 ]
-  }
-]
-output [
+""" + HAND_WRITTEN_INPUTS + """output [
   {
     name: "output__0"
     data_type: TYPE_FP32
@@ -241,19 +225,11 @@ def test_config_pbtxt_from_the_message_says_what_the_hand_written_one_said(argum
     assert parse_text(written).HasField("dynamic_batching") == ("dynamic_batching" in hand_written)
 
 
-def test_a_misspelt_field_or_label_fails_where_the_hand_written_text_passed():
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
+def test_a_misspelt_instance_kind_fails_at_export_where_the_hand_written_text_passed():
     # The template wrote any instance kind as given; Triton would have refused the file only when loading it.
     with pytest.raises(ValueError, match="KIND_TPU"):
         deployer.config_pbtxt("bert", "onnxruntime_onnx", "squad", 2,
                               deployer.TritonSettings(instance_kind="KIND_TPU"))
-    with pytest.raises(ValueError, match="max_batch_sise"):  # a misspelt field, filled as model_config fills them
-        model_config_pb2.ModelConfig(name="bert", max_batch_sise=8)
-    _, hand_written = HAND_WRITTEN[0]
-    with pytest.raises(text_format.ParseError, match="max_queue_delay_microsecond"):
-        parse_text(hand_written.replace("max_queue_delay_microseconds", "max_queue_delay_microsecond"))
 
 
 def test_torchscript_export_equals_pytorch_and_targets_libtorch(setup):

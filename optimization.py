@@ -217,8 +217,12 @@ class _WarmUpScheduler:
     def factor(self, progress: float) -> float:
         raise NotImplementedError
 
+    def progress(self) -> float:
+        """The fraction of the schedule behind us: optimizer steps over total_steps."""
+        return self.last_step / self.total_steps
+
     def _apply(self) -> None:
-        scale = self.factor(self.last_step / self.total_steps)
+        scale = self.factor(self.progress())
         for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base_lr * scale
 
@@ -259,3 +263,29 @@ class LinearWarmUpScheduler(_WarmUpScheduler):
         if progress < self.warmup:
             return progress / self.warmup
         return max((1.0 - progress) / (1.0 - self.warmup), 0.0) if self.warmup < 1 else 0.0
+
+
+class TimeBudgetScheduler(LinearWarmUpScheduler):
+    """Cramming's budget schedule (Geiping & Goldstein 2022): progress is the share of a wall-clock budget spent,
+    not of a step count, so the schedule ends exactly when the time does, whatever the speed of the machine.
+    Linear warm-up over `warmup` of the budget, then linear decay to 0 at its end. The training loop sets
+    `elapsed_seconds` (the same value on every process) before each step."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup: float, budget_seconds: float,
+                 elapsed_seconds: float = 0.0) -> None:
+        if not budget_seconds > 0:
+            raise ValueError(f"budget_seconds must be positive, got {budget_seconds}")
+        self.budget_seconds = budget_seconds
+        self.elapsed_seconds = elapsed_seconds
+        super().__init__(optimizer, warmup, total_steps=1)
+
+    def progress(self) -> float:
+        return min(self.elapsed_seconds / self.budget_seconds, 1.0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "budget_seconds": self.budget_seconds, "elapsed_seconds": self.elapsed_seconds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # A step-based state (a run that continues with a budget) has no clock: the loop sets it from the checkpoint.
+        self.elapsed_seconds = float(state.get("elapsed_seconds", self.elapsed_seconds))
+        super().load_state_dict(state)

@@ -8,6 +8,8 @@ process: `torchrun --nproc_per_node=8 run_pretraining.py ...`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import math
 import os
 import sys
@@ -37,7 +39,7 @@ from bertrecipe.errors import ArgumentParser, InputError, check_output_dir, run_
 from bertrecipe.metric_logger import MetricLogger, check_log_paths
 from bertrecipe.model import BertConfig, BertForPreTraining
 from bertrecipe.model_weights import load_weights_into, read_config, read_weights
-from bertrecipe.optimization import PolyWarmUpScheduler, build_lamb, weight_decay_groups
+from bertrecipe.optimization import PolyWarmUpScheduler, TimeBudgetScheduler, build_lamb, weight_decay_groups
 from bertrecipe.sample_order import check_lanes, default_lanes
 from bertrecipe.data.tokenization import load_vocab
 from bertrecipe.pretraining_data import (
@@ -73,6 +75,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add_step_flags(p)
     add_run_flags(p)
     add_stream_flags(p)
+    add_budget_flags(p)
     args = p.parse_args(argv)
     check_numbers(args)
     check_combinations(args)
@@ -140,7 +143,9 @@ def add_stream_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num_workers", type=int, default=0, help="DataLoader workers per process")
     p.add_argument("--dynamic_masking", action="store_true",
                    help="mask every sample afresh each epoch (RoBERTa, NVIDIA's LDDL) from the shards' original tokens")
-    p.add_argument("--masked_lm_prob", type=float, default=0.15, help="with --dynamic_masking: share of tokens masked")
+    p.add_argument("--masked_lm_prob", type=float, default=None,
+                   help="with --dynamic_masking: share of tokens masked (default 0.15; Wettig et al. 2022 find 0.3-0.4 "
+                        "better at equal compute); --max_predictions_per_seq caps it and may then exceed the shards'")
     p.add_argument("--whole_word_masking", action="store_true",
                    help="with --dynamic_masking: mask all pieces of a word together (needs --vocab_file)")
     p.add_argument("--vocab_file", help="with --dynamic_masking: the shards' vocab.txt (default: read [CLS], [SEP] "
@@ -156,6 +161,23 @@ def add_stream_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no_cuda", action="store_true")
 
 
+def add_budget_flags(p: argparse.ArgumentParser) -> None:
+    """Choices that reach an accuracy sooner (README, "Time to accuracy"); each is off by default, so that
+    NVIDIA's recipe and numbers stay what runs without them."""
+    p.add_argument("--no_nsp", action="store_true",
+                   help="masked LM only (RoBERTa, Cramming): the next-sentence head leaves the loss; the pooler and "
+                        "NSP weights stay in the checkpoint, untrained, so fine-tuning loads it as before")
+    p.add_argument("--train_budget_minutes", type=float, default=0.0,
+                   help="a wall-clock budget for this phase (Cramming): warm-up over --warmup_proportion of it, then "
+                        "linear decay to 0 at its end; stops with a checkpoint when it is spent (or at --max_steps)")
+    p.add_argument("--eval_interval_minutes", type=float, default=0.0,
+                   help="with --do_eval: evaluate every N minutes of training time (evaluation time excluded)")
+    p.add_argument("--pretrain_dropout", type=float, default=None,
+                   help="dropout of the model while pre-training (Cramming: 0), in place of the config's; the "
+                        "checkpoint keeps the config's values for fine-tuning")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (CPU or GPU)")
+
+
 def check_combinations(args: argparse.Namespace) -> None:
     """Refuses flags that contradict each other or lack a companion, with one line."""
     if not args.do_train and not args.do_eval:
@@ -167,8 +189,17 @@ def check_combinations(args: argparse.Namespace) -> None:
         raise InputError("--whole_word_masking and --vocab_file go with --dynamic_masking")
     if args.whole_word_masking and not args.vocab_file:
         raise InputError("--whole_word_masking needs --vocab_file (to know which tokens are '##' word pieces)")
+    if args.masked_lm_prob is not None and not args.dynamic_masking:
+        raise InputError("--masked_lm_prob masks the samples afresh as they are read: add --dynamic_masking (static "
+                         "shards keep the masks create_pretraining_data.py drew)")
+    if args.masked_lm_prob is None:
+        args.masked_lm_prob = 0.15
     if not 0 < args.masked_lm_prob <= 1:
         raise InputError(f"--masked_lm_prob must lie in (0, 1], got {args.masked_lm_prob}")
+    if args.eval_interval_minutes and not (args.do_train and args.eval_dir):
+        raise InputError("--eval_interval_minutes evaluates during training: it needs --do_train and --eval_dir")
+    if args.pretrain_dropout is not None and not 0 <= args.pretrain_dropout < 1:
+        raise InputError(f"--pretrain_dropout must lie in [0, 1), got {args.pretrain_dropout}")
     if args.do_eval and not args.eval_dir:
         raise InputError("--do_eval needs --eval_dir")
     if args.do_eval and not args.do_train and not (args.init_checkpoint or args.resume_from_checkpoint):
@@ -199,6 +230,9 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise InputError(f"--steps_this_run must be -1 (all of --max_steps) or >= 1, got {args.steps_this_run}")
     if not (math.isfinite(args.log_freq) and args.log_freq > 0):
         raise InputError(f"--log_freq must be a number > 0, got {args.log_freq}")
+    for name in ("train_budget_minutes", "eval_interval_minutes"):
+        if not (math.isfinite(getattr(args, name)) and getattr(args, name) >= 0):
+            raise InputError(f"--{name} must be a number of minutes >= 0 (0: none), got {getattr(args, name)}")
 
 
 def check_output_paths(args: argparse.Namespace) -> None:
@@ -208,17 +242,29 @@ def check_output_paths(args: argparse.Namespace) -> None:
 
 
 def build_model(args: argparse.Namespace, config: BertConfig, device: torch.device) -> BertForPreTraining:
+    if args.pretrain_dropout is not None:  # the model's own copy: the checkpoint keeps the config's dropout
+        config = dataclasses.replace(config, hidden_dropout_prob=args.pretrain_dropout,
+                                     attention_probs_dropout_prob=args.pretrain_dropout)
     model = BertForPreTraining(config)
     model.set_checkpoint_activations(args.checkpoint_activations)
     if args.init_checkpoint:
         load_weights_into(model, read_weights(args.init_checkpoint), args.init_checkpoint)
-    return model.to(device)
+    if args.no_nsp:
+        # Frozen, so that neither LAMB nor DDP waits for gradients that never come (DDP would fail on unused
+        # parameters); they are saved as they are.
+        for param in [*model.bert.pooler.parameters(), *model.cls.seq_relationship.parameters()]:
+            param.requires_grad_(False)
+    model = model.to(device)
+    if args.compile:
+        model.compile()  # in place: parameter names, state_dict keys and checkpoints stay the same
+    return model
 
 
-def pretraining_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def pretraining_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], nsp: bool = True) -> torch.Tensor:
+    """Masked-LM plus next-sentence cross-entropy (NVIDIA's loss), or the masked-LM term alone with nsp=False."""
     return model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                  masked_lm_labels=batch["masked_lm_labels"],
-                 next_sentence_labels=batch["next_sentence_labels"]).loss
+                 next_sentence_labels=batch["next_sentence_labels"] if nsp else None).loss
 
 
 @torch.no_grad()
@@ -249,7 +295,7 @@ def evaluate(session: Session) -> dict[str, float]:
 
 # Where a run without a checkpoint to continue starts; restore_state returns the same keys.
 FRESH_START: dict[str, Any] = {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None,
-                               "path": None, "skipped_steps": 0}
+                               "path": None, "skipped_steps": 0, "train_seconds": 0.0}
 
 
 def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module,
@@ -263,6 +309,10 @@ def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torc
         log.log("PARAMETER", {"evaluated": str(path)})
         return fresh
     handoff = args.phase2 and not ckpt.get("phase2", False)
+    trained_without_nsp = bool((ckpt.get("args") or {}).get("no_nsp", False))
+    if trained_without_nsp != args.no_nsp:  # the optimizer holds state for other parameters
+        raise InputError(f"{path}: was trained {'with' if trained_without_nsp else 'without'} --no_nsp; continue it "
+                         f"the same way, or start from it with --init_checkpoint in a new --output_dir")
     optimizer.load_state_dict(ckpt["optimizer"])
     if handoff:  # phase 1 -> phase 2: same weights and moments, optimizer step and schedule start again
         for group in optimizer.param_groups:
@@ -282,7 +332,7 @@ def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torc
         rng = checkpointing.rng_state()
     return {**fresh, "phase_step": int(ckpt["phase_step"]), "position": int(ckpt["data"]["stream_position"]),
             "scheduler": ckpt.get("scheduler"), "rng": rng, "scaler": ckpt.get("scaler"),
-            "skipped_steps": int(ckpt.get("skipped_steps", 0))}
+            "skipped_steps": int(ckpt.get("skipped_steps", 0)), "train_seconds": float(ckpt.get("train_seconds", 0.0))}
 
 
 def weights_are_finite(model: torch.nn.Module) -> bool:
@@ -304,8 +354,10 @@ def inspect_inputs(args: argparse.Namespace, config: BertConfig) -> tuple[list, 
               "type_vocab_size": config.type_vocab_size}
     train_shards = []
     if args.do_train:
-        train_shards = [inspect_shard(f, max_seq_length=args.max_seq_length,
-                                      max_predictions=args.max_predictions_per_seq, **limits)
+        # Dynamic masks are drawn anew, up to --max_predictions_per_seq: the shards' own count need not match it.
+        shard_predictions = None if args.dynamic_masking else args.max_predictions_per_seq
+        train_shards = [inspect_shard(f, max_seq_length=args.max_seq_length, max_predictions=shard_predictions,
+                                      **limits)
                         for f in find_shards(args.input_dir, "training")]
     eval_shards = [inspect_shard(f, **limits) for f in find_shards(args.eval_dir)] if args.eval_dir else []
     return train_shards, eval_shards
@@ -359,10 +411,17 @@ def stream_lanes(args: argparse.Namespace, ctx: DistributedContext,
     return lanes
 
 
-def masking_spec(args: argparse.Namespace, shards: list, config: BertConfig) -> Optional[masking.MaskingSpec]:
+def masking_spec(args: argparse.Namespace, shards: list, config: BertConfig,
+                 warn: bool = True) -> Optional[masking.MaskingSpec]:
     """What --dynamic_masking needs: the special and mask ids, from --vocab_file or read off the first shard."""
     if not args.dynamic_masking:
         return None
+    wanted = round(args.max_seq_length * args.masked_lm_prob)
+    if warn and wanted > args.max_predictions_per_seq:
+        print(f"warning: --max_predictions_per_seq {args.max_predictions_per_seq} caps --masked_lm_prob "
+              f"{args.masked_lm_prob} at {args.max_predictions_per_seq / args.max_seq_length:.3f} of a full "
+              f"{args.max_seq_length}-token sequence; pass --max_predictions_per_seq {wanted} for the full rate",
+              file=sys.stderr, flush=True)
     try:
         if args.vocab_file:
             tokens = load_vocab(args.vocab_file).tokens
@@ -395,7 +454,7 @@ class Session:
     config: BertConfig
     model: torch.nn.Module  # wrapped for DDP when there is more than one process
     optimizer: torch.optim.Optimizer
-    scheduler: PolyWarmUpScheduler
+    scheduler: Any  # PolyWarmUpScheduler, or TimeBudgetScheduler with --train_budget_minutes
     precision: Precision
     log: MetricLogger
     eval_shards: list
@@ -415,7 +474,7 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     spec = None
     if args.do_train:
         args.data_lanes = stream_lanes(args, ctx, resume_from)
-        spec = masking_spec(args, train_shards, config)
+        spec = masking_spec(args, train_shards, config, warn=ctx.is_main)
     seed_everything(args.seed + ctx.rank)
     model = build_model(args, config, ctx.device)  # reads --init_checkpoint
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)
@@ -438,7 +497,7 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
 
 def set_up_optimizer(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module,
                      precision: Precision, log: MetricLogger, resume_from: Optional[tuple[Path, dict[str, Any]]]
-                     ) -> tuple[torch.nn.Module, torch.optim.Optimizer, PolyWarmUpScheduler, dict[str, Any]]:
+                     ) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, dict[str, Any]]:
     """LAMB, its schedule and the loss scaler, restored from the checkpoint the run continues (see FRESH_START for
     what the returned resume point holds); then the model wrapped for DDP."""
     optimizer = build_lamb(weight_decay_groups(model, 0.01), lr=args.learning_rate, compiled=args.compile_optimizer)
@@ -446,7 +505,12 @@ def set_up_optimizer(args: argparse.Namespace, ctx: DistributedContext, model: t
     if resume_from is not None:
         resume = restore_state(args, ctx, model, optimizer, log, *resume_from)
     # Built after the restore: a phase-2 handoff has just reset the optimizer's lr and step.
-    scheduler = PolyWarmUpScheduler(optimizer, args.warmup_proportion, max(args.max_steps, 1))
+    scheduler: PolyWarmUpScheduler | TimeBudgetScheduler
+    if args.train_budget_minutes:
+        scheduler = TimeBudgetScheduler(optimizer, args.warmup_proportion, args.train_budget_minutes * 60,
+                                        resume["train_seconds"])
+    else:
+        scheduler = PolyWarmUpScheduler(optimizer, args.warmup_proportion, max(args.max_steps, 1))
     if resume["scheduler"] is not None:
         scheduler.load_state_dict(resume["scheduler"])
     if resume["scaler"] is not None and precision.scaler is not None:
@@ -476,6 +540,11 @@ class Phase:
     position: int
     current_step: int  # the global step being taken, for the error line
     record_clock: float  # perf_counter() at the previous training record (evaluation time excluded)
+    clock_start: float  # perf_counter() when this run's phase began
+    seconds_before: float  # training time of the runs this one continues
+    train_seconds: float  # training time of the phase after the last step (evaluations excluded)
+    next_evaluation: float  # train_seconds of the next --eval_interval_minutes evaluation
+    evaluation_seconds: float = 0.0  # time this run spent in evaluations between steps
     steps_since_record: int = 0
     losses: list[float] = field(default_factory=list)  # this process's step losses since the previous record
     step_times: list[float] = field(default_factory=list)
@@ -496,6 +565,9 @@ def train(session: Session, shards: list, spec: Optional[masking.MaskingSpec],
           resume: dict[str, Any]) -> dict[str, Any]:
     """Takes the steps of this run from the resume point on; returns the run's closing record."""
     phase = start_phase(session, shards, spec, resume)
+    if budget_spent(phase):
+        session.log.log("PARAMETER", {"train_budget_already_spent": phase.train_seconds / 60})
+        phase.steps_left = 0
     try:
         for index in range(phase.steps_left):
             if not train_one_step(phase, last_of_run=index == phase.steps_left - 1):
@@ -532,15 +604,20 @@ def start_phase(session: Session, shards: list, spec: Optional[masking.MaskingSp
     batches = data.batches(iter(loader))
     if resume["rng"] is not None:
         checkpointing.set_rng_state(resume["rng"])
-    stepper = Stepper(session.model, session.optimizer, session.scheduler, session.precision, pretraining_loss,
+    loss = functools.partial(pretraining_loss, nsp=not args.no_nsp)
+    stepper = Stepper(session.model, session.optimizer, session.scheduler, session.precision, loss,
                       skipped_steps=resume["skipped_steps"])
     step_offset = args.phase1_end_step if args.phase2 else 0
     bar = tqdm(total=steps_left, disable=not session.bar_enabled, desc="pre-training", unit="step",
                dynamic_ncols=True)
     session.model.train()
+    now, before = time.perf_counter(), resume["train_seconds"]
+    interval = args.eval_interval_minutes * 60
     return Phase(session, plan, data, batches, stepper, stop, bar, steps_left, step_offset, keep=resume["path"],
                  phase_step=resume["phase_step"], position=resume["position"],
-                 current_step=resume["phase_step"] + step_offset, record_clock=time.perf_counter())
+                 current_step=resume["phase_step"] + step_offset, record_clock=now, clock_start=now,
+                 seconds_before=before, train_seconds=before,
+                 next_evaluation=(math.floor(before / interval) + 1) * interval if interval else math.inf)
 
 
 def train_one_step(phase: Phase, last_of_run: bool) -> bool:
@@ -548,16 +625,45 @@ def train_one_step(phase: Phase, last_of_run: bool) -> bool:
     a SIGTERM (on any process) ends the run after its checkpoint."""
     args = phase.session.args
     outcome = apply_step(phase)
+    phase.train_seconds = read_clock(phase)
     if phase.phase_step % args.log_freq == 0 or last_of_run:
         log_training_record(phase, outcome.loss)
-    if args.eval_steps and phase.phase_step % args.eval_steps == 0 and phase.session.eval_shards:
+    if evaluation_due(phase):
         evaluate_between_steps(phase)
     stopping = any_process(phase.stop.requested, phase.session.ctx)
-    if stopping or last_of_run or phase.phase_step % args.num_steps_per_checkpoint == 0:
-        save(phase, periodic=not (stopping or last_of_run))
-    if stopping:
-        phase.session.log.log("PARAMETER", {"stopped_by": "SIGTERM", "global_step": phase.global_step})
-    return not stopping
+    out_of_time = budget_spent(phase)
+    ending = stopping or out_of_time or last_of_run
+    if ending or phase.phase_step % args.num_steps_per_checkpoint == 0:
+        save(phase, periodic=not ending)
+    if stopping or out_of_time:
+        phase.session.log.log("PARAMETER", {"stopped_by": "SIGTERM" if stopping else "train_budget",
+                                            "global_step": phase.global_step})
+    return not (stopping or out_of_time)
+
+
+def read_clock(phase: Phase) -> float:
+    """Training seconds of the phase (earlier runs included, evaluations between steps not), the mean over the
+    processes when a budget or an evaluation interval depends on it, so that every process decides alike."""
+    args, ctx = phase.session.args, phase.session.ctx
+    seconds = phase.seconds_before + time.perf_counter() - phase.clock_start - phase.evaluation_seconds
+    if ctx.world_size > 1 and (args.train_budget_minutes or args.eval_interval_minutes):
+        total = all_reduce_sum(torch.tensor([seconds], dtype=torch.float64, device=ctx.device), ctx)
+        seconds = float(total[0]) / ctx.world_size
+    return seconds
+
+
+def budget_spent(phase: Phase) -> bool:
+    budget = phase.session.args.train_budget_minutes
+    return bool(budget) and phase.train_seconds >= budget * 60
+
+
+def evaluation_due(phase: Phase) -> bool:
+    args = phase.session.args
+    if not phase.session.eval_shards:
+        return False
+    if args.eval_steps and phase.phase_step % args.eval_steps == 0:
+        return True
+    return phase.train_seconds >= phase.next_evaluation
 
 
 def apply_step(phase: Phase) -> StepResult:
@@ -565,6 +671,8 @@ def apply_step(phase: Phase) -> StepResult:
     tick = time.perf_counter()
     micro = [batches_to_device(b, phase.session.ctx.device) for b in take(phase.batches, phase.plan.accumulation)]
     phase.current_step = phase.global_step + 1
+    if isinstance(phase.session.scheduler, TimeBudgetScheduler):
+        phase.session.scheduler.elapsed_seconds = phase.train_seconds  # the clock after the previous step
     outcome = phase.stepper.step(micro)
     if not outcome.applied and phase.session.precision.scaler is None:
         print(f"warning: step {phase.current_step}: the loss or gradients are not finite; step skipped "
@@ -602,8 +710,14 @@ def log_training_record(phase: Phase, step_loss: float) -> None:
 def evaluate_between_steps(phase: Phase) -> None:
     evaluation_start = time.perf_counter()
     phase.result = evaluate(phase.session)
-    phase.session.log.log([phase.data.epoch(phase.position), phase.global_step], phase.result)
-    phase.record_clock += time.perf_counter() - evaluation_start  # not training time
+    phase.session.log.log([phase.data.epoch(phase.position), phase.global_step],
+                          {**phase.result, "train_minutes": phase.train_seconds / 60})
+    interval = phase.session.args.eval_interval_minutes * 60
+    if interval:
+        phase.next_evaluation = (math.floor(phase.train_seconds / interval) + 1) * interval
+    spent = time.perf_counter() - evaluation_start  # not training time
+    phase.record_clock += spent
+    phase.evaluation_seconds += spent
 
 
 def save(phase: Phase, periodic: bool) -> None:
@@ -646,6 +760,7 @@ def checkpoint_payload(phase: Phase, rng_per_rank: list[dict[str, Any]]) -> dict
         "config": session.config.to_dict(),
         "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))},
         "skipped_steps": phase.stepper.skipped_steps,  # the log's counter goes on after a resume
+        "train_seconds": phase.train_seconds,  # a --train_budget_minutes run goes on with what is left
     }
 
 
@@ -671,6 +786,7 @@ def closing_record(phase: Phase) -> dict[str, Any]:
         "training_sequences_per_second": sequences / sum(timed) if timed and sum(timed) > 0 else 0.0,
         "final_loss": phase.last_loss,
         "raw_train_time": sum(phase.step_times),
+        "train_minutes": phase.train_seconds / 60,
         **phase.result,
     }
 

@@ -33,7 +33,8 @@ def test_nvidia_defaults_are_pinned(run_pretraining):
               "phase1_end_step": 7038, "init_loss_scale": 2.0**20, "fp16": False, "checkpoint_activations": False}
     assert {key: getattr(args, key) for key in nvidia} == nvidia
     options = {"no_nsp": False, "dynamic_masking": False, "masked_lm_prob": 0.15, "train_budget_minutes": 0.0,
-               "eval_interval_minutes": 0.0, "pretrain_dropout": None, "compile": False}
+               "eval_interval_minutes": 0.0, "pretrain_dropout": None, "compile": False,
+               "compile_optimizer": None}  # None: the fused LAMB update where it pays (same numbers, see below)
     assert {key: getattr(args, key) for key in options} == options
 
 
@@ -227,3 +228,19 @@ def test_compile_flag_compiles_the_model_in_place(run_pretraining):
     eager = run_pretraining.build_model(run_pretraining.parse_args(REQUIRED), config, torch.device("cpu"))
     assert isinstance(compiled, BertForPreTraining) and compiled._compiled_call_impl is not None
     assert eager._compiled_call_impl is None
+
+
+def test_fused_lamb_is_the_default_for_large_models_on_cpu_and_falls_back_cleanly(monkeypatch, capsys):
+    from bertrecipe import optimization
+
+    small = [{"params": [torch.nn.Parameter(torch.zeros(1000))]}]
+    large = [{"params": [torch.nn.Parameter(torch.zeros(optimization.COMPILE_LAMB_MIN_PARAMETERS))]}]
+    assert optimization.compiled_lamb_works(torch.device("cpu")) is None  # this machine compiles (CI's too)
+    assert optimization.choose_compiled_lamb(small, None) is False  # compiling would cost more than it saves
+    assert optimization.choose_compiled_lamb(large, False) is False  # --no_compile_optimizer
+    monkeypatch.setattr(optimization, "compiled_lamb_works", lambda device: None)
+    assert optimization.choose_compiled_lamb(large, None) is True
+    assert optimization.choose_compiled_lamb(small, True) is True  # --compile_optimizer
+    monkeypatch.setattr(optimization, "compiled_lamb_works", lambda device: "InvalidCxxCompiler: no working C++ compiler")
+    assert optimization.choose_compiled_lamb(large, None) is False
+    assert "cannot fuse the LAMB update here (InvalidCxxCompiler" in capsys.readouterr().err

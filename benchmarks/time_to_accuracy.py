@@ -1,0 +1,627 @@
+#!/usr/bin/env python3
+"""Time to accuracy: a small BERT pre-trained from scratch for a fixed wall-clock budget, three ways, with the
+held-out masked-LM accuracy logged every --eval_every_minutes of training time (evaluation time excluded).
+
+    python benchmarks/time_to_accuracy.py                                   # 10 minutes a run, then SST-2
+    python benchmarks/time_to_accuracy.py --budget_minutes 0.5 --eval_every_minutes 0.25 --skip_sst2   # smoke
+
+Data: the embedded default corpus (data/build_default_corpus.py: Python's own documentation, an uncased
+WordPiece vocab of 8192 trained on it, phase-1 shards of 128 tokens). The held-out set is the `test` split with
+the fixed static 15 % masks create_pretraining_data.py drew, so that runs that train with other masking rates
+are scored on the same positions.
+
+Runs (all in the same precision: bf16 where the hardware has it natively, else fp32):
+  peer    transformers' BertForPreTraining, masked LM only, AdamW with linear warm-up and decay, fresh 80/10/10
+          masks per batch from DataCollatorForLanguageModeling on the shards' original tokens (run_mlm's
+          recipe), in this process. Its schedule length comes from a short timing calibration, as a user
+          would size it; it stops at the budget.
+  nvidia  run_pretraining.py with NVIDIA's phase-1 choices: LAMB, NSP + MLM, static masks, poly schedule with
+          warm-up, the config's dropout; --max_steps from a calibration run so that it ends near the budget.
+          The lr and warm-up are the quick start's (NVIDIA's 0.2843 warm-up at batch 65536 is far too long here).
+  best    run_pretraining.py with the documented time-to-accuracy options (BEST_OPTIONS) and
+          --train_budget_minutes, whose schedule follows the wall clock.
+
+Outputs in --output_dir: curves.json, time_to_accuracy.png (accuracy vs minutes), table.md (accuracy at the
+budget, minutes to reach the peer's final accuracy, steps, sequences/s, SST-2 dev accuracy of each checkpoint
+fine-tuned on the first 4000 training rows for 1 epoch with 3 seeds).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+from bertrecipe.checkpointing import list_checkpoints
+from bertrecipe.data import layout
+from bertrecipe.data.tokenization import load_vocab
+from bertrecipe.data.vocab_training import vocab_path
+from bertrecipe.hardware import detect, host_line, host_record, pick_precisions, recipe_device
+from bertrecipe.masking import recover_original_tokens
+from bertrecipe.metric_logger import read_log
+from bertrecipe.model import BertConfig
+
+SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+# The data: the quick start's corpus, vocab and phase-1 shards.
+CORPUS = "python_docs"
+VOCAB_SIZE = 8192
+DUPE_FACTOR = 5
+SEQ, PREDICTIONS = 128, 20
+
+# The model and the batch, shared by the three runs (tune here).
+MODEL = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024,
+         "max_position_embeddings": 512, "type_vocab_size": 2, "hidden_act": "gelu", "initializer_range": 0.02,
+         "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+BATCH = 64
+SEED = 42
+
+# Peer: run_mlm-style AdamW (Trainer's defaults: no decay on biases and LayerNorms, gradients clipped at 1).
+PEER_LR = 5e-4
+PEER_WARMUP = 0.06
+PEER_BETAS = (0.9, 0.98)
+PEER_EPS = 1e-6
+PEER_WEIGHT_DECAY = 0.01
+PEER_MLM_PROBABILITY = 0.15
+
+# Ours: LAMB. "nvidia" takes the quick start's lr and warm-up (scripts/quickstart.py: 1e-2, 0.1).
+NVIDIA_LR, NVIDIA_WARMUP = 1e-2, 0.1
+BEST_LR, BEST_WARMUP = 1e-2, 0.1
+# The best documented option set, one list so that it is tuned in one place; a flag given twice takes its last
+# value (--max_predictions_per_seq here overrides the shards' 20, as --dynamic_masking allows).
+BEST_OPTIONS = ["--no_nsp", "--dynamic_masking", "--masked_lm_prob", "0.3", "--max_predictions_per_seq", "40",
+                "--pretrain_dropout", "0", "--compile"]
+
+CALIBRATION_STEPS = 8  # timed steps, after 2 untimed warm-up steps
+EVAL_BATCH = 64
+
+# SST-2 fine-tuning of each checkpoint.
+SST2_TRAIN_ROWS = 4000
+SST2_SEEDS = (1, 2, 3)
+SST2_LR = 1e-4
+SST2_BATCH = 32
+
+RUNS = ("peer", "nvidia", "best")
+LABELS = {"peer": "transformers + AdamW (run_mlm recipe)", "nvidia": "ours, NVIDIA defaults (LAMB, NSP, static)",
+          "best": "ours, best options"}
+
+Curve = list[tuple[float, float]]  # (training minutes, held-out masked-LM accuracy)
+
+
+# ----------------------------------------------------------------------------------------------- pure functions
+
+def planned_steps(budget_minutes: float, seconds_per_step: float) -> int:
+    """Optimizer steps that fit in the budget at the calibrated speed (at least 1)."""
+    if seconds_per_step <= 0:
+        raise ValueError(f"seconds per step must be > 0, got {seconds_per_step}")
+    return max(1, int(budget_minutes * 60 / seconds_per_step))
+
+
+def steps_from_throughput(budget_minutes: float, sequences_per_second: float, batch: int) -> int:
+    """planned_steps from a throughput in sequences/s, as run_pretraining.py reports it."""
+    if sequences_per_second <= 0:
+        raise ValueError(f"throughput must be > 0, got {sequences_per_second}")
+    return planned_steps(budget_minutes, batch / sequences_per_second)
+
+
+def heldout_labels(masked_lm_positions: np.ndarray, masked_lm_ids: np.ndarray, seq: int) -> np.ndarray:
+    """int64 [B, seq]: the stored token at each fixed masked position, -100 elsewhere. A row's list of
+    positions ends at its first 0 (position 0 is [CLS]), as run_pretraining.py's evaluation reads it."""
+    positions = np.asarray(masked_lm_positions, dtype=np.int64)
+    valid = np.cumprod(positions != 0, axis=1).astype(bool)
+    labels = np.full((len(positions), seq), -100, dtype=np.int64)
+    rows = np.nonzero(valid)[0]
+    labels[rows, positions[valid]] = np.asarray(masked_lm_ids, dtype=np.int64)[valid]
+    return labels
+
+
+def accuracy_counts(logits: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
+    """(correct, total) of argmax predictions; logits [N, V], targets [N]."""
+    return int((logits.argmax(-1) == targets).sum()), int(targets.numel())
+
+
+def value_at(curve: Curve, minutes: float) -> Optional[float]:
+    """The accuracy at `minutes`, interpolated between evaluations; the last one for a run that ended before
+    (None for an empty curve)."""
+    if not curve:
+        return None
+    previous = (0.0, 0.0)  # an untrained model predicts next to nothing correctly
+    for point in curve:
+        if point[0] >= minutes:
+            span = point[0] - previous[0]
+            share = 1.0 if span <= 0 else (minutes - previous[0]) / span
+            return previous[1] + share * (point[1] - previous[1])
+        previous = point
+    return curve[-1][1]
+
+
+def minutes_to_reach(curve: Curve, target: float) -> Optional[float]:
+    """Training minutes at which the curve first reaches `target`, interpolated linearly between evaluations
+    (from (0, 0) before the first one); None if it never does."""
+    previous = (0.0, 0.0)
+    for point in curve:
+        if point[1] >= target:
+            if point[1] == previous[1] or previous[1] >= target:
+                return point[0]
+            return previous[0] + (target - previous[1]) / (point[1] - previous[1]) * (point[0] - previous[0])
+        previous = point
+    return None
+
+
+def unigram_baseline(train_targets: np.ndarray, heldout_targets: np.ndarray) -> float:
+    """Accuracy of always answering the training set's most frequent masked token: the word-frequency plateau
+    a model must leave."""
+    values, counts = np.unique(np.asarray(train_targets), return_counts=True)
+    return float(np.mean(np.asarray(heldout_targets) == values[counts.argmax()]))
+
+
+def curve_from_log(records: list[dict[str, Any]]) -> Curve:
+    """(train_minutes, eval_mlm_accuracy) of every evaluation record of a run_pretraining.py log, in order; the
+    closing record's evaluation is kept when it is later than the last periodic one."""
+    curve: Curve = []
+    for record in records:
+        data = record.get("data", {})
+        if "train_minutes" in data and "eval_mlm_accuracy" in data:
+            point = (float(data["train_minutes"]), float(data["eval_mlm_accuracy"]))
+            if not curve or point[0] > curve[-1][0] + 1e-9:
+                curve.append(point)
+    return curve
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+# ------------------------------------------------------------------------------------------------------ data
+
+def shard_dir(split: str) -> Path:
+    params = layout.InstanceParams(True, SEQ, PREDICTIONS, 0.15, 12345, DUPE_FACTOR)
+    return layout.hdf5_split_dir(layout.working_dir(), params, CORPUS, split)
+
+
+def build_corpus(out: Path) -> tuple[Path, Path, int]:
+    """The default corpus's vocab and shards (built or reused); the model's config file sized to the vocab."""
+    subprocess.run([sys.executable, str(REPO / "data" / "build_default_corpus.py"), "--vocab_size", str(VOCAB_SIZE),
+                    "--dupe_factor", str(DUPE_FACTOR)], check=True, stdout=subprocess.DEVNULL)
+    vocab = vocab_path(layout.working_dir(), CORPUS, True, VOCAB_SIZE)
+    vocab_size = len(load_vocab(vocab))
+    config_path = out / "bert_config.json"
+    BertConfig.from_dict({**MODEL, "vocab_size": vocab_size}).to_json_file(config_path)
+    return vocab, config_path, vocab_size
+
+
+def load_split(split: str) -> dict[str, np.ndarray]:
+    """Every row of a split's shards, concatenated (the phase-1 shards of this corpus are a few MB)."""
+    import h5py
+
+    parts = []
+    for path in sorted(shard_dir(split).glob("*.hdf5")):
+        with h5py.File(path, "r") as f:
+            parts.append({k: f[k][()] for k in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
+                                                "masked_lm_ids")})
+    if not parts:
+        raise SystemExit(f"error: no shards in {shard_dir(split)}")
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def masked_targets(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    labels = heldout_labels(arrays["masked_lm_positions"], arrays["masked_lm_ids"], arrays["input_ids"].shape[1])
+    return labels[labels >= 0]
+
+
+def autocast(device: str, precision: str):
+    return torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+
+
+# ------------------------------------------------------------------------------------------------------ peer
+
+def peer_tokenizer(vocab: Path, folder: Path):
+    """BertTokenizerFast from a folder holding vocab.txt: the spelling that reads the file in transformers 4 and 5
+    (in 5, BertTokenizerFast(vocab_file=...) silently keeps only the 5 special tokens)."""
+    from transformers import BertTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(vocab, folder / "vocab.txt")
+    tokenizer = BertTokenizerFast.from_pretrained(str(folder), do_lower_case=True, local_files_only=True)
+    if len(tokenizer) != len(load_vocab(vocab)):
+        raise SystemExit(f"error: the tokenizer read {len(tokenizer)} tokens of {vocab}, not {len(load_vocab(vocab))}")
+    return tokenizer
+
+
+def peer_model(vocab_size: int, seed: int, device: str) -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.BertForPreTraining(transformers.BertConfig(**MODEL, vocab_size=vocab_size))
+    return model.to(device).train()
+
+
+def peer_optimizer(model: torch.nn.Module, total_steps: int):
+    """AdamW and the linear warm-up/decay schedule as Trainer sets them up."""
+    import transformers
+
+    decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
+    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": PEER_WEIGHT_DECAY},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=PEER_LR, betas=PEER_BETAS,
+                                  eps=PEER_EPS)
+    warmup = int(PEER_WARMUP * total_steps)
+    return optimizer, transformers.get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
+
+
+def peer_batches(train: dict[str, np.ndarray], collator, seed: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Shuffled batches of the original (unmasked) training rows, masked afresh by the collator each time."""
+    original = torch.from_numpy(recover_original_tokens(train["input_ids"], train["masked_lm_positions"],
+                                                        train["masked_lm_ids"])).long()
+    mask = torch.from_numpy(train["input_mask"]).long()
+    segments = torch.from_numpy(train["segment_ids"]).long()
+    rng = np.random.default_rng(seed)
+    while True:
+        order = rng.permutation(len(original))
+        for lo in range(0, len(order) - BATCH + 1, BATCH):
+            yield collator([{"input_ids": original[r], "attention_mask": mask[r], "token_type_ids": segments[r]}
+                            for r in order[lo:lo + BATCH]])
+
+
+def peer_step(model: torch.nn.Module, optimizer, scheduler, batches: Iterator, cast) -> float:
+    """One step, its batch's masking included: the masked-LM cross-entropy over all positions' logits (what
+    BertForMaskedLM computes; BertForPreTraining returns no loss without NSP labels)."""
+    device = next(model.parameters()).device
+    batch = {k: v.to(device) for k, v in next(batches).items()}
+    with cast:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       token_type_ids=batch["token_type_ids"]).prediction_logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                                 batch["labels"].reshape(-1), ignore_index=-100)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+@torch.no_grad()
+def peer_accuracy(model: torch.nn.Module, heldout: dict[str, np.ndarray], cast) -> float:
+    """Masked-LM accuracy over the held-out set's fixed masked positions (inputs as stored); the head runs on
+    those positions only, which gives the same argmax as the full logits at a fraction of the memory."""
+    model.eval()
+    device = next(model.parameters()).device
+    labels = torch.from_numpy(heldout_labels(heldout["masked_lm_positions"], heldout["masked_lm_ids"],
+                                             heldout["input_ids"].shape[1])).to(device)
+    inputs = {k: torch.from_numpy(heldout[k]).long().to(device) for k in ("input_ids", "input_mask", "segment_ids")}
+    correct = total = 0
+    for lo in range(0, len(labels), EVAL_BATCH):
+        rows = slice(lo, lo + EVAL_BATCH)
+        with cast:
+            hidden = model.bert(input_ids=inputs["input_ids"][rows], attention_mask=inputs["input_mask"][rows],
+                                token_type_ids=inputs["segment_ids"][rows]).last_hidden_state
+            where = labels[rows] >= 0
+            logits = model.cls.predictions(hidden[where])
+        c, t = accuracy_counts(logits.float(), labels[rows][where])
+        correct, total = correct + c, total + t
+    model.train()
+    return correct / max(total, 1)
+
+
+def time_peer_steps(vocab_size: int, batches: Iterator, cast, steps: int, device: str) -> float:
+    """Mean seconds per step of a throw-away copy of the peer (2 warm-up steps untimed)."""
+    model = peer_model(vocab_size, SEED, device)
+    optimizer, scheduler = peer_optimizer(model, 10 ** 6)
+    for _ in range(2):
+        peer_step(model, optimizer, scheduler, batches, cast)
+    start = time.perf_counter()
+    for _ in range(steps):
+        peer_step(model, optimizer, scheduler, batches, cast)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / steps
+
+
+def run_peer(out: Path, vocab: Path, vocab_size: int, budget: float, every: float, device: str,
+             precision: str) -> dict[str, Any]:
+    """Calibrates, trains to the budget with an evaluation every `every` minutes of training time, saves the model
+    as a Hugging Face folder."""
+    from transformers import DataCollatorForLanguageModeling
+
+    folder = out / "hf"
+    tokenizer = peer_tokenizer(vocab, folder)
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=PEER_MLM_PROBABILITY, seed=SEED)
+    train, heldout = load_split("training"), load_split("test")
+    batches, cast = peer_batches(train, collator, SEED), autocast(device, precision)
+    seconds_per_step = time_peer_steps(vocab_size, batches, cast, CALIBRATION_STEPS, device)
+    total = planned_steps(budget, seconds_per_step)
+    print(f"peer: calibrated {seconds_per_step:.3f} s/step -> schedule of {total} steps", flush=True)
+    model = peer_model(vocab_size, SEED, device)
+    optimizer, scheduler = peer_optimizer(model, total)
+    curve, clock, steps, next_eval = [], 0.0, 0, every * 60
+    while steps < total and clock < budget * 60:
+        tick = time.perf_counter()
+        loss = peer_step(model, optimizer, scheduler, batches, cast)
+        clock += time.perf_counter() - tick
+        steps += 1
+        if clock >= next_eval or steps == total or clock >= budget * 60:
+            curve.append((clock / 60, peer_accuracy(model, heldout, cast)))
+            print(f"peer: {clock / 60:5.2f} min, step {steps}, loss {loss:.3f}, held-out accuracy "
+                  f"{curve[-1][1]:.2%}", flush=True)
+            next_eval = (int(clock // (every * 60)) + 1) * every * 60
+    model.save_pretrained(str(folder))
+    return {"curve": curve, "steps": steps, "planned_steps": total, "sequences_per_second": steps * BATCH / clock,
+            "checkpoint": str(folder), "calibrated_seconds_per_step": seconds_per_step}
+
+
+# ------------------------------------------------------------------------------------------------------ ours
+
+def our_command(out: Path, config: Path, vocab: Path, precision: str, lr: float, warmup: float, max_steps: int,
+                every: float, options: Sequence[str]) -> list[str]:
+    """run_pretraining.py on the phase-1 shards, evaluated on the test split every `every` minutes (0: none)."""
+    command = [sys.executable, str(REPO / "run_pretraining.py"), "--input_dir", str(shard_dir("training")),
+               "--config_file", str(config), "--output_dir", str(out / "checkpoints"), "--do_train",
+               "--max_seq_length", str(SEQ), "--max_predictions_per_seq", str(PREDICTIONS),
+               "--train_batch_size", str(BATCH), "--learning_rate", str(lr), "--warmup_proportion", str(warmup),
+               "--max_steps", str(max_steps), "--num_steps_per_checkpoint", str(max_steps), "--log_freq", "50",
+               "--json-summary", str(out / "dllogger.json"), "--seed", str(SEED), "--disable_progress_bar"]
+    if every:
+        command += ["--do_eval", "--eval_dir", str(shard_dir("test")), "--eval_interval_minutes", str(every)]
+    if precision == "bf16":
+        command.append("--bf16")
+    command += list(options)
+    if "--dynamic_masking" in options:
+        command += ["--vocab_file", str(vocab)]  # the masking's special and random tokens from the real vocab
+    return command
+
+
+def run_logged(command: list[str], folder: Path, what: str) -> list[dict[str, Any]]:
+    """Runs a command into a fresh folder with its output in folder/output.log; its dllogger records."""
+    shutil.rmtree(folder, ignore_errors=True)  # a rerun of the benchmark starts the run afresh
+    folder.mkdir(parents=True)
+    with open(folder / "output.log", "w") as log:
+        log.write(" ".join(command) + "\n")
+        log.flush()
+        result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        tail = (folder / "output.log").read_text(errors="replace").splitlines()[-15:]
+        raise SystemExit(f"error: {what} failed (exit {result.returncode}); the end of {folder / 'output.log'}:\n"
+                         + "\n".join(tail))
+    return read_log(folder / "dllogger.json")
+
+
+def final_data(records: list[dict[str, Any]]) -> dict[str, Any]:
+    return next((r["data"] for r in reversed(records) if r.get("step") == []), {})
+
+
+def last_step(records: list[dict[str, Any]]) -> int:
+    return max((int(r["step"][-1]) for r in records if isinstance(r.get("step"), list) and r["step"]), default=0)
+
+
+def calibrate_ours(out: Path, config: Path, vocab: Path, precision: str, lr: float, warmup: float,
+                   options: Sequence[str]) -> float:
+    """Sequences/s of a short run with the same flags (its first 2 steps, which warm up, are not counted)."""
+    command = our_command(out, config, vocab, precision, lr, warmup, CALIBRATION_STEPS + 2, 0, options)
+    records = run_logged(command + ["--skip_checkpoint"], out, "the calibration run")
+    return float(final_data(records)["training_sequences_per_second"])
+
+
+def run_ours(name: str, out: Path, config: Path, vocab: Path, precision: str, budget: float, every: float,
+             best_options: Sequence[str] = BEST_OPTIONS) -> dict[str, Any]:
+    """'nvidia': --max_steps sized by a calibration run; 'best': best_options with --train_budget_minutes."""
+    if name == "nvidia":
+        speed = calibrate_ours(out / "calibration", config, vocab, precision, NVIDIA_LR, NVIDIA_WARMUP, [])
+        max_steps = steps_from_throughput(budget, speed, BATCH)
+        print(f"nvidia: calibrated {speed:.1f} sequences/s -> --max_steps {max_steps}", flush=True)
+        command = our_command(out / "run", config, vocab, precision, NVIDIA_LR, NVIDIA_WARMUP, max_steps, every, [])
+    else:
+        options = [*best_options, "--train_budget_minutes", str(budget)]
+        command = our_command(out / "run", config, vocab, precision, BEST_LR, BEST_WARMUP, 10 ** 7, every, options)
+    print(f"{name}: {' '.join(command[1:])}", flush=True)
+    records = run_logged(command, out / "run", f"the {name} run")
+    final = final_data(records)
+    checkpoints = list_checkpoints(out / "run" / "checkpoints")
+    curve = curve_from_log(records)
+    for minutes, accuracy in curve:
+        print(f"{name}: {minutes:5.2f} min, held-out accuracy {accuracy:.2%}", flush=True)
+    return {"curve": curve, "steps": last_step(records),
+            "sequences_per_second": float(final.get("training_sequences_per_second", 0.0)),
+            "checkpoint": str(checkpoints[-1][1]) if checkpoints else None, "command": command}
+
+
+# ------------------------------------------------------------------------------------------------------ SST-2
+
+def default_sst2_dir() -> Path:
+    return SHARED / "glue" / "SST-2"
+
+
+def sst2_subset(source: Path, folder: Path, rows: int) -> Path:
+    """A GLUE folder with the header and the first `rows` examples of train.tsv, and the whole dev.tsv."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(source / "train.tsv", encoding="utf-8") as f:
+        lines = [line for _, line in zip(range(rows + 1), f)]
+    (folder / "train.tsv").write_text("".join(lines), encoding="utf-8")
+    shutil.copyfile(source / "dev.tsv", folder / "dev.tsv")
+    return folder
+
+
+def finetune_sst2(init: str, data: Path, vocab: Path, config: Path, out: Path, seed: int, precision: str) -> float:
+    """Dev accuracy of run_glue.py fine-tuning `init` for 1 epoch."""
+    command = [sys.executable, str(REPO / "run_glue.py"), "--task_name", "sst-2", "--data_dir", str(data),
+               "--init_checkpoint", init, "--vocab_file", str(vocab), "--config_file", str(config),
+               "--do_lower_case", "--mode", "train eval", "--train_batch_size", str(SST2_BATCH),
+               "--learning_rate", str(SST2_LR), "--num_train_epochs", "1", "--warmup_proportion", "0.1",
+               "--max_seq_length", str(SEQ), "--eval_batch_size", "64", "--seed", str(seed),
+               "--output_dir", str(out), "--json-summary", str(out / "dllogger.json"), "--disable_progress_bar"]
+    if precision == "bf16":
+        command.append("--bf16")
+    run_logged(command, out, f"SST-2 fine-tuning of {init} (seed {seed})")
+    return float(json.loads((out / "results.json").read_text())["eval_acc"])
+
+
+def sst2_scores(results: dict[str, dict[str, Any]], source: Path, vocab: Path, config: Path, out: Path,
+                precision: str) -> None:
+    """Adds 'sst2' (dev accuracy per seed) to every run with a checkpoint."""
+    data = sst2_subset(source, out / "sst2_data", SST2_TRAIN_ROWS)
+    for name, result in results.items():
+        if not result.get("checkpoint"):
+            print(f"sst-2: {name} has no checkpoint, skipped", flush=True)
+            continue
+        scores = [finetune_sst2(result["checkpoint"], data, vocab, config, out / "sst2" / f"{name}_seed{seed}",
+                                seed, precision) for seed in SST2_SEEDS]
+        result["sst2"] = scores
+        mean, std = mean_std(scores)
+        print(f"sst-2: {name}: dev accuracy {mean:.2%} +- {std:.2%} ({', '.join(f'{s:.2%}' for s in scores)})",
+              flush=True)
+
+
+# ------------------------------------------------------------------------------------------------------ report
+
+def plot_curves(results: dict[str, dict[str, Any]], budget: float, baseline: float, title: str, path: Path) -> None:
+    """Accuracy vs training minutes, one curve per run, with the peer's final accuracy and the word-frequency
+    plateau as dashed lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, result in results.items():
+        if result["curve"]:
+            minutes, accuracy = zip(*result["curve"])
+            ax.plot(minutes, [100 * a for a in accuracy], marker="o", markersize=3, label=LABELS[name])
+    peer = results.get("peer", {}).get("curve")
+    if peer:
+        ax.axhline(100 * peer[-1][1], color="gray", linestyle="--", linewidth=1, label="peer's final accuracy")
+    ax.axhline(100 * baseline, color="black", linestyle=":", linewidth=1, label="most frequent token")
+    ax.axvline(budget, color="gray", linewidth=0.5)
+    ax.set_xlabel("training minutes (evaluation excluded)")
+    ax.set_ylabel("held-out masked-LM accuracy (%), fixed 15 % masks")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def table_rows(results: dict[str, dict[str, Any]], budget: float) -> list[dict[str, Any]]:
+    """One row per run: accuracy at the budget, minutes to reach the peer's final accuracy, steps, sequences/s,
+    SST-2 dev accuracy (mean, std) when fine-tuned."""
+    peer = results.get("peer", {}).get("curve")
+    target = peer[-1][1] if peer else None
+    rows = []
+    for name, result in results.items():
+        curve = result["curve"]
+        reach = minutes_to_reach(curve, target) if target is not None else None
+        rows.append({"run": name, "accuracy_at_budget": value_at(curve, budget),
+                     "last_eval_minutes": curve[-1][0] if curve else None, "target": target,
+                     "minutes_to_peer_final": reach, "steps": result["steps"],
+                     "sequences_per_second": result["sequences_per_second"],
+                     "sst2": mean_std(result["sst2"]) if result.get("sst2") else None})
+    return rows
+
+
+def table_markdown(rows: list[dict[str, Any]], header: Sequence[str]) -> str:
+    """The table in markdown under the header lines (budget, host, setup)."""
+    lines = [*header, "",
+             "| run | accuracy at the budget | minutes to the peer's final accuracy | steps | sequences/s "
+             f"| SST-2 dev accuracy ({len(SST2_SEEDS)} seeds) |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        accuracy = "n/a" if row["accuracy_at_budget"] is None else f"{row['accuracy_at_budget']:.2%}"
+        if row["target"] is None:
+            reach = "n/a (no peer run)"
+        elif row["minutes_to_peer_final"] is None:
+            reach = "not reached"
+        else:
+            reach = f"{row['minutes_to_peer_final']:.2f}"
+        sst2 = "not run" if row["sst2"] is None else f"{row['sst2'][0]:.2%} ± {row['sst2'][1]:.2%}"
+        lines.append(f"| {LABELS[row['run']]} | {accuracy} | {reach} | {row['steps']} "
+                     f"| {row['sequences_per_second']:.1f} | {sst2} |")
+    return "\n".join(lines) + "\n"
+
+
+def setup_lines(budget: float, host: str, baseline: float, vocab_size: int, best_options: str) -> list[str]:
+    model = (f"hidden {MODEL['hidden_size']}, {MODEL['num_hidden_layers']} layers, {MODEL['num_attention_heads']} "
+             f"heads, intermediate {MODEL['intermediate_size']}, vocab {vocab_size}, seq {SEQ}, batch {BATCH}")
+    return [f"Time to accuracy: {budget:g} minutes of training per run; {host}",
+            f"model: {model}; held-out: {CORPUS} test split, fixed static 15 % masks",
+            f"peer: AdamW lr {PEER_LR:g}, warm-up {PEER_WARMUP:g}; nvidia: LAMB lr {NVIDIA_LR:g}, warm-up "
+            f"{NVIDIA_WARMUP:g}; best: LAMB lr {BEST_LR:g}, warm-up {BEST_WARMUP:g}, {best_options}",
+            f"most-frequent-token accuracy (the word-frequency plateau): {baseline:.2%}"]
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budget_minutes", type=float, default=10.0, help="training minutes of each run")
+    parser.add_argument("--eval_every_minutes", type=float, default=0.5, help="training minutes between evaluations")
+    parser.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
+    parser.add_argument("--output_dir", type=Path, default=REPO / "benchmarks" / "results" / "time_to_accuracy")
+    parser.add_argument("--precision", choices=["fp32", "bf16"],
+                        help="of all runs (default: bf16 where the hardware has it natively, else fp32)")
+    parser.add_argument("--best_options", default=" ".join(BEST_OPTIONS),
+                        help="run_pretraining.py flags of the 'best' run, one string (default: %(default)s)")
+    parser.add_argument("--skip_sst2", action="store_true", help="no SST-2 fine-tuning of the checkpoints")
+    parser.add_argument("--sst2_dir", type=Path, default=default_sst2_dir(),
+                        help="GLUE SST-2 folder with train.tsv and dev.tsv (default: $BERT_SHARED_DATA/glue/SST-2)")
+    args = parser.parse_args(argv)
+    if not (args.budget_minutes > 0 and args.eval_every_minutes > 0):
+        parser.error("--budget_minutes and --eval_every_minutes must be > 0")
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parse_args(argv)
+    out = args.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    vocab, config, vocab_size = build_corpus(out)
+    device = recipe_device()  # the device run_pretraining.py and run_glue.py train on
+    host = detect(device)
+    precision = pick_precisions(host, [args.precision] if args.precision else None, ["bf16"])[0]
+    baseline = unigram_baseline(masked_targets(load_split("training")), masked_targets(load_split("test")))
+    header = setup_lines(args.budget_minutes, host_line(host, precision), baseline, vocab_size, args.best_options)
+    print("\n".join(header), flush=True)
+    results: dict[str, dict[str, Any]] = {}
+    for name in (r for r in RUNS if r in args.runs):  # the peer first: its final accuracy is the target
+        folder = out / "runs" / name
+        if name == "peer":
+            shutil.rmtree(folder, ignore_errors=True)
+            results[name] = run_peer(folder, vocab, vocab_size, args.budget_minutes, args.eval_every_minutes,
+                                     device, precision)
+        else:
+            results[name] = run_ours(name, folder, config, vocab, precision, args.budget_minutes,
+                                     args.eval_every_minutes, shlex.split(args.best_options))
+    if not args.skip_sst2:
+        if (args.sst2_dir / "train.tsv").is_file() and (args.sst2_dir / "dev.tsv").is_file():
+            sst2_scores(results, args.sst2_dir, vocab, config, out, precision)
+        else:
+            print(f"sst-2: skipped, no train.tsv and dev.tsv in {args.sst2_dir} (pass --sst2_dir)", flush=True)
+    report(results, args, header, baseline, host_record(host, precision), out)
+
+
+def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, header: list[str], baseline: float,
+           host: dict[str, Any], out: Path) -> None:
+    """curves.json, the plot and table.md; the table printed."""
+    rows = table_rows(results, args.budget_minutes)
+    table = table_markdown(rows, header)
+    record = {"budget_minutes": args.budget_minutes, "eval_every_minutes": args.eval_every_minutes,
+              "unigram_baseline": baseline, "model": MODEL, "batch": BATCH, "best_options": args.best_options,
+              **host, "runs": results, "table": rows}
+    (out / "curves.json").write_text(json.dumps(record, indent=2) + "\n")
+    plot_curves(results, args.budget_minutes, baseline, header[0], out / "time_to_accuracy.png")
+    (out / "table.md").write_text(table)
+    print("\n" + table + f"\nwritten: {out / 'curves.json'}, {out / 'time_to_accuracy.png'}, {out / 'table.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""The pure functions of benchmarks/time_to_accuracy.py: schedule sizing from a calibration, held-out accuracy
+over fixed masked positions, reading a curve off a dllogger log, and the table's interpolations. No training."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import load_script
+
+tta = load_script("benchmarks/time_to_accuracy.py")
+
+
+def test_planned_steps_fill_the_budget_at_the_calibrated_speed():
+    assert tta.planned_steps(10, 2.0) == 300  # 600 s / 2 s
+    assert tta.planned_steps(0.5, 7.0) == 4  # 30 s / 7 s, rounded down
+    assert tta.planned_steps(0.01, 60.0) == 1  # never an empty schedule
+    # run_pretraining.py reports sequences/s: 64 sequences at 32/s are 2 s a step
+    assert tta.steps_from_throughput(10, 32.0, 64) == 300
+    with pytest.raises(ValueError):
+        tta.planned_steps(10, 0.0)
+    with pytest.raises(ValueError):
+        tta.steps_from_throughput(10, 0.0, 64)
+
+
+def test_minutes_to_reach_interpolates_the_first_crossing():
+    curve = [(0.5, 0.04), (1.0, 0.10), (1.5, 0.20), (2.0, 0.15), (2.5, 0.30)]
+    assert tta.minutes_to_reach(curve, 0.15) == pytest.approx(1.25)  # halfway from 10 % to 20 %
+    assert tta.minutes_to_reach(curve, 0.20) == pytest.approx(1.5)  # reached exactly at an evaluation
+    assert tta.minutes_to_reach(curve, 0.02) == pytest.approx(0.25)  # from (0, 0) before the first evaluation
+    assert tta.minutes_to_reach(curve, 0.25) == pytest.approx(2.0 + 0.5 * 0.10 / 0.15)  # after the dip
+    assert tta.minutes_to_reach(curve, 0.31) is None
+    assert tta.minutes_to_reach([], 0.1) is None
+
+
+def test_value_at_the_budget_interpolates_or_takes_the_last_evaluation():
+    curve = [(0.5, 0.10), (1.0, 0.20)]
+    assert tta.value_at(curve, 0.75) == pytest.approx(0.15)
+    assert tta.value_at(curve, 0.25) == pytest.approx(0.05)  # from (0, 0)
+    assert tta.value_at(curve, 3.0) == pytest.approx(0.20)  # the run ended before the budget
+    assert tta.value_at([], 1.0) is None
+
+
+def reference_accuracy(logits, positions, ids):
+    """Plain Python: a row's masked positions end at its first 0; count argmax hits at those positions."""
+    correct = total = 0
+    for row in range(len(positions)):
+        for position, token in zip(positions[row], ids[row]):
+            if position == 0:
+                break
+            scores = logits[row][position]
+            correct += max(range(len(scores)), key=lambda v: scores[v]) == token
+            total += 1
+    return correct, total
+
+
+def test_heldout_accuracy_matches_a_plain_python_reference():
+    rng = np.random.default_rng(0)
+    batch, seq, vocab = 3, 8, 11
+    logits = rng.normal(size=(batch, seq, vocab)).astype(np.float32)
+    # Row 0: three positions; row 1: one, then padding zeros and a stray non-zero after them (ignored, as the
+    # recipe's make_batch ignores it); row 2: none.
+    positions = np.array([[1, 4, 6, 0], [2, 0, 5, 0], [0, 0, 0, 0]])
+    ids = np.array([[int(logits[0, 1].argmax()), 3, int(logits[0, 6].argmax()), 0], [7, 0, 9, 0], [0, 0, 0, 0]])
+    labels = tta.heldout_labels(positions, ids, seq)
+    assert labels.shape == (batch, seq) and (labels >= 0).sum() == 4
+    assert labels[1, 5] == -100
+    where = torch.from_numpy(labels) >= 0
+    counts = tta.accuracy_counts(torch.from_numpy(logits)[where], torch.from_numpy(labels)[where])
+    assert counts == reference_accuracy(logits.tolist(), positions.tolist(), ids.tolist())
+    assert counts[0] >= 2  # the two planted hits
+
+
+def test_unigram_baseline_is_the_share_of_the_most_frequent_training_token():
+    assert tta.unigram_baseline(np.array([5, 5, 7, 5, 9]), np.array([5, 7, 5, 1])) == pytest.approx(0.5)
+
+
+def test_curve_from_log_takes_evaluation_records_and_a_later_closing_one():
+    records = [
+        {"step": "PARAMETER", "data": {"learning_rate": 0.01}},
+        {"step": [0, 10], "data": {"average_loss": 7.0}},
+        {"step": [0, 12], "data": {"eval_loss": 6.0, "eval_mlm_accuracy": 0.05, "train_minutes": 0.5}},
+        {"step": [0, 25], "data": {"eval_loss": 5.0, "eval_mlm_accuracy": 0.11, "train_minutes": 1.0}},
+        {"step": [], "data": {"eval_mlm_accuracy": 0.11, "train_minutes": 1.0, "training_sequences_per_second": 9}},
+    ]
+    assert tta.curve_from_log(records) == [(0.5, 0.05), (1.0, 0.11)]
+    records[-1]["data"].update(eval_mlm_accuracy=0.12, train_minutes=1.1)
+    assert tta.curve_from_log(records) == [(0.5, 0.05), (1.0, 0.11), (1.1, 0.12)]
+    assert tta.last_step(records) == 25
+
+
+def test_table_reports_not_reached_and_sst2_spread():
+    results = {"peer": {"curve": [(0.5, 0.10), (1.0, 0.20)], "steps": 40, "sequences_per_second": 12.0},
+               "nvidia": {"curve": [(0.5, 0.05), (1.0, 0.15)], "steps": 50, "sequences_per_second": 20.0,
+                          "sst2": [0.80, 0.82, 0.84]},
+               "best": {"curve": [(0.5, 0.15), (1.0, 0.30)], "steps": 60, "sequences_per_second": 30.0}}
+    rows = {row["run"]: row for row in tta.table_rows(results, 1.0)}
+    assert rows["nvidia"]["minutes_to_peer_final"] is None
+    assert rows["best"]["minutes_to_peer_final"] == pytest.approx(0.5 + 0.5 * (0.05 / 0.15))
+    assert rows["peer"]["minutes_to_peer_final"] == pytest.approx(1.0)
+    assert rows["nvidia"]["sst2"][0] == pytest.approx(0.82)
+    assert rows["nvidia"]["sst2"][1] == pytest.approx(0.02)
+    text = tta.table_markdown(list(rows.values()), ["header"])
+    assert "not reached" in text and "82.00% ± 2.00%" in text and "not run" in text
+    assert math.isclose(tta.mean_std([0.5])[1], 0.0)

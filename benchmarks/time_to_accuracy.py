@@ -505,6 +505,8 @@ def plot_curves(results: dict[str, dict[str, Any]], budget: float, baseline: flo
         ax.axhline(100 * peer[-1][1], color="gray", linestyle="--", linewidth=1, label="peer's final accuracy")
     ax.axhline(100 * baseline, color="black", linestyle=":", linewidth=1, label="most frequent token")
     ax.axvline(budget, color="gray", linewidth=0.5)
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("training minutes (evaluation excluded)")
     ax.set_ylabel("held-out masked-LM accuracy (%), fixed 15 % masks")
     ax.set_title(title, fontsize=9)

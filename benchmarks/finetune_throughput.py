@@ -7,9 +7,14 @@ per second over all timed steps and our speed-up over the peer, for two kinds of
   real: windows of the real SQuAD v1.1 dev set (../shared/data, tokenized with its uncased vocab), drawn at
         random; on average 178 of their 384 positions are tokens, the rest padding, as in any SQuAD run;
   full: every position a token (no padding), the model's speed alone.
+Inference on full windows is also put against this host's GEMM peak (gemm_peak.py, measured in the same run and
+thread setting): achieved GFLOP/s = analytic forward FLOPs / time, and its share of the GEMM peak in the row's
+precision (a bf16 run measures the fp32 peak too). --compile adds our model under torch.compile (inductor,
+weights frozen) to inference on full windows: a third model in the turns; the peer stays eager.
 
     python benchmarks/finetune_throughput.py                            # BERT-base, batch 4, bf16 where native
     python benchmarks/finetune_throughput.py --config large --precision fp32 bf16 --steps 5 --windows full
+    python benchmarks/finetune_throughput.py --windows full --phases inference --compile
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import torch
 from bertrecipe.model import BertConfig, BertForQuestionAnswering
 from bertrecipe.optimization import build_adamw
 from bertrecipe.hardware import detect, host_line, host_record, pick_precisions
+from gemm_peak import Peak, forward_flops, fraction_of_peak, gemm_peak, peak_line  # benchmarks/, beside this file
 
 Batch = tuple[torch.Tensor, ...]
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -89,8 +95,15 @@ def train_step(model: torch.nn.Module, is_peer: bool) -> Callable[[Batch], None]
     return step
 
 
-def infer_step(model: torch.nn.Module, is_peer: bool) -> Callable[[Batch], None]:
+def infer_step(model: torch.nn.Module, is_peer: bool, compile_model: bool = False) -> Callable[[Batch], None]:
     model.eval()
+    if compile_model:  # compiled on the first (warm-up) step, under that step's autocast
+        from torch._inductor import config as inductor
+
+        # Weights as constants: inductor folds their casts and prepacks them for oneDNN (bf16, bias and GELU
+        # fused into the GEMM) or MKL (fp32). Inference only: the weights must not change after the first call.
+        inductor.freezing = True
+        model = torch.compile(model)
 
     @torch.no_grad()
     def step(batch: Batch) -> None:
@@ -123,6 +136,48 @@ def sequences_per_second(steps: dict[str, Callable[[Batch], None]], batches: lis
     return {name: sorted(r)[len(r) // 2] for name, r in rates.items()}
 
 
+LABELS = {"ours": "ours", "ours_compiled": "ours compiled", "peer": "transformers"}
+
+
+def build_steps(config: BertConfig, phase: str, compiled: bool) -> dict[str, Callable[[Batch], None]]:
+    """Ours and the peer, from the same seed; with `compiled` also ours under torch.compile, a model of its own."""
+    steps = {}
+    for name in ("ours", "ours_compiled", "peer") if compiled else ("ours", "peer"):
+        torch.manual_seed(0)
+        is_peer = name == "peer"
+        model = peer(config) if is_peer else ours(config)
+        if phase == "training":
+            steps[name] = train_step(model, is_peer)
+        else:
+            steps[name] = infer_step(model, is_peer, compile_model=name == "ours_compiled")
+    return steps
+
+
+def rates_line(rates: dict[str, float]) -> str:
+    """'ours 3.77 seq/s (1.02x), transformers 3.70 seq/s': each rate, and ours' speed-up over the peer."""
+    return ", ".join(f"{LABELS[name]} {rate:.2f} seq/s" + ("" if name == "peer" else f" ({rate / rates['peer']:.2f}x)")
+                     for name, rate in rates.items())
+
+
+def peak_fields(peaks: dict[str, Peak], precision: str, flops_per_seq: int, rates: dict[str, float]
+                ) -> dict[str, float]:
+    """GEMM peaks, each model's achieved GFLOP/s and its share of the peak of `precision`, for a JSON row."""
+    row = {"forward_gflop_per_seq": flops_per_seq / 1e9, "gemm_peak_gflops": peaks[precision].gflops,
+           "gemm_peak_fp32_gflops": peaks["fp32"].gflops}
+    for name, rate in rates.items():  # rate sequences per second: one sequence's FLOPs in 1/rate seconds
+        row[f"{name}_gflops"], row[f"{name}_of_peak"] = fraction_of_peak(flops_per_seq, 1 / rate,
+                                                                         peaks[precision].gflops)
+    return row
+
+
+def measure_peaks(peaks: dict[str, Peak], config: BertConfig, tokens: int, precision: str, repeats: int) -> None:
+    """Adds the fp32 peak and that of `precision` to `peaks` where missing, printed as measured."""
+    for name in dict.fromkeys(["fp32", precision]):
+        if name not in peaks:
+            peaks[name] = gemm_peak(config, tokens, name, repeats)
+            print(peak_line(peaks[name]), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="base", help="base, large, or a bert_config.json / config.json path")
@@ -134,6 +189,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="batches per round, each a step")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds over the batches (median reported)")
     parser.add_argument("--windows", nargs="+", default=["real", "full"], choices=["real", "full"])
+    parser.add_argument("--phases", nargs="+", default=["training", "inference"], choices=["training", "inference"])
+    parser.add_argument("--compile", action="store_true",
+                        help="also time our model under torch.compile, for inference on full windows")
+    parser.add_argument("--gemm_repeats", type=int, default=5, help="timed repeats of each GEMM of the peak")
     parser.add_argument("--squad_file", type=Path, default=SHARED / "squad" / "dev-v1.1.json")
     parser.add_argument("--vocab_file", type=Path, default=SHARED / "minilm" / "vocab.txt")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -148,26 +207,31 @@ def main() -> None:
           f"batch {args.batch}, seq {args.seq}")
     windows = real_windows(args.squad_file, args.vocab_file, args.seq) if "real" in args.windows else None
     results = []
+    peaks: dict[str, Peak] = {}
     for kind in args.windows:
         batches = make_batches(kind, windows, config.vocab_size, args.batch, args.seq, args.steps)
         filled = sum(int(b[2].sum()) for b in batches) / sum(b[2].numel() for b in batches)
         for precision in precisions:
-            for phase, build in (("training", train_step), ("inference", infer_step)):
+            for phase in args.phases:
+                compiled = args.compile and phase == "inference" and kind == "full"  # real: a shape per batch
                 row = {"windows": kind, "tokens_per_position": round(filled, 3), "phase": phase,
                        "batch": args.batch, "seq": args.seq, "steps": args.steps, "rounds": args.rounds,
-                       **host_record(host, precision)}
-                steps = {}
-                for name, make in (("ours", ours), ("peer", peer)):
-                    torch.manual_seed(0)
-                    steps[name] = build(make(config), name == "peer")
-                rates = sequences_per_second(steps, batches, precision, args.warmup, args.rounds)
+                       "threads": torch.get_num_threads(), **host_record(host, precision)}
+                rates = sequences_per_second(build_steps(config, phase, compiled), batches, precision, args.warmup,
+                                             args.rounds)
                 row.update({f"{name}_seq_per_s": rate for name, rate in rates.items()})
-                del steps
-                row["speedup"] = row["ours_seq_per_s"] / row["peer_seq_per_s"]
+                row.update({f"{name}_speedup": rate / rates["peer"] for name, rate in rates.items() if name != "peer"})
+                row["speedup"] = row.pop("ours_speedup")  # the name earlier JSON files use
                 results.append(row)
-                print(f"{kind} windows ({filled:.0%} tokens), {phase} {precision}: ours {row['ours_seq_per_s']:.2f} "
-                      f"seq/s, transformers {row['peer_seq_per_s']:.2f} seq/s, speed-up {row['speedup']:.2f}x",
-                      flush=True)
+                print(f"{kind} windows ({filled:.0%} tokens), {phase} {precision}: {rates_line(rates)}", flush=True)
+                if kind == "full" and phase == "inference":  # padding-free: both do forward_flops' GEMMs
+                    # measured here, in the conditions of the timed rows
+                    measure_peaks(peaks, config, args.batch * args.seq, precision, args.gemm_repeats)
+                    row.update(peak_fields(peaks, precision, forward_flops(config, 1, args.seq), rates))
+                    print(f"  {row['forward_gflop_per_seq']:.3g} GFLOP per sequence; of the {precision} GEMM peak "
+                          f"{row['gemm_peak_gflops']:.0f} GFLOP/s: " + ", ".join(
+                              f"{LABELS[name]} {row[name + '_gflops']:.0f} GFLOP/s ({row[name + '_of_peak']:.0%})"
+                              for name in rates), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

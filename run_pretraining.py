@@ -2,7 +2,9 @@
 """BERT pre-training (masked LM + next sentence) with LAMB, mixed precision, gradient accumulation and DDP.
 
 Flags are NVIDIA DeepLearningExamples' (`--input_dir --config_file --output_dir --train_batch_size ...`), plus
---bf16, --num_workers, --eval_dir/--eval_steps and --compile_optimizer. Launch with torchrun for more than one
+--bf16, --num_workers, --eval_dir/--eval_steps, --compile_optimizer and, off by default, the time-to-accuracy
+options (--no_nsp, --dynamic_masking --masked_lm_prob, --train_budget_minutes, --pretrain_dropout, --compile).
+Launch with torchrun for more than one
 process: `torchrun --nproc_per_node=8 run_pretraining.py ...`.
 """
 from __future__ import annotations

@@ -18,11 +18,11 @@ def main() -> None:
     (record.parent / f"pid{rank}").write_text(str(os.getpid()))  # lets a test end a worker its launcher left
     real_loss = run_pretraining.pretraining_loss
 
-    def recording_loss(model, batch):
+    def recording_loss(model, batch, **options):
         line = {"world_size": int(os.environ.get("WORLD_SIZE", "1")), "input_ids": batch["input_ids"].tolist()}
         with record.open("a") as f:  # appended per micro-batch: a crash still leaves what was consumed
             f.write(json.dumps(line) + "\n")
-        return real_loss(model, batch)
+        return real_loss(model, batch, **options)
 
     run_pretraining.pretraining_loss = recording_loss
     run_cli(run_pretraining.main)

@@ -242,9 +242,9 @@ def test_nan_loss_is_skipped_with_a_warning_then_stops_naming_the_step(workspace
     real_loss = run_pretraining.pretraining_loss
     steps = []
 
-    def loss_nan_from_the_third_step(model, batch):
+    def loss_nan_from_the_third_step(model, batch, **options):
         steps.append(1)
-        loss = real_loss(model, batch)
+        loss = real_loss(model, batch, **options)
         return loss * float("nan") if len(steps) >= 3 else loss
 
     monkeypatch.setattr(run_pretraining, "pretraining_loss", loss_nan_from_the_third_step)

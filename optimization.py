@@ -315,11 +315,3 @@ class TimeBudgetScheduler(LinearWarmUpScheduler):
 
     def progress(self) -> float:
         return min(self.elapsed_seconds / self.budget_seconds, 1.0)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "budget_seconds": self.budget_seconds, "elapsed_seconds": self.elapsed_seconds}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        # A step-based state (a run that continues with a budget) has no clock: the loop sets it from the checkpoint.
-        self.elapsed_seconds = float(state.get("elapsed_seconds", self.elapsed_seconds))
-        super().load_state_dict(state)

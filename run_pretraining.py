@@ -624,12 +624,11 @@ def start_phase(session: Session, shards: list, spec: Optional[masking.MaskingSp
                dynamic_ncols=True)
     session.model.train()
     now, before = time.perf_counter(), resume["train_seconds"]
-    interval = args.eval_interval_minutes * 60
     return Phase(session, plan, data, batches, stepper, stop, bar, steps_left, step_offset, keep=resume["path"],
                  phase_step=resume["phase_step"], position=resume["position"],
                  current_step=resume["phase_step"] + step_offset, record_clock=now, clock_start=now,
                  seconds_before=before, train_seconds=before,
-                 next_evaluation=(math.floor(before / interval) + 1) * interval if interval else math.inf)
+                 next_evaluation=next_evaluation_after(before, args.eval_interval_minutes))
 
 
 def train_one_step(phase: Phase, last_of_run: bool) -> bool:
@@ -667,6 +666,12 @@ def read_clock(phase: Phase) -> float:
 def budget_spent(phase: Phase) -> bool:
     budget = phase.session.args.train_budget_minutes
     return bool(budget) and phase.train_seconds >= budget * 60
+
+
+def next_evaluation_after(seconds: float, interval_minutes: float) -> float:
+    """The training second of the first --eval_interval_minutes mark after `seconds` (inf without an interval)."""
+    interval = interval_minutes * 60
+    return (math.floor(seconds / interval) + 1) * interval if interval else math.inf
 
 
 def evaluation_due(phase: Phase) -> bool:
@@ -724,9 +729,7 @@ def evaluate_between_steps(phase: Phase) -> None:
     phase.result = evaluate(phase.session)
     phase.session.log.log([phase.data.epoch(phase.position), phase.global_step],
                           {**phase.result, "train_minutes": phase.train_seconds / 60})
-    interval = phase.session.args.eval_interval_minutes * 60
-    if interval:
-        phase.next_evaluation = (math.floor(phase.train_seconds / interval) + 1) * interval
+    phase.next_evaluation = next_evaluation_after(phase.train_seconds, phase.session.args.eval_interval_minutes)
     spent = time.perf_counter() - evaluation_start  # not training time
     phase.record_clock += spent
     phase.evaluation_seconds += spent

@@ -53,6 +53,7 @@ from bertrecipe.hardware import detect, host_line, host_record, pick_precisions,
 from bertrecipe.masking import recover_original_tokens
 from bertrecipe.metric_logger import read_log
 from bertrecipe.model import BertConfig
+from bertrecipe.pretraining_data import make_batch
 
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 
@@ -119,15 +120,11 @@ def steps_from_throughput(budget_minutes: float, sequences_per_second: float, ba
     return planned_steps(budget_minutes, batch / sequences_per_second)
 
 
-def heldout_labels(masked_lm_positions: np.ndarray, masked_lm_ids: np.ndarray, seq: int) -> np.ndarray:
-    """int64 [B, seq]: the stored token at each fixed masked position, -100 elsewhere. A row's list of
-    positions ends at its first 0 (position 0 is [CLS]), as run_pretraining.py's evaluation reads it."""
-    positions = np.asarray(masked_lm_positions, dtype=np.int64)
-    valid = np.cumprod(positions != 0, axis=1).astype(bool)
-    labels = np.full((len(positions), seq), -100, dtype=np.int64)
-    rows = np.nonzero(valid)[0]
-    labels[rows, positions[valid]] = np.asarray(masked_lm_ids, dtype=np.int64)[valid]
-    return labels
+def heldout_labels(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """int64 [B, seq]: the stored token at each fixed masked position, negative elsewhere, as run_pretraining.py's
+    evaluation reads them (pretraining_data.make_batch: a row's positions end at its first 0)."""
+    rows = np.arange(len(arrays["input_ids"]))
+    return make_batch({**arrays, "next_sentence_labels": np.zeros(len(rows), np.int64)}, rows)["masked_lm_labels"]
 
 
 def accuracy_counts(logits: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
@@ -221,7 +218,7 @@ def load_split(split: str) -> dict[str, np.ndarray]:
 
 
 def masked_targets(arrays: dict[str, np.ndarray]) -> np.ndarray:
-    labels = heldout_labels(arrays["masked_lm_positions"], arrays["masked_lm_ids"], arrays["input_ids"].shape[1])
+    labels = heldout_labels(arrays)
     return labels[labels >= 0]
 
 
@@ -303,8 +300,7 @@ def peer_accuracy(model: torch.nn.Module, heldout: dict[str, np.ndarray], cast) 
     those positions only, which gives the same argmax as the full logits at a fraction of the memory."""
     model.eval()
     device = next(model.parameters()).device
-    labels = torch.from_numpy(heldout_labels(heldout["masked_lm_positions"], heldout["masked_lm_ids"],
-                                             heldout["input_ids"].shape[1])).to(device)
+    labels = torch.from_numpy(heldout_labels(heldout)).to(device)
     inputs = {k: torch.from_numpy(heldout[k]).long().to(device) for k in ("input_ids", "input_mask", "segment_ids")}
     correct = total = 0
     for lo in range(0, len(labels), EVAL_BATCH):

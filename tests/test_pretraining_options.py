@@ -135,6 +135,14 @@ def test_masked_lm_prob_draws_more_predictions_than_the_shards_hold(corpus, tmp_
     pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 2, "--dynamic_masking",
              "--masked_lm_prob", 0.3, "--max_predictions_per_seq", 19, "--log_freq", 1)
     assert (tmp_path / "ckpt_2.pt").exists()
+    rp = load_script("run_pretraining.py")
+    args = rp.parse_args(["--input_dir", str(corpus / "p1"), "--config_file", "c", "--output_dir", "o", "--do_train",
+                          "--max_seq_length", "64", "--dynamic_masking", "--masked_lm_prob", "0.3",
+                          "--max_predictions_per_seq", "19"])
+    config = BertConfig(**TINY)
+    shards, _ = rp.inspect_inputs(args, config)
+    spec = rp.masking_spec(args, shards, config)
+    assert shards[0].max_predictions == 10 and spec.max_predictions == 19 and spec.masked_lm_prob == 0.3
     capped = pretrain(corpus, tmp_path / "capped", "--train_batch_size", 8, "--max_steps", 1, "--dynamic_masking",
                       "--masked_lm_prob", 0.3)
     assert "--max_predictions_per_seq 10 caps --masked_lm_prob 0.3" in capped.stderr
@@ -149,11 +157,11 @@ def test_time_budget_schedule_follows_the_clock():
         scheduler.elapsed_seconds = elapsed
         scheduler.step()
         assert math.isclose(optimizer.param_groups[0]["lr"], lr, abs_tol=1e-12), elapsed
-    scheduler.elapsed_seconds = 40.0
-    state = scheduler.state_dict()
-    restored = TimeBudgetScheduler(torch.optim.SGD([parameter], lr=2.0), warmup=0.25, budget_seconds=100)
-    restored.load_state_dict(state)
-    assert restored.elapsed_seconds == 40.0 and math.isclose(restored.get_last_lr()[0], 2.0 * 60 / 75)
+    # A resume builds it at the checkpoint's clock and loads the step count: the lr is the clock's.
+    restored = TimeBudgetScheduler(torch.optim.SGD([parameter], lr=2.0), warmup=0.25, budget_seconds=100,
+                                   elapsed_seconds=40.0)
+    restored.load_state_dict(scheduler.state_dict())
+    assert math.isclose(restored.get_last_lr()[0], 2.0 * 60 / 75)
 
 
 def budget_stop(log_path):

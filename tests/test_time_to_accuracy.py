@@ -62,9 +62,11 @@ def test_heldout_accuracy_matches_a_plain_python_reference():
     # recipe's make_batch ignores it); row 2: none.
     positions = np.array([[1, 4, 6, 0], [2, 0, 5, 0], [0, 0, 0, 0]])
     ids = np.array([[int(logits[0, 1].argmax()), 3, int(logits[0, 6].argmax()), 0], [7, 0, 9, 0], [0, 0, 0, 0]])
-    labels = tta.heldout_labels(positions, ids, seq)
+    inputs = np.zeros((batch, seq), dtype=np.int64)
+    labels = tta.heldout_labels({"input_ids": inputs, "input_mask": inputs, "segment_ids": inputs,
+                                 "masked_lm_positions": positions, "masked_lm_ids": ids})
     assert labels.shape == (batch, seq) and (labels >= 0).sum() == 4
-    assert labels[1, 5] == -100
+    assert labels[1, 5] < 0
     where = torch.from_numpy(labels) >= 0
     counts = tta.accuracy_counts(torch.from_numpy(logits)[where], torch.from_numpy(labels)[where])
     assert counts == reference_accuracy(logits.tolist(), positions.tolist(), ids.tolist())

@@ -22,22 +22,10 @@ import torch
 from bertrecipe.model import BertConfig, BertForPreTraining
 from bertrecipe.optimization import Lamb, weight_decay_groups
 from bertrecipe.hardware import detect, host_line, host_record, pick_precisions
+from gemm_peak import SQUARE, gemm_gflops  # benchmarks/, beside this file
 
 MASKED_PER_SEQ = {128: 20, 512: 80}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def matmul_peak_flops(dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
-    """Best FLOP/s of a square GEMM, the practical ceiling of the dense layers."""
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    for _ in range(2):
-        a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
 
 
 def training_flops(config: BertConfig, batch: int, seq: int, masked: int) -> float:
@@ -133,7 +121,8 @@ def main() -> None:
     precisions = pick_precisions(host, args.precision, ["fp32", "bf16"])
     print(f"{host_line(host, ' and '.join(precisions))}, {torch.get_num_threads()} threads; BERT {args.config}, "
           f"batch {args.batch}")
-    peaks = {p: matmul_peak_flops(DTYPES[p]) for p in precisions}
+    # The practical ceiling of the dense layers: the best of 10 square 2048^3 GEMMs, in FLOP/s.
+    peaks = {p: gemm_gflops(SQUARE, SQUARE, SQUARE, DTYPES[p], repeats=10) * 1e9 for p in precisions}
     for p, flops in peaks.items():
         print(f"matmul peak {p}: {flops / 1e12:.3f} TFLOP/s")
     results = []

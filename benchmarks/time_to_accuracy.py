@@ -100,6 +100,12 @@ SST2_BATCH = 32
 RUNS = ("peer", "nvidia", "best")
 LABELS = {"peer": "transformers + AdamW (run_mlm recipe)", "nvidia": "ours, NVIDIA defaults (LAMB, NSP, static)",
           "best": "ours, best options"}
+# Leave-one-out variants of the best set (--ablations): each undoes one choice and keeps the others, so that the
+# difference to "best" in the same invocation is that choice's measured effect.
+ABLATIONS = {"nsp": "best with NSP (no --no_nsp)",
+             "dropout": "best with the config's dropout (no --pretrain_dropout)",
+             "masking": "best masking 15 % (--masked_lm_prob 0.15, 20 predictions)",
+             "schedule": "best on a step schedule (--max_steps, no --train_budget_minutes)"}
 
 Curve = list[tuple[float, float]]  # (training minutes, held-out masked-LM accuracy)
 
@@ -125,6 +131,38 @@ def heldout_labels(arrays: dict[str, np.ndarray]) -> np.ndarray:
     evaluation reads them (pretraining_data.make_batch: a row's positions end at its first 0)."""
     rows = np.arange(len(arrays["input_ids"]))
     return make_batch({**arrays, "next_sentence_labels": np.zeros(len(rows), np.int64)}, rows)["masked_lm_labels"]
+
+
+def without_flag(options: Sequence[str], flag: str) -> list[str]:
+    """options with every `flag VALUE` pair removed."""
+    kept, skip = [], False
+    for option in options:
+        if skip:
+            skip = False
+        elif option == flag:
+            skip = True
+        else:
+            kept.append(option)
+    return kept
+
+
+def ablated_options(options: Sequence[str], ablation: str) -> list[str]:
+    """The best set's flags with one choice undone ('schedule' keeps every flag: its run drops the time budget)."""
+    if ablation == "nsp":
+        return [o for o in options if o != "--no_nsp"]
+    if ablation == "dropout":
+        return without_flag(options, "--pretrain_dropout")
+    if ablation == "masking":
+        rest = without_flag(without_flag(options, "--masked_lm_prob"), "--max_predictions_per_seq")
+        return [*rest, "--masked_lm_prob", "0.15", "--max_predictions_per_seq", str(PREDICTIONS)]
+    if ablation == "schedule":
+        return list(options)
+    raise ValueError(f"unknown ablation {ablation!r} (choose from {', '.join(ABLATIONS)})")
+
+
+def run_label(name: str) -> str:
+    """The table's and plot's name of a run: 'peer', 'nvidia', 'best' or 'best-<ablation>'."""
+    return LABELS.get(name) or ABLATIONS[name.removeprefix("best-")]
 
 
 def accuracy_counts(logits: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
@@ -415,16 +453,17 @@ def calibrate_ours(out: Path, config: Path, vocab: Path, precision: str, lr: flo
 
 
 def run_ours(name: str, out: Path, config: Path, vocab: Path, precision: str, budget: float, every: float,
-             best_options: Sequence[str] = BEST_OPTIONS) -> dict[str, Any]:
-    """'nvidia': --max_steps sized by a calibration run; 'best': best_options with --train_budget_minutes."""
-    if name == "nvidia":
-        speed = calibrate_ours(out / "calibration", config, vocab, precision, NVIDIA_LR, NVIDIA_WARMUP, [])
-        max_steps = steps_from_throughput(budget, speed, BATCH)
-        print(f"nvidia: calibrated {speed:.1f} sequences/s -> --max_steps {max_steps}", flush=True)
-        command = our_command(out / "run", config, vocab, precision, NVIDIA_LR, NVIDIA_WARMUP, max_steps, every, [])
+             options: Sequence[str], lr: float, warmup: float, time_budget: bool) -> dict[str, Any]:
+    """run_pretraining.py with `options`, on --train_budget_minutes (time_budget) or on --max_steps sized by a
+    calibration run with the same flags."""
+    if time_budget:
+        command = our_command(out / "run", config, vocab, precision, lr, warmup, 10 ** 7, every,
+                              [*options, "--train_budget_minutes", str(budget)])
     else:
-        options = [*best_options, "--train_budget_minutes", str(budget)]
-        command = our_command(out / "run", config, vocab, precision, BEST_LR, BEST_WARMUP, 10 ** 7, every, options)
+        speed = calibrate_ours(out / "calibration", config, vocab, precision, lr, warmup, options)
+        max_steps = steps_from_throughput(budget, speed, BATCH)
+        print(f"{name}: calibrated {speed:.1f} sequences/s -> --max_steps {max_steps}", flush=True)
+        command = our_command(out / "run", config, vocab, precision, lr, warmup, max_steps, every, options)
     print(f"{name}: {' '.join(command[1:])}", flush=True)
     records = run_logged(command, out / "run", f"the {name} run")
     final = final_data(records)
@@ -435,6 +474,16 @@ def run_ours(name: str, out: Path, config: Path, vocab: Path, precision: str, bu
     return {"curve": curve, "steps": last_step(records),
             "sequences_per_second": float(final.get("training_sequences_per_second", 0.0)),
             "checkpoint": str(checkpoints[-1][1]) if checkpoints else None, "command": command}
+
+
+def our_runs(args: argparse.Namespace) -> dict[str, tuple[list[str], float, float, bool]]:
+    """name -> (flags, lr, warm-up, time budget) of each of our runs that args ask for, ablations last."""
+    best = shlex.split(args.best_options)
+    runs = {"nvidia": ([], NVIDIA_LR, NVIDIA_WARMUP, False), "best": (best, BEST_LR, BEST_WARMUP, True)}
+    chosen = {name: spec for name, spec in runs.items() if name in args.runs}
+    for ablation in args.ablations:
+        chosen[f"best-{ablation}"] = (ablated_options(best, ablation), BEST_LR, BEST_WARMUP, ablation != "schedule")
+    return chosen
 
 
 # ------------------------------------------------------------------------------------------------------ SST-2
@@ -497,7 +546,7 @@ def plot_curves(results: dict[str, dict[str, Any]], budget: float, baseline: flo
     for name, result in results.items():
         if result["curve"]:
             minutes, accuracy = zip(*result["curve"])
-            ax.plot(minutes, [100 * a for a in accuracy], marker="o", markersize=3, label=LABELS[name])
+            ax.plot(minutes, [100 * a for a in accuracy], marker="o", markersize=3, label=run_label(name))
     peer = results.get("peer", {}).get("curve")
     if peer:
         ax.axhline(100 * peer[-1][1], color="gray", linestyle="--", linewidth=1, label="peer's final accuracy")
@@ -546,9 +595,23 @@ def table_markdown(rows: list[dict[str, Any]], header: Sequence[str]) -> str:
         else:
             reach = f"{row['minutes_to_peer_final']:.2f}"
         sst2 = "not run" if row["sst2"] is None else f"{row['sst2'][0]:.2%} ± {row['sst2'][1]:.2%}"
-        lines.append(f"| {LABELS[row['run']]} | {accuracy} | {reach} | {row['steps']} "
+        lines.append(f"| {run_label(row['run'])} | {accuracy} | {reach} | {row['steps']} "
                      f"| {row['sequences_per_second']:.1f} | {sst2} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ablation_lines(rows)) + "\n"
+
+
+def ablation_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Each leave-one-out run's accuracy at the budget minus best's, in points (none without a best row)."""
+    at_budget = {row["run"]: row["accuracy_at_budget"] for row in rows}
+    best = at_budget.get("best")
+    ablations = [(name, value) for name, value in at_budget.items() if name.startswith("best-")]
+    if best is None or not ablations:
+        return []
+    lines = ["", "Leave-one-out, accuracy at the budget against the best set (points):"]
+    for name, value in ablations:
+        change = "n/a" if value is None else f"{100 * (value - best):+.2f}"
+        lines.append(f"- {run_label(name)}: {change}")
+    return lines
 
 
 def setup_lines(budget: float, host: str, baseline: float, vocab_size: int, best_options: str) -> list[str]:
@@ -571,6 +634,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                         help="of all runs (default: bf16 where the hardware has it natively, else fp32)")
     parser.add_argument("--best_options", default=" ".join(BEST_OPTIONS),
                         help="run_pretraining.py flags of the 'best' run, one string (default: %(default)s)")
+    parser.add_argument("--ablations", nargs="*", choices=list(ABLATIONS), default=[],
+                        help="leave-one-out runs of the best set, after the main runs (compare with --runs best)")
     parser.add_argument("--skip_sst2", action="store_true", help="no SST-2 fine-tuning of the checkpoints")
     parser.add_argument("--sst2_dir", type=Path, default=default_sst2_dir(),
                         help="GLUE SST-2 folder with train.tsv and dev.tsv (default: $BERT_SHARED_DATA/glue/SST-2)")
@@ -592,15 +657,14 @@ def main(argv: Optional[list[str]] = None) -> None:
     header = setup_lines(args.budget_minutes, host_line(host, precision), baseline, vocab_size, args.best_options)
     print("\n".join(header), flush=True)
     results: dict[str, dict[str, Any]] = {}
-    for name in (r for r in RUNS if r in args.runs):  # the peer first: its final accuracy is the target
-        folder = out / "runs" / name
-        if name == "peer":
-            shutil.rmtree(folder, ignore_errors=True)
-            results[name] = run_peer(folder, vocab, vocab_size, args.budget_minutes, args.eval_every_minutes,
-                                     device, precision)
-        else:
-            results[name] = run_ours(name, folder, config, vocab, precision, args.budget_minutes,
-                                     args.eval_every_minutes, shlex.split(args.best_options))
+    if "peer" in args.runs:  # the peer first: its final accuracy is the target
+        folder = out / "runs" / "peer"
+        shutil.rmtree(folder, ignore_errors=True)
+        results["peer"] = run_peer(folder, vocab, vocab_size, args.budget_minutes, args.eval_every_minutes, device,
+                                   precision)
+    for name, (options, lr, warmup, time_budget) in our_runs(args).items():
+        results[name] = run_ours(name, out / "runs" / name, config, vocab, precision, args.budget_minutes,
+                                 args.eval_every_minutes, options, lr, warmup, time_budget)
     if not args.skip_sst2:
         if (args.sst2_dir / "train.tsv").is_file() and (args.sst2_dir / "dev.tsv").is_file():
             sst2_scores(results, args.sst2_dir, vocab, config, out, precision)

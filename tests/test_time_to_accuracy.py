@@ -105,3 +105,37 @@ def test_table_reports_not_reached_and_sst2_spread():
     text = tta.table_markdown(list(rows.values()), ["header"])
     assert "not reached" in text and "82.00% ± 2.00%" in text and "not run" in text
     assert math.isclose(tta.mean_std([0.5])[1], 0.0)
+
+
+def test_each_ablation_undoes_one_choice_of_the_best_set_and_keeps_the_others():
+    best = ["--no_nsp", "--dynamic_masking", "--masked_lm_prob", "0.3", "--max_predictions_per_seq", "40",
+            "--pretrain_dropout", "0"]
+    assert tta.ablated_options(best, "nsp") == best[1:]
+    assert tta.ablated_options(best, "dropout") == best[:6]
+    masking = tta.ablated_options(best, "masking")
+    assert masking == ["--no_nsp", "--dynamic_masking", "--pretrain_dropout", "0", "--masked_lm_prob", "0.15",
+                       "--max_predictions_per_seq", str(tta.PREDICTIONS)]
+    assert tta.ablated_options(best, "schedule") == best
+    assert tta.without_flag(["--a", "1", "--b", "--a", "2"], "--a") == ["--b"]  # every occurrence, value and all
+    with pytest.raises(ValueError):
+        tta.ablated_options(best, "warmup")
+
+
+def test_ablation_runs_follow_the_main_runs_and_only_schedule_drops_the_time_budget():
+    args = tta.parse_args(["--runs", "peer", "best", "--ablations", "schedule", "nsp"])
+    runs = tta.our_runs(args)
+    assert list(runs) == ["best", "best-schedule", "best-nsp"]  # the peer runs in-process, nvidia was not asked
+    assert [runs[name][3] for name in runs] == [True, False, True]
+    assert runs["best-schedule"][0] == tta.BEST_OPTIONS and "--no_nsp" not in runs["best-nsp"][0]
+    assert tta.our_runs(tta.parse_args([]))["nvidia"] == ([], tta.NVIDIA_LR, tta.NVIDIA_WARMUP, False)
+
+
+def test_ablation_lines_give_each_leave_one_out_against_best_in_points():
+    results = {"best": {"curve": [(1.0, 0.175)], "steps": 9, "sequences_per_second": 1.0},
+               "best-nsp": {"curve": [(1.0, 0.16)], "steps": 9, "sequences_per_second": 1.0},
+               "best-schedule": {"curve": [(1.0, 0.18)], "steps": 9, "sequences_per_second": 1.0}}
+    rows = tta.table_rows(results, 1.0)
+    lines = tta.ablation_lines(rows)
+    assert lines[-2:] == [f"- {tta.ABLATIONS['nsp']}: -1.50", f"- {tta.ABLATIONS['schedule']}: +0.50"]
+    assert tta.ablation_lines(rows[1:]) == []  # no best row to compare with
+    assert tta.ABLATIONS["nsp"] in tta.table_markdown(rows, ["header"])

@@ -2,6 +2,10 @@
 
     python inference.py --init_checkpoint results/pytorch_model.bin --config_file bert_config.json \
         --vocab_file vocab.txt --do_lower_case --question "Who ...?" --context "..."   (or --context_file F)
+    python inference.py --onnx_model triton/model_repository/bert/1/model.onnx --vocab_file vocab.txt ...
+
+--onnx_model runs, instead of a checkpoint, the ONNX file that triton/deployer.py --format onnx exported (and
+checked against PyTorch) on ONNX Runtime's CPU kernels, in fp32: faster than PyTorch on a CPU.
 
 Prints one JSON object: the question, the answer, the n-best list and the number of windows (plus the null
 odds with --version_2_with_negative). Without --question, questions are read from stdin, one per line, and
@@ -26,7 +30,8 @@ from bertrecipe import squad_cli
 from bertrecipe.data.tokenization import BertTokenizer
 from bertrecipe.errors import ArgumentParser, read_text_file, run_cli
 from bertrecipe.model import BertForQuestionAnswering
-from bertrecipe.question_answering import answer_about_context
+from bertrecipe.onnx_export import open_qa_session, qa_logits
+from bertrecipe.question_answering import LogitsFunction, answer_about_context
 from bertrecipe.training import make_precision
 
 
@@ -34,7 +39,8 @@ from bertrecipe.training import make_precision
 class InferenceOptions:
     """Everything the command line decides, parsed once."""
 
-    init_checkpoint: Path
+    init_checkpoint: Optional[Path]  # one of these two
+    onnx_model: Optional[Path]
     config_file: Optional[Path]
     vocab_file: Path
     questions: Optional[list[str]]  # None: read them from stdin
@@ -50,7 +56,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
     """Parses NVIDIA's inference.py flags (plus --context_file, --bf16, --predict_batch_size, --seed)."""
     p = ArgumentParser(description="Answer questions about a context with a fine-tuned BERT.")
     p.add_argument("--bert_model", default="bert-large-uncased", help="model name, informational (NVIDIA's flag)")
-    p.add_argument("--init_checkpoint", required=True, help="fine-tuned checkpoint: ours, NVIDIA's or a HF directory")
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--init_checkpoint", help="fine-tuned checkpoint: ours, NVIDIA's or a HF directory")
+    model.add_argument("--onnx_model", help="instead: a model.onnx of triton/deployer.py --format onnx, run on ONNX "
+                                            "Runtime (CPU, fp32)")
     p.add_argument("--config_file", help="bert_config.json (default: the one in or beside the checkpoint)")
     p.add_argument("--vocab_file", required=True, help="vocab.txt of the model")
     p.add_argument("--question", help="the question (default: one question per line on stdin)")
@@ -67,6 +76,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
     args = p.parse_args(argv)
     if args.fp16 and args.bf16:
         p.error("--fp16 and --bf16 exclude each other")
+    if args.onnx_model and (args.fp16 or args.bf16 or args.config_file):
+        p.error("--onnx_model runs the exported fp32 model as it is: --fp16, --bf16 and --config_file do not apply")
     for flag in ("max_seq_length", "doc_stride", "n_best_size", "max_answer_length", "predict_batch_size"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag} must be at least 1")
@@ -75,7 +86,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
     else:
         context = args.context
     return InferenceOptions(
-        init_checkpoint=Path(args.init_checkpoint),
+        init_checkpoint=Path(args.init_checkpoint) if args.init_checkpoint else None,
+        onnx_model=Path(args.onnx_model) if args.onnx_model else None,
         config_file=Path(args.config_file) if args.config_file else None,
         vocab_file=Path(args.vocab_file),
         questions=None if args.question is None else [args.question],
@@ -142,23 +154,30 @@ def _stdin_questions() -> Iterator[str]:
             yield line.strip()
 
 
+def logits_function(options: InferenceOptions, vocab_size: int) -> LogitsFunction:
+    """The windows' start and end logits from the ONNX Runtime session or the PyTorch model that options name."""
+    if options.onnx_model is not None:
+        session = open_qa_session(options.onnx_model)
+        return lambda features: qa_logits(session, (features.input_ids, features.segment_ids, features.input_mask),
+                                          options.batch_size)
+    torch.manual_seed(options.seed)
+    model = load_qa_model(options.init_checkpoint, options.config_file, vocab_size, options.window.max_seq_length)
+    model.to(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    return lambda features: predict_logits(model, features, options.batch_size, options.precision)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     options = parse_args(argv)
     tokenizer = load_tokenizer(options.vocab_file, options.answer.do_lower_case)
-    torch.manual_seed(options.seed)
-    model = load_qa_model(
-        options.init_checkpoint, options.config_file, len(tokenizer.vocab), options.window.max_seq_length
-    )
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device)
+    logits = logits_function(options, len(tokenizer.vocab))
     if options.questions is not None:
-        [result] = answer_questions(model, tokenizer, options.questions, options.context, options.window,
-                                    options.answer, options.batch_size, options.precision)
+        [result] = answer_about_context(logits, tokenizer, options.questions, options.context, options.window,
+                                        options.answer)
         print(json.dumps(result, indent=2, ensure_ascii=False))
         return
     for question in _stdin_questions():  # one JSON line per question, as soon as it is answered
-        [result] = answer_questions(model, tokenizer, [question], options.context, options.window,
-                                    options.answer, options.batch_size, options.precision)
+        [result] = answer_about_context(logits, tokenizer, [question], options.context, options.window,
+                                        options.answer)
         print(json.dumps(result, ensure_ascii=False), flush=True)
 
 

@@ -3,6 +3,7 @@ depend on pretrained weights): ONNX Runtime and TorchScript equal PyTorch on rea
 dev-v1.1 kept in tests/data/squad) at any batch size and length, config.pbtxt parses as Triton's ModelConfig and says
 what the earlier hand-written one said (a misspelt field or label now fails), a difference above the tolerance is
 refused and writes nothing; and the triton/ folder does not shadow OpenAI's `triton` for torch."""
+import json
 import os
 import shutil
 import subprocess
@@ -15,10 +16,13 @@ import torch
 
 from bertrecipe import squad
 from bertrecipe.finetuning import load_tokenizer, save_finetuned
+from bertrecipe import inference
+from bertrecipe.errors import InputError
 from bertrecipe.inference import load_qa_model
+from bertrecipe.onnx_export import open_qa_session
 from bertrecipe.model import BertForQuestionAnswering
 from bertrecipe.model_weights import load_weights_into, read_weights
-from bertrecipe.serving import INPUTS, runner_for
+from bertrecipe.serving import INPUTS, SAMPLE_CONTEXT, runner_for
 from conftest import REPO_ROOT, TEST_DATA, load_script
 
 deployer = load_script("triton/deployer.py")
@@ -255,6 +259,8 @@ def test_glue_classifier_exports_one_logits_output(setup):
                    "--model_repository", str(repository), "--model_name", "mnli"])
     config = parse_config(repository / "mnli" / "config.pbtxt")
     assert [(o.name, list(o.dims)) for o in config.output] == [("output__0", [3])]
+    with pytest.raises(InputError, match="not a SQuAD export"):  # inference.py --onnx_model refuses it
+        open_qa_session(repository / "mnli" / "1" / "model.onnx")
 
 
 def test_a_difference_above_the_tolerance_is_refused_and_nothing_is_written(setup, monkeypatch, capsys):
@@ -305,3 +311,33 @@ def test_server_function_pads_gathered_requests_of_different_lengths_and_cuts_an
     too_long = {name: np.zeros((1, SEQ + 1), dtype=np.int64) for name in INPUTS}
     with pytest.raises(ValueError, match="exceeds"):
         infer([too_long])
+
+
+def answer_json(capsys, *model_flags: str, setup) -> dict:
+    inference.main([*model_flags, "--vocab_file", str(setup["vocab"]), "--do_lower_case", "--max_seq_length",
+                    str(SEQ), "--doc_stride", "64", "--max_query_length", "32", "--predict_batch_size", "3",
+                    "--question", "Who came to the house that morning?", "--context", SAMPLE_CONTEXT])
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_inference_on_the_deployed_onnx_model_answers_as_pytorch(setup, onnx_repo, capsys):
+    expected = answer_json(capsys, "--init_checkpoint", str(setup["checkpoint"]), setup=setup)
+    got = answer_json(capsys, "--onnx_model", str(onnx_repo / "bert" / "1" / "model.onnx"), setup=setup)
+    assert expected["windows"] == got["windows"] > 1  # several windows, in batches of 3
+    assert got["answer"] == expected["answer"]
+    assert [e["text"] for e in got["nbest"]] == [e["text"] for e in expected["nbest"]]
+    for ours, theirs in zip(got["nbest"], expected["nbest"]):
+        assert ours["probability"] == pytest.approx(theirs["probability"], abs=1e-5)
+
+
+def test_onnx_model_that_is_no_squad_export_is_an_input_error_naming_it(setup, tmp_path):
+    not_onnx = tmp_path / "model.onnx"
+    not_onnx.write_bytes(b"not a protobuf")
+    with pytest.raises(InputError, match=str(not_onnx)):
+        open_qa_session(not_onnx)
+    with pytest.raises(SystemExit):  # the export is fp32 and carries its own config
+        inference.parse_args(["--onnx_model", str(not_onnx), "--vocab_file", "v", "--context", "c", "--bf16"])
+    with pytest.raises(SystemExit):  # one model source, not two
+        inference.parse_args(["--onnx_model", str(not_onnx), "--init_checkpoint", "x", "--vocab_file", "v",
+                              "--context", "c"])

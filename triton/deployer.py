@@ -33,7 +33,8 @@ from bertrecipe import squad_cli
 from bertrecipe.atomic_files import write_atomic
 from bertrecipe.errors import ArgumentParser, InputError, run_cli
 from bertrecipe.model import BertForQuestionAnswering, BertForSequenceClassification
-from bertrecipe.serving import INPUTS, OUTPUTS, runner_for, sample_inputs
+from bertrecipe.onnx_export import TritonSignature, export_onnx, output_names
+from bertrecipe.serving import INPUTS, runner_for, sample_inputs
 
 PLATFORMS = {"onnx": ("onnxruntime_onnx", "model.onnx"), "torchscript": ("pytorch_libtorch", "model.pt")}
 
@@ -48,23 +49,6 @@ class TritonSettings:
     max_queue_delay_us: int = 0
     instance_count: int = 1
     instance_kind: str = "KIND_GPU"  # KIND_GPU or KIND_CPU
-
-
-class TritonSignature(nn.Module):
-    """The model with Triton's calling convention: three int64 [B, S] inputs, logits only."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-        model.bert.skip_padding = False  # one static dense graph, whatever padding the tracing example has
-
-    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, input_mask: torch.Tensor):
-        outputs = self.model(input_ids, segment_ids, input_mask)
-        return tuple(outputs[1:])  # drop the (absent) loss
-
-
-def output_names(task: str) -> tuple[str, ...]:
-    return OUTPUTS if task == "squad" else OUTPUTS[:1]
 
 
 def model_config(name: str, platform: str, task: str, num_labels: int,
@@ -89,15 +73,6 @@ def model_config(name: str, platform: str, task: str, num_labels: int,
 def config_pbtxt(name: str, platform: str, task: str, num_labels: int, settings: TritonSettings) -> str:
     """config.pbtxt: the ModelConfig in protobuf text format, as Triton reads it."""
     return text_format.MessageToString(model_config(name, platform, task, num_labels, settings))
-
-
-def export_onnx(module: nn.Module, example: tuple[torch.Tensor, ...], path: Path, task: str, opset: int) -> None:
-    """ONNX with dynamic batch and sequence axes (TorchScript-based exporter: SDPA becomes plain MatMul/Softmax)."""
-    axes = {name: {0: "batch", 1: "sequence"} for name in INPUTS}
-    for name in output_names(task):
-        axes[name] = {0: "batch", 1: "sequence"} if task == "squad" else {0: "batch"}
-    torch.onnx.export(module, example, str(path), input_names=list(INPUTS), output_names=list(output_names(task)),
-                      dynamic_axes=axes, opset_version=opset, dynamo=False)
 
 
 def export_torchscript(module: nn.Module, example: tuple[torch.Tensor, ...], path: Path) -> None:

@@ -10,17 +10,21 @@ per second over all timed steps and our speed-up over the peer, for two kinds of
 Inference on full windows is also put against this host's GEMM peak (gemm_peak.py, measured in the same run and
 thread setting): achieved GFLOP/s = analytic forward FLOPs / time, and its share of the GEMM peak in the row's
 precision (a bf16 run measures the fp32 peak too). --compile adds our model under torch.compile (inductor,
-weights frozen) to inference on full windows: a third model in the turns; the peer stays eager.
+weights frozen) to inference on full windows: a third model in the turns; the peer stays eager. --onnxruntime adds
+our model exported to ONNX as triton/deployer.py exports it and run on ONNX Runtime (inference.py --onnx_model), to
+fp32 inference on full windows.
 
     python benchmarks/finetune_throughput.py                            # BERT-base, batch 4, bf16 where native
     python benchmarks/finetune_throughput.py --config large --precision fp32 bf16 --steps 5 --windows full
     python benchmarks/finetune_throughput.py --windows full --phases inference --compile
+    python benchmarks/finetune_throughput.py --windows full --phases inference --precision fp32 --onnxruntime
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -28,6 +32,7 @@ from typing import Callable
 import torch
 
 from bertrecipe.model import BertConfig, BertForQuestionAnswering
+from bertrecipe.onnx_export import TritonSignature, export_onnx, open_qa_session, qa_logits
 from bertrecipe.optimization import build_adamw
 from bertrecipe.hardware import detect, host_line, host_record, pick_precisions
 from gemm_peak import Peak, forward_flops, fraction_of_peak, gemm_peak, peak_line  # benchmarks/, beside this file
@@ -95,6 +100,19 @@ def train_step(model: torch.nn.Module, is_peer: bool) -> Callable[[Batch], None]
     return step
 
 
+def onnxruntime_step(model: torch.nn.Module, folder: Path) -> Callable[[Batch], None]:
+    """Our model exported as triton/deployer.py exports it, run on an ONNX Runtime session with torch's thread
+    count (fp32: the export's precision)."""
+    example = make_batches("full", None, model.config.vocab_size, 2, 64, 1)[0][:3]  # dynamic axes: any shape
+    export_onnx(TritonSignature(model.eval()).eval(), example, folder / "model.onnx", "squad", 17)
+    session = open_qa_session(folder / "model.onnx", threads=torch.get_num_threads())
+
+    def step(batch: Batch) -> None:
+        qa_logits(session, [t.numpy() for t in batch[:3]], len(batch[0]))
+
+    return step
+
+
 def infer_step(model: torch.nn.Module, is_peer: bool, compile_model: bool = False) -> Callable[[Batch], None]:
     model.eval()
     if compile_model:  # compiled on the first (warm-up) step, under that step's autocast
@@ -136,17 +154,24 @@ def sequences_per_second(steps: dict[str, Callable[[Batch], None]], batches: lis
     return {name: sorted(r)[len(r) // 2] for name, r in rates.items()}
 
 
-LABELS = {"ours": "ours", "ours_compiled": "ours compiled", "peer": "transformers"}
+LABELS = {"ours": "ours", "ours_compiled": "ours compiled", "ours_onnxruntime": "ours on ONNX Runtime",
+          "peer": "transformers"}
 
 
-def build_steps(config: BertConfig, phase: str, compiled: bool) -> dict[str, Callable[[Batch], None]]:
-    """Ours and the peer, from the same seed; with `compiled` also ours under torch.compile, a model of its own."""
+def build_steps(config: BertConfig, phase: str, compiled: bool, onnx_folder: Path | None = None
+                ) -> dict[str, Callable[[Batch], None]]:
+    """Ours and the peer, from the same seed; with `compiled` also ours under torch.compile, a model of its own,
+    and with `onnx_folder` ours exported there and run on ONNX Runtime."""
+    names = ["ours", *(["ours_compiled"] if compiled else []), *(["ours_onnxruntime"] if onnx_folder else []),
+             "peer"]
     steps = {}
-    for name in ("ours", "ours_compiled", "peer") if compiled else ("ours", "peer"):
+    for name in names:
         torch.manual_seed(0)
         is_peer = name == "peer"
         model = peer(config) if is_peer else ours(config)
-        if phase == "training":
+        if name == "ours_onnxruntime":
+            steps[name] = onnxruntime_step(model, onnx_folder)
+        elif phase == "training":
             steps[name] = train_step(model, is_peer)
         else:
             steps[name] = infer_step(model, is_peer, compile_model=name == "ours_compiled")
@@ -192,6 +217,9 @@ def main() -> None:
     parser.add_argument("--phases", nargs="+", default=["training", "inference"], choices=["training", "inference"])
     parser.add_argument("--compile", action="store_true",
                         help="also time our model under torch.compile, for inference on full windows")
+    parser.add_argument("--onnxruntime", action="store_true",
+                        help="also time our model exported to ONNX and run on ONNX Runtime, for fp32 inference on "
+                             "full windows (what inference.py --onnx_model runs)")
     parser.add_argument("--gemm_repeats", type=int, default=5, help="timed repeats of each GEMM of the peak")
     parser.add_argument("--squad_file", type=Path, default=SHARED / "squad" / "dev-v1.1.json")
     parser.add_argument("--vocab_file", type=Path, default=SHARED / "minilm" / "vocab.txt")
@@ -214,11 +242,13 @@ def main() -> None:
         for precision in precisions:
             for phase in args.phases:
                 compiled = args.compile and phase == "inference" and kind == "full"  # real: a shape per batch
+                onnx = args.onnxruntime and phase == "inference" and kind == "full" and precision == "fp32"
                 row = {"windows": kind, "tokens_per_position": round(filled, 3), "phase": phase,
                        "batch": args.batch, "seq": args.seq, "steps": args.steps, "rounds": args.rounds,
                        "threads": torch.get_num_threads(), **host_record(host, precision)}
-                rates = sequences_per_second(build_steps(config, phase, compiled), batches, precision, args.warmup,
-                                             args.rounds)
+                with tempfile.TemporaryDirectory() as scratch:
+                    steps = build_steps(config, phase, compiled, Path(scratch) if onnx else None)
+                    rates = sequences_per_second(steps, batches, precision, args.warmup, args.rounds)
                 row.update({f"{name}_seq_per_s": rate for name, rate in rates.items()})
                 row.update({f"{name}_speedup": rate / rates["peer"] for name, rate in rates.items() if name != "peer"})
                 row["speedup"] = row.pop("ours_speedup")  # the name earlier JSON files use

@@ -30,7 +30,7 @@ from bertrecipe import squad_cli
 from bertrecipe.data.tokenization import BertTokenizer
 from bertrecipe.errors import ArgumentParser, read_text_file, run_cli
 from bertrecipe.model import BertForQuestionAnswering
-from bertrecipe.onnx_export import open_qa_session, qa_logits
+from bertrecipe.onnx_export import check_vocab_fits, open_qa_session, qa_logits
 from bertrecipe.question_answering import LogitsFunction, answer_about_context
 from bertrecipe.training import make_precision
 
@@ -158,6 +158,7 @@ def logits_function(options: InferenceOptions, vocab_size: int) -> LogitsFunctio
     """The windows' start and end logits from the ONNX Runtime session or the PyTorch model that options name."""
     if options.onnx_model is not None:
         session = open_qa_session(options.onnx_model)
+        check_vocab_fits(options.onnx_model, vocab_size)
         return lambda features: qa_logits(session, (features.input_ids, features.segment_ids, features.input_mask),
                                           options.batch_size)
     torch.manual_seed(options.seed)

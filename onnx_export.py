@@ -3,7 +3,7 @@ inference.py --onnx_model and benchmarks/finetune_throughput.py --onnxruntime sh
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -57,6 +57,26 @@ def open_qa_session(path: Path, threads: int = 0) -> Any:
         raise InputError(f"{path}: takes {', '.join(inputs)} and gives {', '.join(outputs)}, not a SQuAD export's "
                          f"{', '.join(INPUTS)} -> {', '.join(OUTPUTS)} (triton/deployer.py --format onnx)")
     return session
+
+
+def embedding_rows(path: Path) -> Optional[int]:
+    """The word-embedding rows of an export_onnx file (None when no initializer is named so)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    for tensor in model.graph.initializer:
+        if tensor.name.endswith("word_embeddings.weight"):
+            return int(tensor.dims[0])
+    return None
+
+
+def check_vocab_fits(path: Path, vocab_size: int) -> None:
+    """InputError naming the file when the vocab has ids the model has no embedding for (ORT would fail inside
+    its Gather kernel instead)."""
+    rows = embedding_rows(path)
+    if rows is not None and vocab_size > rows:
+        raise InputError(f"{path}: the model embeds {rows} token ids, the vocab file has {vocab_size}: not this "
+                         "model's vocab")
 
 
 def qa_logits(session: Any, arrays: Sequence[np.ndarray], batch_size: int) -> tuple[np.ndarray, np.ndarray]:

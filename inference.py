@@ -158,7 +158,7 @@ def logits_function(options: InferenceOptions, vocab_size: int) -> LogitsFunctio
     """The windows' start and end logits from the ONNX Runtime session or the PyTorch model that options name."""
     if options.onnx_model is not None:
         session = open_qa_session(options.onnx_model)
-        check_vocab_fits(options.onnx_model, vocab_size)
+        check_vocab_fits(session, options.onnx_model, vocab_size)
         return lambda features: qa_logits(session, (features.input_ids, features.segment_ids, features.input_mask),
                                           options.batch_size)
     torch.manual_seed(options.seed)

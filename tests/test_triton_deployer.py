@@ -19,7 +19,7 @@ from bertrecipe.finetuning import load_tokenizer, save_finetuned
 from bertrecipe import inference
 from bertrecipe.errors import InputError
 from bertrecipe.inference import load_qa_model
-from bertrecipe.onnx_export import check_vocab_fits, embedding_rows, open_qa_session
+from bertrecipe.onnx_export import check_vocab_fits, open_qa_session
 from bertrecipe.model import BertForQuestionAnswering
 from bertrecipe.model_weights import load_weights_into, read_weights
 from bertrecipe.serving import INPUTS, SAMPLE_CONTEXT, runner_for
@@ -334,11 +334,11 @@ def test_inference_on_the_deployed_onnx_model_answers_as_pytorch(setup, onnx_rep
 @pytest.mark.slow
 def test_inference_refuses_a_vocab_larger_than_the_onnx_models_embeddings(setup, onnx_repo, tmp_path):
     model = onnx_repo / "bert" / "1" / "model.onnx"
-    rows = embedding_rows(model)
-    assert rows == len(setup["tokenizer"].vocab)  # the tiny model's embeddings, found by name in the export
-    check_vocab_fits(model, rows)
-    with pytest.raises(InputError, match=f"{model}: the model embeds {rows} token ids, the vocab file has {rows + 1}"):
-        check_vocab_fits(model, rows + 1)
+    session = open_qa_session(model)
+    rows = len(setup["tokenizer"].vocab)  # the tiny model's vocab is its embedding table
+    check_vocab_fits(session, model, rows)
+    with pytest.raises(InputError, match=f"{model}: the model cannot embed id {rows} of a {rows + 1}-token vocab"):
+        check_vocab_fits(session, model, rows + 1)
     longer = tmp_path / "vocab.txt"
     longer.write_text(setup["vocab"].read_text(encoding="utf-8").rstrip("\n") + "\nzzzextra\n", encoding="utf-8")
     result = subprocess.run([sys.executable, str(REPO_ROOT / "inference.py"), "--onnx_model", str(model),

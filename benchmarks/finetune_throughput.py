@@ -231,6 +231,11 @@ def main() -> None:
     config = presets.get(args.config) or BertConfig.from_json_file(args.config)
     host = detect("cpu")  # both models run on the CPU
     precisions = pick_precisions(host, args.precision, ["bf16"])
+    if args.onnxruntime and not ("fp32" in precisions and "inference" in args.phases and "full" in args.windows):
+        # said before the minutes of timing, not discovered in a table without the row
+        parser.error(f"--onnxruntime times fp32 inference on full windows only; this run has precision "
+                     f"{' '.join(precisions)}, phases {' '.join(args.phases)}, windows {' '.join(args.windows)} "
+                     f"(add --precision fp32 --phases inference --windows full)")
     print(f"{host_line(host, ' and '.join(precisions))}, {torch.get_num_threads()} threads; BERT {args.config}, "
           f"batch {args.batch}, seq {args.seq}")
     windows = real_windows(args.squad_file, args.vocab_file, args.seq) if "real" in args.windows else None

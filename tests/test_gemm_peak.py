@@ -3,6 +3,8 @@ torch.utils.flop_counter counts on a tiny model, and achieved GFLOP/s and the sh
 computed as stated. Only tiny GEMMs are timed."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,3 +72,12 @@ def test_the_peak_is_the_best_shape_and_names_every_shape(gemm_peak) -> None:
     assert list(peak.by_shape) == ["64x96x32", "64x32x32", "64x48x32", "64x32x48", "64x64x64"]
     assert all(rate > 0 for rate in peak.by_shape.values()) and peak.gflops == max(peak.by_shape.values())
     assert "fp32 GEMM peak" in gemm_peak.peak_line(peak)
+
+
+def test_onnxruntime_without_an_fp32_full_window_inference_row_is_refused_before_timing() -> None:
+    result = subprocess.run([sys.executable, str(BENCHMARKS / "finetune_throughput.py"), "--onnxruntime",
+                             "--precision", "fp32", "--phases", "training"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "--onnxruntime times fp32 inference on full windows only" in result.stderr
+    assert result.stdout == ""  # refused before the host line and any timing

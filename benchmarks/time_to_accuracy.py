@@ -205,6 +205,34 @@ def unigram_baseline(train_targets: np.ndarray, heldout_targets: np.ndarray) -> 
     return float(np.mean(np.asarray(heldout_targets) == values[counts.argmax()]))
 
 
+def most_frequent_by_key(keys: np.ndarray, values: np.ndarray) -> dict[int, int]:
+    """Each key's most frequent value (a tie goes to the smallest value)."""
+    pairs, counts = np.unique(np.stack([keys, values], axis=1), axis=0, return_counts=True)
+    pairs = pairs[np.lexsort((pairs[:, 1], -counts, pairs[:, 0]))]  # by key, then count down, then value
+    first = np.r_[True, pairs[1:, 0] != pairs[:-1, 0]]
+    return dict(zip(pairs[first, 0].tolist(), pairs[first, 1].tolist()))
+
+
+def neighbour_baseline(train_original: np.ndarray, train_mask: np.ndarray, heldout_inputs: np.ndarray,
+                       labels: np.ndarray, special_ids: Sequence[int]) -> float:
+    """Accuracy of answering each held-out masked token with the training text's most frequent token between the
+    same left and right neighbours (as the held-out inputs show them), backing off to the left neighbour alone,
+    then to the most frequent token: what local word counts reach without a model, the next plateau to leave."""
+    left, centre, right = (train_original[:, :-2].astype(np.int64), train_original[:, 1:-1].astype(np.int64),
+                           train_original[:, 2:].astype(np.int64))
+    seen = (train_mask[:, 2:] == 1) & ~np.isin(centre, list(special_ids))  # a real token with a real right side
+    width = int(max(train_original.max(), heldout_inputs.max())) + 1
+    by_pair = most_frequent_by_key((left * width + right)[seen], centre[seen])
+    by_left = most_frequent_by_key(left[seen], centre[seen])
+    tokens, counts = np.unique(centre[seen], return_counts=True)
+    fallback = int(tokens[counts.argmax()])
+    rows, positions = np.nonzero(labels >= 0)
+    before = heldout_inputs[rows, positions - 1].astype(np.int64).tolist()
+    after = heldout_inputs[rows, np.minimum(positions + 1, heldout_inputs.shape[1] - 1)].astype(np.int64).tolist()
+    guesses = [by_pair.get(a * width + b, by_left.get(a, fallback)) for a, b in zip(before, after)]
+    return float(np.mean(np.array(guesses) == labels[rows, positions]))
+
+
 def curve_from_log(records: list[dict[str, Any]]) -> Curve:
     """(train_minutes, eval_mlm_accuracy) of every evaluation record of a run_pretraining.py log, in order; the
     closing record's evaluation is kept when it is later than the last periodic one."""
@@ -253,6 +281,17 @@ def load_split(split: str) -> dict[str, np.ndarray]:
     if not parts:
         raise SystemExit(f"error: no shards in {shard_dir(split)}")
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def plateaus(vocab: Path) -> dict[str, float]:
+    """The held-out accuracy of the most frequent token and of the neighbour counts (no model)."""
+    train, heldout = load_split("training"), load_split("test")
+    original = recover_original_tokens(train["input_ids"], train["masked_lm_positions"], train["masked_lm_ids"])
+    ids = load_vocab(vocab).ids
+    specials = [ids[token] for token in ("[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]") if token in ids]
+    return {"unigram": unigram_baseline(masked_targets(train), masked_targets(heldout)),
+            "neighbours": neighbour_baseline(original, train["input_mask"], heldout["input_ids"],
+                                             heldout_labels(heldout), specials)}
 
 
 def masked_targets(arrays: dict[str, np.ndarray]) -> np.ndarray:
@@ -534,9 +573,10 @@ def sst2_scores(results: dict[str, dict[str, Any]], source: Path, vocab: Path, c
 
 # ------------------------------------------------------------------------------------------------------ report
 
-def plot_curves(results: dict[str, dict[str, Any]], budget: float, baseline: float, title: str, path: Path) -> None:
-    """Accuracy vs training minutes, one curve per run, with the peer's final accuracy and the word-frequency
-    plateau as dashed lines."""
+def plot_curves(results: dict[str, dict[str, Any]], budget: float, baselines: dict[str, float], title: str,
+                path: Path) -> None:
+    """Accuracy vs training minutes, one curve per run, with the peer's final accuracy and the two model-free
+    plateaus (most frequent token, neighbour counts) as dashed lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -550,7 +590,9 @@ def plot_curves(results: dict[str, dict[str, Any]], budget: float, baseline: flo
     peer = results.get("peer", {}).get("curve")
     if peer:
         ax.axhline(100 * peer[-1][1], color="gray", linestyle="--", linewidth=1, label="peer's final accuracy")
-    ax.axhline(100 * baseline, color="black", linestyle=":", linewidth=1, label="most frequent token")
+    ax.axhline(100 * baselines["unigram"], color="black", linestyle=":", linewidth=1, label="most frequent token")
+    ax.axhline(100 * baselines["neighbours"], color="black", linestyle="-.", linewidth=1,
+               label="neighbour counts (no model)")
     ax.axvline(budget, color="gray", linewidth=0.5)
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
@@ -614,14 +656,17 @@ def ablation_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def setup_lines(budget: float, host: str, baseline: float, vocab_size: int, best_options: str) -> list[str]:
+def setup_lines(budget: float, host: str, baselines: dict[str, float], vocab_size: int,
+                best_options: str) -> list[str]:
     model = (f"hidden {MODEL['hidden_size']}, {MODEL['num_hidden_layers']} layers, {MODEL['num_attention_heads']} "
              f"heads, intermediate {MODEL['intermediate_size']}, vocab {vocab_size}, seq {SEQ}, batch {BATCH}")
     return [f"Time to accuracy: {budget:g} minutes of training per run; {host}",
             f"model: {model}; held-out: {CORPUS} test split, fixed static 15 % masks",
             f"peer: AdamW lr {PEER_LR:g}, warm-up {PEER_WARMUP:g}; nvidia: LAMB lr {NVIDIA_LR:g}, warm-up "
             f"{NVIDIA_WARMUP:g}; best: LAMB lr {BEST_LR:g}, warm-up {BEST_WARMUP:g}, {best_options}",
-            f"most-frequent-token accuracy (the word-frequency plateau): {baseline:.2%}"]
+            f"most-frequent-token accuracy (the word-frequency plateau): {baselines['unigram']:.2%}; "
+            f"neighbour-count accuracy (the training text's most frequent token between the same two neighbours, "
+            f"no model): {baselines['neighbours']:.2%}"]
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -653,8 +698,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     device = recipe_device()  # the device run_pretraining.py and run_glue.py train on
     host = detect(device)
     precision = pick_precisions(host, [args.precision] if args.precision else None, ["bf16"])[0]
-    baseline = unigram_baseline(masked_targets(load_split("training")), masked_targets(load_split("test")))
-    header = setup_lines(args.budget_minutes, host_line(host, precision), baseline, vocab_size, args.best_options)
+    baselines = plateaus(vocab)
+    header = setup_lines(args.budget_minutes, host_line(host, precision), baselines, vocab_size, args.best_options)
     print("\n".join(header), flush=True)
     results: dict[str, dict[str, Any]] = {}
     if "peer" in args.runs:  # the peer first: its final accuracy is the target
@@ -670,19 +715,19 @@ def main(argv: Optional[list[str]] = None) -> None:
             sst2_scores(results, args.sst2_dir, vocab, config, out, precision)
         else:
             print(f"sst-2: skipped, no train.tsv and dev.tsv in {args.sst2_dir} (pass --sst2_dir)", flush=True)
-    report(results, args, header, baseline, host_record(host, precision), out)
+    report(results, args, header, baselines, host_record(host, precision), out)
 
 
-def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, header: list[str], baseline: float,
-           host: dict[str, Any], out: Path) -> None:
+def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, header: list[str],
+           baselines: dict[str, float], host: dict[str, Any], out: Path) -> None:
     """curves.json, the plot and table.md; the table printed."""
     rows = table_rows(results, args.budget_minutes)
     table = table_markdown(rows, header)
     record = {"budget_minutes": args.budget_minutes, "eval_every_minutes": args.eval_every_minutes,
-              "unigram_baseline": baseline, "model": MODEL, "batch": BATCH, "best_options": args.best_options,
+              "unigram_baseline": baselines["unigram"], "neighbour_baseline": baselines["neighbours"], "model": MODEL, "batch": BATCH, "best_options": args.best_options,
               **host, "runs": results, "table": rows}
     (out / "curves.json").write_text(json.dumps(record, indent=2) + "\n")
-    plot_curves(results, args.budget_minutes, baseline, header[0], out / "time_to_accuracy.png")
+    plot_curves(results, args.budget_minutes, baselines, header[0], out / "time_to_accuracy.png")
     (out / "table.md").write_text(table)
     print("\n" + table + f"\nwritten: {out / 'curves.json'}, {out / 'time_to_accuracy.png'}, {out / 'table.md'}")
 

@@ -139,3 +139,61 @@ def test_ablation_lines_give_each_leave_one_out_against_best_in_points():
     assert lines[-2:] == [f"- {tta.ABLATIONS['nsp']}: -1.50", f"- {tta.ABLATIONS['schedule']}: +0.50"]
     assert tta.ablation_lines(rows[1:]) == []  # no best row to compare with
     assert tta.ABLATIONS["nsp"] in tta.table_markdown(rows, ["header"])
+
+
+def reference_neighbour_guess(train_rows, mask_rows, specials, before, after):
+    """Plain Python: count (left, right) -> centre and left -> centre over the training rows, then answer."""
+    pair_counts, left_counts, totals = {}, {}, {}
+    for row, mask in zip(train_rows, mask_rows):
+        for i in range(1, len(row) - 1):
+            if mask[i + 1] != 1 or row[i] in specials:
+                continue
+            pair_counts.setdefault((row[i - 1], row[i + 1]), {}).setdefault(row[i], 0)
+            pair_counts[(row[i - 1], row[i + 1])][row[i]] += 1
+            left_counts.setdefault(row[i - 1], {}).setdefault(row[i], 0)
+            left_counts[row[i - 1]][row[i]] += 1
+            totals[row[i]] = totals.get(row[i], 0) + 1
+
+    def best(counts):
+        return min(counts, key=lambda token: (-counts[token], token))
+
+    if (before, after) in pair_counts:
+        return best(pair_counts[(before, after)])
+    if before in left_counts:
+        return best(left_counts[before])
+    return best(totals)
+
+
+def test_neighbour_baseline_equals_a_plain_python_count_model():
+    rng = np.random.default_rng(3)
+    specials = [0, 1, 2, 3]  # pad, [CLS], [SEP], [MASK]
+    train = rng.integers(4, 12, size=(40, 10))  # few tokens, so pairs repeat and ties occur
+    train[:, 0], train[:, -1] = 1, 2
+    mask = np.ones_like(train)
+    mask[::3, 7:] = 0  # some short rows, padded
+    train[::3, 6], train[::3, 7:] = 2, 0
+    heldout = rng.integers(3, 14, size=(12, 10))  # 12, 13 never in training: back-offs
+    heldout[:, 0], heldout[:, -1] = 1, 2
+    labels = np.full(heldout.shape, -1)
+    for row in range(len(heldout)):
+        for position in rng.choice(np.arange(1, 9), size=2, replace=False):
+            labels[row, position] = rng.integers(4, 12)
+    expected = [reference_neighbour_guess(train.tolist(), mask.tolist(), specials, heldout[r, p - 1], heldout[r, p + 1])
+                == labels[r, p] for r, p in zip(*np.nonzero(labels >= 0))]
+    assert tta.neighbour_baseline(train, mask, heldout, labels, specials) == pytest.approx(np.mean(expected))
+
+
+def test_neighbour_baseline_reads_the_context_and_backs_off():
+    # training text "[CLS] a b c [SEP]" twice and "[CLS] a d c [SEP]" once: between a and c comes b
+    train = np.array([[1, 4, 5, 6, 2], [1, 4, 5, 6, 2], [1, 4, 7, 6, 2]])
+    mask = np.ones_like(train)
+    heldout = np.array([[1, 4, 3, 6, 2],    # a [MASK] c -> b (the pair)
+                        [1, 4, 3, 9, 2],    # a [MASK] x -> b (left a alone: b twice, d once)
+                        [1, 9, 3, 9, 2]])   # x [MASK] x -> the most frequent centre token
+    labels = np.full(heldout.shape, -1)
+    labels[:, 2] = [5, 5, 4]  # each right only by its own rule: a and c are the most frequent centres (3 times
+    # each) and the tie goes to the smaller id, a
+    assert tta.neighbour_baseline(train, mask, heldout, labels, [0, 1, 2, 3]) == 1.0
+    labels[:, 2] = [7, 7, 6]
+    assert tta.neighbour_baseline(train, mask, heldout, labels, [0, 1, 2, 3]) == 0.0
+    assert tta.most_frequent_by_key(np.array([1, 1, 1, 2, 2]), np.array([9, 8, 9, 3, 4])) == {1: 9, 2: 3}

@@ -34,7 +34,7 @@ import torch
 from bertrecipe.model import BertConfig, BertForQuestionAnswering
 from bertrecipe.onnx_export import TritonSignature, export_onnx, open_qa_session, qa_logits
 from bertrecipe.optimization import build_adamw
-from bertrecipe.hardware import detect, host_line, host_record, pick_precisions
+from bertrecipe.hardware import Host, detect, host_line, host_record, pick_precisions
 from gemm_peak import Peak, forward_flops, fraction_of_peak, gemm_peak, peak_line  # benchmarks/, beside this file
 
 Batch = tuple[torch.Tensor, ...]
@@ -203,7 +203,7 @@ def measure_peaks(peaks: dict[str, Peak], config: BertConfig, tokens: int, preci
             print(peak_line(peaks[name]), flush=True)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="base", help="base, large, or a bert_config.json / config.json path")
     parser.add_argument("--batch", type=int, default=4)
@@ -225,18 +225,48 @@ def main() -> None:
     parser.add_argument("--vocab_file", type=Path, default=SHARED / "minilm" / "vocab.txt")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
+    args.precisions = pick_precisions(detect("cpu"), args.precision, ["bf16"])
+    if args.onnxruntime and not ("fp32" in args.precisions and "inference" in args.phases and "full" in args.windows):
+        # said before the minutes of timing, not discovered in a table without the row
+        parser.error(f"--onnxruntime times fp32 inference on full windows only; this run has precision "
+                     f"{' '.join(args.precisions)}, phases {' '.join(args.phases)}, windows {' '.join(args.windows)} "
+                     f"(add --precision fp32 --phases inference --windows full)")
+    return args
 
+
+def measure_row(config: BertConfig, args: argparse.Namespace, host: Host, kind: str, batches: list[Batch],
+                filled: float, precision: str, phase: str, peaks: dict[str, Peak]) -> dict:
+    """Times one (windows, precision, phase) row, printed; full-window inference rows also against the peak."""
+    compiled = args.compile and phase == "inference" and kind == "full"  # real: a shape per batch
+    onnx = args.onnxruntime and phase == "inference" and kind == "full" and precision == "fp32"
+    row = {"windows": kind, "tokens_per_position": round(filled, 3), "phase": phase,
+           "batch": args.batch, "seq": args.seq, "steps": args.steps, "rounds": args.rounds,
+           "threads": torch.get_num_threads(), **host_record(host, precision)}
+    with tempfile.TemporaryDirectory() as scratch:
+        steps = build_steps(config, phase, compiled, Path(scratch) if onnx else None)
+        rates = sequences_per_second(steps, batches, precision, args.warmup, args.rounds)
+    row.update({f"{name}_seq_per_s": rate for name, rate in rates.items()})
+    row.update({f"{name}_speedup": rate / rates["peer"] for name, rate in rates.items() if name != "peer"})
+    row["speedup"] = row.pop("ours_speedup")  # the name earlier JSON files use
+    print(f"{kind} windows ({filled:.0%} tokens), {phase} {precision}: {rates_line(rates)}", flush=True)
+    if kind == "full" and phase == "inference":  # padding-free: both do forward_flops' GEMMs
+        # measured here, in the conditions of the timed rows
+        measure_peaks(peaks, config, args.batch * args.seq, precision, args.gemm_repeats)
+        row.update(peak_fields(peaks, precision, forward_flops(config, 1, args.seq), rates))
+        print(f"  {row['forward_gflop_per_seq']:.3g} GFLOP per sequence; of the {precision} GEMM peak "
+              f"{row['gemm_peak_gflops']:.0f} GFLOP/s: " + ", ".join(
+                  f"{LABELS[name]} {row[name + '_gflops']:.0f} GFLOP/s ({row[name + '_of_peak']:.0%})"
+                  for name in rates), flush=True)
+    return row
+
+
+def main() -> None:
+    args = parse_args()
     presets = {"base": BertConfig(), "large": BertConfig(hidden_size=1024, num_hidden_layers=24,
                                                          num_attention_heads=16, intermediate_size=4096)}
     config = presets.get(args.config) or BertConfig.from_json_file(args.config)
     host = detect("cpu")  # both models run on the CPU
-    precisions = pick_precisions(host, args.precision, ["bf16"])
-    if args.onnxruntime and not ("fp32" in precisions and "inference" in args.phases and "full" in args.windows):
-        # said before the minutes of timing, not discovered in a table without the row
-        parser.error(f"--onnxruntime times fp32 inference on full windows only; this run has precision "
-                     f"{' '.join(precisions)}, phases {' '.join(args.phases)}, windows {' '.join(args.windows)} "
-                     f"(add --precision fp32 --phases inference --windows full)")
-    print(f"{host_line(host, ' and '.join(precisions))}, {torch.get_num_threads()} threads; BERT {args.config}, "
+    print(f"{host_line(host, ' and '.join(args.precisions))}, {torch.get_num_threads()} threads; BERT {args.config}, "
           f"batch {args.batch}, seq {args.seq}")
     windows = real_windows(args.squad_file, args.vocab_file, args.seq) if "real" in args.windows else None
     results = []
@@ -244,32 +274,11 @@ def main() -> None:
     for kind in args.windows:
         batches = make_batches(kind, windows, config.vocab_size, args.batch, args.seq, args.steps)
         filled = sum(int(b[2].sum()) for b in batches) / sum(b[2].numel() for b in batches)
-        for precision in precisions:
+        for precision in args.precisions:
             for phase in args.phases:
-                compiled = args.compile and phase == "inference" and kind == "full"  # real: a shape per batch
-                onnx = args.onnxruntime and phase == "inference" and kind == "full" and precision == "fp32"
-                row = {"windows": kind, "tokens_per_position": round(filled, 3), "phase": phase,
-                       "batch": args.batch, "seq": args.seq, "steps": args.steps, "rounds": args.rounds,
-                       "threads": torch.get_num_threads(), **host_record(host, precision)}
-                with tempfile.TemporaryDirectory() as scratch:
-                    steps = build_steps(config, phase, compiled, Path(scratch) if onnx else None)
-                    rates = sequences_per_second(steps, batches, precision, args.warmup, args.rounds)
-                row.update({f"{name}_seq_per_s": rate for name, rate in rates.items()})
-                row.update({f"{name}_speedup": rate / rates["peer"] for name, rate in rates.items() if name != "peer"})
-                row["speedup"] = row.pop("ours_speedup")  # the name earlier JSON files use
-                results.append(row)
-                print(f"{kind} windows ({filled:.0%} tokens), {phase} {precision}: {rates_line(rates)}", flush=True)
-                if kind == "full" and phase == "inference":  # padding-free: both do forward_flops' GEMMs
-                    # measured here, in the conditions of the timed rows
-                    measure_peaks(peaks, config, args.batch * args.seq, precision, args.gemm_repeats)
-                    row.update(peak_fields(peaks, precision, forward_flops(config, 1, args.seq), rates))
-                    print(f"  {row['forward_gflop_per_seq']:.3g} GFLOP per sequence; of the {precision} GEMM peak "
-                          f"{row['gemm_peak_gflops']:.0f} GFLOP/s: " + ", ".join(
-                              f"{LABELS[name]} {row[name + '_gflops']:.0f} GFLOP/s ({row[name + '_of_peak']:.0%})"
-                              for name in rates), flush=True)
+                results.append(measure_row(config, args, host, kind, batches, filled, precision, phase, peaks))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
-
 
 if __name__ == "__main__":
     main()

@@ -724,8 +724,8 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, header:
     rows = table_rows(results, args.budget_minutes)
     table = table_markdown(rows, header)
     record = {"budget_minutes": args.budget_minutes, "eval_every_minutes": args.eval_every_minutes,
-              "unigram_baseline": baselines["unigram"], "neighbour_baseline": baselines["neighbours"], "model": MODEL, "batch": BATCH, "best_options": args.best_options,
-              **host, "runs": results, "table": rows}
+              "unigram_baseline": baselines["unigram"], "neighbour_baseline": baselines["neighbours"], "model": MODEL,
+              "batch": BATCH, "best_options": args.best_options, **host, "runs": results, "table": rows}
     (out / "curves.json").write_text(json.dumps(record, indent=2) + "\n")
     plot_curves(results, args.budget_minutes, baselines, header[0], out / "time_to_accuracy.png")
     (out / "table.md").write_text(table)

@@ -21,6 +21,10 @@ Runs (all in the same precision: bf16 where the hardware has it natively, else f
   best    run_pretraining.py with the documented time-to-accuracy options (BEST_OPTIONS) and
           --train_budget_minutes, whose schedule follows the wall clock.
 
+Two accuracies that need no model frame the curves: the training set's most frequent masked token (the
+word-frequency plateau) and neighbour counts (the training text's most frequent token between the same two
+neighbours): a run above the second uses more than local word statistics.
+
 Outputs in --output_dir: curves.json, time_to_accuracy.png (accuracy vs minutes), table.md (accuracy at the
 budget, minutes to reach the peer's final accuracy, steps, sequences/s, SST-2 dev accuracy of each checkpoint
 fine-tuned on the first 4000 training rows for 1 epoch with 3 seeds).

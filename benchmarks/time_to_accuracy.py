@@ -293,9 +293,9 @@ def plateaus(vocab: Path) -> dict[str, float]:
     original = recover_original_tokens(train["input_ids"], train["masked_lm_positions"], train["masked_lm_ids"])
     ids = load_vocab(vocab).ids
     specials = [ids[token] for token in ("[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]") if token in ids]
-    return {"unigram": unigram_baseline(masked_targets(train), masked_targets(heldout)),
-            "neighbours": neighbour_baseline(original, train["input_mask"], heldout["input_ids"],
-                                             heldout_labels(heldout), specials)}
+    labels = heldout_labels(heldout)  # computed once for both
+    return {"unigram": unigram_baseline(masked_targets(train), labels[labels >= 0]),
+            "neighbours": neighbour_baseline(original, train["input_mask"], heldout["input_ids"], labels, specials)}
 
 
 def masked_targets(arrays: dict[str, np.ndarray]) -> np.ndarray:

@@ -8,7 +8,10 @@ held-out masked-LM accuracy logged every --eval_every_minutes of training time (
 Data: the embedded default corpus (data/build_default_corpus.py: Python's own documentation, an uncased
 WordPiece vocab of 8192 trained on it, phase-1 shards of 128 tokens). The held-out set is the `test` split with
 the fixed static 15 % masks create_pretraining_data.py drew, so that runs that train with other masking rates
-are scored on the same positions.
+are scored on the same positions. The training shards hold each document 5 times with its own static masks (the
+quick start's dupe factor); --dupe_factor N makes them hold it N times, so that a run that trains with the static
+masks and passes over the data P times sees each mask about 5 P / N times (NVIDIA's and Google's full-size runs
+see each a few times; 10 passes of this 1 MB corpus at dupe factor 5 see each 10 times).
 
 Runs (all in the same precision: bf16 where the hardware has it natively, else fp32):
   peer    transformers' BertForPreTraining, masked LM only, AdamW with linear warm-up and decay, fresh 80/10/10
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -61,7 +65,9 @@ from bertrecipe.pretraining_data import make_batch
 
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 
-# The data: the quick start's corpus, vocab and phase-1 shards.
+# The data: the quick start's corpus, vocab and phase-1 shards. The held-out set is always the test split made
+# with the quick start's dupe factor; --dupe_factor changes only the training shards (more static masks per
+# document, for the run that trains with the shards' masks).
 CORPUS = "python_docs"
 VOCAB_SIZE = 8192
 DUPE_FACTOR = 5
@@ -257,41 +263,55 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 # ------------------------------------------------------------------------------------------------------ data
 
-def shard_dir(split: str) -> Path:
-    params = layout.InstanceParams(True, SEQ, PREDICTIONS, 0.15, 12345, DUPE_FACTOR)
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """What every run shares: the vocab, the model's config file sized to it, and the phase-1 shards."""
+    vocab: Path
+    config: Path
+    vocab_size: int
+    training: Path  # training shards at the chosen dupe factor
+    heldout: Path  # the test split at the quick start's dupe factor, whatever the training one
+    dupe_factor: int  # of the training shards
+
+
+def shard_dir(split: str, dupe_factor: int) -> Path:
+    params = layout.InstanceParams(True, SEQ, PREDICTIONS, 0.15, 12345, dupe_factor)
     return layout.hdf5_split_dir(layout.working_dir(), params, CORPUS, split)
 
 
-def build_corpus(out: Path) -> tuple[Path, Path, int]:
-    """The default corpus's vocab and shards (built or reused); the model's config file sized to the vocab."""
-    subprocess.run([sys.executable, str(REPO / "data" / "build_default_corpus.py"), "--vocab_size", str(VOCAB_SIZE),
-                    "--dupe_factor", str(DUPE_FACTOR)], check=True, stdout=subprocess.DEVNULL)
+def build_corpus(out: Path, dupe_factor: int) -> Corpus:
+    """The default corpus's vocab and shards (built or reused; the held-out split always at DUPE_FACTOR); the
+    model's config file sized to the vocab."""
+    for factor in sorted({DUPE_FACTOR, dupe_factor}):
+        subprocess.run([sys.executable, str(REPO / "data" / "build_default_corpus.py"), "--vocab_size",
+                        str(VOCAB_SIZE), "--dupe_factor", str(factor)], check=True, stdout=subprocess.DEVNULL)
     vocab = vocab_path(layout.working_dir(), CORPUS, True, VOCAB_SIZE)
     vocab_size = len(load_vocab(vocab))
     config_path = out / "bert_config.json"
     BertConfig.from_dict({**MODEL, "vocab_size": vocab_size}).to_json_file(config_path)
-    return vocab, config_path, vocab_size
+    return Corpus(vocab, config_path, vocab_size, shard_dir("training", dupe_factor), shard_dir("test", DUPE_FACTOR),
+                  dupe_factor)
 
 
-def load_split(split: str) -> dict[str, np.ndarray]:
+def load_split(folder: Path) -> dict[str, np.ndarray]:
     """Every row of a split's shards, concatenated (the phase-1 shards of this corpus are a few MB)."""
     import h5py
 
     parts = []
-    for path in sorted(shard_dir(split).glob("*.hdf5")):
+    for path in sorted(folder.glob("*.hdf5")):
         with h5py.File(path, "r") as f:
             parts.append({k: f[k][()] for k in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
                                                 "masked_lm_ids")})
     if not parts:
-        raise SystemExit(f"error: no shards in {shard_dir(split)}")
+        raise SystemExit(f"error: no shards in {folder}")
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def plateaus(vocab: Path) -> dict[str, float]:
+def plateaus(corpus: Corpus) -> dict[str, float]:
     """The held-out accuracy of the most frequent token and of the neighbour counts (no model)."""
-    train, heldout = load_split("training"), load_split("test")
+    train, heldout = load_split(corpus.training), load_split(corpus.heldout)
     original = recover_original_tokens(train["input_ids"], train["masked_lm_positions"], train["masked_lm_ids"])
-    ids = load_vocab(vocab).ids
+    ids = load_vocab(corpus.vocab).ids
     specials = [ids[token] for token in ("[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]") if token in ids]
     labels = heldout_labels(heldout)  # computed once for both
     return {"unigram": unigram_baseline(masked_targets(train), labels[labels >= 0]),
@@ -411,21 +431,20 @@ def time_peer_steps(vocab_size: int, batches: Iterator, cast, steps: int, device
     return (time.perf_counter() - start) / steps
 
 
-def run_peer(out: Path, vocab: Path, vocab_size: int, budget: float, every: float, device: str,
-             precision: str) -> dict[str, Any]:
+def run_peer(out: Path, corpus: Corpus, budget: float, every: float, device: str, precision: str) -> dict[str, Any]:
     """Calibrates, trains to the budget with an evaluation every `every` minutes of training time, saves the model
     as a Hugging Face folder."""
     from transformers import DataCollatorForLanguageModeling
 
     folder = out / "hf"
-    tokenizer = peer_tokenizer(vocab, folder)
+    tokenizer = peer_tokenizer(corpus.vocab, folder)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=PEER_MLM_PROBABILITY, seed=SEED)
-    train, heldout = load_split("training"), load_split("test")
+    train, heldout = load_split(corpus.training), load_split(corpus.heldout)
     batches, cast = peer_batches(train, collator, SEED), autocast(device, precision)
-    seconds_per_step = time_peer_steps(vocab_size, batches, cast, CALIBRATION_STEPS, device)
+    seconds_per_step = time_peer_steps(corpus.vocab_size, batches, cast, CALIBRATION_STEPS, device)
     total = planned_steps(budget, seconds_per_step)
     print(f"peer: calibrated {seconds_per_step:.3f} s/step -> schedule of {total} steps", flush=True)
-    model = peer_model(vocab_size, SEED, device)
+    model = peer_model(corpus.vocab_size, SEED, device)
     optimizer, scheduler = peer_optimizer(model, total)
     curve, clock, steps, next_eval = [], 0.0, 0, every * 60
     while steps < total and clock < budget * 60:
@@ -445,22 +464,22 @@ def run_peer(out: Path, vocab: Path, vocab_size: int, budget: float, every: floa
 
 # ------------------------------------------------------------------------------------------------------ ours
 
-def our_command(out: Path, config: Path, vocab: Path, precision: str, lr: float, warmup: float, max_steps: int,
-                every: float, options: Sequence[str]) -> list[str]:
+def our_command(out: Path, corpus: Corpus, precision: str, lr: float, warmup: float, max_steps: int, every: float,
+                options: Sequence[str]) -> list[str]:
     """run_pretraining.py on the phase-1 shards, evaluated on the test split every `every` minutes (0: none)."""
-    command = [sys.executable, str(REPO / "run_pretraining.py"), "--input_dir", str(shard_dir("training")),
-               "--config_file", str(config), "--output_dir", str(out / "checkpoints"), "--do_train",
+    command = [sys.executable, str(REPO / "run_pretraining.py"), "--input_dir", str(corpus.training),
+               "--config_file", str(corpus.config), "--output_dir", str(out / "checkpoints"), "--do_train",
                "--max_seq_length", str(SEQ), "--max_predictions_per_seq", str(PREDICTIONS),
                "--train_batch_size", str(BATCH), "--learning_rate", str(lr), "--warmup_proportion", str(warmup),
                "--max_steps", str(max_steps), "--num_steps_per_checkpoint", str(max_steps), "--log_freq", "50",
                "--json-summary", str(out / "dllogger.json"), "--seed", str(SEED), "--disable_progress_bar"]
     if every:
-        command += ["--do_eval", "--eval_dir", str(shard_dir("test")), "--eval_interval_minutes", str(every)]
+        command += ["--do_eval", "--eval_dir", str(corpus.heldout), "--eval_interval_minutes", str(every)]
     if precision == "bf16":
         command.append("--bf16")
     command += list(options)
     if "--dynamic_masking" in options:
-        command += ["--vocab_file", str(vocab)]  # the masking's special and random tokens from the real vocab
+        command += ["--vocab_file", str(corpus.vocab)]  # the masking's special and random tokens from the real vocab
     return command
 
 
@@ -487,26 +506,26 @@ def last_step(records: list[dict[str, Any]]) -> int:
     return max((int(r["step"][-1]) for r in records if isinstance(r.get("step"), list) and r["step"]), default=0)
 
 
-def calibrate_ours(out: Path, config: Path, vocab: Path, precision: str, lr: float, warmup: float,
+def calibrate_ours(out: Path, corpus: Corpus, precision: str, lr: float, warmup: float,
                    options: Sequence[str]) -> float:
     """Sequences/s of a short run with the same flags (its first 2 steps, which warm up, are not counted)."""
-    command = our_command(out, config, vocab, precision, lr, warmup, CALIBRATION_STEPS + 2, 0, options)
+    command = our_command(out, corpus, precision, lr, warmup, CALIBRATION_STEPS + 2, 0, options)
     records = run_logged(command + ["--skip_checkpoint"], out, "the calibration run")
     return float(final_data(records)["training_sequences_per_second"])
 
 
-def run_ours(name: str, out: Path, config: Path, vocab: Path, precision: str, budget: float, every: float,
+def run_ours(name: str, out: Path, corpus: Corpus, precision: str, budget: float, every: float,
              options: Sequence[str], lr: float, warmup: float, time_budget: bool) -> dict[str, Any]:
     """run_pretraining.py with `options`, on --train_budget_minutes (time_budget) or on --max_steps sized by a
     calibration run with the same flags."""
     if time_budget:
-        command = our_command(out / "run", config, vocab, precision, lr, warmup, 10 ** 7, every,
+        command = our_command(out / "run", corpus, precision, lr, warmup, 10 ** 7, every,
                               [*options, "--train_budget_minutes", str(budget)])
     else:
-        speed = calibrate_ours(out / "calibration", config, vocab, precision, lr, warmup, options)
+        speed = calibrate_ours(out / "calibration", corpus, precision, lr, warmup, options)
         max_steps = steps_from_throughput(budget, speed, BATCH)
         print(f"{name}: calibrated {speed:.1f} sequences/s -> --max_steps {max_steps}", flush=True)
-        command = our_command(out / "run", config, vocab, precision, lr, warmup, max_steps, every, options)
+        command = our_command(out / "run", corpus, precision, lr, warmup, max_steps, every, options)
     print(f"{name}: {' '.join(command[1:])}", flush=True)
     records = run_logged(command, out / "run", f"the {name} run")
     final = final_data(records)
@@ -545,11 +564,11 @@ def sst2_subset(source: Path, folder: Path, rows: int) -> Path:
     return folder
 
 
-def finetune_sst2(init: str, data: Path, vocab: Path, config: Path, out: Path, seed: int, precision: str) -> float:
+def finetune_sst2(init: str, data: Path, corpus: Corpus, out: Path, seed: int, precision: str) -> float:
     """Dev accuracy of run_glue.py fine-tuning `init` for 1 epoch."""
     command = [sys.executable, str(REPO / "run_glue.py"), "--task_name", "sst-2", "--data_dir", str(data),
-               "--init_checkpoint", init, "--vocab_file", str(vocab), "--config_file", str(config),
-               "--do_lower_case", "--mode", "train eval", "--train_batch_size", str(SST2_BATCH),
+               "--init_checkpoint", init, "--vocab_file", str(corpus.vocab),
+               "--config_file", str(corpus.config), "--do_lower_case", "--mode", "train eval", "--train_batch_size", str(SST2_BATCH),
                "--learning_rate", str(SST2_LR), "--num_train_epochs", "1", "--warmup_proportion", "0.1",
                "--max_seq_length", str(SEQ), "--eval_batch_size", "64", "--seed", str(seed),
                "--output_dir", str(out), "--json-summary", str(out / "dllogger.json"), "--disable_progress_bar"]
@@ -559,7 +578,7 @@ def finetune_sst2(init: str, data: Path, vocab: Path, config: Path, out: Path, s
     return float(json.loads((out / "results.json").read_text())["eval_acc"])
 
 
-def sst2_scores(results: dict[str, dict[str, Any]], source: Path, vocab: Path, config: Path, out: Path,
+def sst2_scores(results: dict[str, dict[str, Any]], source: Path, corpus: Corpus, out: Path,
                 precision: str) -> None:
     """Adds 'sst2' (dev accuracy per seed) to every run with a checkpoint."""
     data = sst2_subset(source, out / "sst2_data", SST2_TRAIN_ROWS)
@@ -567,7 +586,7 @@ def sst2_scores(results: dict[str, dict[str, Any]], source: Path, vocab: Path, c
         if not result.get("checkpoint"):
             print(f"sst-2: {name} has no checkpoint, skipped", flush=True)
             continue
-        scores = [finetune_sst2(result["checkpoint"], data, vocab, config, out / "sst2" / f"{name}_seed{seed}",
+        scores = [finetune_sst2(result["checkpoint"], data, corpus, out / "sst2" / f"{name}_seed{seed}",
                                 seed, precision) for seed in SST2_SEEDS]
         result["sst2"] = scores
         mean, std = mean_std(scores)
@@ -660,12 +679,13 @@ def ablation_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def setup_lines(budget: float, host: str, baselines: dict[str, float], vocab_size: int,
+def setup_lines(budget: float, host: str, baselines: dict[str, float], corpus: Corpus,
                 best_options: str) -> list[str]:
     model = (f"hidden {MODEL['hidden_size']}, {MODEL['num_hidden_layers']} layers, {MODEL['num_attention_heads']} "
-             f"heads, intermediate {MODEL['intermediate_size']}, vocab {vocab_size}, seq {SEQ}, batch {BATCH}")
+             f"heads, intermediate {MODEL['intermediate_size']}, vocab {corpus.vocab_size}, seq {SEQ}, batch {BATCH}")
     return [f"Time to accuracy: {budget:g} minutes of training per run; {host}",
-            f"model: {model}; held-out: {CORPUS} test split, fixed static 15 % masks",
+            f"model: {model}; training shards: {CORPUS}, dupe factor {corpus.dupe_factor}; held-out: its test "
+            f"split, fixed static 15 % masks",
             f"peer: AdamW lr {PEER_LR:g}, warm-up {PEER_WARMUP:g}; nvidia: LAMB lr {NVIDIA_LR:g}, warm-up "
             f"{NVIDIA_WARMUP:g}; best: LAMB lr {BEST_LR:g}, warm-up {BEST_WARMUP:g}, {best_options}",
             f"most-frequent-token accuracy (the word-frequency plateau): {baselines['unigram']:.2%}; "
@@ -685,12 +705,17 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                         help="run_pretraining.py flags of the 'best' run, one string (default: %(default)s)")
     parser.add_argument("--ablations", nargs="*", choices=list(ABLATIONS), default=[],
                         help="leave-one-out runs of the best set, after the main runs (compare with --runs best)")
+    parser.add_argument("--dupe_factor", type=int, default=DUPE_FACTOR,
+                        help="copies of each document, each with its own static masks, in the training shards "
+                             "(default: the quick start's %(default)s; the held-out split keeps it)")
     parser.add_argument("--skip_sst2", action="store_true", help="no SST-2 fine-tuning of the checkpoints")
     parser.add_argument("--sst2_dir", type=Path, default=default_sst2_dir(),
                         help="GLUE SST-2 folder with train.tsv and dev.tsv (default: $BERT_SHARED_DATA/glue/SST-2)")
     args = parser.parse_args(argv)
     if not (args.budget_minutes > 0 and args.eval_every_minutes > 0):
         parser.error("--budget_minutes and --eval_every_minutes must be > 0")
+    if args.dupe_factor < 1:
+        parser.error(f"--dupe_factor must be at least 1, got {args.dupe_factor}")
     return args
 
 
@@ -698,28 +723,28 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
     out = args.output_dir
     out.mkdir(parents=True, exist_ok=True)
-    vocab, config, vocab_size = build_corpus(out)
+    corpus = build_corpus(out, args.dupe_factor)
     device = recipe_device()  # the device run_pretraining.py and run_glue.py train on
     host = detect(device)
     precision = pick_precisions(host, [args.precision] if args.precision else None, ["bf16"])[0]
-    baselines = plateaus(vocab)
-    header = setup_lines(args.budget_minutes, host_line(host, precision), baselines, vocab_size, args.best_options)
+    baselines = plateaus(corpus)
+    header = setup_lines(args.budget_minutes, host_line(host, precision), baselines, corpus, args.best_options)
     print("\n".join(header), flush=True)
     results: dict[str, dict[str, Any]] = {}
     if "peer" in args.runs:  # the peer first: its final accuracy is the target
         folder = out / "runs" / "peer"
         shutil.rmtree(folder, ignore_errors=True)
-        results["peer"] = run_peer(folder, vocab, vocab_size, args.budget_minutes, args.eval_every_minutes, device,
-                                   precision)
+        results["peer"] = run_peer(folder, corpus, args.budget_minutes, args.eval_every_minutes, device, precision)
     for name, (options, lr, warmup, time_budget) in our_runs(args).items():
-        results[name] = run_ours(name, out / "runs" / name, config, vocab, precision, args.budget_minutes,
+        results[name] = run_ours(name, out / "runs" / name, corpus, precision, args.budget_minutes,
                                  args.eval_every_minutes, options, lr, warmup, time_budget)
+    report(results, args, header, baselines, host_record(host, precision), out)  # kept if SST-2 is cut short
     if not args.skip_sst2:
         if (args.sst2_dir / "train.tsv").is_file() and (args.sst2_dir / "dev.tsv").is_file():
-            sst2_scores(results, args.sst2_dir, vocab, config, out, precision)
+            sst2_scores(results, args.sst2_dir, corpus, out, precision)
+            report(results, args, header, baselines, host_record(host, precision), out)
         else:
             print(f"sst-2: skipped, no train.tsv and dev.tsv in {args.sst2_dir} (pass --sst2_dir)", flush=True)
-    report(results, args, header, baselines, host_record(host, precision), out)
 
 
 def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, header: list[str],
@@ -729,7 +754,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, header:
     table = table_markdown(rows, header)
     record = {"budget_minutes": args.budget_minutes, "eval_every_minutes": args.eval_every_minutes,
               "unigram_baseline": baselines["unigram"], "neighbour_baseline": baselines["neighbours"], "model": MODEL,
-              "batch": BATCH, "best_options": args.best_options, **host, "runs": results, "table": rows}
+              "batch": BATCH, "dupe_factor": args.dupe_factor, "best_options": args.best_options, **host, "runs": results, "table": rows}
     (out / "curves.json").write_text(json.dumps(record, indent=2) + "\n")
     plot_curves(results, args.budget_minutes, baselines, header[0], out / "time_to_accuracy.png")
     (out / "table.md").write_text(table)

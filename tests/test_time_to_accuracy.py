@@ -130,6 +130,19 @@ def test_ablation_runs_follow_the_main_runs_and_only_schedule_drops_the_time_bud
     assert tta.our_runs(tta.parse_args([]))["nvidia"] == ([], tta.NVIDIA_LR, tta.NVIDIA_WARMUP, False)
 
 
+def test_dupe_factor_changes_the_training_shards_only_and_must_be_positive(tmp_path, capsys):
+    assert tta.parse_args([]).dupe_factor == tta.DUPE_FACTOR
+    with pytest.raises(SystemExit):
+        tta.parse_args(["--dupe_factor", "0"])
+    assert "--dupe_factor must be at least 1" in capsys.readouterr().err
+    training, heldout = tta.shard_dir("training", 50), tta.shard_dir("test", tta.DUPE_FACTOR)
+    assert "dupe_factor_50" in str(training) and f"dupe_factor_{tta.DUPE_FACTOR}" in str(heldout)
+    corpus = tta.Corpus(tmp_path / "vocab.txt", tmp_path / "config.json", 100, training, heldout, 50)
+    command = tta.our_command(tmp_path, corpus, "fp32", 1e-2, 0.1, 10, 0.5, [])
+    assert command[command.index("--input_dir") + 1] == str(training)
+    assert command[command.index("--eval_dir") + 1] == str(heldout)
+
+
 def test_ablation_lines_give_each_leave_one_out_against_best_in_points():
     results = {"best": {"curve": [(1.0, 0.175)], "steps": 9, "sequences_per_second": 1.0},
                "best-nsp": {"curve": [(1.0, 0.16)], "steps": 9, "sequences_per_second": 1.0},

@@ -10,8 +10,8 @@ WordPiece vocab of 8192 trained on it, phase-1 shards of 128 tokens). The held-o
 the fixed static 15 % masks create_pretraining_data.py drew, so that runs that train with other masking rates
 are scored on the same positions. The training shards hold each document 5 times with its own static masks (the
 quick start's dupe factor); --dupe_factor N makes them hold it N times, so that a run that trains with the static
-masks and passes over the data P times sees each mask about 5 P / N times (NVIDIA's and Google's full-size runs
-see each a few times; 10 passes of this 1 MB corpus at dupe factor 5 see each 10 times).
+masks sees each mask N / 5 times less often (BERT's 40 epochs over shards of dupe factor 10 saw each about 4
+times; 30 minutes of the nvidia run here are about 10 passes over the dupe-factor-5 shards, 1 at dupe factor 50).
 
 Runs (all in the same precision: bf16 where the hardware has it natively, else fp32):
   peer    transformers' BertForPreTraining, masked LM only, AdamW with linear warm-up and decay, fresh 80/10/10

@@ -568,7 +568,8 @@ def finetune_sst2(init: str, data: Path, corpus: Corpus, out: Path, seed: int, p
     """Dev accuracy of run_glue.py fine-tuning `init` for 1 epoch."""
     command = [sys.executable, str(REPO / "run_glue.py"), "--task_name", "sst-2", "--data_dir", str(data),
                "--init_checkpoint", init, "--vocab_file", str(corpus.vocab),
-               "--config_file", str(corpus.config), "--do_lower_case", "--mode", "train eval", "--train_batch_size", str(SST2_BATCH),
+               "--config_file", str(corpus.config), "--do_lower_case", "--mode", "train eval",
+               "--train_batch_size", str(SST2_BATCH),
                "--learning_rate", str(SST2_LR), "--num_train_epochs", "1", "--warmup_proportion", "0.1",
                "--max_seq_length", str(SEQ), "--eval_batch_size", "64", "--seed", str(seed),
                "--output_dir", str(out), "--json-summary", str(out / "dllogger.json"), "--disable_progress_bar"]
@@ -738,11 +739,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     for name, (options, lr, warmup, time_budget) in our_runs(args).items():
         results[name] = run_ours(name, out / "runs" / name, corpus, precision, args.budget_minutes,
                                  args.eval_every_minutes, options, lr, warmup, time_budget)
-    report(results, args, header, baselines, host_record(host, precision), out)  # kept if SST-2 is cut short
+    record = host_record(host, precision)
+    report(results, args, header, baselines, record, out)  # kept if SST-2 is cut short
     if not args.skip_sst2:
         if (args.sst2_dir / "train.tsv").is_file() and (args.sst2_dir / "dev.tsv").is_file():
             sst2_scores(results, args.sst2_dir, corpus, out, precision)
-            report(results, args, header, baselines, host_record(host, precision), out)
+            report(results, args, header, baselines, record, out)
         else:
             print(f"sst-2: skipped, no train.tsv and dev.tsv in {args.sst2_dir} (pass --sst2_dir)", flush=True)
 
@@ -754,7 +756,8 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, header:
     table = table_markdown(rows, header)
     record = {"budget_minutes": args.budget_minutes, "eval_every_minutes": args.eval_every_minutes,
               "unigram_baseline": baselines["unigram"], "neighbour_baseline": baselines["neighbours"], "model": MODEL,
-              "batch": BATCH, "dupe_factor": args.dupe_factor, "best_options": args.best_options, **host, "runs": results, "table": rows}
+              "batch": BATCH, "dupe_factor": args.dupe_factor, "best_options": args.best_options, **host,
+              "runs": results, "table": rows}
     (out / "curves.json").write_text(json.dumps(record, indent=2) + "\n")
     plot_curves(results, args.budget_minutes, baselines, header[0], out / "time_to_accuracy.png")
     (out / "table.md").write_text(table)

@@ -21,6 +21,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from bertrecipe import masking
 from bertrecipe import sample_order
 from bertrecipe.errors import InputError
+from bertrecipe.hdf5_chunks import RowSource
 
 SHARD_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
               "next_sentence_labels")
@@ -164,14 +165,19 @@ def check_value_ranges(path: Path, arrays: dict[str, np.ndarray], vocab_size: in
                          "the shard was written for another vocab or config, or is damaged")
 
 
-def read_rows(info: ShardInfo, f: h5py.File, start: int, stop: int, vocab_size: int) -> dict[str, np.ndarray]:
+def read_rows(info: ShardInfo, f: h5py.File | RowSource, start: int, stop: int, vocab_size: int
+              ) -> dict[str, np.ndarray]:
     """Rows [start, stop) of an open shard, every value range-checked (what a reader decompresses is only these
-    rows' chunks)."""
+    rows' chunks; through a RowSource, gzip chunks are inflated by ISA-L)."""
+    source = f if isinstance(f, RowSource) else RowSource(f.filename, f)
     try:
-        arrays = {k: f[k][start:stop] for k in SHARD_KEYS}
+        arrays = {k: source.rows(k, start, stop) for k in SHARD_KEYS}
     except (OSError, KeyError, RuntimeError, ValueError) as error:
         raise InputError(f"{info.path}: cannot read rows {start}-{stop} of the shard ({error}); rewrite it or remove "
                          "it from the input directory") from None
+    finally:
+        if source is not f:
+            source.close()
     arrays["next_sentence_labels"] = arrays["next_sentence_labels"].reshape(-1)
     if len(arrays["input_ids"]) != stop - start:
         raise InputError(f"{info.path}: holds fewer rows than it said when the run started; rewrite it")
@@ -337,9 +343,9 @@ class _OpenFiles:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.files: dict[Path, h5py.File] = {}
+        self.files: dict[Path, RowSource] = {}
 
-    def get(self, path: Path) -> h5py.File:
+    def get(self, path: Path) -> RowSource:
         if path in self.files:
             self.files[path] = self.files.pop(path)
         else:
@@ -347,7 +353,7 @@ class _OpenFiles:
                 oldest = next(iter(self.files))
                 self.files.pop(oldest).close()
             try:
-                self.files[path] = h5py.File(path, "r")
+                self.files[path] = RowSource(path)
             except OSError as error:  # e.g. truncated since the run started
                 raise InputError(f"{path}: cannot read rows of the shard ({error}); rewrite it or remove it from "
                                  "the input directory") from None

@@ -201,12 +201,17 @@ def shard_case(draw: st.DrawFn) -> Case:
     description = [f"{n} rows of {seq} tokens, {preds} predictions"]
     for _ in range(draw(st.integers(0, 2))):
         description.append(_mutate_shard(draw, rng, arrays, attrs))
+    # gzip-chunked as NVIDIA's shards (read through hdf5_chunks), with or without HDF5's byte shuffle, or contiguous
+    storage = draw(st.sampled_from([{}, {"compression": "gzip"}, {"compression": "gzip", "shuffle": True}]))
+    description.append(str(storage or "contiguous"))
     buffer = io.BytesIO()
     with h5py.File(buffer, "w") as f:
         for key, value in arrays.items():
             if isinstance(value, str):  # "group": a group where a dataset belongs
                 f.create_group(key).create_dataset("inner", data=np.zeros(2, np.int32))
-            else:  # an array or h5py.Empty (a dataset without a dataspace)
+            elif isinstance(value, np.ndarray) and value.ndim and value.size:
+                f.create_dataset(key, data=value, **storage)
+            else:  # a scalar, an empty array or h5py.Empty (a dataset without a dataspace): never chunked
                 f.create_dataset(key, data=value)
         for key, value in attrs.items():
             f.attrs[key] = value

@@ -20,6 +20,7 @@ W that divides C, and with any global batch that C divides.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator
@@ -150,14 +151,16 @@ def lane_portion_stream(plan: StreamPlan, lane: int, start_index: int) -> Iterat
 
 def portions_needed(plan: StreamPlan, lane_range: range, per_lane: int, first_index: int,
                     steps: int | None) -> Iterator[Portion]:
-    """Every portion this rank reads, in the order it first needs them (the order its readers deliver them)."""
-    streams: dict[int, Iterator[tuple[Portion, int]]] = {}
-    covered: dict[int, int] = {}  # lane -> lane index up to which its portions were handed out
-    for lane, index, count in lane_requests(plan, lane_range, per_lane, first_index, steps):
-        if lane not in streams:
-            streams[lane] = lane_portion_stream(plan, lane, index)
-            covered[lane] = index
-        while covered[lane] < index + count:
-            portion, begins = next(streams[lane])
-            covered[lane] = begins + portion.stop - portion.start
-            yield portion
+    """Every portion this rank reads, in the order it first needs them (the order its readers deliver them): by
+    the step that first takes one of its rows, then lane after lane, then along the lane. The lanes' portion
+    streams are merged on that key, so the cost grows with the portions, not with the steps x lanes."""
+
+    def keyed(position: int, lane: int) -> Iterator[tuple[int, int, int, Portion]]:
+        for portion, begins in lane_portion_stream(plan, lane, first_index):
+            step = max(0, begins - first_index) // per_lane
+            if steps is not None and step >= steps:
+                return
+            yield step, position, begins, portion
+
+    for *_, portion in heapq.merge(*(keyed(position, lane) for position, lane in enumerate(lane_range))):
+        yield portion

@@ -74,6 +74,40 @@ def test_ranks_and_workers_read_disjoint_portions_whose_union_is_the_stream(worl
     assert len(seen) == len(set(seen)) == lanes * plan.lane_length  # no row twice, none missing
 
 
+def portions_by_walking_requests(plan, lane_range, per_lane, first_index, steps):
+    """The plain reference: walk every (lane, index, count) request of every step and hand out a lane's next
+    portion whenever a request reaches past what that lane was given."""
+    given, streams, out = {}, {}, []
+    for step in range(steps):
+        for lane in lane_range:
+            index = first_index + step * per_lane
+            if lane not in streams:
+                streams[lane], given[lane] = sample_order.lane_portion_stream(plan, lane, index), index
+            while given[lane] < index + per_lane:
+                portion, begins = next(streams[lane])
+                given[lane] = begins + portion.stop - portion.start
+                out.append(portion)
+    return out
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_portions_come_in_the_order_the_steps_first_need_them(case):
+    rng = np.random.default_rng(case)
+    sizes = rng.integers(1, 300, rng.integers(1, 7)).tolist()
+    blocks = rng.integers(1, 80, len(sizes)).tolist()
+    lanes = int(rng.choice([1, 2, 4, 6, 8]))
+    if sum(sizes) < lanes:
+        sizes.append(lanes)
+        blocks.append(3)
+    plan = sample_order.StreamPlan(sizes, blocks, seed=case, lanes=lanes)
+    world = int(rng.choice([w for w in (1, 2, 3, 4) if lanes % w == 0]))
+    lane_range = sample_order.rank_lanes(lanes, world, int(rng.integers(0, world)))
+    per_lane, first_index = int(rng.integers(1, 40)), int(rng.integers(0, 3 * plan.lane_length))
+    steps = int(rng.integers(1, 4 * plan.lane_length // per_lane + 3))  # across several epochs
+    got = list(sample_order.portions_needed(plan, lane_range, per_lane, first_index, steps))
+    assert got == portions_by_walking_requests(plan, lane_range, per_lane, first_index, steps)
+
+
 def test_each_chunk_is_decompressed_about_once_per_epoch_across_ranks():
     sizes, chunk = [4096] * 64, 64  # 64 shards of 4096 rows in chunks of 64 rows, 512 ranks
     plan = sample_order.StreamPlan(sizes, [chunk] * 64, seed=0, lanes=512)

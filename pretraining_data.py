@@ -344,6 +344,7 @@ class _OpenFiles:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.files: dict[Path, RowSource] = {}
+        self.layouts: dict = {}  # each dataset's chunk layout, kept when its file is closed and reopened
 
     def get(self, path: Path) -> RowSource:
         if path in self.files:
@@ -353,7 +354,7 @@ class _OpenFiles:
                 oldest = next(iter(self.files))
                 self.files.pop(oldest).close()
             try:
-                self.files[path] = RowSource(path)
+                self.files[path] = RowSource(path, layouts=self.layouts)
             except OSError as error:  # e.g. truncated since the run started
                 raise InputError(f"{path}: cannot read rows of the shard ({error}); rewrite it or remove it from "
                                  "the input directory") from None

@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
-from bertrecipe.hdf5_chunks import ChunkIndex, RowSource
+from bertrecipe.hdf5_chunks import ChunkLayout, RowSource
 
 LAYOUTS = [  # (shape, chunks, dtype, shuffle)
     ((1000, 128), None, "i4", False),  # h5py's own chunk shape, as NVIDIA's shards: split across columns
@@ -37,7 +37,7 @@ def test_every_row_range_equals_h5pys(tmp_path, shape, chunks, dtype, shuffle):
     ranges = [(0, shape[0]), (0, 0), (5, 5), (shape[0] - 1, shape[0]), (0, 1), (3, shape[0] + 50),
               (shape[0] + 1, shape[0] + 9)] + [tuple(sorted(rng.integers(0, shape[0] + 1, 2))) for _ in range(20)]
     with h5py.File(path, "r") as f:
-        assert ChunkIndex.of(f["x"]) is not None
+        assert ChunkLayout.of(f["x"].id) is not None
         source = RowSource(path)
         try:
             for start, stop in ranges:
@@ -73,7 +73,7 @@ def test_other_layouts_are_left_to_h5py(tmp_path, options):
     with h5py.File(path, "w") as f:
         f.create_dataset("x", data=data, **options)
     with h5py.File(path, "r") as f:
-        assert ChunkIndex.of(f["x"]) is None
+        assert ChunkLayout.of(f["x"].id) is None
     source = RowSource(path)
     try:
         np.testing.assert_array_equal(source.rows("x", 10, 90), data[10:90])
@@ -88,7 +88,7 @@ def test_unwritten_chunks_and_big_endian_values_are_left_to_h5py(tmp_path):
         f["partial"][0:10] = 1  # the other nine chunks were never written: they read as the fill value
         f.create_dataset("big", data=values((100, 4), ">i4"), chunks=(10, 4), compression="gzip")
     with h5py.File(path, "r") as f:
-        assert ChunkIndex.of(f["partial"]) is None and ChunkIndex.of(f["big"]) is None
+        assert ChunkLayout.of(f["partial"].id) is None and ChunkLayout.of(f["big"].id) is None
     source = RowSource(path)
     try:
         assert source.rows("partial", 5, 15)[:, 0].tolist() == [1] * 5 + [7] * 5
@@ -152,9 +152,30 @@ def test_a_file_cut_after_the_index_was_read_is_an_oserror(shard):
         source.close()
 
 
-def test_the_index_knows_a_chunks_bytes_and_the_column_chunks_of_a_row(tmp_path):
+def test_the_layout_knows_a_chunks_bytes_and_the_column_chunks_of_a_row(tmp_path):
     path = tmp_path / "x.hdf5"
     with h5py.File(path, "w") as f:
         f.create_dataset("x", data=values((10, 130), "i4"), chunks=(4, 64), compression="gzip")
-        index = ChunkIndex.of(f["x"])
-        assert (index.chunk_bytes, index.columns) == (4 * 64 * 4, 3)
+        layout = ChunkLayout.of(f["x"].id)
+        assert (layout.chunk_bytes, layout.columns) == (4 * 64 * 4, 3)
+
+
+def test_a_layout_is_kept_across_reopening_and_a_rewritten_file_is_refused(shard):
+    layouts = {}
+    first = RowSource(shard, layouts=layouts)
+    want = first.rows("x", 150, 250)
+    first.close()
+    assert set(layouts) == {(shard, "x")}
+    again = RowSource(shard, layouts=layouts)  # a reader reopening the shard: the layout is not read again
+    try:
+        np.testing.assert_array_equal(again.rows("x", 150, 250), want)
+    finally:
+        again.close()
+    with h5py.File(shard, "w") as f:  # rewritten with other chunks while the run goes on
+        f.create_dataset("x", data=values((400, 32), "i4"), chunks=(64, 32), compression="gzip")
+    changed = RowSource(shard, layouts=layouts)
+    try:
+        with pytest.raises(OSError):
+            changed.rows("x", 150, 250)
+    finally:
+        changed.close()

@@ -21,7 +21,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from bertrecipe import masking
 from bertrecipe import sample_order
 from bertrecipe.errors import InputError
-from bertrecipe.hdf5_chunks import RowSource
+from bertrecipe.hdf5_chunks import ChunkLayout, RowSource
 
 SHARD_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
               "next_sentence_labels")
@@ -344,7 +344,8 @@ class _OpenFiles:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.files: dict[Path, RowSource] = {}
-        self.layouts: dict = {}  # each dataset's chunk layout, kept when its file is closed and reopened
+        # Each dataset's chunk layout, kept when its file is closed and reopened.
+        self.layouts: dict[tuple[Path, str], Optional[ChunkLayout]] = {}
 
     def get(self, path: Path) -> RowSource:
         if path in self.files:

@@ -25,6 +25,8 @@ from isal import isal_zlib
 __all__ = ["ChunkLayout", "RowSource"]
 
 _SUPPORTED_FILTERS = {h5z.FILTER_SHUFFLE, h5z.FILTER_DEFLATE}
+# Chunk lookups need HDF5 1.10.5 or later; os.pread is POSIX (on Windows h5py reads everything).
+_CAN_READ_CHUNKS = hasattr(h5d.DatasetID, "get_chunk_info_by_coord") and hasattr(os, "pread")
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class ChunkLayout:
         """The layout of a dataset this module reads, or None (h5py reads it)."""
         dtype, plist = dataset.dtype, dataset.get_create_plist()
         if plist.get_layout() != h5d.CHUNKED or len(dataset.shape) not in (1, 2) or dtype.kind not in "iuf" \
-                or not dtype.isnative or not hasattr(dataset, "get_chunk_info_by_coord"):  # HDF5 before 1.10.5
+                or not dtype.isnative or not _CAN_READ_CHUNKS:
             return None
         filters = tuple(plist.get_filter(i)[0] for i in range(plist.get_nfilters()))
         if h5z.FILTER_DEFLATE not in filters or not set(filters) <= _SUPPORTED_FILTERS:

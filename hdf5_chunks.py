@@ -20,13 +20,18 @@ from typing import Optional
 import h5py
 import numpy as np
 from h5py import h5d, h5z
-from isal import isal_zlib
+
+try:
+    from isal import isal_zlib
+except ImportError:  # a platform without isal's wheels: h5py inflates as fast as zlib would here
+    isal_zlib = None
 
 __all__ = ["ChunkLayout", "RowSource"]
 
 _SUPPORTED_FILTERS = {h5z.FILTER_SHUFFLE, h5z.FILTER_DEFLATE}
 # Chunk lookups need HDF5 1.10.5 or later; os.pread is POSIX (on Windows h5py reads everything).
-_CAN_READ_CHUNKS = hasattr(h5d.DatasetID, "get_chunk_info_by_coord") and hasattr(os, "pread")
+_CAN_READ_CHUNKS = isal_zlib is not None and hasattr(h5d.DatasetID, "get_chunk_info_by_coord") \
+    and hasattr(os, "pread")
 
 
 @dataclass(frozen=True)

@@ -181,9 +181,9 @@ def test_a_layout_is_kept_across_reopening_and_a_rewritten_file_is_refused(shard
         changed.close()
 
 
-def test_without_chunk_lookups_or_pread_h5py_reads_everything(shard, monkeypatch):
+def test_without_isal_chunk_lookups_or_pread_h5py_reads_everything(shard, monkeypatch):
     from bertrecipe import hdf5_chunks
-    monkeypatch.setattr(hdf5_chunks, "_CAN_READ_CHUNKS", False)  # HDF5 before 1.10.5, or Windows
+    monkeypatch.setattr(hdf5_chunks, "_CAN_READ_CHUNKS", False)  # no isal wheel, HDF5 before 1.10.5, or Windows
     with h5py.File(shard, "r") as f:
         assert ChunkLayout.of(f["x"].id) is None
         want = f["x"][30:270]

@@ -56,9 +56,11 @@ class ChunkLayout:
     @classmethod
     def of(cls, dataset: h5d.DatasetID) -> Optional["ChunkLayout"]:
         """The layout of a dataset this module reads, or None (h5py reads it)."""
+        if not _CAN_READ_CHUNKS:
+            return None
         dtype, plist = dataset.dtype, dataset.get_create_plist()
         if plist.get_layout() != h5d.CHUNKED or len(dataset.shape) not in (1, 2) or dtype.kind not in "iuf" \
-                or not dtype.isnative or not _CAN_READ_CHUNKS:
+                or not dtype.isnative:
             return None
         filters = tuple(plist.get_filter(i)[0] for i in range(plist.get_nfilters()))
         if h5z.FILTER_DEFLATE not in filters or not set(filters) <= _SUPPORTED_FILTERS:
@@ -139,7 +141,7 @@ class RowSource:
             self._layouts[self.path, key] = ChunkLayout.of(self._dataset(key))
         layout = self._layouts[self.path, key]
         if layout is None:
-            return self.h5[key][start:stop]
+            return h5py.Dataset(self._dataset(key))[start:stop]  # the dataset opened above, not a second lookup
         stop = max(start, min(stop, layout.shape[0]))  # as h5py's slicing
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDONLY)

@@ -184,7 +184,7 @@ def _shard_jobs(cfg: PrepConfig, vocab: Path) -> list[ShardConfig]:
             jobs.append(ShardConfig(source, layout.hdf5_shard(cfg.root, params, cfg.dataset, split, i), vocab,
                                     cfg.do_lower_case, cfg.max_seq_length, cfg.max_predictions_per_seq,
                                     cfg.masked_lm_prob, cfg.short_seq_prob, cfg.dupe_factor, cfg.random_seed,
-                                    cfg.whole_word_masking, cfg.compression, temporaries_cleaned=True))
+                                    cfg.whole_word_masking, cfg.compression, checked_by_caller=True))
     return jobs
 
 

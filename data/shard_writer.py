@@ -54,9 +54,10 @@ def write_shard_blocks(path: str | Path, rows: int, row_shapes: Mapping[str, tup
                                               **_storage((rows, *row_shapes[key]), dtype, compression))
                         for key, (dtype, _) in KEYS.items()}
             _fill(datasets, rows, blocks)
+            stored = f.attrs  # one manager for all: h5py makes a new one at every `f.attrs`
             for name, value in attrs.items():
-                f.attrs[name] = value
-            f.attrs["format_version"] = FORMAT_VERSION
+                stored[name] = value
+            stored["format_version"] = FORMAT_VERSION
     except OSError as err:
         raise DataError(path, f"cannot write shard ({err.strerror or err}); check free space and permissions of "
                               f"{path.parent}") from None
@@ -73,10 +74,18 @@ def _fill(datasets: Mapping[str, h5py.Dataset], rows: int, blocks: Iterable[Mapp
                 raise ValueError(f"{key}: block of shape {array.shape} does not fit rows {done}.. of "
                                  f"{dataset.shape}")
             if size:
-                dataset[done:done + size] = array
+                _write_rows(dataset, done, array)
         done += size
     if done != rows:
         raise ValueError(f"the blocks hold {done} rows, the shard {rows}")
+
+
+def _write_rows(dataset: h5py.Dataset, first: int, array: np.ndarray) -> None:
+    """dataset[first:first + len(array)] = array by HDF5's own write call: h5py's slice assignment spends ~0.07 ms
+    a call parsing the selection, 0.4 ms of a small shard's six datasets."""
+    space = dataset.id.get_space()
+    space.select_hyperslab((first,) + (0,) * (array.ndim - 1), array.shape)
+    dataset.id.write(h5py.h5s.create_simple(array.shape), space, np.ascontiguousarray(array))
 
 
 def _check_block(key: str, array: np.ndarray) -> np.ndarray:

@@ -259,6 +259,27 @@ def test_same_seed_same_shard_other_seed_other_shard(books_text, vocab_path, tmp
     assert first.shape != other.shape or not np.array_equal(first, other)
 
 
+def test_a_vocab_rewritten_in_place_is_read_again(books_text, vocab_path, tmp_path):
+    """The tokenizer is kept per process for the vocab file as it is (its inode, mtime and size): a vocab
+    rewritten under the same name between two shards is the new vocab, not the cached one."""
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_bytes(vocab_path.read_bytes())
+
+    def build(name: str) -> tuple[np.ndarray, str]:
+        out = tmp_path / name
+        create_shard(ShardConfig(books_text, out, vocab, True, 64, 10, 0.15, 0.1, 1, 3))
+        with h5py.File(out, "r") as f:
+            return f["masked_lm_ids"][:], f.attrs["vocab_sha256"]  # the original tokens, vocab-mapped
+    ids, sha = build("a.hdf5")
+    lines = vocab.read_text(encoding="utf-8").splitlines()
+    the = lines.index("the")
+    lines[the], lines[the + 1] = lines[the + 1], lines[the]  # same size, other ids for two tokens
+    vocab.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    new_ids, new_sha = build("b.hdf5")
+    assert new_sha != sha and np.isin([the, the + 1], ids).all()
+    assert np.array_equal(np.where(ids == the, the + 1, np.where(ids == the + 1, the, ids)), new_ids)
+
+
 def _words(original: np.ndarray, length: int, continuation: np.ndarray, cls: int, sep: int) -> list[list[int]]:
     """Google's whole words of one instance: its positions except [CLS]/[SEP], a "##" piece joining the word
     before it (across [SEP] too, as Google's cand_indexes do; a "##" first piece opens a word)."""
@@ -415,6 +436,8 @@ def test_blocks_of_any_size_write_the_same_shard(compression, tmp_path):
     blocks = ({k: v[lo:hi] for k, v in arrays.items()} for lo, hi in zip(cuts, cuts[1:]))
     write_shard_blocks(tmp_path / "blocks.hdf5", rows, shapes, blocks, {"random_seed": 5}, compression)
     _same_shards(tmp_path / "whole.hdf5", tmp_path / "blocks.hdf5")
+    with h5py.File(tmp_path / "blocks.hdf5", "r") as f:  # and both hold the arrays written (h5py reads them)
+        assert all(np.array_equal(f[key][()], arrays[key]) for key in KEYS)
 
 
 @pytest.mark.parametrize("fault", ["too few rows", "wrong dtype"])

@@ -15,7 +15,9 @@ runs; every stage runs at each --n_processes, its tasks spread over that many pr
 RSS of the process tree (sum of VmRSS over the stage process and its descendants, sampled every --interval s), the
 largest single process's peak (wait4's ru_maxrss, which covers waited-for descendants), and the peak of open files
 of the tree (sampled from /proc/<pid>/fd). The single-shard reference is create_pretraining_data on one text shard
-of --reference_mb MB cut from the same sharded text, timed inside create_shard like benchmarks/data_prep.py.
+of --reference_mb MB cut from the same sharded text, timed inside create_shard like benchmarks/data_prep.py (the
+median of 3 runs). CPU seconds per stage: those of the process tree (rusage) and the machine's other busy CPU time
+meanwhile (/proc/stat), which is mostly the kernel writing the shards back and reclaiming the page cache.
 Goals (issue 14): peak RSS independent of corpus size (smallest vs largest --size_gb within 10 %), create_hdf5_files
 per process within 10 % of the single-shard figure, every stage linear in processes.
 """
@@ -65,6 +67,9 @@ class Stage:
     tree_rss_mb: float  # peak of the summed RSS of the process tree
     process_rss_mb: float  # peak of the largest single process
     open_files: int  # peak of the open files of the tree
+    tree_cpu_s: float  # user + system CPU seconds of the tree (wait4's rusage)
+    tree_sys_s: float  # of which system
+    outside_cpu_s: float  # the machine's busy CPU seconds less the tree's: kernel threads (writeback, reclaim), others
 
 
 # ---- the generated corpus
@@ -162,9 +167,17 @@ class TreeSampler(threading.Thread):
         self.join()
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores of the machine have spent busy since boot (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def run_stage(name: str, argv: list[str], env: dict, log: Path, processes: int, interval: float) -> Stage:
     """One bertPrep.py process, timed on the wall clock, its tree sampled while it runs."""
     with open(log, "a") as out:
+        busy_before = machine_busy_seconds()
         started = time.perf_counter()
         proc = subprocess.Popen([sys.executable, str(BERT_PREP), *argv], stdout=out, stderr=subprocess.STDOUT,
                                 env=env, cwd=REPO)
@@ -172,32 +185,38 @@ def run_stage(name: str, argv: list[str], env: dict, log: Path, processes: int, 
         sampler.start()
         _, status, usage = os.wait4(proc.pid, 0)  # rusage of this stage alone, not of all children so far
         seconds = time.perf_counter() - started
+        busy = machine_busy_seconds() - busy_before
         proc.returncode = os.waitstatus_to_exitcode(status)
         sampler.stop()
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-3000:]
         raise SystemExit(f"bertPrep.py {' '.join(argv)} failed with status {proc.returncode}:\n{tail}")
-    return Stage(name, processes, seconds, sampler.peak_rss / 2**20, usage.ru_maxrss / 1024, sampler.peak_fds)
+    tree_cpu = usage.ru_utime + usage.ru_stime
+    return Stage(name, processes, seconds, sampler.peak_rss / 2**20, usage.ru_maxrss / 1024, sampler.peak_fds,
+                 tree_cpu, usage.ru_stime, busy - tree_cpu)
 
 
 # ---- one corpus size
 
-def reference(text_dir: Path, work: Path, vocab: Path, megabytes: float, env: dict) -> dict:
-    """create_pretraining_data on one text shard of about `megabytes` MB made of the first training shards."""
+def reference(text_dir: Path, work: Path, vocab: Path, megabytes: float, env: dict, rounds: int = 3) -> dict:
+    """create_pretraining_data on one text shard of about `megabytes` MB made of the first training shards: the
+    median of `rounds` runs."""
     shard = work / "reference.txt"
     with open(shard, "wb") as out:
         for path in sorted(text_dir.glob(f"{DATASET}_training_*.txt"), key=lambda p: int(p.stem.rsplit("_", 1)[1])):
             out.write(path.read_bytes())
             if out.tell() >= megabytes * 1e6:
                 break
-    done = subprocess.run([sys.executable, "-c", REFERENCE.format(repo=str(REPO)), str(shard),
-                           str(work / "reference.hdf5"), str(vocab)], capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise SystemExit(f"single-shard reference failed:\n{done.stderr[-3000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    runs = []
+    for _ in range(rounds):  # a single run of ~4 s varies by up to 7 %: the median of a few
+        done = subprocess.run([sys.executable, "-c", REFERENCE.format(repo=str(REPO)), str(shard),
+                               str(work / "reference.hdf5"), str(vocab)], capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            raise SystemExit(f"single-shard reference failed:\n{done.stderr[-3000:]}")
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     for path in (shard, work / "reference.hdf5"):
         path.unlink()
-    return result
+    return sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
 
 
 def run_size(size_gb: float, args: argparse.Namespace, pieces: list[str], vocab: Path) -> tuple[float, list, dict]:
@@ -239,7 +258,8 @@ def show(mb: float, stages: list[Stage]) -> None:
     for s in stages:
         print(f"  {s.name:17s} {s.processes} proc: {s.seconds:7.1f} s, {mb / s.seconds / s.processes:6.2f} MB/s "
               f"per process, peak RSS tree {s.tree_rss_mb:5.0f} MB (largest process {s.process_rss_mb:4.0f} MB), "
-              f"peak open files {s.open_files}", flush=True)
+              f"peak open files {s.open_files}; CPU {s.tree_cpu_s:.1f} s in the tree ({s.tree_sys_s:.1f} s system), "
+              f"{s.outside_cpu_s:.1f} s outside it", flush=True)
 
 
 def show_totals(mb: float, stages: list[Stage]) -> None:

@@ -13,7 +13,8 @@ default, seq 128, 20 predictions, dupe factor 5, no compression, the vocab of ..
 Per stage: seconds, MB/s per process (MB of uncompressed generated text over seconds over the processes the stage
 runs; every stage runs at each --n_processes, its tasks spread over that many processes), peak
 RSS of the process tree (sum of VmRSS over the stage process and its descendants, sampled every --interval s), the
-largest single process's peak (wait4's ru_maxrss, which covers waited-for descendants), and the peak of open files
+largest VmHWM seen among its processes (exec resets VmHWM; ru_maxrss would count this benchmark's own memory,
+which Linux carries over fork and exec into every child), and the peak of open files
 of the tree (sampled from /proc/<pid>/fd). The single-shard reference is create_pretraining_data on one text shard
 of --reference_mb MB cut from the same sharded text, timed inside create_shard like benchmarks/data_prep.py (the
 median of 3 runs). CPU seconds per stage: those of the process tree (rusage) and the machine's other busy CPU time
@@ -49,13 +50,14 @@ INSTANCE_ARGS = ["--do_lower_case", "1", "--max_seq_length", "128", "--max_predi
                  "--dupe_factor", "5", "--compression", "none"]
 
 REFERENCE = """
-import json, resource, sys
+import json, sys
 from pathlib import Path
 from bertrecipe.data.create_pretraining_data import ShardConfig, create_shard
 cfg = ShardConfig(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), True, 128, 20, 0.15, 0.1, 5, 12345)
 r = create_shard(cfg, progress=False)
-print(json.dumps({{"seconds": r.seconds, "bytes": r.input_bytes,
-                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so it would count the benchmark's memory at fork
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({{"seconds": r.seconds, "bytes": r.input_bytes, "peak_mb": hwm / 1024}}))
 """
 
 
@@ -135,17 +137,19 @@ def tree(root: int) -> list[int]:
     return found
 
 
-def sample(pids: list[int]) -> tuple[int, int]:
-    """(summed RSS bytes, summed open files) of the pids that still exist."""
-    rss = fds = 0
+def sample(pids: list[int]) -> tuple[int, int, int]:
+    """(summed RSS bytes, summed open files, the largest VmHWM in bytes) of the pids that still exist."""
+    rss = fds = hwm = 0
     for pid in pids:
         try:
             with open(f"/proc/{pid}/statm") as f:
                 rss += int(f.read().split()[1]) * PAGE
             fds += len(os.listdir(f"/proc/{pid}/fd"))
-        except OSError:
+            with open(f"/proc/{pid}/status") as f:
+                hwm = max(hwm, next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:")))
+        except (OSError, StopIteration):
             continue
-    return rss, fds
+    return rss, fds, hwm
 
 
 class TreeSampler(threading.Thread):
@@ -154,12 +158,13 @@ class TreeSampler(threading.Thread):
     def __init__(self, root: int, interval: float) -> None:
         super().__init__(daemon=True)
         self.root, self.interval, self.done = root, interval, threading.Event()
-        self.peak_rss = self.peak_fds = 0
+        self.peak_rss = self.peak_fds = self.peak_process = 0
 
     def run(self) -> None:
         while not self.done.is_set():
-            rss, fds = sample(tree(self.root))
+            rss, fds, hwm = sample(tree(self.root))
             self.peak_rss, self.peak_fds = max(self.peak_rss, rss), max(self.peak_fds, fds)
+            self.peak_process = max(self.peak_process, hwm)
             self.done.wait(self.interval)
 
     def stop(self) -> None:
@@ -192,7 +197,7 @@ def run_stage(name: str, argv: list[str], env: dict, log: Path, processes: int, 
         tail = log.read_text(errors="replace")[-3000:]
         raise SystemExit(f"bertPrep.py {' '.join(argv)} failed with status {proc.returncode}:\n{tail}")
     tree_cpu = usage.ru_utime + usage.ru_stime
-    return Stage(name, processes, seconds, sampler.peak_rss / 2**20, usage.ru_maxrss / 1024, sampler.peak_fds,
+    return Stage(name, processes, seconds, sampler.peak_rss / 2**20, sampler.peak_process / 2**20, sampler.peak_fds,
                  tree_cpu, usage.ru_stime, busy - tree_cpu)
 
 

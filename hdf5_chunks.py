@@ -132,6 +132,7 @@ class RowSource:
         self.h5 = h5file if h5file is not None else h5py.File(path, "r")
         self._owns_h5 = h5file is None
         self._fd: Optional[int] = None
+        self._owns_fd = False
         self._datasets: dict[str, h5d.DatasetID] = {}
         self._layouts = {} if layouts is None else layouts
 
@@ -143,9 +144,17 @@ class RowSource:
         if layout is None:
             return h5py.Dataset(self._dataset(key))[start:stop]  # the dataset opened above, not a second lookup
         stop = max(start, min(stop, layout.shape[0]))  # as h5py's slicing
+        return layout.read(self._dataset(key), self._descriptor(), start, stop)
+
+    def _descriptor(self) -> int:
+        """HDF5's own descriptor of the file where it has one (pread leaves its offset alone): the chunks are read
+        from the very file HDF5 located them in, even if the path was replaced since, and no second open."""
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
-        return layout.read(self._dataset(key), self._fd, start, stop)
+            if self.h5.driver == "sec2":
+                self._fd = self.h5.id.get_vfd_handle()
+            else:
+                self._fd, self._owns_fd = os.open(self.path, os.O_RDONLY), True
+        return self._fd
 
     def _dataset(self, key: str) -> h5d.DatasetID:
         if key not in self._datasets:
@@ -154,8 +163,8 @@ class RowSource:
 
     def close(self) -> None:
         self._datasets.clear()
-        if self._fd is not None:
+        if self._owns_fd:
             os.close(self._fd)
-            self._fd = None
+        self._fd, self._owns_fd = None, False
         if self._owns_h5:
             self.h5.close()

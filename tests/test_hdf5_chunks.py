@@ -192,3 +192,20 @@ def test_without_isal_chunk_lookups_or_pread_h5py_reads_everything(shard, monkey
         np.testing.assert_array_equal(source.rows("x", 30, 270), want)
     finally:
         source.close()
+
+
+def test_chunks_are_read_from_the_file_hdf5_opened_even_after_the_path_is_replaced(shard, tmp_path):
+    """The chunks come through HDF5's own descriptor: a shard renamed over after it was opened (a rerun of data
+    prep) does not feed the old file's chunk addresses with the new file's bytes, and no second descriptor."""
+    with h5py.File(shard, "r") as f:
+        want = f["x"][150:250]
+    source = RowSource(shard)
+    try:
+        other = tmp_path / "other.hdf5"
+        with h5py.File(other, "w") as f:
+            f.create_dataset("x", data=values((400, 32), "i4") + 1, chunks=(64, 32), compression="gzip")
+        os.replace(other, shard)
+        np.testing.assert_array_equal(source.rows("x", 150, 250), want)
+        assert source._descriptor() == source.h5.id.get_vfd_handle()
+    finally:
+        source.close()  # HDF5 closes its descriptor itself: closing it here too would fail HDF5's close

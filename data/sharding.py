@@ -1,23 +1,20 @@
 """Formatted text (one article per line) -> training and test text shards of one sentence per line.
 
-Streams: articles are read, segmented into sentences and written one at a time, so memory does not grow
-with the corpus (NVIDIA's holds every article in RAM). Balancing is greedy: each article goes to the shard of
-its split with the fewest sentences so far, which keeps shards within one article of each other. One pass
-over the lines, so it always terminates.
+Three steps, the costly ones as tasks for data/engine.py (local processes or Dask workers):
+1. Segmentation: each task takes the articles that start in one SEGMENT_BYTES range of a formatted file, splits
+   them into sentences and writes them to a part file in a scratch folder beside the shards, with an index of
+   each article's sentence count and byte length.
+2. Balancing, here, from the indexes only (no text passes through this process): each article goes to the shard
+   of its split with the fewest sentences so far, which keeps shards within one article of each other. It reads
+   each index as soon as its part and those before it are written, while the rest are segmented, and writes the
+   shard of every article beside the part.
+3. Write-out: each task writes a contiguous range of at most FAN_OUT shards, reading its articles from the parts
+   in corpus order, so a shard's articles keep their order. The shards are then renamed into place.
 
-Open files stay bounded, whatever the shard count (thousands of shards used to hit the open-file limit): up to
-FAN_OUT shards are written directly; beyond that the articles are first spilled, in order, into at most
-FAN_OUT anonymous temporary files beside the shards (each holding a contiguous range of shards), and each spill
-is then written out the same way: 4,096 shards hold about 130 files open at once. A shard's articles keep
-their order, so the output is the bytes of writing every shard at once; the cost is one more sequential write
-and read of the text, and as much free space again while it runs (the spills vanish when closed, and with the
-process if it is killed).
-
-Segmentation, the costly part, is split into tasks for data/engine.py (local processes or Dask workers): each
-task takes the articles that start in one SEGMENT_BYTES range of a formatted file and writes them, split into
-sentences, to a part file in a scratch folder beside the shards. This process then reads the parts in order,
-balances and writes the shards: the output is the same bytes whatever the engine and worker count, and needs
-as much free space again for the parts while it runs.
+The output is the same bytes whatever the engine and worker count. Open files stay bounded whatever the shard
+count (thousands of shards used to hit the open-file limit): a write-out task holds its shards and one part open.
+Memory is bounded by one part's index (16 bytes per article of SEGMENT_BYTES of text), not by the corpus.
+The parts take as much free space again as the corpus while the shards are written.
 
 Sentence segmenter: blingfire, chosen over pysbd, syntok and sentencex on the Wikipedia sample (see the report
 in benchmarks/data_prep.py --segmenters): as accurate as syntok on hand-labelled hard cases (abbreviations,
@@ -26,27 +23,26 @@ initials, decimals) at ~25x its speed, and needs no model download.
 from __future__ import annotations
 
 import heapq
-import math
 import os
-import struct
-import tempfile
+from array import array
 from contextlib import ExitStack, closing
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import blingfire
+import numpy as np
 
-from bertrecipe.atomic_files import atomic_output, remove_stale_temporaries_of, scratch_folder
+from bertrecipe.atomic_files import make_dirs, remove_empty_dirs, remove_stale_temporaries_of, scratch_folder
 
 from .engine import Runner, in_order
 from .errors import DataError
 from .layout import SPLITS
 from .outputs import refuse_input_as_output
 
-FAN_OUT = 128  # most shards, or spill files, written at once by one level (at least 2)
-_RECORD = struct.Struct("<IQ")  # an article: shard index within a spill (or sentences in a part), byte length
+FAN_OUT = 128  # most shards written by one write-out task
+WRITE_TASKS = 64  # write-out tasks wanted (fewer when there are fewer shards, more when FAN_OUT needs it)
 SEGMENT_BYTES = 64 << 20  # formatted text segmented by one task
 
 
@@ -86,8 +82,9 @@ def segment_tasks(paths: Sequence[Path]) -> list[tuple[str, int, int]]:
 
 def segment_range(path: str, start: int, end: int, part: str, on_article: Callable[[], None] | None = None) -> int:
     """One segmentation task: the articles (non-blank lines) that start in bytes [start, end) of a formatted
-    file, split into sentences, into part as records (sentence count, text); the article count."""
-    count = 0
+    file, split into sentences, into part, and each one's (sentence count, byte length) into its index; the
+    article count."""
+    index = array("q")  # 16 bytes an article (a list of tuples took 110)
     try:
         with open(path, "rb") as f, open(part, "wb") as out:
             if start > 0:
@@ -99,13 +96,22 @@ def segment_range(path: str, start: int, end: int, part: str, on_article: Callab
                         continue
                     sentences = split_sentences(line)
                     data = ("\n".join(sentences) + "\n\n").encode("utf-8")
-                    out.write(_RECORD.pack(len(sentences), len(data)) + data)
-                    count += 1
+                    out.write(data)
+                    index.extend((len(sentences), len(data)))
                     if on_article is not None:
                         on_article()
     except FileNotFoundError:
         raise DataError(path, "formatted text not found (run --action text_formatting first)") from None
-    return count
+    np.save(_index_of(part), np.frombuffer(index, dtype=np.int64).reshape(-1, 2))
+    return len(index) // 2
+
+
+def _index_of(part: str) -> str:
+    return part + ".index.npy"  # (sentence count, byte length) of each article of the part
+
+
+def _shards_of(part: str) -> str:
+    return part + ".shards.npy"  # the shard (an index into the training, then the test shards) of each article
 
 
 def _text_lines(raw: bytes, path: str) -> list[str]:
@@ -143,7 +149,7 @@ def _check(cfg: ShardingConfig) -> None:
 
 
 def _check_counts(cfg: ShardingConfig, n_articles: int) -> None:
-    """Refuse fewer articles than shards (after segmentation, before any shard is renamed into place)."""
+    """Refuse fewer articles than shards (after balancing, before any shard is written)."""
     fraction = cfg.fraction_test_set if cfg.n_test_shards > 0 else 0.0
     n_test = int(n_articles * fraction)
     if n_articles - n_test < cfg.n_training_shards or n_test < cfg.n_test_shards:
@@ -155,29 +161,34 @@ def _check_counts(cfg: ShardingConfig, n_articles: int) -> None:
 
 def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = None, run: Runner | None = None
                  ) -> ShardingResult:
-    """Write all shards (to temporary names, renamed at the end). Refuses fewer articles than shards. run is
-    data/engine.py's runner for the segmentation tasks; None runs them here, one after the other."""
+    """Write all shards (in a scratch folder, renamed into place at the end). Refuses fewer articles than shards.
+    run is data/engine.py's runner for the segmentation and write-out tasks; None runs them here, one after the
+    other."""
     _check(cfg)
     tasks = segment_tasks(cfg.inputs)
     paths = shard_paths(cfg)
+    targets = [path for split in SPLITS for path in paths[split]]
+    created = make_dirs(cfg.output_dir)
     try:
-        with ExitStack() as outputs:
-            # The first shard creates the folder; the stale temporaries of killed runs go in one listing (one per
-            # shard cost 2 ms each among 4,096 shards).
-            remove_stale_temporaries_of(p for ps in paths.values() for p in ps)
-            tmp = {split: [outputs.enter_context(atomic_output(p, clean=False)) for p in paths[split]]
-                   for split in SPLITS}
-            scratch = outputs.enter_context(scratch_folder(cfg.output_dir / cfg.corpus))
-            parts = [str(scratch / f"part-{i:06d}.bin") for i in range(len(tasks))]
+        remove_stale_temporaries_of(targets)  # a killed run's, from before the scratch folder (one listing)
+        with scratch_folder(cfg.output_dir / cfg.corpus) as scratch:
+            parts = [str(scratch / f"part-{i:06d}") for i in range(len(tasks))]
             jobs = [(*task, part) for task, part in zip(tasks, parts)]
-            # Closed (its tasks waited for) before the scratch folder goes, should writing the shards fail.
-            ready = outputs.enter_context(closing(_segmented_in_order(jobs, on_article, run)))
             fraction = cfg.fraction_test_set if cfg.n_test_shards > 0 else 0.0
-            sentences, n_articles = _write_shards(ready, tmp, fraction)
-            _check_counts(cfg, n_articles)  # before the shards are renamed into place
-    except OSError as err:
-        raise DataError(cfg.output_dir, f"cannot write shards ({err.strerror or err}); check free space and "
-                                        "permissions") from None
+            # Closed (its tasks waited for) before the scratch folder goes, should balancing fail.
+            with closing(_segmented_in_order(jobs, on_article, run)) as ready:
+                sentences, n_articles = _balance(ready, paths, fraction)
+            _check_counts(cfg, n_articles)  # before any shard is written
+            staged = [str(scratch / path.name) for path in targets]
+            _write_out(parts, staged, run)
+            for source, target in zip(staged, targets):
+                os.replace(source, target)
+    except BaseException as err:
+        remove_empty_dirs(created)
+        if isinstance(err, OSError):
+            raise DataError(cfg.output_dir, f"cannot write shards ({err.strerror or err}); check free space and "
+                                            "permissions") from None
+        raise
     return ShardingResult(n_articles, sentences, paths)
 
 
@@ -193,63 +204,66 @@ def _segmented_in_order(jobs: Sequence[tuple], on_article: Callable[[], None] | 
             yield job[-1]
 
 
-def _write_shards(parts: Iterable[str], tmp: dict[str, list[Path]], fraction: float
-                  ) -> tuple[dict[str, list[int]], int]:
-    """Stream the segmented articles into the shard files (greedy balance); sentences per shard, articles."""
-    sentences = {split: [0] * len(tmp[split]) for split in SPLITS}
-    targets = [path for split in SPLITS for path in tmp[split]]
-    articles = [0]
-    _distribute(_assign(parts, sentences, fraction, articles), targets, targets[0].parent)
-    return sentences, articles[0]
-
-
-def _segmented(parts: Iterable[str]) -> Iterator[tuple[int, bytes]]:
-    """(sentence count, text) of each article of the parts, in corpus order."""
+def _balance(parts: Iterator[str], paths: dict[str, list[Path]], fraction: float
+             ) -> tuple[dict[str, list[int]], int]:
+    """Assign each article of the parts, in corpus order, to the shard of its split with the fewest sentences so
+    far (the lowest index on a tie), from the parts' indexes; each part's assignment is saved beside it.
+    Sentences per shard, articles."""
+    sentences = {split: [0] * len(paths[split]) for split in SPLITS}
+    heaps = {split: [(0, i) for i in range(len(paths[split]))] for split in SPLITS}
+    first = {"training": 0, "test": len(paths["training"])}
+    n_articles = 0
     for part in parts:
-        with open(part, "rb") as f:
-            yield from _read_spill(f)
-        os.unlink(part)  # frees its space as the shards fill
+        shards = []
+        for n_sentences in np.load(_index_of(part))[:, 0].tolist():
+            split = "test" if fraction and is_test_article(n_articles, fraction) else "training"
+            count, shard = heapq.heappop(heaps[split])
+            heapq.heappush(heaps[split], (count + n_sentences, shard))
+            sentences[split][shard] += n_sentences
+            shards.append(first[split] + shard)
+            n_articles += 1
+        np.save(_shards_of(part), np.array(shards, dtype=np.int64))
+    return sentences, n_articles
 
 
-def _assign(parts: Iterable[str], sentences: dict[str, list[int]], fraction: float, articles: list[int]
-            ) -> Iterator[tuple[int, bytes]]:
-    """(index into the training then test shards, text) of each article in corpus order; counts the sentences
-    of each shard into `sentences` and the articles into articles[0]."""
-    heaps = {split: [(0, i) for i in range(len(sentences[split]))] for split in SPLITS}
-    first = {"training": 0, "test": len(sentences["training"])}
-    for index, (n_sentences, data) in enumerate(_segmented(parts)):
-        split = "test" if fraction and is_test_article(index, fraction) else "training"
-        count, shard = heapq.heappop(heaps[split])
-        heapq.heappush(heaps[split], (count + n_sentences, shard))
-        sentences[split][shard] += n_sentences
-        articles[0] = index + 1
-        yield first[split] + shard, data
+def write_out_width(n_shards: int) -> int:
+    """Shards per write-out task: a contiguous range of at most FAN_OUT, about WRITE_TASKS tasks in all."""
+    return min(FAN_OUT, -(-n_shards // WRITE_TASKS))
 
 
-def _distribute(records: Iterable[tuple[int, bytes]], targets: Sequence[Path], folder: Path) -> None:
-    """Append each (target index, data) record to its target, in record order, never holding more than
-    FAN_OUT files open per level (a level above the shards spills ranges of them to temporary files)."""
-    if len(targets) <= FAN_OUT:
-        with ExitStack() as stack:
-            files = [stack.enter_context(open(path, "wb")) for path in targets]
-            for index, data in records:
-                files[index].write(data)
-        return
-    # About sqrt(n) spills of sqrt(n) shards: the fewest files open at once while spilling only once for up to
-    # FAN_OUT**2 shards; more shards spill at most FAN_OUT ways per level.
-    width = max(math.isqrt(len(targets) - 1) + 1, -(-len(targets) // FAN_OUT))  # shards per spill
+def task_count(cfg: ShardingConfig) -> int:
+    """The most tasks one step of shard_corpus runs (segmentation or write-out)."""
+    n_shards = cfg.n_training_shards + cfg.n_test_shards
+    return max(len(segment_tasks(cfg.inputs)), -(-n_shards // write_out_width(n_shards)))
+
+
+def _write_out(parts: Sequence[str], staged: Sequence[str], run: Runner | None) -> None:
+    """Write the shards as tasks of write_out_width contiguous shards each."""
+    width = write_out_width(len(staged))
+    jobs = [(tuple(parts), first, tuple(staged[first:first + width])) for first in range(0, len(staged), width)]
+    if run is None:
+        for job in jobs:
+            write_shards(*job)
+    else:
+        run(write_shards, jobs, lambda _: None)
+
+
+def write_shards(parts: Sequence[str], first: int, shards: Sequence[str]) -> None:
+    """One write-out task: the articles assigned to shards first .. first + len(shards) - 1, read from the parts
+    in corpus order, into those shard files."""
     with ExitStack() as stack:
-        spills = [stack.enter_context(tempfile.TemporaryFile(dir=folder))
-                  for _ in range(-(-len(targets) // width))]
-        for index, data in records:
-            spills[index // width].write(_RECORD.pack(index % width, len(data)) + data)
-        for number, spill in enumerate(spills):
-            spill.seek(0)
-            _distribute(_read_spill(spill), targets[number * width:(number + 1) * width], folder)
-            spill.close()  # frees its disk space before the next one is written out
-
-
-def _read_spill(spill: BinaryIO) -> Iterator[tuple[int, bytes]]:
-    while header := spill.read(_RECORD.size):
-        index, length = _RECORD.unpack(header)
-        yield index, spill.read(length)
+        files = [stack.enter_context(open(path, "wb")) for path in shards]
+        for part in parts:
+            lengths = np.load(_index_of(part))[:, 1]
+            assigned = np.load(_shards_of(part)) - first
+            mine = np.flatnonzero((assigned >= 0) & (assigned < len(files)))
+            if mine.size == 0:
+                continue
+            offsets = (np.cumsum(lengths) - lengths)[mine].tolist()
+            with open(part, "rb", buffering=0) as text:
+                for shard, offset, length in zip(assigned[mine].tolist(), offsets, lengths[mine].tolist()):
+                    data = os.pread(text.fileno(), length, offset)
+                    if len(data) != length:  # another process cut the scratch folder's part short
+                        raise DataError(part, f"ends at byte {offset + len(data)}, before the article its index "
+                                              f"puts at {offset}..{offset + length}; run sharding again")
+                    files[shard].write(data)

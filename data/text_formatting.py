@@ -14,6 +14,7 @@ parts are joined in task order as they arrive, so the output is the same bytes w
 from __future__ import annotations
 
 import bz2
+import errno
 import io
 import logging
 import os
@@ -195,7 +196,7 @@ def format_corpus(tasks: Sequence[tuple[str, tuple[str, ...]]], output: Path, ru
         with atomic_output(output) as tmp, scratch_folder(output) as scratch:
             parts = [str(scratch / f"part-{i:06d}.txt") for i in range(len(tasks))]
             jobs = [(corpus, sources, part) for (corpus, sources), part in zip(tasks, parts)]
-            with open(tmp, "wb") as out, closing(in_order(run, task, jobs)) as counts:
+            with open(tmp, "wb", buffering=0) as out, closing(in_order(run, task, jobs)) as counts:
                 for part, count in zip(parts, counts):
                     total += count
                     if on_articles is not None and run is not None:  # here, the bar moved article by article
@@ -210,9 +211,27 @@ def format_corpus(tasks: Sequence[tuple[str, tuple[str, ...]]], output: Path, ru
 
 
 def _append(part: str, out: BinaryIO) -> None:
+    """Append part to out (unbuffered) and remove it."""
     with open(part, "rb") as f:
-        shutil.copyfileobj(f, out, 1 << 20)
+        if not _copied_in_kernel(f, out):
+            shutil.copyfileobj(f, out, 1 << 20)  # from where the kernel's copy stopped, if it began
     os.unlink(part)  # frees its space before the next is copied
+
+
+def _copied_in_kernel(source: BinaryIO, out: BinaryIO) -> bool:
+    """Copy the rest of source to out inside the kernel (copy_file_range): no copy through this process, which
+    runs alone while the workers format. False where the platform or file system cannot."""
+    copy = getattr(os, "copy_file_range", None)  # Linux only
+    if copy is None:
+        return False
+    try:
+        while copy(source.fileno(), out.fileno(), 1 << 30):
+            pass
+    except OSError as err:
+        if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+        return False
+    return True
 
 
 def _write_all(articles: Iterable[str], out: TextIO, on_article: Callable[[], None] | None) -> int:

@@ -403,15 +403,3 @@ def test_wiki_reading_memory_does_not_grow_with_the_dump(tmp_path):
     peak_small = _peak_bytes(lambda: sum(1 for _ in iter_wiki_pages(small)))
     peak_large = _peak_bytes(lambda: sum(1 for _ in iter_wiki_pages(large)))
     assert peak_large < 1.5 * peak_small + 200_000, (peak_small, peak_large)
-
-
-def test_sharding_memory_does_not_grow_with_the_corpus(tmp_path):
-    inputs = {}
-    for n in (2_000, 20_000):
-        (tmp_path / f"in{n}").mkdir()
-        inputs[n] = _formatted(tmp_path / f"in{n}", [f"Article {i} says one thing. Then another." for i in range(n)])
-
-    def run(n: int) -> None:
-        shard_corpus(ShardingConfig((inputs[n],), tmp_path / f"out{n}", "c", 4, 1, 0.1))
-    peak_small, peak_large = _peak_bytes(lambda: run(2_000)), _peak_bytes(lambda: run(20_000))
-    assert peak_large < 1.5 * peak_small + 200_000, (peak_small, peak_large)

@@ -1,14 +1,16 @@
-"""Sharding at scale: thousands of shards under an ordinary open-file limit, the same bytes as writing every
-shard at once, memory that does not grow with the corpus, and nothing left behind by a failure."""
+"""Sharding at scale: thousands of shards under an ordinary open-file limit, the bytes of a plain-Python
+reference whatever the task sizes, memory that does not grow with the corpus, and nothing left behind by a
+failure."""
 from __future__ import annotations
 
 import errno
+import os
 import resource
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bertrecipe.data import sharding
@@ -43,7 +45,8 @@ def _shard_in_child(source: Path, out: Path, n_training: int, n_test: int, fract
 @pytest.mark.parametrize("soft_limit", [1024, 160])
 def test_4096_shards_are_written_under_an_open_file_limit(tmp_path, soft_limit):
     """Every shard used to be open at once: 4,096 shards failed with 'Too many open files' under the common
-    1,024 limit. Now about 2*sqrt(n) files are open at a time (the run under 160 proves fewer than 160)."""
+    1,024 limit. Now a write-out task holds at most FAN_OUT (128) shards and one part open (the run under 160
+    proves fewer than 160)."""
     n_training, n_test, n_articles = 4096, 32, 12_000
     # One sentence per article: the greedy balance deals them round robin; fraction 1/4 makes every 4th a test one.
     source = _formatted(tmp_path / "formatted.txt", [f"Article {i} is here." for i in range(n_articles)])
@@ -57,7 +60,7 @@ def test_4096_shards_are_written_under_an_open_file_limit(tmp_path, soft_limit):
         for position, i in enumerate(ids):
             expected[f"c_{split}_{position % n}.txt"].append(f"Article {i} is here.\n\n")
     written = {p.name: p.read_text(encoding="utf-8") for p in out.iterdir()}
-    assert written.keys() == expected.keys()  # every shard, and no temporary or spill left beside them
+    assert written.keys() == expected.keys()  # every shard, and no temporary or scratch left beside them
     assert all(written[name] == "".join(texts) for name, texts in expected.items())
 
 
@@ -71,25 +74,35 @@ def _shard_bytes(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
-@pytest.mark.parametrize("fan_out", [2, 3, 7])
-def test_spilled_shards_are_the_bytes_of_writing_every_shard_at_once(tmp_path, monkeypatch, fan_out):
-    source = _formatted(tmp_path / "formatted.txt", _varied_articles(700))
-    cfg = dict(inputs=(source,), corpus="c", n_training_shards=37, n_test_shards=5, fraction_test_set=0.1)
-    monkeypatch.setattr(sharding, "FAN_OUT", 10_000)  # every shard open at once: the old way
-    direct = shard_corpus(ShardingConfig(output_dir=tmp_path / "direct", **cfg))
-    spills: list[object] = []
-    real = tempfile.TemporaryFile
+def _reference_shards(articles: list[str], n_training: int, n_test: int, fraction: float) -> dict[str, str]:
+    """Plain-Python sharding: each article in turn goes to the shard of its split with the fewest sentences so far
+    (the lowest number on a tie); every floor(n * fraction) step of the article count is a test article."""
+    shards = {"training": [[] for _ in range(n_training)], "test": [[] for _ in range(n_test)]}
+    counts = {"training": [0] * n_training, "test": [0] * n_test}
+    for index, article in enumerate(articles):
+        test = n_test > 0 and int((index + 1) * fraction) > int(index * fraction)
+        split = "test" if test else "training"
+        shard = min(range(len(counts[split])), key=lambda k: (counts[split][k], k))
+        sentences = sharding.split_sentences(article)
+        counts[split][shard] += len(sentences)
+        shards[split][shard].append("\n".join(sentences) + "\n\n")
+    return {f"c_{split}_{k}.txt": "".join(texts) for split in shards for k, texts in enumerate(shards[split])}
 
-    def counted(*args, **kwargs):
-        spills.append(kwargs.get("dir"))
-        return real(*args, **kwargs)
-    monkeypatch.setattr(tempfile, "TemporaryFile", counted)
-    monkeypatch.setattr(sharding, "FAN_OUT", fan_out)
-    spilled = shard_corpus(ShardingConfig(output_dir=tmp_path / "spilled", **cfg))
-    assert spills and set(spills) == {tmp_path / "spilled"}, "spills go beside the shards, not to /tmp"
-    assert (spilled.sentences, spilled.articles) == (direct.sentences, direct.articles)
-    assert _shard_bytes(tmp_path / "spilled") == _shard_bytes(tmp_path / "direct")
-    assert len(_shard_bytes(tmp_path / "direct")) == 42
+
+@pytest.mark.parametrize("fan_out, write_tasks, segment_bytes", [(1, 64, 300), (3, 4, 1_000), (10_000, 1, 1 << 20)])
+def test_shards_are_a_plain_reference_whatever_the_task_sizes(tmp_path, monkeypatch, fan_out, write_tasks,
+                                                               segment_bytes):
+    articles = _varied_articles(700)
+    source = _formatted(tmp_path / "formatted.txt", articles)
+    monkeypatch.setattr(sharding, "FAN_OUT", fan_out)  # shards per write-out task: 1, 3 or all 42
+    monkeypatch.setattr(sharding, "WRITE_TASKS", write_tasks)
+    monkeypatch.setattr(sharding, "SEGMENT_BYTES", segment_bytes)  # parts of a few articles, or one part
+    result = shard_corpus(ShardingConfig((source,), tmp_path / "out", "c", 37, 5, 0.1))
+    expected = _reference_shards(articles, 37, 5, 0.1)
+    assert {name: data.decode("utf-8") for name, data in _shard_bytes(tmp_path / "out").items()} == expected
+    assert result.articles == 700
+    assert sum(result.sentences["training"]) + sum(result.sentences["test"]) == \
+        sum(len(sharding.split_sentences(a)) for a in articles)
 
 
 def _peak_bytes(fn) -> int:
@@ -102,8 +115,9 @@ def _peak_bytes(fn) -> int:
         tracemalloc.stop()
 
 
-def test_spilling_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
-    monkeypatch.setattr(sharding, "FAN_OUT", 2)  # 6 shards: two levels of spills, the last of a third each
+def test_sharding_memory_is_bounded_by_a_part_not_by_the_corpus(tmp_path, monkeypatch):
+    monkeypatch.setattr(sharding, "FAN_OUT", 2)  # 6 shards: three write-out tasks
+    monkeypatch.setattr(sharding, "SEGMENT_BYTES", 40_000)  # a part's index is what grows with its articles
     inputs = {n: _formatted(tmp_path / f"in{n}.txt", [f"Article {i} says one thing. Then another." for i in range(n)])
               for n in (2_000, 20_000)}
 
@@ -113,22 +127,45 @@ def test_spilling_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     assert peak_large < 1.5 * peak_small + 200_000, (peak_small, peak_large)
 
 
-def test_a_failure_while_writing_out_the_spills_leaves_nothing(tmp_path, monkeypatch):
+def test_a_failure_while_writing_out_the_shards_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(sharding, "FAN_OUT", 4)
+    monkeypatch.setattr(sharding, "WRITE_TASKS", 1)  # as few tasks as FAN_OUT allows: 4 + 4 + 4 shards
     source = _formatted(tmp_path / "formatted.txt", _varied_articles(100))
     calls = []
 
-    def full_disk(spill):
-        calls.append(spill)
-        if len(calls) == 2:  # the first spill's shards are already written out
+    def full_disk(parts, first, shards):
+        calls.append(first)
+        if len(calls) == 2:  # the first task's shards are already written
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(spill)
-    real = sharding._read_spill
-    monkeypatch.setattr(sharding, "_read_spill", full_disk)
+        return real(parts, first, shards)
+    real = sharding.write_shards
+    monkeypatch.setattr(sharding, "write_shards", full_disk)
     with pytest.raises(DataError, match=r"out: cannot write shards \(No space left on device\); check free space"):
         shard_corpus(ShardingConfig((source,), tmp_path / "out", "c", 10, 2, 0.1))
-    assert len(calls) == 2
+    assert calls == [0, 4]
     assert not (tmp_path / "out").exists(), list((tmp_path / "out").iterdir())
+
+
+def test_existing_shards_stay_when_sharding_fails(tmp_path, monkeypatch):
+    source = _formatted(tmp_path / "formatted.txt", _varied_articles(100))
+    shard_corpus(ShardingConfig((source,), tmp_path / "out", "c", 3, 1, 0.1))
+    before = _shard_bytes(tmp_path / "out")
+    (tmp_path / "out" / "notes.txt").write_text("the user's", encoding="utf-8")
+    monkeypatch.setattr(sharding, "write_shards", lambda *_: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    source.write_text("Other text. Quite different.\n\n" * 50, encoding="utf-8")
+    with pytest.raises(DataError, match=r"cannot write shards \(I/O error\)"):
+        shard_corpus(ShardingConfig((source,), tmp_path / "out", "c", 3, 1, 0.1))
+    assert _shard_bytes(tmp_path / "out") == {**before, "notes.txt": b"the user's"}  # no scratch folder either
+
+
+def test_a_part_cut_short_under_a_write_out_task_is_one_clear_error(tmp_path):
+    part = tmp_path / "part-000000"
+    part.write_bytes(b"One.\n\nTwo.\n\n")
+    np.save(str(part) + ".index.npy", np.array([[1, 6], [1, 6]], dtype=np.int64))
+    np.save(str(part) + ".shards.npy", np.array([0, 0], dtype=np.int64))
+    part.write_bytes(b"One.\n\nTw")  # shorter than its index says
+    with pytest.raises(DataError, match=r"part-000000: ends at byte 8, before the article its index puts at 6\.\.12"):
+        sharding.write_shards((str(part),), 0, (str(tmp_path / "c_training_0.txt"),))
 
 
 # ---------------------------------------------------------------- formatting and sharding in tasks
@@ -185,6 +222,36 @@ def test_formatting_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path
         assert text_formatting.format_corpus(tasks, many, run) == 6
     assert many.read_text(encoding="utf-8") == one.read_text(encoding="utf-8") == reference
     assert sorted(p.name for p in many.parent.iterdir()) == ["many.txt"]  # no part or scratch folder left
+
+
+@pytest.mark.parametrize("failure", [errno.EXDEV, errno.EIO])
+def test_joining_the_parts_falls_back_to_copying_where_the_kernel_cannot(tmp_path, monkeypatch, failure):
+    """The parts are joined by copy_file_range; where it stops (another file system: EXDEV) the rest is copied
+    through this process from where it stopped; a real I/O error is one line and leaves no output."""
+    from bertrecipe.data import text_formatting
+    books = tmp_path / "books"
+    books.mkdir()
+    for i in range(3):
+        (books / f"b{i}.txt").write_text(f"Book {i} has some words in it.", encoding="utf-8")
+    monkeypatch.setattr(text_formatting, "BOOKS_PER_TASK", 1)
+    tasks = text_formatting.format_tasks("bookscorpus", text_formatting.book_groups(books))
+    real, calls = os.copy_file_range, []
+
+    def stops_after_five_bytes(src: int, dst: int, count: int) -> int:
+        calls.append(count)
+        if len(calls) == 1:
+            return real(src, dst, 5)
+        raise OSError(failure, os.strerror(failure))
+    monkeypatch.setattr(os, "copy_file_range", stops_after_five_bytes)
+    out = tmp_path / "out" / "formatted.txt"
+    if failure == errno.EIO:
+        with pytest.raises(DataError, match=r"formatted.txt: cannot write \(Input/output error\)"):
+            text_formatting.format_corpus(tasks, out)
+        assert not (tmp_path / "out").exists()
+        return
+    assert text_formatting.format_corpus(tasks, out) == 3
+    assert out.read_text(encoding="utf-8") == "".join(f"Book {i} has some words in it.\n\n" for i in range(3))
+    assert len(calls) == 4  # the first part's two calls, one for each other part
 
 
 def test_a_failing_formatting_task_leaves_no_output_and_no_scratch(tmp_path, monkeypatch):

@@ -20,7 +20,10 @@ of --reference_mb MB cut from the same sharded text, timed inside create_shard l
 median of 3 runs). CPU seconds per stage: those of the process tree (rusage) and the machine's other busy CPU time
 meanwhile (/proc/stat), which is mostly the kernel writing the shards back and reclaiming the page cache.
 Goals (issue 14): peak RSS independent of corpus size (smallest vs largest --size_gb within 10 %), create_hdf5_files
-per process within 10 % of the single-shard figure, every stage linear in processes.
+per process within 10 % of the single-shard figure, every stage linear in processes. Linear needs free cores: just
+before each stage's runs, a control times the stages' computation in memory (sentence splitting and tokenizing, no
+file written) on one process, then on the most --n_processes at once, --ceiling_rounds times, and prints the
+speed-up this machine gave to work with no serial part at all.
 """
 from __future__ import annotations
 
@@ -201,6 +204,55 @@ def run_stage(name: str, argv: list[str], env: dict, log: Path, processes: int, 
                  tree_cpu, usage.ru_stime, busy - tree_cpu)
 
 
+# ---- what the machine allows: the stages' own computation, in memory, on 1 and on 2 processes at once
+
+KERNEL = """
+import sys, time, blingfire
+from bertrecipe.data.tokenization import BertTokenizer, load_vocab
+tokenizer = BertTokenizer(load_vocab(sys.argv[2]), True)
+text = open(sys.argv[1], encoding="utf-8").read()
+started = time.perf_counter()
+for _ in range(3):
+    sentences = blingfire.text_to_sentences(text)  # sharding's computation
+    tokenizer.encode_text(sentences)  # the first step of create_hdf5_files'
+print(time.perf_counter() - started)
+"""
+
+
+def ceiling(pieces: list[str], vocab: Path, rounds: int, tmp: Path | None, processes: int) -> list[float]:
+    """1 -> `processes` speed-ups of the same in-memory computation (no file written): each round times one
+    process alone, then `processes` at once, each doing the same work. With that many free cores it is linear;
+    what it falls short by (shared caches and memory bandwidth, neighbours on a virtual machine) no code of the
+    stages can win back."""
+    speedups = []
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".txt", dir=tmp) as f:
+        f.write(" ".join(pieces[:1500]))  # ~3 MB
+        f.flush()
+        argv = [sys.executable, "-c", KERNEL, f.name, str(vocab)]
+        env = {**os.environ, "RAYON_NUM_THREADS": "1"}  # one process is one core, as in the stages
+        for _ in range(rounds):
+            alone = float(subprocess.run(argv, capture_output=True, text=True, check=True, env=env).stdout)
+            group = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env) for _ in range(processes)]
+            together = max(float(proc.communicate()[0]) for proc in group)
+            speedups.append(processes * alone / together)
+    return speedups
+
+
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def measure_ceiling(name: str, args: argparse.Namespace, pieces: list[str], vocab: Path,
+                    ceilings: dict[str, list[float]]) -> None:
+    """The machine ceiling just before a stage's runs (the host's state drifts), into ceilings[name]."""
+    if args.ceiling_rounds and len(args.n_processes) > 1:
+        n = max(args.n_processes)
+        ceilings[name] = speedups = ceiling(pieces, vocab, args.ceiling_rounds, args.tmp, n)
+        print(f"  machine ceiling before {name}: the stages' computation in memory, 1 -> {n} processes: median "
+              f"{median(speedups):.2f}x, range {min(speedups):.2f}-{max(speedups):.2f}x over {len(speedups)} rounds",
+              flush=True)
+
+
 # ---- one corpus size
 
 def reference(text_dir: Path, work: Path, vocab: Path, megabytes: float, env: dict, rounds: int = 3) -> dict:
@@ -224,8 +276,10 @@ def reference(text_dir: Path, work: Path, vocab: Path, megabytes: float, env: di
     return sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
 
 
-def run_size(size_gb: float, args: argparse.Namespace, pieces: list[str], vocab: Path) -> tuple[float, list, dict]:
-    """Generate, format and shard once; create_hdf5_files at each process count. (text MB, stages, reference)"""
+def run_size(size_gb: float, args: argparse.Namespace, pieces: list[str], vocab: Path
+             ) -> tuple[float, list, dict, dict]:
+    """Generate, format and shard once; create_hdf5_files at each process count. (text MB, stages, reference,
+    machine ceilings before each stage)"""
     with tempfile.TemporaryDirectory(prefix="data_prep_scale_", dir=args.tmp) as tmp:
         work = Path(tmp)
         env = {**os.environ, "BERT_PREP_WORKING_DIR": str(work), "RAYON_NUM_THREADS": "1"}
@@ -237,8 +291,9 @@ def run_size(size_gb: float, args: argparse.Namespace, pieces: list[str], vocab:
         shards = ["--n_training_shards", str(args.n_training_shards), "--n_test_shards", str(args.n_test_shards)]
         common = ["--dataset", DATASET, *shards]
         log = work / "bertPrep.log"
-        stages = []
+        stages, ceilings = [], {}
         for action in ("text_formatting", "sharding"):  # each at every process count (the output is the same)
+            measure_ceiling(action, args, pieces, vocab, ceilings)
             for n in args.n_processes:
                 argv = ["--action", action, *common, "--n_processes", str(n)]
                 stages.append(run_stage(action, argv, env, log, n, args.interval))
@@ -249,6 +304,7 @@ def run_size(size_gb: float, args: argparse.Namespace, pieces: list[str], vocab:
         ref = reference(text_dir, work, vocab, args.reference_mb, env)
         print(f"  single-shard reference: {ref['bytes'] / 1e6 / ref['seconds']:.2f} MB/s on "
               f"{ref['bytes'] / 1e6:.1f} MB, peak RSS {ref['peak_mb']:.0f} MB", flush=True)
+        measure_ceiling("create_hdf5_files", args, pieces, vocab, ceilings)
         for n in args.n_processes:
             hdf5 = ["--action", "create_hdf5_files", *common, *INSTANCE_ARGS, "--vocab_file", str(vocab),
                     "--n_processes", str(n)]
@@ -256,7 +312,7 @@ def run_size(size_gb: float, args: argparse.Namespace, pieces: list[str], vocab:
             show(mb, stages[-1:])
             for folder in work.glob("hdf5_*"):  # ~12 MB of shards per MB of text: gone before the next run
                 shutil.rmtree(folder)
-    return mb, stages, ref
+    return mb, stages, ref, ceilings
 
 
 def show(mb: float, stages: list[Stage]) -> None:
@@ -281,7 +337,7 @@ def verdict(ok: bool) -> str:
     return "holds" if ok else "NOT met"
 
 
-def show_goals(results: dict[float, tuple[float, list[Stage], dict]]) -> None:
+def show_goals(results: dict[float, tuple[float, list[Stage], dict, dict]]) -> None:
     """The issue's three goals, judged on the smallest and largest sizes of this run."""
     small, large = min(results), max(results)
     print("\ngoals:")
@@ -290,7 +346,7 @@ def show_goals(results: dict[float, tuple[float, list[Stage], dict]]) -> None:
             ratio = b.tree_rss_mb / a.tree_rss_mb
             print(f"  peak RSS {a.name} ({a.processes} proc): {a.tree_rss_mb:.0f} MB at {small:g} GB, "
                   f"{b.tree_rss_mb:.0f} MB at {large:g} GB, {ratio:.3f}x: {verdict(abs(ratio - 1) <= 0.10)}")
-    for size, (mb, stages, ref) in sorted(results.items()):
+    for size, (mb, stages, ref, ceilings) in sorted(results.items()):
         single = ref["bytes"] / 1e6 / ref["seconds"]
         hdf5 = {s.processes: s for s in stages if s.name == "create_hdf5_files"}
         for n, s in sorted(hdf5.items()):
@@ -302,8 +358,9 @@ def show_goals(results: dict[float, tuple[float, list[Stage], dict]]) -> None:
             if 1 in runs and len(runs) > 1:
                 n = max(runs)
                 speedup = runs[1].seconds / runs[n].seconds
+                limit = f"; the machine gave {median(ceilings[name]):.2f}x just before" if name in ceilings else ""
                 print(f"  {size:g} GB {name} 1 -> {n} processes: {speedup:.2f}x ({speedup / n:.0%} of linear; "
-                      f"{os.cpu_count()} cores): {verdict(speedup / n >= 0.9)}")
+                      f"{os.cpu_count()} cores{limit}): {verdict(speedup / n >= 0.9)}")
 
 
 def header(vocab: Path, books: Path | None, args: argparse.Namespace) -> None:
@@ -328,6 +385,8 @@ def main() -> None:
     p.add_argument("--interval", type=float, default=0.2, help="seconds between samples of the process tree")
     p.add_argument("--seed", type=int, default=12345)
     p.add_argument("--tmp", type=Path, default=None, help="where the working folder goes (default: $TMPDIR)")
+    p.add_argument("--ceiling_rounds", type=int, default=5,
+                   help="rounds of the machine-ceiling control before each stage (0: none)")
     args = p.parse_args()
     if not args.vocab_file.is_file():
         raise SystemExit(f"error: {args.vocab_file}: vocab not found (pass --vocab_file or set BERT_SHARED_DATA)")

@@ -23,7 +23,7 @@ from bertrecipe.data import download, engine, layout, text_formatting
 from bertrecipe.data.create_pretraining_data import ShardConfig, check_paths, shard_attributes, shard_task, validate
 from bertrecipe.data.errors import ArgumentParser, DataError, run_cli
 from bertrecipe.data.outputs import inside, refuse_input_as_output
-from bertrecipe.data.sharding import ShardingConfig, shard_corpus, task_count
+from bertrecipe.data.sharding import ShardingConfig, segment_tasks, shard_corpus
 from bertrecipe.data.shard_writer import is_complete
 from bertrecipe.data.tokenization import load_vocab
 from bertrecipe.data.vocab_training import train_vocab, vocab_path
@@ -149,7 +149,7 @@ def do_sharding(cfg: PrepConfig) -> None:
     scfg = ShardingConfig(inputs, out, cfg.dataset, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set)
     used: set[str] = set()
     with engine.session(cfg.engine) as run, tqdm(desc=f"shard {cfg.dataset}", unit="article", disable=None) as bar:
-        result = shard_corpus(scfg, bar.update, _runner(cfg, run, task_count(scfg), used))
+        result = shard_corpus(scfg, bar.update, _runner(cfg, run, len(segment_tasks(inputs)), used))
     for split, counts in result.sentences.items():
         if counts:
             print(f"{split}: {len(counts)} shards, {min(counts)}-{max(counts)} sentences each")

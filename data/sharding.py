@@ -163,7 +163,8 @@ def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = No
                  ) -> ShardingResult:
     """Write all shards (in a scratch folder, renamed into place at the end). Refuses fewer articles than shards.
     run is data/engine.py's runner for the segmentation and write-out tasks; None runs them here, one after the
-    other."""
+    other (bertPrep passes None for a corpus of one segmentation task: its text is too small to be worth
+    starting workers for either step)."""
     _check(cfg)
     tasks = segment_tasks(cfg.inputs)
     paths = shard_paths(cfg)
@@ -226,20 +227,14 @@ def _balance(parts: Iterator[str], paths: dict[str, list[Path]], fraction: float
     return sentences, n_articles
 
 
-def write_out_width(n_shards: int) -> int:
+def _write_out_width(n_shards: int) -> int:
     """Shards per write-out task: a contiguous range of at most FAN_OUT, about WRITE_TASKS tasks in all."""
     return min(FAN_OUT, -(-n_shards // WRITE_TASKS))
 
 
-def task_count(cfg: ShardingConfig) -> int:
-    """The most tasks one step of shard_corpus runs (segmentation or write-out)."""
-    n_shards = cfg.n_training_shards + cfg.n_test_shards
-    return max(len(segment_tasks(cfg.inputs)), -(-n_shards // write_out_width(n_shards)))
-
-
 def _write_out(parts: Sequence[str], staged: Sequence[str], run: Runner | None) -> None:
-    """Write the shards as tasks of write_out_width contiguous shards each."""
-    width = write_out_width(len(staged))
+    """Write the shards as tasks of _write_out_width contiguous shards each."""
+    width = _write_out_width(len(staged))
     jobs = [(tuple(parts), first, tuple(staged[first:first + width])) for first in range(0, len(staged), width)]
     if run is None:
         for job in jobs:

@@ -151,7 +151,9 @@ def test_existing_shards_stay_when_sharding_fails(tmp_path, monkeypatch):
     shard_corpus(ShardingConfig((source,), tmp_path / "out", "c", 3, 1, 0.1))
     before = _shard_bytes(tmp_path / "out")
     (tmp_path / "out" / "notes.txt").write_text("the user's", encoding="utf-8")
-    monkeypatch.setattr(sharding, "write_shards", lambda *_: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    def failing_disk(*_):
+        raise OSError(errno.EIO, "I/O error")
+    monkeypatch.setattr(sharding, "write_shards", failing_disk)
     source.write_text("Other text. Quite different.\n\n" * 50, encoding="utf-8")
     with pytest.raises(DataError, match=r"cannot write shards \(I/O error\)"):
         shard_corpus(ShardingConfig((source,), tmp_path / "out", "c", 3, 1, 0.1))

@@ -33,6 +33,7 @@ import os
 import platform
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -238,10 +239,6 @@ def ceiling(pieces: list[str], vocab: Path, rounds: int, tmp: Path | None, proce
     return speedups
 
 
-def median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
-
-
 def measure_ceiling(name: str, args: argparse.Namespace, pieces: list[str], vocab: Path,
                     ceilings: dict[str, list[float]]) -> None:
     """The machine ceiling just before a stage's runs (the host's state drifts), into ceilings[name]."""
@@ -249,8 +246,8 @@ def measure_ceiling(name: str, args: argparse.Namespace, pieces: list[str], voca
         n = max(args.n_processes)
         ceilings[name] = speedups = ceiling(pieces, vocab, args.ceiling_rounds, args.tmp, n)
         print(f"  machine ceiling before {name}: the stages' computation in memory, 1 -> {n} processes: median "
-              f"{median(speedups):.2f}x, range {min(speedups):.2f}-{max(speedups):.2f}x over {len(speedups)} rounds",
-              flush=True)
+              f"{statistics.median(speedups):.2f}x, range {min(speedups):.2f}-{max(speedups):.2f}x over "
+              f"{len(speedups)} rounds", flush=True)
 
 
 # ---- one corpus size
@@ -358,7 +355,8 @@ def show_goals(results: dict[float, tuple[float, list[Stage], dict, dict]]) -> N
             if 1 in runs and len(runs) > 1:
                 n = max(runs)
                 speedup = runs[1].seconds / runs[n].seconds
-                limit = f"; the machine gave {median(ceilings[name]):.2f}x just before" if name in ceilings else ""
+                limit = (f"; the machine gave {statistics.median(ceilings[name]):.2f}x just before"
+                         if name in ceilings else "")
                 print(f"  {size:g} GB {name} 1 -> {n} processes: {speedup:.2f}x ({speedup / n:.0%} of linear; "
                       f"{os.cpu_count()} cores{limit}): {verdict(speedup / n >= 0.9)}")
 

@@ -196,7 +196,7 @@ def format_corpus(tasks: Sequence[tuple[str, tuple[str, ...]]], output: Path, ru
         with atomic_output(output) as tmp, scratch_folder(output) as scratch:
             parts = [str(scratch / f"part-{i:06d}.txt") for i in range(len(tasks))]
             jobs = [(corpus, sources, part) for (corpus, sources), part in zip(tasks, parts)]
-            with open(tmp, "wb", buffering=0) as out, closing(in_order(run, task, jobs)) as counts:
+            with open(tmp, "wb") as out, closing(in_order(run, task, jobs)) as counts:
                 for part, count in zip(parts, counts):
                     total += count
                     if on_articles is not None and run is not None:  # here, the bar moved article by article
@@ -211,7 +211,7 @@ def format_corpus(tasks: Sequence[tuple[str, tuple[str, ...]]], output: Path, ru
 
 
 def _append(part: str, out: BinaryIO) -> None:
-    """Append part to out (unbuffered) and remove it."""
+    """Append part to out and remove it."""
     with open(part, "rb") as f:
         if not _copied_in_kernel(f, out):
             shutil.copyfileobj(f, out, 1 << 20)  # from where the kernel's copy stopped, if it began
@@ -224,6 +224,7 @@ def _copied_in_kernel(source: BinaryIO, out: BinaryIO) -> bool:
     copy = getattr(os, "copy_file_range", None)  # Linux only
     if copy is None:
         return False
+    out.flush()  # the kernel writes at the descriptor's offset: nothing may wait in out's buffer
     try:
         while copy(source.fileno(), out.fileno(), 1 << 30):
             pass

@@ -163,8 +163,7 @@ def test_existing_shards_stay_when_sharding_fails(tmp_path, monkeypatch):
 def test_a_part_cut_short_under_a_write_out_task_is_one_clear_error(tmp_path):
     part = tmp_path / "part-000000"
     part.write_bytes(b"One.\n\nTwo.\n\n")
-    np.save(str(part) + ".index.npy", np.array([[1, 6], [1, 6]], dtype=np.int64))
-    np.save(str(part) + ".shards.npy", np.array([0, 0], dtype=np.int64))
+    sharding._save_plan(str(part), np.array([0, 0]), np.array([6, 6]))  # two articles of 6 bytes for shard 0
     part.write_bytes(b"One.\n\nTw")  # shorter than its index says
     with pytest.raises(DataError, match=r"part-000000: ends at byte 8, before the article its index puts at 6\.\.12"):
         sharding.write_shards((str(part),), 0, (str(tmp_path / "c_training_0.txt"),))

@@ -14,7 +14,7 @@ Three steps, the costly ones as tasks for data/engine.py (local processes or Das
 
 The output is the same bytes whatever the engine and worker count. Open files stay bounded whatever the shard
 count (thousands of shards used to hit the open-file limit): a write-out task holds its shards and one part open.
-Memory is bounded by one part's index (16 bytes per article of SEGMENT_BYTES of text), not by the corpus.
+Memory is bounded by one part's index and plan (~100 bytes per article of SEGMENT_BYTES of text), not the corpus.
 The parts take as much free space again as the corpus while the shards are written.
 
 Sentence segmenter: blingfire, chosen over pysbd, syntok and sentencex on the Wikipedia sample (see the report

@@ -1,6 +1,7 @@
-"""Training checkpoints: `<output_dir>/ckpt_<global_step>.pt`, written atomically, the newest 3 that load kept
-(and the one a run resumed from), a corrupt one moved aside as `*.corrupt`, and found again on resume with a
-corrupt newest file skipped in favour of the previous one (docs/interfaces.md, section 3).
+"""Training checkpoints: `<output_dir>/ckpt_<global_step>.pt`, written atomically and never over an existing file,
+the newest 3 of the same phase that load kept (and the one a run resumed from; a phase never rotates away the
+other's), a corrupt one moved aside as `*.corrupt`, and found again on resume with a corrupt newest file skipped
+in favour of the previous one (docs/interfaces.md, section 3).
 
 A checkpoint holds only tensors, numbers, strings, lists and dicts, so `torch.load(weights_only=True)` reads it.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import random
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -63,27 +65,62 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """A checkpoint in an output folder as rotation and resume see it: its step, file and phase (1 or 2; None
+    when the file does not load)."""
+
+    step: int
+    path: Path
+    phase: Optional[int]
+    phase_step: int = 0
+    phase1_end_step: Optional[int] = None
+
+
+def checkpoint_phase(payload: dict[str, Any]) -> int:
+    return 2 if payload.get("phase2") else 1
+
+
+def survey(output_dir: str | Path) -> list[SavedCheckpoint]:
+    """Every ckpt_<step>.pt in output_dir, oldest first, with its phase read from the file (memory-mapped: only
+    the archive's index and pickled structure are read)."""
+    found = []
+    for step, path in list_checkpoints(output_dir):
+        try:
+            payload = load_checkpoint(path, mmap=True)
+        except InputError:
+            found.append(SavedCheckpoint(step, path, None))
+            continue
+        end = payload.get("phase1_end_step")
+        found.append(SavedCheckpoint(step, path, checkpoint_phase(payload), int(payload.get("phase_step", step)),
+                                     int(end) if end is not None else None))
+    return found
+
+
 def save_checkpoint(output_dir: str | Path, global_step: int, payload: dict[str, Any],
                     keep: Optional[Path] = None) -> Path:
-    """Writes ckpt_<global_step>.pt atomically, then rotates: the newest KEEP_NEWEST checkpoints that load stay,
-    and so do the one just written and `keep` (the one this run resumed from); a checkpoint that does not load is
-    moved aside as `*.corrupt`, never counted and never deleted. A failed write (disk full) is an InputError that names the
-    file, with every earlier checkpoint intact."""
+    """Writes ckpt_<global_step>.pt atomically, then rotates within the payload's phase: the newest KEEP_NEWEST
+    checkpoints of that phase that load stay, and so do the one just written and `keep` (the one this run
+    resumed from); the other phase's are never touched; a checkpoint that does not load is moved aside as
+    `*.corrupt`, never counted and never deleted. A failed write (disk full) is an InputError that names the file,
+    with every earlier checkpoint intact; so is a file already at that name, which is never overwritten."""
     path = checkpoint_path(output_dir, global_step)
+    if path.exists():
+        raise InputError(f"{path}: already exists and was not written by this run; it is kept and this run stops "
+                         "(another run wrote into this --output_dir, or the phases' step numbers overlap)")
     try:
         save_torch_atomic({**payload, "global_step": global_step}, path)
     except OSError as error:
         raise InputError(f"{path}: cannot write the checkpoint ({error.strerror or error}); the earlier checkpoints "
                          f"in {output_dir} are intact: free space there and resume with --resume_from_checkpoint"
                          ) from None
+    phase = checkpoint_phase(payload)
     loadable = []
-    for _, candidate in list_checkpoints(output_dir):
-        if checkpoint_loads(candidate):
-            loadable.append(candidate)
-        else:
-            aside = _corrupt_name(candidate)
-            candidate.rename(aside)
-            print(f"warning: {candidate} does not load; moved aside to {aside.name}", file=sys.stderr, flush=True)
+    for saved in survey(output_dir):
+        if saved.phase is None:
+            move_aside(saved.path)
+        elif saved.phase == phase:
+            loadable.append(saved.path)
     protected = {path.resolve()} | ({keep.resolve()} if keep is not None else set())
     for old in loadable[:-KEEP_NEWEST]:
         if old.resolve() not in protected:
@@ -91,14 +128,12 @@ def save_checkpoint(output_dir: str | Path, global_step: int, payload: dict[str,
     return path
 
 
-def checkpoint_loads(path: Path) -> bool:
-    """Whether torch can open the file as a weights-only checkpoint with a model in it. Memory-mapped, so that
-    only the archive's index and the pickled structure are read, not the tensors."""
-    try:
-        load_checkpoint(path, mmap=True)
-    except InputError:
-        return False
-    return True
+def move_aside(path: Path) -> Path:
+    """Renames a checkpoint that does not load to `*.corrupt` (never deleted: it may be all that is left)."""
+    aside = _corrupt_name(path)
+    path.rename(aside)
+    print(f"warning: {path} does not load; moved aside to {aside.name}", file=sys.stderr, flush=True)
+    return aside
 
 
 def _corrupt_name(path: Path) -> Path:

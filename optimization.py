@@ -276,6 +276,14 @@ class _WarmUpScheduler:
         self.base_lrs = list(state["base_lrs"])
         self._apply()
 
+    def set_peak_lr(self, lr: float) -> None:
+        """Another peak learning rate for the steps to come (a resume with a new --learning_rate): the schedule
+        goes on from the step it is at."""
+        self.base_lrs = [lr] * len(self.optimizer.param_groups)
+        for group in self.optimizer.param_groups:
+            group["initial_lr"] = lr
+        self._apply()
+
 
 class PolyWarmUpScheduler(_WarmUpScheduler):
     """Linear warm-up over `warmup` (a fraction of total_steps), then base_lr * (1 - progress) ** degree."""

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import math
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from tqdm import tqdm
 
 from bertrecipe import checkpointing
 from bertrecipe import masking
+from bertrecipe import resume_rules
 from bertrecipe.process_group import (
     DistributedContext,
     all_gather_objects,
@@ -39,6 +41,7 @@ from bertrecipe.process_group import (
 from bertrecipe.atomic_files import remove_stale_temporaries
 from bertrecipe.errors import ArgumentParser, InputError, check_output_dir, run_cli
 from bertrecipe.metric_logger import MetricLogger, check_log_paths
+from bertrecipe.output_paths import refuse_input_as_output
 from bertrecipe.model import BertConfig, BertForPreTraining
 from bertrecipe.model_weights import load_weights_into, read_config, read_weights
 from bertrecipe.optimization import (
@@ -50,6 +53,7 @@ from bertrecipe.optimization import (
 )
 from bertrecipe.sample_order import check_lanes, default_lanes
 from bertrecipe.data.tokenization import load_vocab
+from bertrecipe.run_lock import RunLock, locked_output_folder
 from bertrecipe.pretraining_data import (
     BatchPlan,
     PretrainingData,
@@ -246,10 +250,20 @@ def check_numbers(args: argparse.Namespace) -> None:
             raise InputError(f"--{name} must be a number of minutes >= 0 (0: none), got {getattr(args, name)}")
 
 
-def check_output_paths(args: argparse.Namespace) -> None:
-    """The output folder and the logs must be creatable where the flags point (checked before any write)."""
+def check_output_paths(args: argparse.Namespace, train_shards: list, eval_shards: list) -> None:
+    """The output folder and the logs must be creatable where the flags point, and none of them may be one of the
+    run's inputs (checked before any write)."""
     check_output_dir(args.output_dir)
     check_log_paths(args.json_summary, Path(args.output_dir) / "tensorboard")
+    inputs = [("--config_file", args.config_file), ("--init_checkpoint", args.init_checkpoint),
+              ("--vocab_file", args.vocab_file), ("--input_dir", args.input_dir), ("--eval_dir", args.eval_dir),
+              *(("a shard of --input_dir", shard.path) for shard in train_shards),
+              *(("a shard of --eval_dir", shard.path) for shard in eval_shards)]
+    if args.json_summary:
+        refuse_input_as_output(args.json_summary, "--json-summary", inputs)
+    refuse_input_as_output(args.output_dir, "--output_dir", inputs)
+    refuse_input_as_output(Path(args.output_dir) / "tensorboard", "the TensorBoard folder (--output_dir/tensorboard)",
+                           inputs)
 
 
 def build_model(args: argparse.Namespace, config: BertConfig, device: torch.device) -> BertForPreTraining:
@@ -355,6 +369,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     ctx = init_distributed(args.no_cuda)
     try:
         run(args, ctx)
+    except KeyboardInterrupt:
+        if ctx.is_main:
+            saved = checkpointing.list_checkpoints(args.output_dir)
+            where = (f"resume from {saved[-1][1]} with --resume_from_checkpoint" if saved
+                     else f"no checkpoint in {args.output_dir} yet")
+            print(f"interrupted (Ctrl-C): {where}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None
     finally:
         shutdown(ctx)
 
@@ -375,7 +396,8 @@ def inspect_inputs(args: argparse.Namespace, config: BertConfig) -> tuple[list, 
 
 
 def find_resume_checkpoint(args: argparse.Namespace, config: BertConfig) -> Optional[tuple[Path, dict[str, Any]]]:
-    """The checkpoint this run continues from (None for a fresh start), checked to fit the run."""
+    """The checkpoint this run continues from (None for a fresh start), chosen by phase (resume_rules) and checked
+    to fit the run."""
     existing = checkpointing.list_checkpoints(args.output_dir)
     if args.do_train and existing and not args.resume_from_checkpoint:
         raise InputError(f"{args.output_dir}: holds checkpoints of another run ({existing[-1][1].name}); pass "
@@ -386,8 +408,13 @@ def find_resume_checkpoint(args: argparse.Namespace, config: BertConfig) -> Opti
         if args.do_train and args.phase2:
             raise InputError(f"{args.output_dir}: phase 2 needs the phase-1 checkpoint to resume from")
         return None  # NVIDIA's scripts always pass --resume_from_checkpoint: the first run starts fresh
-    path, ckpt = checkpointing.load_newest_checkpoint(args.output_dir, args.resume_step)
+    step = args.resume_step
+    if step < 0 and args.do_train:
+        chosen = resume_rules.choose_checkpoint(args.output_dir, args.phase2, args.phase1_end_step, args.max_steps)
+        step = chosen.step if chosen is not None else -1
+    path, ckpt = checkpointing.load_newest_checkpoint(args.output_dir, step)
     if args.do_train:
+        resume_rules.refuse_phase_mismatch(path, ckpt, args.phase2)
         missing = [key for key in ("optimizer", "phase_step", "data") if key not in ckpt]
         if missing:
             raise InputError(f"{path}: holds weights but no training state ({', '.join(missing)}), so a run cannot "
@@ -401,6 +428,30 @@ def find_resume_checkpoint(args: argparse.Namespace, config: BertConfig) -> Opti
             raise InputError(f"{path}: was trained with another config than {args.config_file} "
                              f"({'; '.join(changed)}); resume with the same --config_file or use a new --output_dir")
     return path, ckpt
+
+
+def check_resume(args: argparse.Namespace, ctx: DistributedContext, shards: list,
+                 resume_from: Optional[tuple[Path, dict[str, Any]]]) -> tuple[int, list[str]]:
+    """Before the first write: what is left to train (steps), and the flag changes a resume applies (one line
+    each); refuses a changed flag that cannot apply (resume_rules.RULES), a --max_steps behind the checkpoint, and a
+    run that would write over an existing checkpoint."""
+    start, changes = 0, []
+    if resume_from is not None:
+        path, ckpt = resume_from
+        if bool(ckpt.get("phase2")) == bool(args.phase2):  # continuing a phase (a hand-over starts one afresh)
+            start = int(ckpt["phase_step"])
+            changes = resume_rules.compare_flags(path, ckpt, args, [s.path.name for s in shards],
+                                                 args.train_batch_size * ctx.world_size)
+            if start > args.max_steps:
+                raise InputError(f"{path}: is at step {start} of this phase, beyond --max_steps {args.max_steps}; "
+                                 f"pass --max_steps {start} or more to go on")
+    steps_left = args.max_steps - start
+    if args.steps_this_run > 0:
+        steps_left = min(steps_left, args.steps_this_run)
+    offset = args.phase1_end_step if args.phase2 else 0
+    if steps_left > 0 and not args.skip_checkpoint:
+        resume_rules.refuse_overwrites(args.output_dir, offset + start + 1, offset + start + steps_left)
+    return steps_left, changes
 
 
 def stream_lanes(args: argparse.Namespace, ctx: DistributedContext,
@@ -471,6 +522,7 @@ class Session:
     eval_shards: list
     bar_enabled: bool
     start_time: float  # time.time() when the run began, for e2e_train_time
+    lock: Optional[RunLock]  # --output_dir's, held by the main process
 
 
 def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
@@ -480,30 +532,56 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     precision = make_precision(ctx.device, args.fp16, args.bf16, args.init_loss_scale)
     allow_tf32(args.tf32)
     train_shards, eval_shards = inspect_inputs(args, config)
-    check_output_paths(args)
-    resume_from = find_resume_checkpoint(args, config)
-    spec = None
-    if args.do_train:
-        args.data_lanes = stream_lanes(args, ctx, resume_from)
-        spec = masking_spec(args, train_shards, config, warn=ctx.is_main)
-    seed_everything(args.seed + ctx.rank)
-    model = build_model(args, config, ctx.device)  # reads --init_checkpoint
-    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-    if ctx.is_main:
-        remove_stale_temporaries(args.output_dir, checkpointing.CHECKPOINT_NAME)
-    bar_enabled = ctx.is_main and not args.disable_progress_bar
-    log = open_log(args, ctx, bar_enabled)
-    ddp_model, optimizer, scheduler, resume = set_up_optimizer(args, ctx, model, precision, log, resume_from)
-    session = Session(args, ctx, config, ddp_model, optimizer, scheduler, precision, log, eval_shards, bar_enabled,
-                      start_time)
+    check_output_paths(args, train_shards, eval_shards)
+    # The lock is the first write: the resume point is chosen, and the checkpoints written, by one run at a time.
+    with locked_output_folder(args.output_dir, ctx.is_main, lambda flag: any_process(flag, ctx)) as lock:
+        resume_from = find_resume_checkpoint(args, config)
+        steps_left, changes = check_resume(args, ctx, train_shards, resume_from) if args.do_train else (0, [])
+        spec = None
+        if args.do_train:
+            args.data_lanes = stream_lanes(args, ctx, resume_from)
+            spec = masking_spec(args, train_shards, config, warn=ctx.is_main)
+        seed_everything(args.seed + ctx.rank)
+        model = build_model(args, config, ctx.device)  # reads --init_checkpoint
+        if ctx.is_main:
+            remove_stale_temporaries(args.output_dir, checkpointing.CHECKPOINT_NAME)
+        bar_enabled = ctx.is_main and not args.disable_progress_bar
+        log = open_log(args, ctx, bar_enabled)
+        for change in changes:
+            log.log("PARAMETER", {"resume_applies": change}, echo=False)
+            if ctx.is_main:
+                print(f"resume: {change}", file=sys.stderr, flush=True)
+        ddp_model, optimizer, scheduler, resume = set_up_optimizer(args, ctx, model, precision, log, resume_from)
+        session = Session(args, ctx, config, ddp_model, optimizer, scheduler, precision, log, eval_shards,
+                          bar_enabled, start_time, lock)
+        final = train_and_evaluate(session, train_shards, spec, resume, steps_left)
+    if final.get("stopped_by") == "SIGTERM":
+        if ctx.is_main:
+            print(f"stopped by SIGTERM at step {final['global_step']} before the end of the phase; checkpoint "
+                  f"{checkpointing.checkpoint_path(args.output_dir, final['global_step'])}: run again with "
+                  "--resume_from_checkpoint to go on", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGTERM)
 
+
+def train_and_evaluate(session: Session, shards: list, spec: Optional[masking.MaskingSpec],
+                       resume: dict[str, Any], steps_left: int) -> dict[str, Any]:
+    """Trains the steps left (saying so when there are none), evaluates as asked, logs the closing record."""
+    args, log = session.args, session.log
     final: dict[str, Any] = {}
-    if args.do_train:
-        final.update(train(session, train_shards, spec, resume))
-    if args.do_eval and eval_shards and "eval_mlm_accuracy" not in final:
+    if args.do_train and steps_left <= 0:
+        where = resume["path"] or args.output_dir
+        message = (f"{where}: phase {2 if args.phase2 else 1} is at step {resume['phase_step']} of --max_steps "
+                   f"{args.max_steps}: nothing left to train")
+        log.log("PARAMETER", {"nothing_left_to_train": message}, echo=False)
+        if session.ctx.is_main:
+            print(message, file=sys.stderr, flush=True)
+    elif args.do_train:
+        final.update(train(session, shards, spec, resume, steps_left))
+    if args.do_eval and session.eval_shards and "eval_mlm_accuracy" not in final:
         final.update(evaluate(session))
     log.log([], final)
     log.close()
+    return final
 
 
 def set_up_optimizer(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module,
@@ -525,6 +603,7 @@ def set_up_optimizer(args: argparse.Namespace, ctx: DistributedContext, model: t
         scheduler = PolyWarmUpScheduler(optimizer, args.warmup_proportion, max(args.max_steps, 1))
     if resume["scheduler"] is not None:
         scheduler.load_state_dict(resume["scheduler"])
+        scheduler.set_peak_lr(args.learning_rate)  # a changed --learning_rate applies (resume_rules.RULES)
     if resume["scaler"] is not None and precision.scaler is not None:
         precision.scaler.load_state_dict(resume["scaler"])
     compress = None
@@ -562,6 +641,7 @@ class Phase:
     step_times: list[float] = field(default_factory=list)
     last_loss: float = float("nan")
     result: dict[str, Any] = field(default_factory=dict)  # the newest evaluation
+    stopped_by: Optional[str] = None  # "SIGTERM" or "train_budget" when the run ended before its last step
 
     @property
     def global_step(self) -> int:
@@ -574,9 +654,9 @@ class Phase:
 
 
 def train(session: Session, shards: list, spec: Optional[masking.MaskingSpec],
-          resume: dict[str, Any]) -> dict[str, Any]:
+          resume: dict[str, Any], steps_left: int) -> dict[str, Any]:
     """Takes the steps of this run from the resume point on; returns the run's closing record."""
-    phase = start_phase(session, shards, spec, resume)
+    phase = start_phase(session, shards, spec, resume, steps_left)
     if budget_spent(phase):
         session.log.log("PARAMETER", {"train_budget_already_spent": phase.train_seconds / 60})
         phase.steps_left = 0
@@ -594,15 +674,12 @@ def train(session: Session, shards: list, spec: Optional[masking.MaskingSpec],
 
 
 def start_phase(session: Session, shards: list, spec: Optional[masking.MaskingSpec],
-                resume: dict[str, Any]) -> Phase:
+                resume: dict[str, Any], steps_left: int) -> Phase:
     """Opens this rank's share of the sample stream at the resume position and puts the dropout RNG where the
     checkpoint left it."""
     args, ctx = session.args, session.ctx
     plan = BatchPlan(args.train_batch_size // args.gradient_accumulation_steps, args.gradient_accumulation_steps,
                      ctx.world_size, ctx.rank)
-    steps_left = args.max_steps - resume["phase_step"]
-    if args.steps_this_run > 0:
-        steps_left = min(steps_left, args.steps_this_run)
     data = PretrainingData(shards, args.seed, plan, args.data_lanes, session.config.vocab_size,
                            start=resume["position"], max_steps=max(steps_left, 0), masking_spec=spec,
                            bin_by_length=args.bin_by_length)
@@ -646,9 +723,9 @@ def train_one_step(phase: Phase, last_of_run: bool) -> bool:
     ending = stopping or out_of_time or last_of_run
     if ending or phase.phase_step % args.num_steps_per_checkpoint == 0:
         save(phase, periodic=not ending)
-    if stopping or out_of_time:
-        phase.session.log.log("PARAMETER", {"stopped_by": "SIGTERM" if stopping else "train_budget",
-                                            "global_step": phase.global_step})
+    if (stopping and not last_of_run) or out_of_time:  # a SIGTERM during the run's last step stops nothing
+        phase.stopped_by = "SIGTERM" if stopping and not last_of_run else "train_budget"
+        phase.session.log.log("PARAMETER", {"stopped_by": phase.stopped_by, "global_step": phase.global_step})
     return not (stopping or out_of_time)
 
 
@@ -749,6 +826,9 @@ def save(phase: Phase, periodic: bool) -> None:
     if ctx.is_main:
         payload = checkpoint_payload(phase, rng_per_rank)
         try:
+            if session.lock is not None and not session.lock.still_held():
+                raise InputError(f"{session.lock.path}: another run took over this --output_dir's lock; this run "
+                                 f"stops without writing ckpt_{phase.global_step}.pt")
             checkpointing.save_checkpoint(args.output_dir, phase.global_step, payload, keep=phase.keep)
         except InputError as error:  # e.g. disk full: every rank stops, the earlier checkpoints are intact
             failure = error
@@ -766,7 +846,7 @@ def checkpoint_payload(phase: Phase, rng_per_rank: list[dict[str, Any]]) -> dict
         "scaler": session.precision.scaler.state_dict() if session.precision.scaler is not None else None,
         "epoch": phase.data.epoch(phase.position),
         "data": {"stream_position": phase.position, "seed": args.seed, "lanes": phase.data.order.lanes,
-                 "files": [shard.path.name for shard in phase.data.shards]},
+                 "files": [shard.path.name for shard in phase.data.shards], "global_batch": phase.global_batch},
         "rng": rng_per_rank[0],
         "rng_per_rank": rng_per_rank,  # each rank's dropout stream, so that a multi-process resume is exact
         "phase2": bool(args.phase2),
@@ -800,6 +880,8 @@ def closing_record(phase: Phase) -> dict[str, Any]:
         "e2e_train_time": time.time() - session.start_time,
         "training_sequences_per_second": sequences / sum(timed) if timed and sum(timed) > 0 else 0.0,
         "final_loss": phase.last_loss,
+        "global_step": phase.global_step,
+        **({"stopped_by": phase.stopped_by} if phase.stopped_by else {}),
         "raw_train_time": sum(phase.step_times),
         "train_minutes": phase.train_seconds / 60,
         **phase.result,

@@ -246,7 +246,8 @@ def test_phase2_starts_from_phase1_with_reset_schedule_and_continued_numbers(cor
     phase1 = torch.load(tmp_path / "ckpt_4.pt", weights_only=True)
     pretrain(corpus, tmp_path, "--train_batch_size", 4, "--max_steps", 4, "--num_steps_per_checkpoint", 2,
              "--resume_from_checkpoint", "--phase2", "--phase1_end_step", 4, "--learning_rate", 8e-3, phase=2)
-    assert sorted(p.name for p in tmp_path.glob("ckpt_*.pt")) == ["ckpt_4.pt", "ckpt_6.pt", "ckpt_8.pt"]
+    # Phase 2 rotates only its own checkpoints: phase 1's stay whole.
+    assert sorted(p.name for p in tmp_path.glob("ckpt_*.pt")) == ["ckpt_2.pt", "ckpt_4.pt", "ckpt_6.pt", "ckpt_8.pt"]
     steps = step_records(tmp_path / "log.json")
     # Phase 2's schedule starts again from its own lr: step 1 of 4 is past the 10 % warm-up.
     assert steps[(0, 5)]["learning_rate"] == pytest.approx(8e-3 * (1 - 1 / 4) ** 0.5)
@@ -261,8 +262,10 @@ def test_phase2_starts_from_phase1_with_reset_schedule_and_continued_numbers(cor
 
 @pytest.mark.parametrize("workers, whole_job", [(0, False), (1, True)])
 @pytest.mark.slow
-def test_sigterm_finishes_the_step_checkpoints_and_exits_0(corpus, tmp_path, workers, whole_job):
-    """SIGTERM to the main process, or (as Slurm does) to the whole job including DataLoader workers."""
+def test_sigterm_finishes_the_step_checkpoints_and_exits_143_saying_so(corpus, tmp_path, workers, whole_job):
+    """SIGTERM to the main process, or (as Slurm does) to the whole job including DataLoader workers: the step
+    finishes, a checkpoint is written, and the run says it stopped early and exits 143 (128 + SIGTERM), so that
+    neither run_pretraining.sh nor a Slurm dependency (afterok) takes the phase for finished."""
     process = pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 100000,
                        "--num_steps_per_checkpoint", 100000, "--num_workers", workers, popen=True)
     deadline = time.time() + 120
@@ -274,10 +277,11 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_0(corpus, tmp_path, wor
     else:
         process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 0, stderr
+    assert process.returncode == 143, stderr
     checkpoints = list(tmp_path.glob("ckpt_*.pt"))
     assert len(checkpoints) == 1
     step = int(checkpoints[0].stem.split("_")[1])
+    assert f"stopped by SIGTERM at step {step} before the end of the phase; checkpoint {checkpoints[0]}" in stderr
     assert torch.load(checkpoints[0], weights_only=True)["phase_step"] == step >= 1
     stop = [r for r in read_log(tmp_path / "log.json") if r.get("step") == "PARAMETER" and "stopped_by" in r["data"]]
     assert stop and stop[0]["data"]["global_step"] == step
@@ -337,6 +341,7 @@ def test_non_finite_losses_stop_with_exit_1_and_the_last_checkpoint_intact(corpu
     broken = dict(good)
     broken["model"] = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
                        for k, v in good["model"].items()}
+    broken["phase_step"] = 3  # as its name says
     torch.save(broken, tmp_path / "ckpt_3.pt")
     before = {p.name: p.read_bytes() for p in tmp_path.glob("ckpt_*.pt")}
     result = pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 30, "--resume_from_checkpoint",

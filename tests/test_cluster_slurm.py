@@ -92,7 +92,8 @@ def test_each_task_gets_torch_rank_variables_from_slurm(tmp_path):
     assert done.stdout.split() == ["5", "1", "8"], done.stderr
 
 
-@pytest.mark.parametrize("env, message", [({"PRECISION": "fp8"}, "PRECISION"), ({"PHASE": "3"}, "PHASE")])
+@pytest.mark.parametrize("env, message", [({"PRECISION": "fp8"}, "PRECISION"), ({"PHASE": "3"}, "PHASE"),
+                                          ({"TRAIN_STEPS": "5000"}, "TRAIN_STEPS 5000 differs from PHASE1_END_STEP")])
 def test_bad_settings_exit_2_before_running_anything(tmp_path, env, message):
     result = dry_run(tmp_path, **env)
     assert result.returncode == 2 and message in result.stderr and "srun" not in result.stdout

@@ -4,8 +4,10 @@ non-finite training and the messages of unreadable checkpoints. Self-contained: 
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -15,6 +17,7 @@ import torch
 
 from bertrecipe import run_pretraining
 from bertrecipe.errors import InputError
+from bertrecipe.metric_logger import read_log
 from conftest import REPO_ROOT
 
 VOCAB, SEQ, PREDS = 128, 16, 3
@@ -333,3 +336,169 @@ def test_skipped_steps_counter_goes_on_after_a_resume(workspace):
     records = [r["data"] for r in read_log(workspace / "out" / "log.json")
                if r["type"] == "LOG" and isinstance(r["step"], list) and r["step"] and "skipped_steps" in r["data"]]
     assert records[-1]["skipped_steps"] >= skipped
+
+
+# --- Round two (issue 32): one run per folder, phases, resumes that are never silent, outputs never inputs ------
+def phase2(ws, *extra):
+    return pretrain(ws, "--resume_from_checkpoint", "--phase2", *extra)
+
+
+def snapshot(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.name.startswith("ckpt_")}
+
+
+def test_a_second_run_on_a_locked_output_dir_is_refused_then_a_dead_holders_lock_is_taken_over(workspace):
+    from test_run_lock import start_holder
+
+    holder, said = start_holder(workspace / "out")
+    assert said == "held"
+    try:
+        one_line_error(pretrain(workspace, "--max_steps", 2), "another run is using this --output_dir",
+                       f"process {holder.pid}")
+        assert sorted(p.name for p in (workspace / "out").iterdir()) == [".run.lock"]  # nothing written
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    result = pretrain(workspace, "--max_steps", 2)
+    assert result.returncode == 0, result.stderr
+    assert f"took over the lock of host" in result.stderr and f"process {holder.pid}" in result.stderr
+    assert checkpoint_names(workspace / "out") == ["ckpt_2.pt"]
+    assert not (workspace / "out" / ".run.lock").exists()  # released at exit
+
+
+@pytest.mark.slow
+def test_resume_training_after_a_preempted_phase_2_resumes_phase_2_and_keeps_phase_1(workspace):
+    """run_pretraining.sh resume_training=true runs phase 1 again first: it must find phase 1 finished, write
+    nothing, and let phase 2 go on from its own newest checkpoint."""
+    out = workspace / "out"
+    assert pretrain(workspace, "--max_steps", 4, "--num_steps_per_checkpoint", 2).returncode == 0
+    result = phase2(workspace, "--max_steps", 4, "--phase1_end_step", 4, "--num_steps_per_checkpoint", 1,
+                    "--steps_this_run", 2)
+    assert result.returncode == 0, result.stderr
+    before = snapshot(out)
+    assert sorted(before) == ["ckpt_2.pt", "ckpt_4.pt", "ckpt_5.pt", "ckpt_6.pt"]
+    result = pretrain(workspace, "--max_steps", 4, "--resume_from_checkpoint")
+    assert result.returncode == 0, result.stderr
+    assert "ckpt_4.pt: phase 1 is at step 4 of --max_steps 4: nothing left to train" in result.stderr
+    assert snapshot(out) == before
+    result = phase2(workspace, "--max_steps", 4, "--phase1_end_step", 4, "--num_steps_per_checkpoint", 1)
+    assert result.returncode == 0, result.stderr
+    resumed = [r["data"]["resumed_from"] for r in read_log(out / "log.json")
+               if r.get("step") == "PARAMETER" and "resumed_from" in r["data"]]
+    assert resumed[-1].endswith("ckpt_6.pt")
+    after = snapshot(out)
+    assert {name: after[name] for name in ("ckpt_2.pt", "ckpt_4.pt")} == {name: before[name] for name in
+                                                                           ("ckpt_2.pt", "ckpt_4.pt")}
+    assert torch.load(out / "ckpt_8.pt", weights_only=True)["phase_step"] == 4
+
+
+@pytest.mark.slow
+def test_phase_1_never_goes_on_under_phase_2_checkpoints(workspace):
+    assert pretrain(workspace, "--max_steps", 4, "--steps_this_run", 2).returncode == 0
+    assert phase2(workspace, "--max_steps", 2, "--phase1_end_step", 2).returncode == 0  # accepted explicitly
+    before = snapshot(workspace / "out")
+    one_line_error(pretrain(workspace, "--max_steps", 4, "--resume_from_checkpoint"), "phase 2 has begun here",
+                   "phase 1 stopped at step 2 of --max_steps 4")
+    one_line_error(pretrain(workspace, "--max_steps", 4, "--resume_from_checkpoint", "--resume_step", 4),
+                   "ckpt_4.pt: is a phase-2 checkpoint")
+    assert snapshot(workspace / "out") == before
+
+
+@pytest.mark.slow
+def test_phase_settings_that_contradict_the_checkpoints_are_one_line_before_any_write(workspace):
+    """run.sub with TRAIN_STEPS changed and PHASE1_END_STEP not: phase 2 would number its steps from 2 and write
+    ckpt_3..ckpt_6 over phase 1's ckpt_4, the one it starts from."""
+    out = workspace / "out"
+    assert pretrain(workspace, "--max_steps", 4, "--num_steps_per_checkpoint", 2).returncode == 0
+    before = snapshot(out)
+    one_line_error(phase2(workspace, "--max_steps", 4, "--phase1_end_step", 2), "ckpt_4.pt",
+                   "phase 1 ended at step 4, not --phase1_end_step 2", "--phase1_end_step 4")
+    assert phase2(workspace, "--max_steps", 4, "--phase1_end_step", 4, "--steps_this_run", 1).returncode == 0
+    one_line_error(phase2(workspace, "--max_steps", 4, "--phase1_end_step", 3), "ckpt_5.pt",
+                   "after phase 1's step 4, not --phase1_end_step 3")
+    # A run set back to an older checkpoint would write over a newer one: refused.
+    one_line_error(pretrain(workspace, "--max_steps", 4, "--resume_from_checkpoint", "--resume_step", 2),
+                   "ckpt_4.pt: (phase 1) lies in the steps this run would checkpoint (3-4)")
+    assert {name: data for name, data in snapshot(out).items() if name in before} == before
+
+
+@pytest.mark.slow
+def test_a_resume_applies_a_new_learning_rate_and_says_so(workspace):
+    out = workspace / "out"
+    assert pretrain(workspace, "--max_steps", 4, "--steps_this_run", 2).returncode == 0
+    result = pretrain(workspace, "--max_steps", 4, "--resume_from_checkpoint", "--learning_rate", "2e-3")
+    assert result.returncode == 0, result.stderr
+    assert "resume: --learning_rate 0.001 -> 0.002 (the schedule goes on" in result.stderr
+    records = {tuple(r["step"]): r["data"] for r in read_log(out / "log.json") if r.get("step")
+               and isinstance(r["step"], list)}
+    # Step 3 of 4 on the poly schedule (degree 0.5) with the new peak; the old one would give half of it.
+    assert records[(0, 3)]["learning_rate"] == pytest.approx(2e-3 * (1 - 3 / 4) ** 0.5)
+    assert torch.load(out / "ckpt_4.pt", weights_only=True)["args"]["learning_rate"] == 2e-3
+
+
+@pytest.mark.slow
+def test_a_resume_refuses_another_seed_other_shards_and_another_global_batch_naming_old_and_new(workspace):
+    assert pretrain(workspace, "--max_steps", 4, "--steps_this_run", 2).returncode == 0
+    before = snapshot(workspace / "out")
+    one_line_error(pretrain(workspace, "--max_steps", 4, "--resume_from_checkpoint", "--seed", 7),
+                   "ckpt_2.pt", "--seed 42, this run has 7")
+    one_line_error(pretrain(workspace, "--max_steps", 4, "--resume_from_checkpoint", "--train_batch_size", 8),
+                   "ckpt_2.pt", "global batch of 4 sequences, this run has 8")
+    write_shard(workspace / "data" / "tiny_training_2.hdf5", shard_arrays(seed=2))
+    one_line_error(pretrain(workspace, "--max_steps", 4, "--resume_from_checkpoint"), "ckpt_2.pt",
+                   "other shards", "tiny_training_2.hdf5")
+    assert snapshot(workspace / "out") == before
+
+
+@pytest.mark.slow
+def test_max_steps_behind_the_checkpoint_is_refused_and_nothing_left_is_a_line_not_nan(workspace):
+    out = workspace / "out"
+    assert pretrain(workspace, "--max_steps", 4).returncode == 0
+    one_line_error(pretrain(workspace, "--max_steps", 2, "--resume_from_checkpoint"),
+                   "ckpt_4.pt: is at step 4 of this phase, beyond --max_steps 2")
+    result = pretrain(workspace, "--max_steps", 4, "--resume_from_checkpoint")
+    assert result.returncode == 0, result.stderr
+    assert "nothing left to train" in result.stderr
+    summary = read_log(out / "log.json")[-1]
+    assert summary["step"] == [] and "final_loss" not in summary["data"]
+    assert "nan" not in result.stdout.lower()
+
+
+def test_json_summary_or_output_dir_naming_an_input_is_refused_before_any_write(workspace):
+    config = workspace / "bert_config.json"
+    original = config.read_bytes()
+    command_flags = flags(workspace)
+    command_flags[command_flags.index("--json-summary") + 1] = str(config)
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *command_flags], env=ENV,
+                            capture_output=True, text=True, timeout=300)
+    one_line_error(result, "--json-summary is the same file as --config_file")
+    assert config.read_bytes() == original and not (workspace / "out").exists()
+    one_line_error(pretrain(workspace, out="data"), "--output_dir is the same folder as --input_dir")
+
+
+@pytest.mark.slow
+def test_ctrl_c_exits_130_naming_the_checkpoint_to_resume_from(workspace):
+    command = [sys.executable, str(REPO_ROOT / "run_pretraining.py"),
+               *flags(workspace, "--max_steps", 100000, "--num_steps_per_checkpoint", 1)]
+    process = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (workspace / "out" / "ckpt_2.pt").exists() and time.time() < deadline:
+            assert process.poll() is None
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    newest = checkpoint_names(workspace / "out")[-1]
+    assert last == f"interrupted (Ctrl-C): resume from {workspace / 'out' / newest} with --resume_from_checkpoint"
+    assert not (workspace / "out" / ".run.lock").exists()
+
+
+def test_the_docs_table_of_resume_rules_is_the_codes():
+    from bertrecipe.resume_rules import docs_table
+
+    assert docs_table() in (REPO_ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn, Optional
@@ -63,12 +64,17 @@ def read_json_file(path: str | Path, what: str = "JSON file", wording: Mapping[s
 
 
 def check_output_dir(path: str | Path, flag: str = "--output_dir") -> None:
-    """InputError when the folder cannot be used: it is a file, or a file stands where a parent folder would be
-    created. Creates nothing (the folder is made at the first write)."""
+    """InputError when the folder cannot be used: it is a file, a file stands where a parent folder would be
+    created, or it (or, while missing, its nearest existing parent) cannot be written. Creates nothing (the folder
+    is made at the first write)."""
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{folder}: {flag} exists and is a file, not a folder; choose a folder")
     check_creatable(folder, flag)
+    existing = next((f for f in (folder, *folder.absolute().parents) if f.exists()), None)
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"{existing}: {flag} cannot be written there (permission denied or a read-only file "
+                         f"system); make it writable or choose another {flag}")
 
 
 def check_creatable(path: str | Path, what: str) -> None:

@@ -502,3 +502,14 @@ def test_the_docs_table_of_resume_rules_is_the_codes():
     from bertrecipe.resume_rules import docs_table
 
     assert docs_table() in (REPO_ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
+
+
+def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_work(workspace, monkeypatch):
+    """A read-only or foreign folder (os.access is asked, since root, which runs CI, ignores permission bits)."""
+    real_access = os.access
+    read_only = workspace / "ro"
+    read_only.mkdir()
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != read_only and real_access(path, mode))
+    with pytest.raises(InputError, match="ro: --output_dir cannot be written there"):
+        run_pretraining.main(flags(workspace, out="ro/run"))
+    assert list(read_only.iterdir()) == []

@@ -3,11 +3,18 @@ and TensorBoard scalars when `tensorboard` is installed. Only the main process w
 
 Nothing is created when a MetricLogger is built: the JSON file opens with the first record written and the
 TensorBoard event file with the first scalar, so an entry point that refuses its inputs before logging leaves
-no file behind. Unusable paths are refused at construction (check_log_paths), before any work."""
+no file behind. Unusable paths (a folder where the file goes, a read-only or unwritable folder or file) are
+refused at construction (check_log_paths), before any work. A write that fails later (a full disk) is an
+InputError naming the file and errno's text; the records written before it stay whole in the file."""
 from __future__ import annotations
 
+import errno
+import io
+import itertools
 import json
 import math
+import os
+import socket
 import time
 from datetime import datetime
 from pathlib import Path
@@ -16,6 +23,7 @@ from typing import Any, Callable, Optional, Union
 from bertrecipe.errors import InputError, check_creatable
 
 Step = Union[str, list, tuple]
+_EVENT_FILES = itertools.count()  # event files of one process made in the same second get different names
 
 
 def _jsonable(value: Any) -> Any:
@@ -26,21 +34,84 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _unwritable(path: Path) -> Optional[str]:
+    """errno's text for why `path` (existing) cannot be written to or created in, or None when it can."""
+    if os.access(path, os.W_OK | (os.X_OK if path.is_dir() else 0)):
+        return None
+    try:
+        read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    return os.strerror(errno.EROFS if read_only else errno.EACCES)
+
+
+def check_writable_file(path: str | Path, what: str, example: str = "dllogger.json") -> None:
+    """InputError when records cannot be appended to `path`: a folder (`example` names a file to give instead),
+    an existing file that is not writable, or a new one that cannot be created (a file or an unwritable folder
+    on the way). Creates nothing."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise InputError(f"{path}: {what} is a folder; give a file name such as {path / example}")
+        if path.exists():
+            problem = _unwritable(path)
+            if problem:
+                raise InputError(f"{path}: {what} cannot be written ({problem})")
+            return
+        _check_new(path, what)
+    except PermissionError as error:  # a folder on the way that cannot be looked into
+        raise InputError(f"{path}: {what} cannot be used ({error.strerror})") from None
+
+
+def check_writable_folder(folder: str | Path, what: str) -> None:
+    """InputError when files cannot be created in `folder`: it is a file, it is not writable, or it cannot be
+    created (a file or an unwritable folder on the way). Creates nothing."""
+    folder = Path(folder)
+    try:
+        if folder.exists():
+            if not folder.is_dir():
+                raise InputError(f"{folder}: {what} exists and is a file; move it or choose another output folder")
+            problem = _unwritable(folder)
+            if problem:
+                raise InputError(f"{folder}: {what} cannot be written to ({problem})")
+            return
+        _check_new(folder, what)
+    except PermissionError as error:
+        raise InputError(f"{folder}: {what} cannot be used ({error.strerror})") from None
+
+
+def _check_new(path: Path, what: str) -> None:
+    check_creatable(path, what)  # no file where a folder on the way would be created
+    existing = next((parent for parent in path.parents if parent.exists()), None)
+    problem = _unwritable(existing) if existing is not None else None
+    if problem:
+        raise InputError(f"{path}: {what} cannot be created: {existing} is not writable ({problem})")
+
+
 def check_log_paths(json_path: Optional[str | Path], tensorboard_dir: Optional[str | Path] = None,
                     json_flag: str = "--json-summary") -> None:
-    """Refuses, with one line, a JSON log path that is a folder or lies under a file, and a TensorBoard folder
-    that is a file or lies under one. Creates nothing; entry points call it with their other checks."""
+    """Refuses, with one line, a JSON log path that is a folder, lies under a file or cannot be written (an
+    unwritable file, an unwritable or read-only folder), and a TensorBoard folder that is a file, lies under one
+    or cannot be written to. Creates nothing; entry points call it with their other checks."""
     if json_path:
-        path = Path(json_path)
-        if path.is_dir():
-            raise InputError(f"{path}: {json_flag} is a folder; give a file name such as {path / 'dllogger.json'}")
-        check_creatable(path, json_flag)
+        check_writable_file(json_path, json_flag)
     if tensorboard_dir:
-        folder = Path(tensorboard_dir)
-        if folder.exists() and not folder.is_dir():
-            raise InputError(f"{folder}: the TensorBoard folder exists and is a file; move it or choose another "
-                             "output folder")
-        check_creatable(folder, "the TensorBoard folder")
+        check_writable_folder(tensorboard_dir, "the TensorBoard folder")
+
+
+def _append(fd: int, data: bytes) -> None:
+    """Appends `data` whole or not at all: after a failed write (a full disk) the file is cut back to its size
+    before, so that it ends with its last complete record."""
+    start = os.fstat(fd).st_size
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        try:
+            os.ftruncate(fd, start)
+        except OSError:
+            pass
+        raise
 
 
 class MetricLogger:
@@ -74,12 +145,15 @@ class MetricLogger:
         }
 
     def _write(self, record: dict[str, Any]) -> None:
-        if self._file is None and self._json_path is not None:
-            self._json_path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self._json_path, "a", encoding="utf-8")  # appended to, as dllogger does
-        if self._file is not None:
-            self._file.write("DLLL " + json.dumps(record) + "\n")
-            self._file.flush()
+        if self._json_path is None:
+            return
+        try:
+            if self._file is None:
+                self._json_path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = open(self._json_path, "ab", buffering=0)  # appended to, as dllogger does
+            _append(self._file.fileno(), ("DLLL " + json.dumps(record) + "\n").encode("utf-8"))
+        except OSError as error:
+            raise InputError(f"{self._json_path}: cannot write the JSON log ({error.strerror})") from None
 
     def metadata(self, metric: str, metadata: dict[str, Any]) -> None:
         if not self.enabled:
@@ -101,29 +175,65 @@ class MetricLogger:
         if self._tensorboard_dir is not None and isinstance(step, list) and step:
             scalars = {key: value for key, value in data.items() if isinstance(value, (int, float))}
             writer = self._open_tensorboard() if scalars else None
-            for key, value in scalars.items() if writer is not None else ():
-                writer.add_scalar(key, value, step[-1])
+            if writer is not None:
+                writer.add_scalars(scalars, step[-1])
 
-    def _open_tensorboard(self) -> Any:
-        """The SummaryWriter, made at the first scalar (it creates its event file at once); None without
-        tensorboard installed."""
+    def _open_tensorboard(self) -> Optional["EventFile"]:
+        """The event file, made at the first scalar; None without tensorboard installed."""
         if self._tensorboard is None:
             try:
-                from torch.utils.tensorboard import SummaryWriter
+                self._tensorboard = EventFile(self._tensorboard_dir)
             except ImportError:  # optional: only when tensorboard is installed
                 self._tensorboard_dir = None
-                return None
-            self._tensorboard = SummaryWriter(str(self._tensorboard_dir))
         return self._tensorboard
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._tensorboard is not None:
-            self._tensorboard.close()
-            self._tensorboard = None
-        self._json_path = self._tensorboard_dir = None  # closed for good: a late record creates nothing
+        try:
+            if self._file is not None:
+                self._file.close()
+            if self._tensorboard is not None:
+                self._tensorboard.close()
+        finally:
+            self._file = self._tensorboard = None
+            self._json_path = self._tensorboard_dir = None  # closed for good: a late record creates nothing
+
+
+class EventFile:
+    """TensorBoard scalars in an event file of `folder`, written at once in the calling thread: torch's
+    SummaryWriter writes from a thread of its own, whose failure (a full disk) is a traceback on stderr and
+    reaches the caller only at a later call. Readers (TensorBoard, EventAccumulator) see the same records.
+    ImportError without tensorboard; InputError naming the folder or file when it cannot be written."""
+
+    def __init__(self, folder: Path) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        self._event, self._summary, self._record_writer = Event, Summary, RecordWriter
+        # SummaryWriter's naming: TensorBoard finds event files by "tfevents" in their names.
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_EVENT_FILES)}"
+        self.path = folder / name
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "ab", buffering=0)
+        except OSError as error:
+            raise InputError(f"{folder}: cannot write the TensorBoard folder ({error.strerror})") from None
+        self._add(Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def add_scalars(self, scalars: dict[str, float], step: int) -> None:
+        values = [self._summary.Value(tag=key, simple_value=float(value)) for key, value in scalars.items()]
+        self._add(self._event(wall_time=time.time(), step=step, summary=self._summary(value=values)))
+
+    def _add(self, event: Any) -> None:
+        record = io.BytesIO()
+        self._record_writer(record).write(event.SerializeToString())  # TFRecord framing: length, CRCs
+        try:
+            _append(self._file.fileno(), record.getvalue())
+        except OSError as error:
+            raise InputError(f"{self.path}: cannot write the TensorBoard events ({error.strerror})") from None
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def read_log(path: str | Path) -> list[dict[str, Any]]:

@@ -24,17 +24,25 @@ mode=${16:-"train eval"}
 CODEDIR=${CODEDIR:-"$(cd "$(dirname "$0")/.." && pwd)"}
 PYTHON=${PYTHON:-python3}
 
+# The arguments only this script reads are checked before anything runs; run_glue.py checks the others (--mode
+# too) and, like this script, creates nothing (no folder, no log) when it refuses them.
 flags=()
 # shellcheck source=scripts/precision_flags.sh
 source "$(dirname "${BASH_SOURCE[0]}")/precision_flags.sh"
 add_precision_flag "$precision"
+require_count num_gpu 7 "$num_gpu"
 [ "$config_file" != "checkpoint" ] && flags+=(--config_file="$config_file")
-mkdir -p "$out_dir"
 
-"$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$num_gpu" "$CODEDIR/run_glue.py" \
+# bertrecipe.launch (torchrun in one process, in place of this script so that signals reach it) ends with the
+# workers' own exit status and no traceback after their one-line errors. It appends the output to
+# $out_dir/logfile.txt after a line naming the run's start (an earlier run's log, scores included, is never
+# cut), and opens it only once run_glue.py wrote its dllogger JSON, right after its argument checks: refused
+# arguments leave no log and no $out_dir.
+exec "$PYTHON" -m bertrecipe.launch --log_file="$out_dir/logfile.txt" --log_after="$out_dir/dllogger.json" \
+  --standalone --nproc_per_node="$num_gpu" "$CODEDIR/run_glue.py" \
   --task_name="$task_name" --data_dir="$data_dir" --vocab_file="$vocab_file" --init_checkpoint="$init_checkpoint" \
   --output_dir="$out_dir" --mode="$mode" --bert_model=bert-large-uncased --do_lower_case --max_seq_length=128 \
   --train_batch_size="$batch_size" --eval_batch_size="$batch_size" \
   --gradient_accumulation_steps="$gradient_accumulation_steps" --learning_rate="$learning_rate" \
   --warmup_proportion="$warmup_proportion" --num_train_epochs="$epochs" --max_steps="$max_steps" --seed="$seed" \
-  --json-summary="$out_dir/dllogger.json" "${flags[@]}" 2>&1 | tee "$out_dir/logfile.txt"
+  --json-summary="$out_dir/dllogger.json" "${flags[@]}"

@@ -34,12 +34,26 @@ RESULTS_DIR=${RESULTS_DIR:-"$CODEDIR/results"}
 CHECKPOINTS_DIR=$RESULTS_DIR/checkpoints
 PYTHON=${PYTHON:-python3}
 EXTRA_ARGS=${EXTRA_ARGS:-}           # e.g. "--eval_dir DIR --compile_optimizer --steps_this_run 100"
+# Seconds the workers get after a SIGTERM or Ctrl-C to finish their step and checkpoint before they are killed
+# (torchrun's default, 30 s, can cut a large checkpoint short; run.sub signals 300 s before the time limit).
+SHUTDOWN_TIMEOUT=${SHUTDOWN_TIMEOUT:-300}
 
-mkdir -p "$CHECKPOINTS_DIR"
+# The arguments only this script reads are checked before anything runs; run_pretraining.py checks the others
+# and, like this script, creates nothing (no folder, no log) when it refuses them.
 flags=()
 # shellcheck source=scripts/precision_flags.sh
 source "$(dirname "${BASH_SOURCE[0]}")/precision_flags.sh"
 add_precision_flag "$precision"
+require_count num_gpus 4 "$num_gpus"
+if ! [[ $SHUTDOWN_TIMEOUT =~ ^[0-9]+$ ]]; then
+  echo "error: SHUTDOWN_TIMEOUT: '$SHUTDOWN_TIMEOUT' is not a whole number of seconds" >&2
+  exit 2
+fi
+require_boolean resume_training 8 "$resume_training"
+require_boolean create_logfile 9 "$create_logfile"
+require_boolean accumulate_gradients 10 "$accumulate_gradients"
+require_boolean allreduce_post_accumulation 14 "$allreduce_post_accumulation"
+require_boolean allreduce_post_accumulation_fp16 15 "$allreduce_post_accumulation_fp16"
 [ "$accumulate_gradients" = "true" ] || { gradient_accumulation_steps=1; gradient_accumulation_steps_phase2=1; }
 [ "$allreduce_post_accumulation" = "true" ] && flags+=(--allreduce_post_accumulation)
 [ "$allreduce_post_accumulation_fp16" = "true" ] && flags+=(--allreduce_post_accumulation_fp16)
@@ -48,27 +62,55 @@ resume=()
 [ "$init_checkpoint" != "None" ] && resume+=(--init_checkpoint "$init_checkpoint")
 # shellcheck disable=SC2206  # EXTRA_ARGS is split into words on purpose
 extra=($EXTRA_ARGS)
-launch=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$num_gpus" "$CODEDIR/run_pretraining.py")
-log() { if [ "$create_logfile" = "true" ]; then tee -a "$RESULTS_DIR/$job_name.log"; else cat; fi; }
+LOG_FILE=$RESULTS_DIR/$job_name.log
 
-"${launch[@]}" --input_dir="$DATA_DIR_PHASE1" --output_dir="$CHECKPOINTS_DIR" --config_file="$BERT_CONFIG" \
-  --bert_model=bert-large-uncased --train_batch_size="$train_batch_size" --max_seq_length=128 \
-  --max_predictions_per_seq=20 --max_steps="$train_steps" --warmup_proportion="$warmup_proportion" \
-  --num_steps_per_checkpoint="$save_checkpoint_steps" --learning_rate="$learning_rate" --seed="$seed" \
-  --gradient_accumulation_steps="$gradient_accumulation_steps" --do_train \
-  --json-summary="$RESULTS_DIR/dllogger_phase1.json" "${flags[@]}" "${resume[@]}" "${extra[@]}" 2>&1 | log
+# launch PHASE_JSON ARGS...: one phase through bertrecipe.launch (torchrun in one process), which ends with the
+# workers' own exit status (2 after their one-line error, 130 after Ctrl-C, 143 after a SIGTERM that stopped the
+# phase early) and no traceback. With create_logfile=true it appends the phase's output to $LOG_FILE after a line
+# naming the phase's start, and opens that log only once the phase wrote PHASE_JSON, which run_pretraining.py
+# does right after its argument checks: refused arguments leave no log and no results folder. An earlier run's
+# log is never cut. The launcher runs as a background job that this script waits for, so that a SIGTERM sent to
+# this script alone (docker stop, a scheduler) is handed on to it; Ctrl-C reaches it directly (the terminal
+# signals the whole foreground process group), so this script itself ignores SIGINT.
+launch() {
+  local json=$1 launcher status=0
+  shift
+  local command=("$PYTHON" -m bertrecipe.launch)
+  [ "$create_logfile" = "true" ] && command+=(--log_file="$LOG_FILE" --log_after="$json")
+  command+=(--standalone --nproc_per_node="$num_gpus" --shutdown_timeout="$SHUTDOWN_TIMEOUT")
+  "${command[@]}" "$CODEDIR/run_pretraining.py" --json-summary="$json" "$@" &
+  launcher=$!
+  trap 'kill -TERM "$launcher" 2>/dev/null || true' TERM
+  wait "$launcher" || status=$?
+  while kill -0 "$launcher" 2>/dev/null; do  # wait was cut short by the trapped SIGTERM: wait on for the exit
+    status=0
+    wait "$launcher" || status=$?
+  done
+  trap - TERM
+  return "$status"
+}
+trap '' INT
 
-# A preempted phase 1 (SIGTERM: checkpoint, exit 0) or a shortened one (--steps_this_run) must not hand over.
+launch "$RESULTS_DIR/dllogger_phase1.json" --input_dir="$DATA_DIR_PHASE1" --output_dir="$CHECKPOINTS_DIR" \
+  --config_file="$BERT_CONFIG" --bert_model=bert-large-uncased --train_batch_size="$train_batch_size" \
+  --max_seq_length=128 --max_predictions_per_seq=20 --max_steps="$train_steps" \
+  --warmup_proportion="$warmup_proportion" --num_steps_per_checkpoint="$save_checkpoint_steps" \
+  --learning_rate="$learning_rate" --seed="$seed" --gradient_accumulation_steps="$gradient_accumulation_steps" \
+  --do_train "${flags[@]}" "${resume[@]}" "${extra[@]}"
+
+# A shortened phase 1 (--steps_this_run, exit 0) must not hand over; a preempted one (SIGTERM) ended above, 143.
 if [ ! -f "$CHECKPOINTS_DIR/ckpt_${train_steps}.pt" ]; then
-  echo "phase 1 stopped before step $train_steps: run again with resume_training=true to finish it;" \
-    "phase 2 not started" | log
+  message="phase 1 stopped before step $train_steps: run again with resume_training=true to finish it;"
+  message+=" phase 2 not started"
+  echo "$message"
+  if [ -f "$LOG_FILE" ] && [ "$create_logfile" = "true" ]; then echo "$message" >> "$LOG_FILE"; fi
   exit 0
 fi
 
-"${launch[@]}" --input_dir="$DATA_DIR_PHASE2" --output_dir="$CHECKPOINTS_DIR" --config_file="$BERT_CONFIG" \
-  --bert_model=bert-large-uncased --train_batch_size="$train_batch_size_phase2" --max_seq_length=512 \
-  --max_predictions_per_seq=80 --max_steps="$train_steps_phase2" --warmup_proportion="$warmup_proportion_phase2" \
-  --num_steps_per_checkpoint="$save_checkpoint_steps" --learning_rate="$learning_rate_phase2" --seed="$seed" \
+launch "$RESULTS_DIR/dllogger_phase2.json" --input_dir="$DATA_DIR_PHASE2" --output_dir="$CHECKPOINTS_DIR" \
+  --config_file="$BERT_CONFIG" --bert_model=bert-large-uncased --train_batch_size="$train_batch_size_phase2" \
+  --max_seq_length=512 --max_predictions_per_seq=80 --max_steps="$train_steps_phase2" \
+  --warmup_proportion="$warmup_proportion_phase2" --num_steps_per_checkpoint="$save_checkpoint_steps" \
+  --learning_rate="$learning_rate_phase2" --seed="$seed" \
   --gradient_accumulation_steps="$gradient_accumulation_steps_phase2" --do_train --resume_from_checkpoint \
-  --phase2 --phase1_end_step="$train_steps" \
-  --json-summary="$RESULTS_DIR/dllogger_phase2.json" "${flags[@]}" "${extra[@]}" 2>&1 | log
+  --phase2 --phase1_end_step="$train_steps" "${flags[@]}" "${extra[@]}"

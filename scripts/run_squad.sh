@@ -22,19 +22,28 @@ max_steps=${14:-"-1"}
 CODEDIR=${CODEDIR:-"$(cd "$(dirname "$0")/.." && pwd)"}
 PYTHON=${PYTHON:-python3}
 
+# The arguments only this script reads are checked before anything runs; run_squad.py checks the others and,
+# like this script, creates nothing (no folder, no log) when it refuses them.
 flags=()
 # shellcheck source=scripts/precision_flags.sh
 source "$(dirname "${BASH_SOURCE[0]}")/precision_flags.sh"
 add_precision_flag "$precision"
+require_count num_gpu 7 "$num_gpu"
+require_mode 12 "$mode"
 [[ $mode == *train* ]] && flags+=(--do_train --train_file="$squad_dir/train-v1.1.json" --train_batch_size="$batch_size")
 [[ $mode == *eval* || $mode == *prediction* ]] && flags+=(--do_predict --predict_file="$squad_dir/dev-v1.1.json" \
   --predict_batch_size="$batch_size")
 [[ $mode == *eval* ]] && flags+=(--do_eval)
 [ "$CONFIG_FILE" != "checkpoint" ] && flags+=(--config_file="$CONFIG_FILE")
-mkdir -p "$OUT_DIR"
 
-"$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$num_gpu" "$CODEDIR/run_squad.py" \
+# bertrecipe.launch (torchrun in one process, in place of this script so that signals reach it) ends with the
+# workers' own exit status and no traceback after their one-line errors. It appends the output to
+# $OUT_DIR/logfile.txt after a line naming the run's start (an earlier run's log, scores included, is never
+# cut), and opens it only once run_squad.py wrote its dllogger JSON, right after its argument checks: refused
+# arguments leave no log and no $OUT_DIR.
+exec "$PYTHON" -m bertrecipe.launch --log_file="$OUT_DIR/logfile.txt" --log_after="$OUT_DIR/dllogger.json" \
+  --standalone --nproc_per_node="$num_gpu" "$CODEDIR/run_squad.py" \
   --init_checkpoint="$init_checkpoint" --bert_model=bert-large-uncased --do_lower_case --max_seq_length=384 \
   --doc_stride=128 --num_train_epochs="$epochs" --learning_rate="$learning_rate" \
   --warmup_proportion="$warmup_proportion" --seed="$seed" --max_steps="$max_steps" --vocab_file="$vocab_file" \
-  --output_dir="$OUT_DIR" --json-summary="$OUT_DIR/dllogger.json" "${flags[@]}" 2>&1 | tee "$OUT_DIR/logfile.txt"
+  --output_dir="$OUT_DIR" --json-summary="$OUT_DIR/dllogger.json" "${flags[@]}"

@@ -286,13 +286,20 @@ def _windows(n_pieces: int, window: int, stride: int) -> list[tuple[int, int]]:
 
 def _max_context_window(spans: list[tuple[int, int]], n_pieces: int) -> np.ndarray:
     """For each document piece, the window where min(left, right) context + 0.01 * window length is highest
-    (the first such window on ties): int64 [n_pieces]."""
-    position = np.arange(n_pieces)
-    scores = np.full((len(spans), n_pieces), -np.inf)
+    (the first such window on ties): int64 [n_pieces].
+
+    Each window updates only its own pieces, so time and memory grow with the pieces the windows hold (a
+    windows x pieces score table took gigabytes for a book-length context)."""
+    best = np.zeros(n_pieces, np.int64)
+    best_score = np.full(n_pieces, -np.inf)
     for k, (start, length) in enumerate(spans):
         inside = slice(start, start + length)
-        scores[k, inside] = np.minimum(position[inside] - start, start + length - 1 - position[inside]) + 0.01 * length
-    return scores.argmax(axis=0)
+        position = np.arange(start, start + length)
+        score = np.minimum(position - start, start + length - 1 - position) + 0.01 * length
+        better = score > best_score[inside]  # strictly: the earlier window keeps a tie, as argmax does
+        best_score[inside] = np.where(better, score, best_score[inside])
+        best[inside] = np.where(better, k, best[inside])
+    return best
 
 
 @dataclass

@@ -259,3 +259,42 @@ def test_every_dev_v1_answer_of_the_excerpt_is_recoverable_from_a_window(dev_v1,
 def test_every_dev_v1_answer_is_recoverable_from_a_window(shared_data, tokenizer, record_property):
     full = squad.read_squad_examples(shared_data / "squad" / "dev-v1.1.json", is_training=False)
     assert check_recoverable(full, tokenizer, record_property, min_exact=0.995)[0] == 34726
+
+
+BOOKS = TEST_DATA / "books"
+
+
+def book_words(count: int) -> list[str]:
+    """The words of the two book chapters in tests/data/books, repeated to `count` words."""
+    words = " ".join(p.read_text(encoding="utf-8") for p in sorted(BOOKS.glob("*.txt"))).split()
+    return (words * (count // len(words) + 1))[:count]
+
+
+def test_features_of_a_long_context_equal_reference(tokenizer):
+    """Hundreds of windows over one context (max context decided among many overlapping windows, ties included)
+    give the plain reference's features."""
+    example = squad.SquadExample("long", "Who was late?", book_words(1500), [], context_id=0)
+    settings = squad.WindowSettings(max_seq_length=48, doc_stride=12, max_query_length=8)
+    features = assert_features_match([example], tokenizer, settings, is_training=False)
+    assert len(features) > 150
+
+
+def test_feature_memory_grows_linearly_with_the_context(tokenizer):
+    """The memory that building the windows takes grows with the document's pieces, not with windows x pieces:
+    from 8,000 to 32,000 words the peak may grow by at most 200 bytes per added piece (the features themselves
+    take about 33 per piece; a windows x pieces table took about 2,900 more per piece at 32,000 words)."""
+    import tracemalloc
+
+    peaks, pieces = [], []
+    for count in (8_000, 32_000):
+        example = squad.SquadExample("q", "Who was late?", book_words(count), [], context_id=0)
+        squad.convert_examples_to_features([example], tokenizer)  # the tokenizer's own caches, outside the count
+        tracemalloc.start()
+        try:
+            features = squad.convert_examples_to_features([example], tokenizer)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        pieces.append(int(features.token_is_max_context.sum()))  # each piece is max context in one window
+    assert pieces[1] > 3.5 * pieces[0]
+    assert peaks[1] - peaks[0] <= 200 * (pieces[1] - pieces[0]), (peaks, pieces)

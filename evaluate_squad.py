@@ -17,8 +17,9 @@ Questions without a prediction are treated as the official scripts treat them, s
   leaves out an empty group), consistent with the main scores. A v2.0 file with no prediction at all, where
   the official script divides by zero, is an error (exit 2).
 `--strict` refuses predictions that miss any question (exit 2); `--allow-missing`, once needed to get the
-v1.1 behaviour, is accepted and changes nothing. `--out-file` must name a file in an existing folder (checked
-before anything is read); it is written whole or not at all.
+v1.1 behaviour, is accepted and changes nothing. `--out-file` must name a file in an existing, writable folder,
+none of the input files (checked before anything is read); it is written whole or not at all. Standard output
+sent into an input file (`> pred.json`) is refused too.
 """
 from __future__ import annotations
 
@@ -29,10 +30,11 @@ import string
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from bertrecipe.atomic_files import write_atomic
 from bertrecipe.errors import ArgumentParser, InputError, read_json_file, run_cli
+from bertrecipe.output_paths import check_writable, refuse_input_as_output
 from bertrecipe.squad import is_squad_v2, load_squad_json
 
 _PUNCTUATION = frozenset(string.punctuation)  # ASCII only, as the official scripts
@@ -275,17 +277,20 @@ def evaluate_files(
         raise
 
 
-def check_out_file(path: str | Path) -> Path:
-    """The --out-file path, checked before any work: not a directory, in a folder that exists. The folder is
-    not created: a mistyped path should fail here, not leave new folders behind."""
+def check_out_file(path: str | Path, inputs: Sequence[tuple[str, Optional[str]]] = ()) -> Path:
+    """The --out-file path, checked before any work: not a directory, in a writable folder that exists, none of
+    the (flag, path) inputs. The folder is not created: a mistyped path should fail here, not leave new folders
+    behind."""
     out = Path(path)
     try:
+        refuse_input_as_output(out, "--out-file", inputs)
         if out.is_dir():
             raise InputError(f"{out}: --out-file is a directory; give a file name such as {out / 'eval.json'}")
         folder = out.parent
         if not folder.is_dir():
             problem = "is not a folder" if folder.exists() else "does not exist (create it first)"
             raise InputError(f"{out}: the --out-file folder {folder} {problem}, or choose another path")
+        check_writable(out, "--out-file")
     except OSError as error:  # e.g. a name too long for the file system
         raise InputError(f"{out}: cannot be used as --out-file ({error.strerror})") from None
     return out
@@ -327,7 +332,10 @@ def _parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     args = _parse_args(argv)
-    out_file = check_out_file(args.out_file) if args.out_file else None
+    inputs = [("data.json", args.data_file), ("pred.json", args.pred_file), ("--na-prob-file", args.na_prob_file)]
+    out_file = check_out_file(args.out_file, inputs) if args.out_file else None
+    # `> pred.json` has emptied the predictions before this runs: say so rather than "malformed JSON".
+    refuse_input_as_output("/dev/stdout", "the standard output", inputs, fix="send the output (>) to another file")
     result = evaluate_files(args.data_file, args.pred_file, args.na_prob_file, args.na_prob_thresh, args.strict)
     is_v2 = "exact" in result
     if out_file is not None:

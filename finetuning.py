@@ -21,12 +21,15 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from bertrecipe.atomic_files import remove_stale_temporaries, write_temporary
-from bertrecipe.data.tokenization import BertTokenizer, load_vocab
+from bertrecipe.data.tokenization import (ALLOW_VOCAB_MISMATCH, BertTokenizer, Vocab, check_vocab_for_model,
+                                         load_vocab)
 from bertrecipe.process_group import DistributedContext, all_reduce_sum
 from bertrecipe.errors import InputError, check_output_dir
 from bertrecipe.metric_logger import MetricLogger, check_log_paths
 from bertrecipe.model import BertConfig
-from bertrecipe.model_weights import LoadedWeights, load_weights_into, read_config, read_weights
+from bertrecipe.model_weights import (CONFIG_FILES, HF_WEIGHT_FILES, LoadedWeights, load_weights_into, read_config,
+                                      read_weights)
+from bertrecipe.output_paths import check_writable, refuse_input_as_output
 from bertrecipe.training import Precision, Stepper, allow_tf32, batches_to_device, take, unwrap
 
 Arrays = dict[str, np.ndarray]
@@ -50,6 +53,7 @@ def add_common_arguments(p: argparse.ArgumentParser, *, batch_size: int, learnin
     p.add_argument("--gradient_accumulation_steps", type=int, default=1)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--do_lower_case", action="store_true")
+    add_allow_vocab_mismatch(p)
     p.add_argument("--fp16", "--amp", dest="fp16", action="store_true", help="fp16 autocast + loss scaling (CUDA)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU or GPU)")
     p.add_argument("--tf32", action="store_true", help="TF32 matmuls in fp32 training (Ampere+ GPUs)")
@@ -90,6 +94,36 @@ def check_common_arguments(args: argparse.Namespace) -> None:
     allow_tf32(args.tf32)
 
 
+Paths = list[tuple[str, Optional[str | Path]]]  # (flag or description, path or None)
+
+
+def model_inputs(args: argparse.Namespace) -> Paths:
+    """The model files a run reads: --vocab_file, --config_file and --init_checkpoint with what read_weights may
+    read along (a folder's weights and config, the config beside a checkpoint file)."""
+    inputs: Paths = [("--vocab_file", args.vocab_file), ("--config_file", args.config_file)]
+    if args.init_checkpoint:
+        path = Path(args.init_checkpoint)
+        folder = path if path.is_dir() else path.parent
+        names = (*CONFIG_FILES, *HF_WEIGHT_FILES) if path.is_dir() else CONFIG_FILES
+        inputs.append(("--init_checkpoint", path))
+        inputs += [(f"the {name} of --init_checkpoint", folder / name) for name in names if (folder / name).is_file()]
+    return inputs
+
+
+def check_output_paths(args: argparse.Namespace, inputs: Paths, files: Sequence[str]) -> None:
+    """Refuses, before the first write, an output that is one of the run's inputs (InputError naming both): the
+    --output_dir folder (nor an input folder), the `files` this run writes in it, the --json-summary log; and an
+    output file that cannot be written where it is named."""
+    refuse_input_as_output(args.output_dir, "--output_dir", inputs)
+    # (what it is, where, the flag that moves it)
+    outputs = [(f"{name} (in --output_dir)", Path(args.output_dir) / name, "--output_dir") for name in files]
+    if args.json_summary:
+        outputs.append(("--json-summary", Path(args.json_summary), "--json-summary"))
+    for what, path, flag in outputs:
+        refuse_input_as_output(path, what, inputs, fix=f"choose another {flag}")
+        check_writable(path, what)
+
+
 def check_positive(args: argparse.Namespace, *names: str) -> None:
     """InputError unless each named integer flag is at least 1."""
     for name in names:
@@ -97,8 +131,19 @@ def check_positive(args: argparse.Namespace, *names: str) -> None:
             raise InputError(f"--{name} must be at least 1, got {getattr(args, name)}")
 
 
-def load_tokenizer(vocab_file: str | Path, do_lower_case: bool) -> BertTokenizer:
-    return BertTokenizer(load_vocab(vocab_file), do_lower_case)
+def add_allow_vocab_mismatch(p: argparse.ArgumentParser) -> None:
+    """The flag of every command that takes a vocab with a model (see load_tokenizer and build_model)."""
+    p.add_argument(ALLOW_VOCAB_MISMATCH, action="store_true",
+                   help="warn instead of refusing a vocab that does not look like the model's: far fewer tokens than "
+                        "its embeddings, or a casing that --do_lower_case contradicts")
+
+
+def load_tokenizer(vocab_file: str | Path, do_lower_case: bool, allow_vocab_mismatch: bool = False) -> BertTokenizer:
+    """The tokenizer of a vocab.txt; a vocab whose casing --do_lower_case contradicts is refused (InputError naming
+    the file) unless allow_vocab_mismatch (then a warning): data.tokenization.check_vocab_for_model."""
+    vocab = load_vocab(vocab_file)
+    check_vocab_for_model(vocab, do_lower_case=do_lower_case, allow_mismatch=allow_vocab_mismatch)
+    return BertTokenizer(vocab, do_lower_case)
 
 
 def model_config(config_file: Optional[str],
@@ -115,10 +160,11 @@ def model_config(config_file: Optional[str],
 
 
 def build_model(make: Callable[[BertConfig], nn.Module], config: BertConfig, weights: Optional[LoadedWeights],
-                source: Optional[str], vocab_size: int, max_seq_length: int) -> nn.Module:
-    """make(config) with the checkpoint's weights; the vocab and the sequence length must fit the config."""
-    if vocab_size > config.vocab_size:
-        raise InputError(f"the vocab file has {vocab_size} tokens but the model's config only {config.vocab_size}")
+                source: Optional[str], vocab: Vocab, max_seq_length: int, allow_vocab_mismatch: bool = False
+                ) -> nn.Module:
+    """make(config) with the checkpoint's weights; the vocab (check_vocab_for_model: its size against the config's
+    vocab_size) and the sequence length must fit the config."""
+    check_vocab_for_model(vocab, model_vocab_size=config.vocab_size, allow_mismatch=allow_vocab_mismatch)
     if max_seq_length > config.max_position_embeddings:
         raise InputError(f"--max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
                          f"{config.max_position_embeddings}")

@@ -14,6 +14,7 @@ same sliding windows as run_squad.py (--max_seq_length, --doc_stride).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import dataclass
@@ -27,11 +28,12 @@ from bertrecipe import finetuning
 from bertrecipe import squad
 from bertrecipe import squad_answers
 from bertrecipe import squad_cli
-from bertrecipe.data.tokenization import BertTokenizer
-from bertrecipe.errors import ArgumentParser, read_text_file, run_cli
-from bertrecipe.model import BertForQuestionAnswering
+from bertrecipe.data.tokenization import BertTokenizer, Vocab, check_vocab_for_model
+from bertrecipe.errors import ArgumentParser, InputError, read_text_file, run_cli
+from bertrecipe.model import VOCAB_PAD_MULTIPLE, BertForQuestionAnswering
 from bertrecipe.onnx_export import check_vocab_fits, open_qa_session, qa_logits
-from bertrecipe.question_answering import LogitsFunction, answer_about_context
+from bertrecipe.output_paths import refuse_input_as_output
+from bertrecipe.question_answering import LogitsFunction, answer_about_context, check_question
 from bertrecipe.training import make_precision
 
 
@@ -50,6 +52,7 @@ class InferenceOptions:
     batch_size: int
     precision: str  # "fp32", "fp16" or "bf16"
     seed: int
+    allow_vocab_mismatch: bool = False
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
@@ -69,6 +72,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
     squad_cli.add_window_arguments(p)
     squad_cli.add_answer_arguments(p)
     p.add_argument("--do_lower_case", action="store_true", help="for uncased models")
+    finetuning.add_allow_vocab_mismatch(p)
     p.add_argument("--fp16", "--amp", dest="fp16", action="store_true", help="fp16 autocast (CUDA)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU or CUDA)")
     p.add_argument("--predict_batch_size", type=int, default=8, help="windows per forward pass")
@@ -81,6 +85,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
     for flag in ("max_seq_length", "doc_stride", "n_best_size", "max_answer_length", "predict_batch_size"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag} must be at least 1")
+    if args.question is not None:
+        check_question(args.question)
+    refuse_output_onto_inputs(args)
     if args.context_file is not None:
         context = read_text_file(args.context_file, "context file")
     else:
@@ -97,23 +104,34 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
         batch_size=args.predict_batch_size,
         precision="fp16" if args.fp16 else "bf16" if args.bf16 else "fp32",
         seed=args.seed,
+        allow_vocab_mismatch=args.allow_vocab_mismatch,
     )
 
 
-def load_tokenizer(vocab_file: Path, do_lower_case: bool) -> BertTokenizer:
-    """The WordPiece tokenizer of a vocab.txt; a bad vocab file is an InputError (data.errors.DataError)."""
-    return finetuning.load_tokenizer(vocab_file, do_lower_case)
+def refuse_output_onto_inputs(args: argparse.Namespace) -> None:
+    """The answers go to the standard output: refused (InputError) when the shell sends it into one of the inputs
+    (`> context.txt` has emptied the file already, `>> context.txt` would append to it)."""
+    inputs = [*finetuning.model_inputs(args), ("--onnx_model", args.onnx_model), ("--context_file", args.context_file)]
+    refuse_input_as_output("/dev/stdout", "the standard output", inputs,
+                           fix="send the output (>) to another file")
+
+
+def load_tokenizer(vocab_file: Path, do_lower_case: bool, allow_vocab_mismatch: bool = False) -> BertTokenizer:
+    """The WordPiece tokenizer of a vocab.txt; a bad vocab file, or one whose casing do_lower_case contradicts, is an
+    InputError (finetuning.load_tokenizer)."""
+    return finetuning.load_tokenizer(vocab_file, do_lower_case, allow_vocab_mismatch)
 
 
 def load_qa_model(
-    init_checkpoint: Path, config_file: Optional[Path], vocab_size: int, max_seq_length: int
+    init_checkpoint: Path, config_file: Optional[Path], vocab: Vocab, max_seq_length: int,
+    allow_vocab_mismatch: bool = False,
 ) -> BertForQuestionAnswering:
     """A BertForQuestionAnswering with the checkpoint's weights, in eval mode (run_squad's loading: the config
-    comes from config_file or the checkpoint and must hold the vocab and the sequence length). A checkpoint
+    comes from config_file or the checkpoint and must fit the vocab and the sequence length). A checkpoint
     without a QA head (e.g. a pre-trained one) loads with a warning: its answers are then meaningless."""
     config, weights = finetuning.model_config(str(config_file) if config_file else None, str(init_checkpoint))
-    model = finetuning.build_model(BertForQuestionAnswering, config, weights, str(init_checkpoint), vocab_size,
-                                   max_seq_length)
+    model = finetuning.build_model(BertForQuestionAnswering, config, weights, str(init_checkpoint), vocab,
+                                   max_seq_length, allow_vocab_mismatch)
     if weights is not None and not any(name.startswith("qa_outputs.") for name in weights.state_dict):
         print(f"warning: {init_checkpoint} has no QA head (qa_outputs); answers come from an untrained head",
               file=sys.stderr)
@@ -154,23 +172,49 @@ def _stdin_questions() -> Iterator[str]:
             yield line.strip()
 
 
-def logits_function(options: InferenceOptions, vocab_size: int) -> LogitsFunction:
-    """The windows' start and end logits from the ONNX Runtime session or the PyTorch model that options name."""
+def onnx_embedding_rows(session: Any, path: Path, vocab_size: int) -> int:
+    """The word embeddings of an exported model, found by embedding single ids (onnx_export.check_vocab_fits; its
+    weights are not parsed). When the model embeds the vocab's last id but none past the vocab padded to a
+    multiple of 8, every count in between fits alike and vocab_size is returned; otherwise the exact count."""
+    def embeds(token_id: int) -> bool:
+        try:
+            check_vocab_fits(session, path, token_id + 1)
+        except InputError:
+            return False
+        return True
+
+    padded = -(-vocab_size // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
+    if embeds(vocab_size - 1) and not embeds(padded):
+        return vocab_size
+    low, high = 0, 1  # id low is embedded, id high not: doubled, then halved
+    while embeds(high):
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if embeds(middle) else (low, middle)
+    return high
+
+
+def logits_function(options: InferenceOptions, vocab: Vocab) -> LogitsFunction:
+    """The windows' start and end logits from the ONNX Runtime session or the PyTorch model that options name;
+    either must fit the vocab (data.tokenization.check_vocab_for_model)."""
     if options.onnx_model is not None:
         session = open_qa_session(options.onnx_model)
-        check_vocab_fits(session, options.onnx_model, vocab_size)
+        check_vocab_for_model(vocab, model_vocab_size=onnx_embedding_rows(session, options.onnx_model, len(vocab)),
+                              allow_mismatch=options.allow_vocab_mismatch)
         return lambda features: qa_logits(session, (features.input_ids, features.segment_ids, features.input_mask),
                                           options.batch_size)
     torch.manual_seed(options.seed)
-    model = load_qa_model(options.init_checkpoint, options.config_file, vocab_size, options.window.max_seq_length)
+    model = load_qa_model(options.init_checkpoint, options.config_file, vocab, options.window.max_seq_length,
+                          options.allow_vocab_mismatch)
     model.to(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     return lambda features: predict_logits(model, features, options.batch_size, options.precision)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     options = parse_args(argv)
-    tokenizer = load_tokenizer(options.vocab_file, options.answer.do_lower_case)
-    logits = logits_function(options, len(tokenizer.vocab))
+    tokenizer = load_tokenizer(options.vocab_file, options.answer.do_lower_case, options.allow_vocab_mismatch)
+    logits = logits_function(options, tokenizer.vocab)
     if options.questions is not None:
         [result] = answer_about_context(logits, tokenizer, options.questions, options.context, options.window,
                                         options.answer)

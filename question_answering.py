@@ -16,6 +16,13 @@ from bertrecipe.errors import InputError
 LogitsFunction = Callable[[squad.SquadFeatures], tuple[np.ndarray, np.ndarray]]
 
 
+def check_question(question: str, flag: str = "--question") -> None:
+    """InputError for an empty or whitespace-only question: the model would answer "[CLS] [SEP] context [SEP]",
+    an answer to nothing (SQuAD files refuse such questions too)."""
+    if not question.strip():
+        raise InputError(f"{flag} {question!r} is empty; ask a question")
+
+
 def keep_document_logits(features: squad.SquadFeatures, logits: np.ndarray) -> np.ndarray:
     """Logits with every position outside the document part except [CLS] pushed to -10000, so that the n best
     starts and ends are all candidates. (run_squad.py ranks the question's tokens too, as the reference does;
@@ -34,7 +41,10 @@ def answer_about_context(
     answer: squad_answers.AnswerSettings = squad_answers.AnswerSettings(),
 ) -> list[dict[str, Any]]:
     """One result per question: {"question", "answer", "nbest", "windows"} (+ "null_odds" for SQuAD 2.0),
-    the context covered by sliding windows, candidates taken from the document only."""
+    the context covered by sliding windows, candidates taken from the document only. An empty question is an
+    InputError (check_question)."""
+    for question in questions:
+        check_question(question, "the question")
     words, _ = squad.split_context(context)
     examples = [squad.SquadExample(str(i), q, words, [], context_id=0) for i, q in enumerate(questions)]
     features = squad.convert_examples_to_features(examples, tokenizer, window)

@@ -66,9 +66,25 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if args.max_seq_length < glue.min_seq_length(task):
         raise InputError(f"--max_seq_length {args.max_seq_length} is too small for {task.name}: it needs at least "
                          f"{glue.min_seq_length(task)} ([CLS], [SEP] and one token of each sentence)")
+    check_output_paths(args, task)
     args.max_steps = int(args.max_steps)
     args.log_freq = max(1, args.log_freq)
     return args
+
+
+def check_output_paths(args: argparse.Namespace, task: glue.GlueTask) -> None:
+    """None of the files this run writes (model, predictions, results, log) may be one of its inputs: the task's
+    folder and files, the model's files."""
+    tasks = [task, glue.get_task("mnli-mm")] if task.name == "mnli" else [task]
+    inputs = [*finetuning.model_inputs(args), ("--data_dir", args.data_dir),
+              *((f"the {split} file of --data_dir", glue.split_file(t, args.data_dir, split))
+                for t in tasks for split in glue.SPLITS)]
+    files = [*(finetuning.MODEL_FILES if args.do_train else ()),
+             *(("results.json",) if args.do_eval or args.do_predict else ()),
+             *(("eval_predictions.tsv",) if args.do_eval else ()),
+             *(("eval_mismatched_predictions.tsv",) if args.do_eval and task.name == "mnli" else ()),
+             *(("test_predictions.tsv",) if args.do_predict else ())]
+    finetuning.check_output_paths(args, inputs, files)
 
 
 def read_split(task: glue.GlueTask, args: argparse.Namespace, tokenizer: Any, split: str) -> glue.GlueFeatures:
@@ -177,12 +193,13 @@ def prepare(args: argparse.Namespace, ctx: DistributedContext) -> GlueRun:
     even the log."""
     task = glue.get_task(args.task_name)
     precision = make_precision(ctx.device, args.fp16, args.bf16)
-    tokenizer = finetuning.load_tokenizer(args.vocab_file, args.do_lower_case)
+    tokenizer = finetuning.load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
     config, weights = finetuning.model_config(args.config_file, args.init_checkpoint)
     splits = read_splits(task, args, tokenizer)
     seed_everything(args.seed)  # the same new classifier on every process
     model = finetuning.build_model(lambda c: BertForSequenceClassification(c, task.num_labels), config, weights,
-                                   args.init_checkpoint, len(tokenizer.vocab), args.max_seq_length).to(ctx.device)
+                                   args.init_checkpoint, tokenizer.vocab, args.max_seq_length,
+                                   args.allow_vocab_mismatch).to(ctx.device)
     torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
     bar = ctx.is_main and not args.disable_progress_bar
     return GlueRun(args, ctx, task, precision, bar, config, model, splits)

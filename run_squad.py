@@ -68,9 +68,24 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                          f"least {args.max_query_length + 4}")
     if args.cache_dir:
         check_output_dir(args.cache_dir, "--cache_dir")
+    check_output_paths(args)
     args.max_steps = int(args.max_steps)
     args.log_freq = max(1, args.log_freq)
     return args
+
+
+def check_output_paths(args: argparse.Namespace) -> None:
+    """None of the files this run writes (model, predictions, log) may be one of its inputs: the SQuAD files,
+    the model's files, the evaluation script, the predictions that --do_eval alone scores."""
+    inputs = [*finetuning.model_inputs(args), ("--eval_script", args.eval_script),
+              ("--train_file", args.train_file if args.do_train else None),
+              ("--predict_file", args.predict_file if args.do_predict or args.do_eval else None)]
+    if args.do_eval and not args.do_predict:
+        inputs.append(("the predictions to score", Path(args.output_dir) / "predictions.json"))
+    files = [*(finetuning.MODEL_FILES if args.do_train else ()),
+             *(("predictions.json", "nbest_predictions.json") if args.do_predict else ()),
+             *(("null_odds.json",) if args.do_predict and args.version_2_with_negative else ())]
+    finetuning.check_output_paths(args, inputs, files)
 
 
 def check_scorable(predict_file: str) -> None:
@@ -154,7 +169,8 @@ def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: An
         config, weights = finetuning.model_config(args.config_file, args.init_checkpoint)
         seed_everything(args.seed)  # the same new QA head on every process
         inputs["model"] = finetuning.build_model(BertForQuestionAnswering, config, weights, args.init_checkpoint,
-                                                 len(tokenizer.vocab), args.max_seq_length).to(ctx.device)
+                                                 tokenizer.vocab, args.max_seq_length,
+                                                 args.allow_vocab_mismatch).to(ctx.device)
         inputs["config"] = config
         torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
     if not ctx.is_main:
@@ -175,7 +191,7 @@ def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: An
 def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
     precision = make_precision(ctx.device, args.fp16, args.bf16)
     bar = ctx.is_main and not args.disable_progress_bar
-    tokenizer = finetuning.load_tokenizer(args.vocab_file, args.do_lower_case)
+    tokenizer = finetuning.load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
     cache_writes: list[Callable[[], None]] = []
     inputs = read_inputs(args, ctx, tokenizer, cache_writes)
     # Nothing was written before this point: a refused run leaves no log, cache or output folder behind.

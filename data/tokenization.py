@@ -13,9 +13,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
@@ -77,6 +78,87 @@ def load_vocab(path: str | Path) -> Vocab:
     if missing:
         raise DataError(path, f"vocab lacks the special token(s) {' '.join(missing)}")
     return Vocab(path=path, tokens=tokens, ids=ids, sha256=hashlib.sha256(raw).hexdigest())
+
+
+# The flag of every command that takes a vocab with a model: vocab-model mismatches become warnings.
+ALLOW_VOCAB_MISMATCH = "--allow_vocab_mismatch"
+# Fewer tokens with cased letters than this tell nothing about a vocab's casing (a test's toy vocab).
+MIN_TOKENS_FOR_CASING = 1000
+_BRACKETED = re.compile(r"\[[^\]]*\]")  # [PAD], [CLS], [unused17], ...
+
+
+def vocab_casing(vocab: Vocab) -> Optional[str]:
+    """"uncased", "cased", or None when the tokens do not tell.
+
+    The rule: leave out the bracketed tokens ([PAD], [CLS], [unused0], ...) and count the tokens that hold a cased
+    letter (token.lower() != token.upper()) and, among them, the capitalised ones (token.lower() changes them). With
+    fewer than MIN_TOKENS_FOR_CASING tokens holding cased letters: None. Fewer than 1 in 1,000 capitalised:
+    "uncased" (Google's uncased vocabs hold none: lower-casing came before the vocab was built, so a capital in
+    the text can only become [UNK]). At least 1 in 100 capitalised: "cased" (a cased vocab keeps "The", "He",
+    names...). In between: None.
+    """
+    cased_letters = capitalised = 0
+    for token in vocab.tokens:
+        if _BRACKETED.fullmatch(token) or token.lower() == token.upper():
+            continue
+        cased_letters += 1
+        capitalised += token != token.lower()
+    if cased_letters < MIN_TOKENS_FOR_CASING:
+        return None
+    if capitalised * 1000 < cased_letters:
+        return "uncased"
+    return "cased" if capitalised * 100 >= cased_letters else None
+
+
+def _casing_problem(vocab: Vocab, do_lower_case: bool) -> Optional[str]:
+    casing = vocab_casing(vocab)
+    if casing == "uncased" and not do_lower_case:
+        return ("the vocab is uncased (no capitalised tokens) but --do_lower_case is not given: every capitalised "
+                "word would become [UNK]; add --do_lower_case")
+    if casing == "cased" and do_lower_case:
+        return ("the vocab is cased (it holds capitalised tokens) but --do_lower_case is given: the text would lose "
+                "the case and accents the model was trained with; remove --do_lower_case")
+    return None
+
+
+def _size_problem(vocab: Vocab, model_vocab_size: int) -> tuple[Optional[str], bool]:
+    """(problem, whether the override may pass it) for a model of model_vocab_size word embeddings."""
+    from bertrecipe.model import VOCAB_PAD_MULTIPLE  # the padding NVIDIA's configs use (30,522 -> 30,528)
+
+    n = len(vocab)
+    if n > model_vocab_size:  # the extra ids would index past the embeddings: no override makes that work
+        return (f"the vocab has {n:,} tokens but the model embeds only {model_vocab_size:,}: ids from "
+                f"{model_vocab_size:,} on have no embedding; pass the model's own vocab.txt"), False
+    padded = -(-n // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
+    if model_vocab_size > padded:
+        return (f"the vocab has {n:,} tokens but the model embeds {model_vocab_size:,} (more than the vocab padded "
+                f"to a multiple of {VOCAB_PAD_MULTIPLE}, {padded:,}): it is not the model's vocab, its ids would "
+                "stand for other words; pass the model's own vocab.txt"), True
+    return None, True
+
+
+def check_vocab_for_model(vocab: Vocab, *, do_lower_case: Optional[bool] = None,
+                          model_vocab_size: Optional[int] = None, allow_mismatch: bool = False) -> list[str]:
+    """Refuses (DataError naming the vocab file) a vocab that cannot belong to the model: more tokens than the
+    model's word embeddings (model_vocab_size, when known), far fewer (more embeddings than the vocab padded to
+    a multiple of 8), or a casing (vocab_casing) that do_lower_case contradicts (when given). With
+    allow_mismatch, all but the first (ids without an embedding) are printed on stderr as warnings instead;
+    returns the warnings."""
+    problems: list[tuple[str, bool]] = []
+    if model_vocab_size is not None:
+        problems.append(_size_problem(vocab, model_vocab_size))
+    if do_lower_case is not None:
+        problems.append((_casing_problem(vocab, do_lower_case), True))
+    warnings = []
+    for problem, may_pass in problems:
+        if problem is None:
+            continue
+        if not (allow_mismatch and may_pass):
+            hint = f" (or {ALLOW_VOCAB_MISMATCH} to go on)" if may_pass else ""
+            raise DataError(vocab.path, problem + hint)
+        warnings.append(f"warning: {vocab.path}: {problem.split('; ')[0]}; going on ({ALLOW_VOCAB_MISMATCH})")
+        print(warnings[-1], file=sys.stderr, flush=True)
+    return warnings
 
 
 class BertTokenizer:

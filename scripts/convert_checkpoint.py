@@ -7,7 +7,9 @@ one, or a path without a suffix) becomes a Hugging Face directory; a file (.pt/.
 when the source is NVIDIA's. --to overrides the inference.
 
 Nothing is deleted: into an existing directory only config.json, model.safetensors (and vocab.txt) are written,
-and an existing file of those, or an existing DST file, is replaced only with --overwrite. DST may not be SRC.
+and an existing file of those, or an existing DST file, is replaced only with --overwrite. No file written may be
+one of the inputs (SRC or its files, --config_file, --vocab_file). A --vocab_file must fit the model: not more
+tokens than its word embeddings, nor far fewer (--allow_vocab_mismatch warns instead of the latter).
 
 Examples:
   convert_checkpoint.py results/ckpt_8601.pt hf_bert/                      # ours -> Hugging Face
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bertrecipe.data.tokenization import ALLOW_VOCAB_MISMATCH, check_vocab_for_model, load_vocab
 from bertrecipe.errors import ArgumentParser, InputError, run_cli
 from bertrecipe.model_weights import (
     check_export_target,
@@ -30,6 +33,7 @@ from bertrecipe.model_weights import (
     read_weights,
     save_torch_atomic,
 )
+from bertrecipe.output_paths import check_writable, refuse_input_as_output
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("dst", type=Path, help="output: a directory for Hugging Face, a .pt/.bin file otherwise")
     parser.add_argument("--config_file", type=Path, help="bert_config.json, needed when SRC carries no config")
     parser.add_argument("--vocab_file", type=Path, help="vocab.txt to place in a Hugging Face directory")
+    parser.add_argument(ALLOW_VOCAB_MISMATCH, action="store_true",
+                        help="warn instead of refusing a --vocab_file with far fewer tokens than the model embeds")
     parser.add_argument("--to", choices=("huggingface", "ours", "nvidia"), help="target kind (default: inferred)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing DST file, or the export's files in an existing DST directory")
@@ -51,8 +57,9 @@ def target_kind(dst: Path, source_format: str) -> str:
 
 
 def check_paths(args: argparse.Namespace, kind: str) -> None:
-    """Refuses, before anything is read or written, a DST that is SRC or would overwrite a file without
-    --overwrite, and a --vocab_file that is not a file."""
+    """Refuses, before anything is read or written, a file to write that is one of the inputs (SRC and its files,
+    --config_file, --vocab_file) or cannot be written, one that would be overwritten without --overwrite, and a
+    --vocab_file that is not a file."""
     if args.vocab_file is not None and not args.vocab_file.is_file():
         raise InputError(f"{args.vocab_file}: --vocab_file not found")
     if kind == "huggingface":
@@ -66,10 +73,13 @@ def check_paths(args: argparse.Namespace, kind: str) -> None:
                              "huggingface)")
         if args.dst.exists() and not args.overwrite:
             raise InputError(f"{args.dst}: exists; pass --overwrite to replace it or choose another name")
-    sources = [args.src, *args.src.iterdir()] if args.src.is_dir() else [args.src]
-    for source in sources:
-        if any(target.resolve() == source.resolve() for target in targets + [args.dst]):
-            raise InputError(f"{args.dst}: would overwrite the source {source}; choose another destination")
+    inputs = [("the source (SRC)", args.src), ("--config_file", args.config_file), ("--vocab_file", args.vocab_file)]
+    if args.src.is_dir():
+        inputs += [("a file of the source (SRC)", path) for path in args.src.iterdir()]
+    for target in [args.dst, *targets]:
+        refuse_input_as_output(target, "DST", inputs, fix="choose another destination")
+    for target in targets:
+        check_writable(target, "DST")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,6 +92,9 @@ def main(argv: list[str] | None = None) -> None:
     config = read_config(args.config_file) if args.config_file else weights.config
     if config is None:
         raise InputError(f"{args.src}: carries no model config; pass --config_file bert_config.json")
+    if args.vocab_file is not None:  # placed beside the model: it must be the model's
+        check_vocab_for_model(load_vocab(args.vocab_file), model_vocab_size=config.vocab_size,
+                              allow_mismatch=args.allow_vocab_mismatch)
     model = model_for_weights(weights, config)
     load_weights_into(model, weights, args.src)
     kind = args.to or target_kind(args.dst, weights.source_format)

@@ -31,7 +31,7 @@ def encoder(tiny_bert):
     folder = tiny_bert
     tokenizer = inference.load_tokenizer(folder / "vocab.txt", do_lower_case=True)
     torch.manual_seed(0)
-    model = inference.load_qa_model(folder, None, len(tokenizer.vocab), 384)
+    model = inference.load_qa_model(folder, None, tokenizer.vocab, 384)
     return folder, tokenizer, model
 
 
@@ -112,13 +112,14 @@ def run_inference(*args):
 def test_cli_bad_inputs_exit_2_naming_the_file(encoder, tmp_path):
     folder, _, _ = encoder
     missing = run_inference("--init_checkpoint", tmp_path / "nothing", "--vocab_file", folder / "vocab.txt",
-                            "--question", "q", "--context", "c")
+                            "--do_lower_case", "--question", "q", "--context", "c")
     assert missing.returncode == 2 and str(tmp_path / "nothing") in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
     config = json.loads((folder / "config.json").read_text())
     (tmp_path / "wrong_config.json").write_text(json.dumps({**config, "hidden_size": 768}))
     mismatch = run_inference("--init_checkpoint", folder, "--config_file", tmp_path / "wrong_config.json",
-                             "--vocab_file", folder / "vocab.txt", "--question", "q", "--context", "c")
+                             "--vocab_file", folder / "vocab.txt", "--do_lower_case", "--question", "q",
+                             "--context", "c")
     assert mismatch.returncode == 2 and str(folder) in mismatch.stderr and "shape" in mismatch.stderr
     assert len(mismatch.stderr.strip().splitlines()) == 1
 
@@ -135,7 +136,7 @@ def test_context_file_and_vocab_errors_are_input_errors(encoder, tmp_path):
     with pytest.raises(InputError, match="vocab file not found"):
         inference.load_tokenizer(tmp_path / "vocab.txt", True)
     with pytest.raises(InputError, match="max_position_embeddings"):
-        inference.load_qa_model(folder, None, len(tokenizer.vocab), 1024)  # the config has 512 positions
+        inference.load_qa_model(folder, None, tokenizer.vocab, 1024)  # the config has 512 positions
 
 
 def test_predict_logits_batches_agree_with_one_pass(encoder):

@@ -59,8 +59,8 @@ def test_client_missing_context_file_names_the_file(vocab, tmp_path):
 @pytest.mark.slow
 def test_client_with_unreachable_server_names_the_url(vocab, protocol):
     url = f"127.0.0.1:{closed_port()}"
-    line = one_line_error("client.py", "--vocab_file", vocab, "--question", "Who?", "--context", "Ann went home.",
-                          "--url", url, "--protocol", protocol, "--timeout", "10")
+    line = one_line_error("client.py", "--vocab_file", vocab, "--do_lower_case", "--question", "Who?", "--context",
+                          "Ann went home.", "--url", url, "--protocol", protocol, "--timeout", "10")
     assert url in line and "unreachable" in line and protocol in line, line
 
 

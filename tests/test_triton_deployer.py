@@ -57,7 +57,7 @@ def setup(tiny_bert, tmp_path_factory):
     checkpoint = make_qa_checkpoint(tiny_bert, root / "finetuned")
     predict = copy_squad_excerpt(root / "predict.json")
     tokenizer = load_tokenizer(tiny_bert / "vocab.txt", True)
-    model = load_qa_model(checkpoint, None, len(tokenizer.vocab), SEQ)
+    model = load_qa_model(checkpoint, None, tokenizer.vocab, SEQ)
     return {"root": root, "checkpoint": checkpoint, "predict": predict, "tokenizer": tokenizer, "model": model,
             "vocab": tiny_bert / "vocab.txt", "encoder": tiny_bert}
 
@@ -342,10 +342,12 @@ def test_inference_refuses_a_vocab_larger_than_the_onnx_models_embeddings(setup,
     longer = tmp_path / "vocab.txt"
     longer.write_text(setup["vocab"].read_text(encoding="utf-8").rstrip("\n") + "\nzzzextra\n", encoding="utf-8")
     result = subprocess.run([sys.executable, str(REPO_ROOT / "inference.py"), "--onnx_model", str(model),
-                             "--vocab_file", str(longer), "--question", "Who?", "--context", SAMPLE_CONTEXT],
-                            capture_output=True, text=True)
-    assert result.returncode == 2 and "not this model's vocab" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+                             "--vocab_file", str(longer), "--do_lower_case", "--question", "Who?", "--context",
+                             SAMPLE_CONTEXT], capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: {longer}: the vocab has {rows + 1:,} tokens but the model embeds only {rows:,}: ids from {rows:,} on "
+        "have no embedding; pass the model's own vocab.txt"]
 
 
 def test_onnx_model_that_is_no_squad_export_is_an_input_error_naming_it(setup, tmp_path):

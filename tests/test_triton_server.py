@@ -155,7 +155,7 @@ def test_one_question_over_grpc_gets_inference_py_answer(served):
     tokenizer = load_tokenizer(served["vocab"], True)
     context = json.loads(served["predict"].read_text())["data"][0]["paragraphs"][0]["context"]
     question = "Which team won Super Bowl 50?"
-    model = load_qa_model(served["checkpoint"], None, len(tokenizer.vocab), SEQ)
+    model = load_qa_model(served["checkpoint"], None, tokenizer.vocab, SEQ)
     [expected] = answer_questions(model, tokenizer, [question], context, WINDOW, squad_answers.AnswerSettings())
     done = subprocess.run([sys.executable, str(REPO_ROOT / "triton" / "client.py"), "--url",
                            f"127.0.0.1:{served['grpc']}", "--protocol", "grpc", "--vocab_file", str(served["vocab"]),

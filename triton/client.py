@@ -16,8 +16,8 @@ from typing import Optional, Sequence
 
 from bertrecipe import squad_cli
 from bertrecipe.errors import ArgumentParser, read_text_file, run_cli
-from bertrecipe.finetuning import load_tokenizer
-from bertrecipe.question_answering import answer_about_context
+from bertrecipe.finetuning import add_allow_vocab_mismatch, load_tokenizer
+from bertrecipe.question_answering import answer_about_context, check_question
 from bertrecipe.serving import TritonQA, add_server_arguments
 
 
@@ -26,6 +26,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     add_server_arguments(p)
     p.add_argument("--vocab_file", required=True)
     p.add_argument("--do_lower_case", action="store_true")
+    add_allow_vocab_mismatch(p)
     p.add_argument("--question", required=True)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--context")
@@ -33,8 +34,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     squad_cli.add_window_arguments(p)
     squad_cli.add_answer_arguments(p)
     args = p.parse_args(argv)
+    check_question(args.question)
     context = args.context if args.context is not None else read_text_file(args.context_file, "--context_file")
-    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
+    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
     qa = TritonQA.from_args(args)
     try:
         qa.check_ready()

@@ -133,6 +133,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--config_file", help="bert_config.json (default: the checkpoint's own)")
     p.add_argument("--vocab_file", required=True)
     p.add_argument("--do_lower_case", action="store_true")
+    finetuning.add_allow_vocab_mismatch(p)
     p.add_argument("--task", choices=("squad", "glue"), default="squad")
     p.add_argument("--num_labels", type=int, default=2, help="GLUE: classes (1 for regression)")
     p.add_argument("--predict_file", help="SQuAD JSON whose first windows check the export (default: built in)")
@@ -160,7 +161,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
-    tokenizer = finetuning.load_tokenizer(args.vocab_file, args.do_lower_case)
+    tokenizer = finetuning.load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
     config, weights = finetuning.model_config(args.config_file, args.init_checkpoint)
     torch.manual_seed(args.seed)
     if args.task == "squad":
@@ -168,8 +169,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     else:
         def make(c):
             return BertForSequenceClassification(c, args.num_labels)
-    model = finetuning.build_model(make, config, weights, args.init_checkpoint, len(tokenizer.vocab),
-                                   args.max_seq_length)
+    model = finetuning.build_model(make, config, weights, args.init_checkpoint, tokenizer.vocab,
+                                   args.max_seq_length, args.allow_vocab_mismatch)
     inputs = sample_inputs(tokenizer, args.predict_file, squad_cli.window_settings(args))
     settings = TritonSettings(args.max_batch_size, args.dynamic_batching, tuple(args.preferred_batch_sizes),
                               args.max_queue_delay_us, args.instance_count, args.instance_kind)

@@ -22,7 +22,7 @@ import numpy as np
 
 from bertrecipe import squad
 from bertrecipe.errors import ArgumentParser, InputError, run_cli
-from bertrecipe.finetuning import load_tokenizer
+from bertrecipe.finetuning import add_allow_vocab_mismatch, load_tokenizer
 from bertrecipe.serving import TritonQA, add_server_arguments, check_server, sample_inputs
 
 FIELDS = ("batch_size", "concurrency", "requests", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms",
@@ -117,6 +117,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add_server_arguments(p)
     p.add_argument("--vocab_file", required=True)
     p.add_argument("--do_lower_case", action="store_true")
+    add_allow_vocab_mismatch(p)
     p.add_argument("--predict_file", help="SQuAD JSON whose windows are sent (default: a built-in paragraph)")
     p.add_argument("--seq_length", type=int, default=384)
     p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 2, 4, 8])
@@ -138,7 +139,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> list[dict[str, float]]:
     args = parse_args(argv)
-    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
+    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
     arrays = sample_inputs(tokenizer, args.predict_file, squad.WindowSettings(args.seq_length, 128, 64))
 
     check_server(args)  # one clear error for a dead server, before any thread starts

@@ -13,12 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from bertrecipe import squad_answers
 from bertrecipe import squad_cli
 from bertrecipe.errors import ArgumentParser, InputError, check_output_dir, run_cli
-from bertrecipe.finetuning import load_tokenizer
+from bertrecipe.finetuning import add_allow_vocab_mismatch, load_tokenizer
+from bertrecipe.output_paths import refuse_input_as_output
 from bertrecipe.serving import TritonQA, add_server_arguments, check_server
 
 
@@ -28,6 +30,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--predict_file", required=True, help="SQuAD JSON, e.g. dev-v1.1.json")
     p.add_argument("--vocab_file", required=True)
     p.add_argument("--do_lower_case", action="store_true")
+    add_allow_vocab_mismatch(p)
     p.add_argument("--output_dir", required=True, help="where predictions.json and nbest_predictions.json go")
     squad_cli.add_window_arguments(p)
     squad_cli.add_answer_arguments(p)
@@ -42,7 +45,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     args = parse_args(argv)
     check_output_dir(args.output_dir)  # the folder itself is made by the first write
-    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case)
+    names = ["predictions.json", "nbest_predictions.json"] + ["null_odds.json"] * args.version_2_with_negative
+    inputs = [("--predict_file", args.predict_file), ("--vocab_file", args.vocab_file),
+              ("--eval_script", args.eval_script)]
+    for name in names:  # written by squad_answers.write_predictions
+        refuse_input_as_output(Path(args.output_dir) / name, f"{name} (in --output_dir)", inputs,
+                               fix="choose another --output_dir")
+    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
     check_server(args)  # a dead server is reported before the features, which take a minute on a full dev set
     examples, features = squad_cli.features_for(args, tokenizer, args.predict_file, is_training=False)
     qa = TritonQA.from_args(args)

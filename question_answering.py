@@ -20,7 +20,7 @@ def check_question(question: str, flag: str = "--question") -> None:
     """InputError for an empty or whitespace-only question: the model would answer "[CLS] [SEP] context [SEP]",
     an answer to nothing (SQuAD files refuse such questions too)."""
     if not question.strip():
-        raise InputError(f"{flag} {question!r} is empty; ask a question")
+        raise InputError(f"{flag} is {'only whitespace' if question else 'empty'}; ask a question")
 
 
 def keep_document_logits(features: squad.SquadFeatures, logits: np.ndarray) -> np.ndarray:

@@ -1,4 +1,5 @@
 """scripts/convert_checkpoint.py: every direction, checked through transformers' own loading."""
+import json
 import os
 import re
 import shutil
@@ -12,7 +13,8 @@ import transformers
 
 from bertrecipe.model import BertConfig, BertForPreTraining, BertForQuestionAnswering
 from bertrecipe.model_weights import export_huggingface, read_weights
-from conftest import REPO_ROOT
+from bertrecipe.errors import InputError
+from conftest import REPO_ROOT, load_script
 
 SCRIPT = REPO_ROOT / "scripts" / "convert_checkpoint.py"
 TINY = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -188,3 +190,18 @@ def test_exported_and_converted_files_are_readable_like_any_new_file(tmp_path):
         os.umask(old)
     for path in (tmp_path / "hf" / "model.safetensors", tmp_path / "hf" / "config.json", tmp_path / "nvidia.pt"):
         assert path.stat().st_mode & 0o777 == 0o644, path
+
+
+@pytest.mark.parametrize("flag, name", [("--vocab_file", "vocab.txt"), ("--config_file", "config.json")])
+def test_an_export_file_onto_an_input_is_refused_even_with_overwrite(tmp_path, flag, name):
+    """--overwrite replaces earlier exports, never the files the export reads: here the vocab or config that
+    --vocab_file/--config_file take from the destination folder itself."""
+    source = _our_checkpoint(tmp_path / "results")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]) + "\n")
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(TINY))
+    before = _snapshot(tmp_path / "hf")
+    with pytest.raises(InputError, match=f"DST is the same file as {flag} {re.escape(str(tmp_path / 'hf' / name))}"):
+        load_script("scripts/convert_checkpoint.py").main([str(source), str(tmp_path / "hf"), "--overwrite", flag,
+                                                          str(tmp_path / "hf" / name)])
+    assert _snapshot(tmp_path / "hf") == before

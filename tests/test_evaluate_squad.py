@@ -530,3 +530,32 @@ def test_failed_out_file_write_keeps_the_old_file_and_leaves_no_temporary(tmp_pa
     with pytest.raises(InputError, match=f"{out}: cannot write the scores .No space left on device."):
         ev.main([str(data), str(pred), "--out-file", str(out)])
     assert out.read_text() == "old scores" and sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("target", ["pred.json", "data.json", "na.json"])
+def test_cli_out_file_onto_an_input_is_one_line_and_the_input_is_kept(tmp_path, target):
+    _, data, pred = write_v2_fixture(tmp_path, {"a": "Paris", "b": "", "c": "2", "d": "x", "e": ""})
+    na = tmp_path / "na.json"
+    na.write_text(json.dumps({qid: 0.5 for qid in "abcde"}))
+    flags = {"pred.json": "pred.json", "data.json": "data.json", "na.json": "--na-prob-file"}
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    done = run_cli(data, pred, "--na-prob-file", na, "--out-file", tmp_path / "." / target)
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert f"--out-file is the same file as {flags[target]} {tmp_path / target}" in line, line
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_cli_output_sent_into_the_predictions_is_one_line_and_they_are_kept(tmp_path):
+    """`evaluate_squad.py data.json pred.json >> pred.json` would append the scores to the predictions (and `>`
+    empties them first, which otherwise reads as "malformed JSON")."""
+    _, data, pred = write_v2_fixture(tmp_path, {"a": "Paris", "b": "", "c": "2", "d": "x", "e": ""})
+    before = pred.read_bytes()
+    with open(pred, "a") as stdout:
+        done = subprocess.run([sys.executable, str(REPO / "evaluate_squad.py"), str(data), str(pred)],
+                              stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"error: /dev/stdout: the standard output is the same file as pred.json {pred}; writing it would destroy "
+        "the input: send the output (>) to another file"]
+    assert pred.read_bytes() == before

@@ -15,6 +15,7 @@ from bertrecipe import squad
 from bertrecipe import squad_answers
 from conftest import TEST_DATA
 from bertrecipe.errors import InputError
+from bertrecipe.question_answering import answer_about_context
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -158,3 +159,59 @@ def test_fp16_on_cpu_answers_like_fp32(encoder):
     [fp32] = inference.answer_questions(model, tokenizer, ["Who won Super Bowl 50?"], CONTEXT)
     [fp16] = inference.answer_questions(model, tokenizer, ["Who won Super Bowl 50?"], CONTEXT, precision="fp16")
     assert fp16["answer"] == fp32["answer"] and fp16["answer"] in CONTEXT
+
+
+@pytest.mark.parametrize("question", ["", " ", "\t \u3000"])
+def test_an_empty_question_is_refused(encoder, question):
+    """It used to be answered: "[CLS] [SEP] context [SEP]" gives an answer to nothing."""
+    folder, tokenizer, model = encoder
+    with pytest.raises(InputError, match=r"--question is (empty|only whitespace); ask a question"):
+        inference.parse_args(["--init_checkpoint", str(folder), "--vocab_file", str(folder / "vocab.txt"),
+                              "--question", question, "--context", CONTEXT])
+    with pytest.raises(InputError, match="the question is"):  # the library too (the Triton client shares it)
+        inference.answer_questions(model, tokenizer, ["Who won?", question], CONTEXT)
+
+
+@pytest.mark.slow
+def test_output_sent_into_an_input_is_refused_and_the_input_kept(encoder, tmp_path):
+    """`inference.py ... >> context.txt` would append the answer to the context (`>` has emptied it already)."""
+    folder, _, _ = encoder
+    context = tmp_path / "context.txt"
+    context.write_text(CONTEXT, encoding="utf-8")
+    with open(context, "a", encoding="utf-8") as stdout:
+        done = subprocess.run([sys.executable, str(REPO / "inference.py"), "--init_checkpoint", str(folder),
+                               "--vocab_file", str(folder / "vocab.txt"), "--do_lower_case", "--question", "Who won?",
+                               "--context_file", str(context)],
+                              stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"error: /dev/stdout: the standard output is the same file as --context_file {context}; writing it would "
+        "destroy the input: send the output (>) to another file"]
+    assert context.read_text(encoding="utf-8") == CONTEXT
+
+
+def test_answers_on_a_long_context_equal_those_before_the_linear_memory_change(encoder):
+    """Golden values computed with the windows x pieces max-context table (before ab00c72) on 6,000 words of the
+    books, 269 windows, seeded random logits: max context decides which spans may answer."""
+    _, tokenizer, _ = encoder
+    book = " ".join(p.read_text(encoding="utf-8") for p in sorted((TEST_DATA / "books").glob("*.txt"))).split()
+    context = " ".join((book * 2)[:6000])
+
+    def logits(features):
+        rng = np.random.default_rng(7)
+        shape = features.input_ids.shape
+        return rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
+
+    results = answer_about_context(logits, tokenizer, ["Who was late?", "What did Alice see?"], context,
+                                   squad.WindowSettings(128, 32, 16))
+    assert [(r["windows"], r["answer"], [e["text"] for e in r["nbest"][:5]]) for r in results] == [
+        (269, "saying to herself, in a dreamy",
+         ["saying to herself, in a dreamy", "on saying to herself, in a dreamy",
+          "her lessons in the schoolroom, and though this was not a VERY good",
+          "t-hole under the hedge. In another moment down went Alice after it,",
+          "a large rabbit-hole under the hedge. In another moment down went Alice after it,"]),
+        (269, "to bad taste. Heavy bands of astrakhan were",
+         ["to bad taste. Heavy bands of astrakhan were", "good enough to chronicle one or two of my tri",
+          "recent services to one of the royal houses of Europe have shown that you are one who may safely be trusted "
+          "with matters which are of", "! Alice opened the door and found that it", "though this was not a"])]
+    assert [round(r["nbest"][0]["probability"], 6) for r in results] == [0.108775, 0.108674]

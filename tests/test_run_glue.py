@@ -436,3 +436,28 @@ def test_refusal_from_the_command_line_is_one_line_exit_2_and_creates_nothing(tm
         f"error: {tmp_path / 'SST-2' / 'dev.tsv'}: no examples (the file holds no line after its header); "
         "--do_eval needs at least one"]
     assert not (tmp_path / "out").exists() and not (tmp_path / "dllogger.json").exists()
+
+
+# name: (flags, what the line says); {root} is the run's folder (model/, SST-2/, out/)
+GLUE_OUTPUTS_ONTO_INPUTS = {
+    "--json-summary is --config_file": (["--json-summary", "{root}/model/bert_config.json"],
+                                        "--json-summary is the same file as --config_file"),
+    "--json-summary is the train file": (["--json-summary", "{root}/SST-2/train.tsv"],
+                                         "--json-summary is the same file as the train file of --data_dir"),
+    "--json-summary is the test file": (["--json-summary", "{root}/SST-2/../SST-2/test.tsv"],
+                                        "--json-summary is the same file as the test file of --data_dir"),
+    "--output_dir is --data_dir": (["--output_dir", "{root}/SST-2"], "--output_dir is the same folder as --data_dir"),
+    "training over --init_checkpoint": (["--init_checkpoint", "{root}/out/pytorch_model.bin"],
+                                        r"pytorch_model.bin \(in --output_dir\) is the same file as --init_checkpoint"),
+}
+
+
+@pytest.mark.parametrize("case", GLUE_OUTPUTS_ONTO_INPUTS)
+def test_an_output_onto_an_input_is_refused_before_anything_is_written(rerun, case):
+    root, before = rerun
+    flags, message = GLUE_OUTPUTS_ONTO_INPUTS[case]
+    argv = tiny_args(root, "--do_train", "--do_eval", "--do_predict") + [flag.format(root=root) for flag in flags]
+    with pytest.raises(InputError, match=message) as refused:
+        run_glue.main(argv)
+    assert "\n" not in str(refused.value) and "choose another" in str(refused.value)
+    assert snapshot(root) == before

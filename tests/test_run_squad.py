@@ -315,3 +315,47 @@ def test_unscorable_predict_file_from_the_command_line_is_one_line_exit_2(tmp_pa
         f"error: {tmp_path / 'predict.json'}: question 'q1' (2 in all) has no gold answer, which the SQuAD 1.1 "
         'metric cannot score; mark such questions "is_impossible": true (SQuAD 2.0) or drop --do_eval']
     assert sorted(os.listdir(tmp_path)) == ["model", "predict.json", "train.json"]
+
+
+# name: (flags, what the line says); {root} is the run's folder (model/, train.json, predict.json, out/)
+SQUAD_OUTPUTS_ONTO_INPUTS = {
+    "--json-summary is --config_file": (["--json-summary", "{root}/model/bert_config.json"],
+                                        "--json-summary is the same file as --config_file"),
+    "--json-summary is --vocab_file": (["--json-summary", "{root}/model/vocab.txt"],
+                                       "--json-summary is the same file as --vocab_file"),
+    "--json-summary is --train_file": (["--json-summary", "{root}/train.json"],
+                                       "--json-summary is the same file as --train_file"),
+    "--json-summary is --predict_file": (["--json-summary", "{root}/./predict.json"],
+                                         "--json-summary is the same file as --predict_file"),
+    "--json-summary is --eval_script": (["--json-summary", "{root}/eval.py", "--eval_script", "{root}/eval.py"],
+                                        "--json-summary is the same file as --eval_script"),
+    "training over --init_checkpoint": (["--init_checkpoint", "{root}/out/pytorch_model.bin"],
+                                        r"pytorch_model.bin \(in --output_dir\) is the same file as --init_checkpoint"),
+    "--output_dir is the --init_checkpoint folder": (["--init_checkpoint", "{root}/out"],
+                                                     "--output_dir is the same folder as --init_checkpoint"),
+    "predictions onto --predict_file": (["--predict_file", "{root}/out/predictions.json"],
+                                        r"predictions.json \(in --output_dir\) is the same file as --predict_file"),
+}
+
+
+@pytest.mark.parametrize("case", SQUAD_OUTPUTS_ONTO_INPUTS)
+def test_an_output_onto_an_input_is_refused_before_anything_is_written(squad_rerun, case):
+    """The issue's example: --json-summary naming the config appended log records to it. Every file the run writes
+    (model, predictions, log) is checked against every file it reads, and the output folder against input folders."""
+    root, before = squad_rerun
+    (root / "eval.py").write_text("print('{}')\n")
+    before["eval.py"] = (root / "eval.py").read_bytes()
+    flags, message = SQUAD_OUTPUTS_ONTO_INPUTS[case]
+    argv = tiny_squad_args(root, *train_predict_eval(root)) + [flag.format(root=root) for flag in flags]
+    with pytest.raises(InputError, match=message) as refused:
+        run_squad.main(argv)
+    assert "\n" not in str(refused.value) and "choose another" in str(refused.value)
+    assert snapshot(root) == before
+
+
+def test_eval_alone_refuses_a_log_onto_the_predictions_it_scores(squad_rerun):
+    root, before = squad_rerun
+    with pytest.raises(InputError, match="--json-summary is the same file as the predictions to score"):
+        run_squad.main(tiny_squad_args(root, "--do_eval", "--predict_file", str(root / "predict.json"),
+                                       "--json-summary", str(root / "out" / "predictions.json")))
+    assert snapshot(root) == before

@@ -81,6 +81,25 @@ def test_squad_client_output_dir_that_is_a_file_is_one_line(vocab, predict_file,
     assert "--output_dir" in line and (tmp_path / "out").read_text() == "keep me", line
 
 
+@pytest.mark.parametrize("question, said", [("", "empty"), ("  ", "only whitespace")])
+def test_client_refuses_an_empty_question_before_asking_the_server(vocab, question, said):
+    line = one_line_error("client.py", "--vocab_file", vocab, "--do_lower_case", "--question", question, "--context",
+                          "Ann went home.", "--url", f"127.0.0.1:{closed_port()}")
+    assert line == f"error: --question is {said}; ask a question"
+
+
+def test_squad_client_predictions_onto_the_predict_file_are_refused(vocab, predict_file, tmp_path):
+    """--predict_file out/predictions.json with --output_dir out: the predictions would replace the questions."""
+    out = tmp_path / "out"
+    out.mkdir()
+    questions = shutil.copyfile(predict_file, out / "predictions.json")
+    before = questions.read_bytes()
+    line = one_line_error("run_squad_client.py", "--vocab_file", vocab, "--do_lower_case", "--predict_file",
+                          str(questions), "--output_dir", str(out), "--url", f"127.0.0.1:{closed_port()}")
+    assert f"predictions.json (in --output_dir) is the same file as --predict_file {questions}" in line, line
+    assert questions.read_bytes() == before and os.listdir(out) == ["predictions.json"]
+
+
 def test_perf_client_with_unreachable_server_names_the_url(vocab, tmp_path):
     url = f"127.0.0.1:{closed_port()}"
     line = one_line_error("run_perf_client.py", "--vocab_file", vocab, "--do_lower_case", "--seq_length", "64",

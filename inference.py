@@ -9,8 +9,14 @@ checked against PyTorch) on ONNX Runtime's CPU kernels, in fp32: faster than PyT
 
 Prints one JSON object: the question, the answer, the n-best list and the number of windows (plus the null
 odds with --version_2_with_negative). Without --question, questions are read from stdin, one per line, and
-answered as JSON lines. Unlike NVIDIA's script, which truncates the context, long contexts are covered by the
-same sliding windows as run_squad.py (--max_seq_length, --doc_stride).
+answered as JSON lines (blank lines skipped; an empty --question is refused). Unlike NVIDIA's script, which
+truncates the context, long contexts are covered by the same sliding windows as run_squad.py (--max_seq_length,
+--doc_stride), in memory linear in the context's length.
+
+A vocab that cannot be the model's (more tokens than its embeddings, far fewer, or a casing --do_lower_case
+contradicts) is refused in one line naming it, as in every fine-tuning command (data.tokenization.
+check_vocab_for_model; --allow_vocab_mismatch warns instead where the run can go on), and so is standard output
+sent into one of the input files.
 """
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ Flags are NVIDIA DeepLearningExamples' (`--task_name --data_dir --init_checkpoin
 <output_dir>/pytorch_model.bin + bert_config.json after training, eval_predictions.tsv and results.json (all
 metrics, inference latency percentiles and throughput) after evaluation, test_predictions.tsv after prediction
 (its latency and throughput also in results.json, under prediction_* keys). Every input is checked before the
-first write (a refused run creates nothing), and the run's files are renamed into place together at its end:
+first write (a refused run creates nothing; no output, --json-summary included, may be one of the inputs, and the
+vocab must be the model's: --allow_vocab_mismatch), and the run's files are renamed into place together at its end:
 a failure on the way leaves the previous run's model and results.json as they were.
 Launch with torchrun for more than one process; evaluation and prediction run on the first process.
 """

@@ -6,9 +6,10 @@ Flags are NVIDIA DeepLearningExamples' (`--init_checkpoint --vocab_file --config
 and --num_workers. After training, <output_dir> holds pytorch_model.bin ({"model": state_dict}) and
 bert_config.json; prediction writes predictions.json, nbest_predictions.json (and null_odds.json for v2.0);
 --do_eval scores predictions.json with the official metrics in process, or with --eval_script when given.
-Every input is checked before the first write (a refused run creates nothing: no log, cache or output folder),
-and the run's files are renamed into place together at its end: a failure on the way leaves the previous
-run's model and predictions as they were.
+Every input is checked before the first write (a refused run creates nothing: no log, cache or output folder):
+among others no output (model, predictions, --json-summary) may be one of the inputs, and the vocab must be the
+model's (--allow_vocab_mismatch to go on with a warning where it can). The run's files are renamed into place
+together at its end: a failure on the way leaves the previous run's model and predictions as they were.
 Launch with torchrun for more than one process; prediction and evaluation run on the first process.
 """
 from __future__ import annotations

@@ -350,6 +350,27 @@ def test_inference_refuses_a_vocab_larger_than_the_onnx_models_embeddings(setup,
         "have no embedding; pass the model's own vocab.txt"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens, refused", [(4000, True), (8952, True), (8953, False)])
+def test_inference_refuses_a_vocab_far_smaller_than_the_onnx_models_embeddings(setup, onnx_repo, tmp_path, capsys,
+                                                                               tokens, refused):
+    """The export's embedding rows are found by embedding single ids (its weights are not parsed): 8,960 here. A
+    vocab of 8,953 tokens, padded to a multiple of 8, is 8,960 and fits; 8,952 and 4,000 are refused."""
+    model = onnx_repo / "bert" / "1" / "model.onnx"
+    rows = len(setup["tokenizer"].vocab)
+    shorter = tmp_path / "vocab.txt"
+    shorter.write_text("\n".join(setup["vocab"].read_text(encoding="utf-8").splitlines()[:tokens]) + "\n")
+    flags = ["--onnx_model", str(model), "--vocab_file", str(shorter), "--do_lower_case", "--question", "Who?",
+             "--context", SAMPLE_CONTEXT]
+    if refused:
+        with pytest.raises(InputError, match=f"{shorter}: the vocab has {tokens:,} tokens but the model embeds "
+                                             f"{rows:,} "):
+            inference.main(flags)
+        flags.append("--allow_vocab_mismatch")
+    inference.main(flags)
+    assert ("warning: " in capsys.readouterr().err) == refused
+
+
 def test_onnx_model_that_is_no_squad_export_is_an_input_error_naming_it(setup, tmp_path):
     not_onnx = tmp_path / "model.onnx"
     not_onnx.write_bytes(b"not a protobuf")

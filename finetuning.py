@@ -12,7 +12,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Optional, Sequence
+from typing import Any, BinaryIO, Callable, ContextManager, Optional, Sequence
 
 import numpy as np
 import torch
@@ -23,13 +23,14 @@ from tqdm import tqdm
 from bertrecipe.atomic_files import remove_stale_temporaries, write_temporary
 from bertrecipe.data.tokenization import (ALLOW_VOCAB_MISMATCH, BertTokenizer, Vocab, check_vocab_for_model,
                                          load_vocab)
-from bertrecipe.process_group import DistributedContext, all_reduce_sum
+from bertrecipe.process_group import DistributedContext, all_reduce_sum, any_process
 from bertrecipe.errors import InputError, check_output_dir
 from bertrecipe.metric_logger import MetricLogger, check_log_paths
 from bertrecipe.model import BertConfig
 from bertrecipe.model_weights import (CONFIG_FILES, HF_WEIGHT_FILES, LoadedWeights, load_weights_into, read_config,
                                       read_weights)
 from bertrecipe.output_paths import check_writable, refuse_input_as_output
+from bertrecipe.run_lock import RunLock, locked_output_folder
 from bertrecipe.training import Precision, Stepper, allow_tf32, batches_to_device, take, unwrap
 
 Arrays = dict[str, np.ndarray]
@@ -122,6 +123,11 @@ def check_output_paths(args: argparse.Namespace, inputs: Paths, files: Sequence[
     for what, path, flag in outputs:
         refuse_input_as_output(path, what, inputs, fix=f"choose another {flag}")
         check_writable(path, what)
+
+
+def locked_output_dir(args: argparse.Namespace, ctx: DistributedContext) -> ContextManager[Optional[RunLock]]:
+    """--output_dir's run lock (run_lock.py), held by the first process while the block runs."""
+    return locked_output_folder(args.output_dir, ctx.is_main, lambda flag: any_process(flag, ctx))
 
 
 def check_positive(args: argparse.Namespace, *names: str) -> None:

@@ -167,25 +167,27 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
     """Trains, evaluates and predicts as the flags ask; returns the results (those of results.json on the first
     process)."""
     state = prepare(args, ctx)
-    log = open_log(args, ctx, state.bar)
-    results: dict[str, Any] = {"task": state.task.name}
-    # The model, the predictions and results.json are staged and renamed into place together at the end, so
-    # that a failure on the way leaves the previous run's files as they were (finetuning.StagedOutputs).
-    with finetuning.StagedOutputs(args.output_dir, OUTPUTS) as stage:
-        if args.do_train:
-            results.update(train(state, log))
+    # The lock is the run's first write into --output_dir: one run there at a time (run_lock.py).
+    with finetuning.locked_output_dir(args, ctx):
+        log = open_log(args, ctx, state.bar)
+        results: dict[str, Any] = {"task": state.task.name}
+        # The model, the predictions and results.json are staged and renamed into place together at the end, so
+        # that a failure on the way leaves the previous run's files as they were (finetuning.StagedOutputs).
+        with finetuning.StagedOutputs(args.output_dir, OUTPUTS) as stage:
+            if args.do_train:
+                results.update(train(state, log))
+                if ctx.is_main:
+                    finetuning.stage_finetuned(stage, state.model, state.config)
+                barrier(ctx)
+            if ctx.is_main and (args.do_eval or args.do_predict):
+                results.update(evaluate(state, stage))
+                results["eval_batch_size"] = args.eval_batch_size
+                stage.write_json("results.json", results)
             if ctx.is_main:
-                finetuning.stage_finetuned(stage, state.model, state.config)
-            barrier(ctx)
-        if ctx.is_main and (args.do_eval or args.do_predict):
-            results.update(evaluate(state, stage))
-            results["eval_batch_size"] = args.eval_batch_size
-            stage.write_json("results.json", results)
-        if ctx.is_main:
-            stage.commit()
-    barrier(ctx)
-    log.log([], results)
-    log.close()
+                stage.commit()
+        barrier(ctx)
+        log.log([], results)
+        log.close()
     return results
 
 

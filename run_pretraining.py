@@ -52,7 +52,7 @@ from bertrecipe.optimization import (
     weight_decay_groups,
 )
 from bertrecipe.sample_order import check_lanes, default_lanes
-from bertrecipe.data.tokenization import load_vocab
+from bertrecipe.data.tokenization import ALLOW_VOCAB_MISMATCH, check_vocab_for_model, load_vocab
 from bertrecipe.run_lock import RunLock, locked_output_folder
 from bertrecipe.pretraining_data import (
     BatchPlan,
@@ -162,6 +162,8 @@ def add_stream_flags(p: argparse.ArgumentParser) -> None:
                    help="with --dynamic_masking: mask all pieces of a word together (needs --vocab_file)")
     p.add_argument("--vocab_file", help="with --dynamic_masking: the shards' vocab.txt (default: read [CLS], [SEP] "
                                         "and [MASK] off the first shard)")
+    p.add_argument(ALLOW_VOCAB_MISMATCH, action="store_true",
+                   help="warn instead of refusing a --vocab_file with far fewer tokens than the model's embeddings")
     p.add_argument("--bin_by_length", action="store_true",
                    help="group each step's samples into micro-batches of like lengths (as NVIDIA's LDDL bins): "
                         "less attention over padding with gradient accumulation; the step's samples are unchanged")
@@ -486,7 +488,9 @@ def masking_spec(args: argparse.Namespace, shards: list, config: BertConfig,
               file=sys.stderr, flush=True)
     try:
         if args.vocab_file:
-            tokens = load_vocab(args.vocab_file).tokens
+            vocab = load_vocab(args.vocab_file)
+            check_vocab_for_model(vocab, model_vocab_size=config.vocab_size, allow_mismatch=args.allow_vocab_mismatch)
+            tokens = vocab.tokens
             return masking.spec_from_vocab(tokens, args.masked_lm_prob, args.max_predictions_per_seq,
                                            args.whole_word_masking)
         with h5py.File(shards[0].path, "r") as f:  # its first rows show the special ids: no need to read it whole

@@ -196,30 +196,32 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
     cache_writes: list[Callable[[], None]] = []
     inputs = read_inputs(args, ctx, tokenizer, cache_writes)
     # Nothing was written before this point: a refused run leaves no log, cache or output folder behind.
-    log = open_log(args, ctx, bar)
-    for write in cache_writes:
-        write()
-    results: dict[str, Any] = {}
-    model = inputs["model"]
-    # The model and the predictions are staged and renamed into place together at the end, so that a failure
-    # on the way leaves the previous run's files as they were (finetuning.StagedOutputs).
-    with finetuning.StagedOutputs(args.output_dir, OUTPUTS) as stage:
-        if args.do_train:
-            results.update(train(args, ctx, model, tokenizer, inputs["train"], precision, bar, log))
+    # The lock is the run's first write into --output_dir: one run there at a time (run_lock.py).
+    with finetuning.locked_output_dir(args, ctx):
+        log = open_log(args, ctx, bar)
+        for write in cache_writes:
+            write()
+        results: dict[str, Any] = {}
+        model = inputs["model"]
+        # The model and the predictions are staged and renamed into place together at the end, so that a failure
+        # on the way leaves the previous run's files as they were (finetuning.StagedOutputs).
+        with finetuning.StagedOutputs(args.output_dir, OUTPUTS) as stage:
+            if args.do_train:
+                results.update(train(args, ctx, model, tokenizer, inputs["train"], precision, bar, log))
+                if ctx.is_main:
+                    finetuning.stage_finetuned(stage, model, inputs["config"])
+                barrier(ctx)
+            staged = None
+            if ctx.is_main and args.do_predict:
+                timings, staged = predict(args, model, tokenizer, precision, bar, *inputs["predict"], stage)
+                results.update(timings)
+            if ctx.is_main and args.do_eval:
+                results.update(evaluate(args, staged))
             if ctx.is_main:
-                finetuning.stage_finetuned(stage, model, inputs["config"])
-            barrier(ctx)
-        staged = None
-        if ctx.is_main and args.do_predict:
-            timings, staged = predict(args, model, tokenizer, precision, bar, *inputs["predict"], stage)
-            results.update(timings)
-        if ctx.is_main and args.do_eval:
-            results.update(evaluate(args, staged))
-        if ctx.is_main:
-            stage.commit()
-    barrier(ctx)
-    log.log([], results)
-    log.close()
+                stage.commit()
+        barrier(ctx)
+        log.log([], results)
+        log.close()
     return results
 
 

@@ -513,3 +513,13 @@ def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_work(worksp
     with pytest.raises(InputError, match="ro: --output_dir cannot be written there"):
         run_pretraining.main(flags(workspace, out="ro/run"))
     assert list(read_only.iterdir()) == []
+
+
+def test_a_dynamic_masking_vocab_far_smaller_than_the_model_is_one_line_unless_allowed(workspace):
+    vocab = workspace / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(35))]) + "\n")
+    masking = ("--dynamic_masking", "--vocab_file", vocab, "--max_steps", 1)
+    one_line_error(pretrain(workspace, *masking), str(vocab), "--allow_vocab_mismatch")
+    assert not (workspace / "out").exists()
+    result = pretrain(workspace, *masking, "--allow_vocab_mismatch")
+    assert result.returncode == 0 and f"warning: {vocab}" in result.stderr, result.stderr

@@ -461,3 +461,23 @@ def test_an_output_onto_an_input_is_refused_before_anything_is_written(rerun, ca
         run_glue.main(argv)
     assert "\n" not in str(refused.value) and "choose another" in str(refused.value)
     assert snapshot(root) == before
+
+
+def test_a_second_run_into_a_locked_output_dir_is_refused_and_changes_nothing(rerun):
+    """One run per --output_dir for fine-tuning too (run_lock.py): a live holder of the folder's lock (another
+    process on this host) keeps a second run out before it writes anything, its log included."""
+    from test_run_lock import start_holder
+
+    root, before = rerun
+    holder, said = start_holder(root / "out")
+    assert said == "held"
+    try:
+        with pytest.raises(InputError, match=rf"another run is using this --output_dir \(host .*process {holder.pid}"):
+            run_glue.main(tiny_args(root, "--do_train", "--do_eval", "--seed", "7"))
+        lock = root / "out" / ".run.lock"
+        assert {name: data for name, data in snapshot(root).items() if name != "out/.run.lock"} == before
+        assert lock.exists()  # the holder's, untouched
+    finally:
+        holder.communicate("", timeout=30)
+    run_glue.main(tiny_args(root, "--do_train", "--do_eval", "--seed", "7"))
+    assert not (root / "out" / ".run.lock").exists()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -27,9 +28,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any, Iterator, NoReturn, Optional
+from typing import Any, NoReturn, Optional
 
 from bertrecipe.errors import InputError, fail
+from bertrecipe.metric_logger import check_writable_file
 
 HOLD_LIMIT = 1 << 20  # output held before the log opens: one refusal line is far less; a working run passes it
 PARTIAL_LIMIT = 1 << 16  # a line longer than this (a progress bar's \r updates) goes to the log in pieces
@@ -243,6 +245,7 @@ class LogCopy:
 
 
 def _pump(read_fd: int, console_fd: int, stream: int, log: LogCopy) -> None:
+    # Whatever happens to the console or the log, the pipe is drained to its end: a worker never blocks on it.
     console = True
     while True:
         data = os.read(read_fd, 1 << 16)
@@ -251,7 +254,7 @@ def _pump(read_fd: int, console_fd: int, stream: int, log: LogCopy) -> None:
         if console:
             try:
                 _write_all(console_fd, data)
-            except OSError:  # the console went away (a closed pipe): keep draining so that no worker blocks
+            except OSError:  # the console went away (a closed pipe)
                 console = False
         log.feed(stream, data)
     os.close(read_fd)
@@ -291,8 +294,6 @@ class CopiedOutput:
 
 def check_log_file(path: Optional[Path]) -> None:
     if path is not None:
-        from bertrecipe.metric_logger import check_writable_file
-
         check_writable_file(path, "--log_file", example="logfile.txt")
 
 
@@ -345,8 +346,6 @@ def launch(args: Any, torchrun: Any, forwarder: Optional[SignalForwarder]) -> in
 
 
 def header(args: Any, start: datetime) -> str:
-    import shlex
-
     command = shlex.join([Path(args.training_script).name, *args.training_script_args])
     return f"===== run started {start.isoformat(sep=' ', timespec='seconds')}: {command} =====\n"
 

@@ -71,13 +71,14 @@ LOG_FILE=$RESULTS_DIR/$job_name.log
 # does right after its argument checks: refused arguments leave no log and no results folder. An earlier run's
 # log is never cut. The launcher runs as a background job that this script waits for, so that a SIGTERM sent to
 # this script alone (docker stop, a scheduler) is handed on to it; Ctrl-C reaches it directly (the terminal
-# signals the whole foreground process group), so this script itself ignores SIGINT.
+# signals the whole foreground process group), so meanwhile this script ignores SIGINT and waits for its status.
 launch() {
   local json=$1 launcher status=0
   shift
   local command=("$PYTHON" -m bertrecipe.launch)
   [ "$create_logfile" = "true" ] && command+=(--log_file="$LOG_FILE" --log_after="$json")
   command+=(--standalone --nproc_per_node="$num_gpus" --shutdown_timeout="$SHUTDOWN_TIMEOUT")
+  trap '' INT
   "${command[@]}" "$CODEDIR/run_pretraining.py" --json-summary="$json" "$@" &
   launcher=$!
   trap 'kill -TERM "$launcher" 2>/dev/null || true' TERM
@@ -86,10 +87,9 @@ launch() {
     status=0
     wait "$launcher" || status=$?
   done
-  trap - TERM
+  trap - TERM INT
   return "$status"
 }
-trap '' INT
 
 launch "$RESULTS_DIR/dllogger_phase1.json" --input_dir="$DATA_DIR_PHASE1" --output_dir="$CHECKPOINTS_DIR" \
   --config_file="$BERT_CONFIG" --bert_model=bert-large-uncased --train_batch_size="$train_batch_size" \

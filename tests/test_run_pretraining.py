@@ -521,7 +521,7 @@ def test_pretrain_presets_give_consistent_two_phase_commands(preset, tmp_path):
     fake = tmp_path / "python"
     fake.write_text('#!/bin/sh\necho "$@" >> "$ARGS_LOG"\nout=; steps=\nfor a in "$@"; do case "$a" in\n'
                     '  --output_dir=*) out=${a#--output_dir=} ;; --max_steps=*) steps=${a#--max_steps=} ;;\n'
-                    'esac; done\ntouch "$out/ckpt_$steps.pt"\n')
+                    'esac; done\nmkdir -p "$out" && touch "$out/ckpt_$steps.pt"\n')
     fake.chmod(0o755)
     configs = REPO_ROOT / "scripts" / "configs" / "pretrain_config.sh"
     positional = subprocess.run(["bash", "-c", f"source {configs} && {preset}"], capture_output=True, text=True,

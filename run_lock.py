@@ -50,10 +50,12 @@ def _read_first_line(path: str) -> str:
 
 
 def process_start(pid: int) -> str:
-    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22): with the pid it names one
-    process for the host's whole uptime, even once the pid is reused. Empty where /proc is missing."""
+    """The running process's start time in clock ticks since boot (/proc/<pid>/stat field 22): with the pid it
+    names one process for the host's whole uptime, even once the pid is reused. Empty where /proc is missing and
+    for a process that has ended but is not yet reaped (a zombie: state Z or X), which holds nothing any more."""
     stat = _read_first_line(f"/proc/{pid}/stat")
-    return stat.rsplit(")", 1)[-1].split()[19] if stat else ""
+    fields = stat.rsplit(")", 1)[-1].split() if stat else []
+    return fields[19] if fields and fields[0] not in ("Z", "X") else ""
 
 
 def _pid_namespace() -> str:

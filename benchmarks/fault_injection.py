@@ -8,8 +8,8 @@ its kill at the end of a time limit do) or, for SIGTERM and SIGINT, to torchrun'
 terminal, `kill <pid>` of the launcher; torchrun passes the signal on to its workers, which run in their own
 sessions). SIGKILL always goes to the whole job: torchrun SIGKILLed alone leaves its workers running on (torch's
 elastic agent starts each in its own session and nothing ends them when it dies; the next launch is then refused
-by the run lock they hold). A restart comes once every process of the killed launch is gone, reaped, as a
-scheduler's requeue does (wait_reaped). The moments:
+by the run lock they hold). A restart comes once every process of the killed launch has ended, as a
+scheduler's requeue does (wait_reaped: ended, zombies included). The moments:
 - startup: a random time within the reference launch's start-up (imports, rendezvous, the run lock, reading the
   checkpoint, removing stale temporaries; a late one lands in the first steps, but never after the planned step);
 - step: a random time within a step after the record of a planned step;
@@ -61,9 +61,10 @@ import h5py
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-
 from bertrecipe.hardware import detect, host_line
+from bertrecipe.run_lock import process_start
+
+REPO = Path(__file__).resolve().parents[1]
 
 VOCAB, SEQ, PREDS, ROWS = 128, 16, 3, 64
 CONFIG = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -123,7 +124,7 @@ class Launch:
     newest_after: int = 0
     lines: dict[str, Any] = field(default_factory=dict)
     leftovers: int = 0  # processes of the launch still alive once the launcher had ended (then killed)
-    seconds_to_reaped: float = 0.0  # from the launcher's exit until every process of the launch was reaped
+    seconds_to_reaped: float = 0.0  # from the launcher's exit until every process of the launch had ended
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -232,15 +233,6 @@ def job_processes(token: str) -> dict[int, str]:
     return found
 
 
-def process_start(pid: int) -> str:
-    """The process's start time (/proc/<pid>/stat field 22, as run_lock.py reads it); empty once it is reaped."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
 def send(launcher: subprocess.Popen, token: str, fault: Fault, seen: dict[int, str]) -> None:
     """The fault's signal to torchrun's process group, or to every process of the job: first those already known
     (`seen`, refreshed while waiting, so the signal is not late), then any found since (SIGKILL: again until none
@@ -285,11 +277,10 @@ def kill_job(token: str, seen: Optional[dict[int, str]] = None) -> int:
 
 
 def wait_reaped(seen: dict[int, str], timeout: float = 30.0) -> Optional[float]:
-    """Seconds until every process of the job is reaped (its /proc entry gone or the pid reused), None after
-    `timeout`. A SIGKILLed torchrun's workers are adopted by init as zombies, which this machine's init reaps
-    up to about 2 s later; until then run_lock.why_stale takes the dead holder (its /proc entry, start time
-    unchanged) for a live run and refuses the restart, so the restart comes, as a scheduler's does, once the killed
-    job is entirely gone."""
+    """Seconds until every process of the job has ended (its /proc entry gone, the pid reused, or a zombie not
+    yet reaped: run_lock.process_start reads each as ended, and so does the run lock), None after `timeout`. A
+    SIGKILLed process is still running for a few milliseconds before it becomes a zombie; the restart comes, as a
+    scheduler's does, once the killed job has ended."""
     began = time.monotonic()
     while any(process_start(pid) == started for pid, started in seen.items()):
         if time.monotonic() - began > timeout:
@@ -696,7 +687,7 @@ def summary(campaign: Campaign) -> dict[str, Any]:
                                 for sig in SIGNALS},
         "sigterm_stop_lines": sum("stopped_by_sigterm" in launch.lines for launch in faults),
         "ctrl_c_lines": sum("ctrl_c" in launch.lines for launch in faults),
-        "waited_for_zombies": sum(launch.seconds_to_reaped > 0.1 for launch in campaign.launches),
+        "waited_for_ends": sum(launch.seconds_to_reaped > 0.1 for launch in campaign.launches),
         "longest_zombie_wait": max((launch.seconds_to_reaped for launch in campaign.launches), default=0.0),
         "locks_taken_over": sum("lock_taken_over" in launch.lines for launch in campaign.launches),
         "stale_temporaries_removed": sum(len(launch.lines.get("stale_removed", [])) for launch in campaign.launches),
@@ -731,8 +722,8 @@ def table(campaign: Campaign) -> str:
             ("lines", f"'stopped by SIGTERM' {s['sigterm_stop_lines']}, 'interrupted (Ctrl-C)' {s['ctrl_c_lines']}, "
                       f"lock taken over {s['locks_taken_over']}, stale temporaries removed "
                       f"{s['stale_temporaries_removed']}"),
-            ("killed job reaped after", f"up to {s['longest_zombie_wait']:.1f} s (waited for before "
-                                        f"{s['waited_for_zombies']} restarts)"),
+            ("killed job ended after", f"up to {s['longest_zombie_wait']:.1f} s (waited for before "
+                                        f"{s['waited_for_ends']} restarts)"),
             ("steps redone", f"{s['steps_redone']} ({s['step_records_checked']} step records checked, "
                              f"{s['unreadable_log_lines']} log lines cut by a SIGKILL)"),
             ("checkpoints compared", ", ".join(s["checkpoints_compared"])),

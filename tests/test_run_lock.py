@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -166,3 +167,22 @@ def test_a_take_over_replaces_only_the_stale_lock_it_judged(tmp_path):
     (tmp_path / (LOCK_NAME + ".takeover")).write_text("")
     assert not second._take_over(read_holder(path), second_holder)
     assert read_holder(path).token == first_holder.token
+
+
+def test_the_lock_of_an_ended_but_unreaped_process_is_taken_over(tmp_path, capsys):
+    """A SIGKILLed job's workers linger as zombies until their parent reaps them (forever under a container's
+    init that never does): they hold no lock."""
+    child = subprocess.Popen(["sleep", "30"])
+    start = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[-1].split()[19]
+    os.kill(child.pid, signal.SIGKILL)
+    deadline = time.time() + 10
+    while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z" and time.time() < deadline:
+        time.sleep(0.01)
+    try:
+        me = LockHolder.of_this_process()
+        (tmp_path / LOCK_NAME).write_text(json.dumps({**me.__dict__, "pid": child.pid, "process_start": start}))
+        with RunLock(tmp_path):
+            pass
+        assert f"its process {child.pid} on this host has ended" in capsys.readouterr().err
+    finally:
+        child.wait()

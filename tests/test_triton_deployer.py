@@ -381,3 +381,22 @@ def test_onnx_model_that_is_no_squad_export_is_an_input_error_naming_it(setup, t
     with pytest.raises(SystemExit):  # one model source, not two
         inference.parse_args(["--onnx_model", str(not_onnx), "--init_checkpoint", "x", "--vocab_file", "v",
                               "--context", "c"])
+
+
+def test_a_version_folder_holding_an_input_or_a_foreign_file_is_never_replaced(setup, tmp_path):
+    """A deploy replaces <repository>/<name>/<version> whole; what it did not write there is refused before any
+    work, never deleted."""
+    version = tmp_path / "repo" / "bert" / "1"
+    version.mkdir(parents=True)
+    vocab = version / "vocab.txt"
+    shutil.copyfile(setup["vocab"], vocab)
+    arguments = ["--init_checkpoint", str(setup["checkpoint"]), "--vocab_file", str(vocab), "--do_lower_case",
+                 "--model_repository", str(tmp_path / "repo")]
+    with pytest.raises(InputError, match=r"bert/1: this deploy replaces the folder, which holds --vocab_file"):
+        deployer.main(arguments)
+    shutil.copyfile(setup["vocab"], tmp_path / "vocab.txt")
+    arguments[arguments.index(str(vocab))] = str(tmp_path / "vocab.txt")
+    (version / "model.onnx").write_bytes(b"an earlier export")
+    with pytest.raises(InputError, match=r"holds files it did not write \(vocab.txt\)"):
+        deployer.main(arguments)
+    assert sorted(p.name for p in version.iterdir()) == ["model.onnx", "vocab.txt"]

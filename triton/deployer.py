@@ -34,6 +34,7 @@ from bertrecipe.atomic_files import write_atomic
 from bertrecipe.errors import ArgumentParser, InputError, run_cli
 from bertrecipe.model import BertForQuestionAnswering, BertForSequenceClassification
 from bertrecipe.onnx_export import TritonSignature, export_onnx, output_names
+from bertrecipe.output_paths import inside
 from bertrecipe.serving import INPUTS, runner_for, sample_inputs
 
 PLATFORMS = {"onnx": ("onnxruntime_onnx", "model.onnx"), "torchscript": ("pytorch_libtorch", "model.pt")}
@@ -159,8 +160,26 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
+def check_version_folder(args: argparse.Namespace) -> None:
+    """A deploy replaces `<repository>/<name>/<version>` whole: refused (one line, before any work) when it holds
+    one of this run's inputs or anything a deploy does not write, which replacing it would delete."""
+    target = Path(args.model_repository) / args.model_name / str(args.model_version)
+    inputs = [("--init_checkpoint", args.init_checkpoint), ("--config_file", args.config_file),
+              ("--vocab_file", args.vocab_file), ("--predict_file", args.predict_file)]
+    for flag, path in inputs:
+        if path is not None and inside(path, target):
+            raise InputError(f"{target}: this deploy replaces the folder, which holds {flag} {path}; move the input "
+                             "out of the model repository or choose another --model_version")
+    ours = {filename for _, filename in PLATFORMS.values()}
+    foreign = sorted(entry.name for entry in target.iterdir() if entry.name not in ours) if target.is_dir() else []
+    if foreign:
+        raise InputError(f"{target}: this deploy replaces the folder, which holds files it did not write "
+                         f"({', '.join(foreign[:3])}); move them or choose another --model_version")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
+    check_version_folder(args)
     tokenizer = finetuning.load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
     config, weights = finetuning.model_config(args.config_file, args.init_checkpoint)
     torch.manual_seed(args.seed)

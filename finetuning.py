@@ -217,11 +217,15 @@ class StagedOutputs:
         """Runs write(file) on a new temporary file that commit() will rename to `name`; returns its path."""
         if name not in self.names:
             raise ValueError(f"{name} is not one of the outputs {self.names}")
-        if not self._opened:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-            remove_stale_output_temporaries(self.output_dir, self.names)
-            self._opened = True
-        tmp = write_temporary(self.output_dir / name, write)
+        try:
+            if not self._opened:
+                self.output_dir.mkdir(parents=True, exist_ok=True)
+                remove_stale_output_temporaries(self.output_dir, self.names)
+                self._opened = True
+            tmp = write_temporary(self.output_dir / name, write)
+        except OSError as error:  # a full disk, a read-only folder: the earlier outputs stay as they were
+            raise InputError(f"{self.output_dir / name}: cannot write it ({error.strerror or error}); nothing in "
+                             f"{self.output_dir} was replaced") from None
         if name in self._staged:
             self._staged[name].unlink(missing_ok=True)
         self._staged[name] = tmp

@@ -1,6 +1,7 @@
 """run_glue.py end to end on real GLUE rows (the excerpts in tests/data/glue) with a tiny random BERT folder
 (file formats, metrics, checkpoints, launchers), real fine-tuning accuracy of the pretrained MiniLM on the full data
 (integration), and its refusals, staging and cleaning on a tiny model built in the test's folder."""
+import errno
 import json
 import math
 import os
@@ -481,3 +482,18 @@ def test_a_second_run_into_a_locked_output_dir_is_refused_and_changes_nothing(re
         holder.communicate("", timeout=30)
     run_glue.main(tiny_args(root, "--do_train", "--do_eval", "--seed", "7"))
     assert not (root / "out" / ".run.lock").exists()
+
+
+def test_a_full_disk_while_writing_the_outputs_is_one_line_and_replaces_nothing(rerun, monkeypatch):
+    root, before = rerun
+    real = run_glue.finetuning.write_temporary
+
+    def disk_full_at_results(path, write):
+        if path.name == "results.json":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, write)
+
+    monkeypatch.setattr(run_glue.finetuning, "write_temporary", disk_full_at_results)
+    with pytest.raises(InputError, match=r"results.json: cannot write it \(No space left on device\); nothing in "):
+        run_glue.main(tiny_args(root, "--do_train", "--do_eval", "--seed", "7", "--json-summary", ""))
+    assert snapshot(root) == before  # the old model and results, no temporary left

@@ -34,9 +34,9 @@ from bertrecipe import finetuning
 from bertrecipe import squad
 from bertrecipe import squad_answers
 from bertrecipe import squad_cli
-from bertrecipe.data.tokenization import BertTokenizer, Vocab, check_vocab_for_model
+from bertrecipe.data.tokenization import BertTokenizer, Vocab, check_vocab_for_model, padded_vocab_size
 from bertrecipe.errors import ArgumentParser, InputError, read_text_file, run_cli
-from bertrecipe.model import VOCAB_PAD_MULTIPLE, BertForQuestionAnswering
+from bertrecipe.model import BertForQuestionAnswering
 from bertrecipe.onnx_export import check_vocab_fits, open_qa_session, qa_logits
 from bertrecipe.output_paths import refuse_input_as_output
 from bertrecipe.question_answering import LogitsFunction, answer_about_context, check_question
@@ -189,7 +189,7 @@ def onnx_embedding_rows(session: Any, path: Path, vocab_size: int) -> int:
             return False
         return True
 
-    padded = -(-vocab_size // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
+    padded = padded_vocab_size(vocab_size)
     if embeds(vocab_size - 1) and not embeds(padded):
         return vocab_size
     low, high = 0, 1  # id low is embedded, id high not: doubled, then halved

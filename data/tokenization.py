@@ -82,6 +82,7 @@ def load_vocab(path: str | Path) -> Vocab:
 
 # The flag of every command that takes a vocab with a model: vocab-model mismatches become warnings.
 ALLOW_VOCAB_MISMATCH = "--allow_vocab_mismatch"
+CONFIG_VOCAB_MULTIPLE = 8  # NVIDIA's configs round vocab_size up to a multiple of 8 (30,522 tokens -> 30,528)
 # Fewer tokens with cased letters than this tell nothing about a vocab's casing (a test's toy vocab).
 MIN_TOKENS_FOR_CASING = 1000
 _BRACKETED = re.compile(r"\[[^\]]*\]")  # [PAD], [CLS], [unused17], ...
@@ -121,18 +122,22 @@ def _casing_problem(vocab: Vocab, do_lower_case: bool) -> Optional[str]:
     return None
 
 
+def padded_vocab_size(tokens: int) -> int:
+    """The most word embeddings a model of a vocab of `tokens` may have: the count rounded up as NVIDIA's configs
+    round it."""
+    return -(-tokens // CONFIG_VOCAB_MULTIPLE) * CONFIG_VOCAB_MULTIPLE
+
+
 def _size_problem(vocab: Vocab, model_vocab_size: int) -> tuple[Optional[str], bool]:
     """(problem, whether the override may pass it) for a model of model_vocab_size word embeddings."""
-    from bertrecipe.model import VOCAB_PAD_MULTIPLE  # the padding NVIDIA's configs use (30,522 -> 30,528)
-
     n = len(vocab)
     if n > model_vocab_size:  # the extra ids would index past the embeddings: no override makes that work
         return (f"the vocab has {n:,} tokens but the model embeds only {model_vocab_size:,}: ids from "
                 f"{model_vocab_size:,} on have no embedding; pass the model's own vocab.txt"), False
-    padded = -(-n // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
+    padded = padded_vocab_size(n)
     if model_vocab_size > padded:
         return (f"the vocab has {n:,} tokens but the model embeds {model_vocab_size:,} (more than the vocab padded "
-                f"to a multiple of {VOCAB_PAD_MULTIPLE}, {padded:,}): it is not the model's vocab, its ids would "
+                f"to a multiple of {CONFIG_VOCAB_MULTIPLE}, {padded:,}): it is not the model's vocab, its ids would "
                 "stand for other words; pass the model's own vocab.txt"), True
     return None, True
 

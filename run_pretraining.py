@@ -179,8 +179,8 @@ def add_stream_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_budget_flags(p: argparse.ArgumentParser) -> None:
-    """Choices that reach an accuracy sooner (README, "Time to accuracy"); each is off by default, so that
-    NVIDIA's recipe and numbers stay what runs without them."""
+    """Choices that reach an accuracy sooner (docs/benchmarks.md, "Time to accuracy"); each is off by default, so
+    that NVIDIA's recipe and numbers stay what runs without them."""
     p.add_argument("--no_nsp", action="store_true",
                    help="masked LM only (RoBERTa, Cramming): the next-sentence head leaves the loss; the pooler and "
                         "NSP weights stay in the checkpoint, untrained, so fine-tuning loads it as before")

@@ -96,7 +96,7 @@ BEST_LR, BEST_WARMUP = 1e-2, 0.1
 # The best documented option set, one list so that it is tuned in one place; a flag given twice takes its last
 # value (--max_predictions_per_seq here overrides the shards' 20, as --dynamic_masking allows).
 # --compile is left out: on this model it runs 3-5 % faster per step but its first step compiles for about a minute
-# (README, "Time to accuracy"), a tenth of a 10-minute budget.
+# (docs/benchmarks.md, "Time to accuracy"), a tenth of a 10-minute budget.
 BEST_OPTIONS = ["--no_nsp", "--dynamic_masking", "--masked_lm_prob", "0.3", "--max_predictions_per_seq", "40",
                 "--pretrain_dropout", "0"]
 

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-IGNORE_INDEX = -1  # pretraining_data.IGNORE_INDEX: labels of positions not predicted
+IGNORE_INDEX = -1  # the label of a position not predicted (every batch's masked_lm_labels)
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment (2**64 / golden ratio)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -84,9 +84,8 @@ def spec_from_shard(arrays: dict[str, np.ndarray], vocab_size: int, masked_lm_pr
         raise ValueError("an empty shard shows no special tokens; pass the vocab")
     cls = np.unique(input_ids[:, 0])
     sep = np.unique(input_ids[np.arange(len(input_ids)), np.count_nonzero(input_mask, axis=1) - 1])
-    positions = arrays["masked_lm_positions"]
-    valid = np.cumprod(positions != 0, axis=1).astype(bool)
-    at_masked = input_ids[np.nonzero(valid)[0], positions[valid]]
+    _, rows, cols = masked_positions(arrays["masked_lm_positions"])
+    at_masked = input_ids[rows, cols]
     values, counts = np.unique(at_masked, return_counts=True)
     if len(cls) != 1 or len(sep) != 1 or cls[0] == sep[0]:
         raise ValueError(f"rows do not all start with one [CLS] ({cls[:5].tolist()}) and end with one [SEP] "
@@ -98,15 +97,21 @@ def spec_from_shard(arrays: dict[str, np.ndarray], vocab_size: int, masked_lm_pr
                        max_predictions=max_predictions)
 
 
-def recover_original_tokens(input_ids: np.ndarray, masked_lm_positions: np.ndarray,
-                            masked_lm_ids: np.ndarray) -> np.ndarray:
-    """The tokens of static rows [B, S] before masking: masked_lm_ids written back at masked_lm_positions,
-    whose list ends at the first 0 of a row (position 0 is [CLS], never masked), as make_batch reads it."""
-    original = np.array(input_ids, copy=True)
+def masked_positions(masked_lm_positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where a static shard's rows [B, P] of masked_lm_positions point: (valid [B, P] bool, row, column), the
+    list of a row ending at its first 0 (position 0 is [CLS], never masked); row and column index the masked
+    tokens of the [B, S] arrays, and valid picks their entries out of masked_lm_positions and masked_lm_ids."""
     positions = np.asarray(masked_lm_positions, dtype=np.int64)
     valid = np.cumprod(positions != 0, axis=1).astype(bool)
-    rows = np.nonzero(valid)[0]
-    original[rows, positions[valid]] = np.asarray(masked_lm_ids)[valid]
+    return valid, np.nonzero(valid)[0], positions[valid]
+
+
+def recover_original_tokens(input_ids: np.ndarray, masked_lm_positions: np.ndarray,
+                            masked_lm_ids: np.ndarray) -> np.ndarray:
+    """The tokens of static rows [B, S] before masking: masked_lm_ids written back at masked_lm_positions."""
+    original = np.array(input_ids, copy=True)
+    valid, rows, cols = masked_positions(masked_lm_positions)
+    original[rows, cols] = np.asarray(masked_lm_ids)[valid]
     return original
 
 

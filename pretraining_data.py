@@ -25,7 +25,6 @@ from bertrecipe.hdf5_chunks import ChunkLayout, RowSource
 
 SHARD_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
               "next_sentence_labels")
-IGNORE_INDEX = -1
 BATCH_KEYS = ("input_ids", "segment_ids", "input_mask", "masked_lm_labels", "next_sentence_labels")
 DEFAULT_BLOCK_ROWS = 256  # for unchunked (uncompressed) shards, where any row range reads only itself
 OPEN_FILES_PER_READER = 4
@@ -186,15 +185,13 @@ def read_rows(info: ShardInfo, f: h5py.File | RowSource, start: int, stop: int, 
 
 
 def make_batch(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-    """Rows of a loaded shard as model inputs; labels are -1 except at the masked positions, which end at
-    the first 0 in masked_lm_positions."""
-    positions = arrays["masked_lm_positions"][rows].astype(np.int64)
+    """Rows of a loaded shard as model inputs; labels are masking.IGNORE_INDEX except at the masked positions
+    (masking.masked_positions)."""
     ids = arrays["masked_lm_ids"][rows].astype(np.int64)
     input_ids = arrays["input_ids"][rows].astype(np.int64)
-    valid = np.cumprod(positions != 0, axis=1).astype(bool)
-    labels = np.full(input_ids.shape, IGNORE_INDEX, dtype=np.int64)
-    row_index = np.nonzero(valid)[0]
-    labels[row_index, positions[valid]] = ids[valid]
+    valid, row_index, columns = masking.masked_positions(arrays["masked_lm_positions"][rows])
+    labels = np.full(input_ids.shape, masking.IGNORE_INDEX, dtype=np.int64)
+    labels[row_index, columns] = ids[valid]
     return {
         "input_ids": input_ids,
         "segment_ids": arrays["segment_ids"][rows].astype(np.int64),

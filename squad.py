@@ -21,7 +21,7 @@ import logging
 import zipfile
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -479,8 +479,11 @@ def cached_features(
     data_file: str | Path,
     version_2_with_negative: bool,
     cache_dir: Optional[str | Path],
+    deferred_writes: Optional[list[Callable[[], None]]] = None,
 ) -> SquadFeatures:
-    """convert_examples_to_features through the cache in `cache_dir` (no cache when it is None)."""
+    """convert_examples_to_features through the cache in `cache_dir` (no cache when it is None). With
+    `deferred_writes`, a missing cache entry is not written but its write appended there, for a caller that
+    writes nothing before every input is checked."""
     if cache_dir is None:
         return convert_examples_to_features(examples, tokenizer, settings, is_training)
     key = features_cache_key(
@@ -491,5 +494,8 @@ def cached_features(
     features = load_features(path, key)
     if features is None:
         features = convert_examples_to_features(examples, tokenizer, settings, is_training)
-        save_features(path, features, key)
+        if deferred_writes is None:
+            save_features(path, features, key)
+        else:
+            deferred_writes.append(lambda: save_features(path, features, key))
     return features

@@ -75,18 +75,8 @@ def features_for(args: argparse.Namespace, tokenizer: Any, data_file: str, is_tr
         raise InputError(f"{data_file}: no {'usable training ' if is_training else ''}questions "
                          f"(--{'train' if is_training else 'predict'}_file needs at least one)")
     settings = window_settings(args)
-    cache_dir = cache_dir_for(args, data_file)
-    if cache_writes is None or cache_dir is None:
-        features = squad.cached_features(examples, tokenizer, settings, is_training, data_file,
-                                         args.version_2_with_negative, cache_dir)
-    else:
-        key = squad.features_cache_key(squad.file_sha256(data_file), tokenizer.vocab, tokenizer.do_lower_case,
-                                       settings, is_training, args.version_2_with_negative)
-        path = squad.features_cache_path(cache_dir, key)
-        features = squad.load_features(path, key)
-        if features is None:
-            features = squad.convert_examples_to_features(examples, tokenizer, settings, is_training)
-            cache_writes.append(lambda: squad.save_features(path, features, key))
+    features = squad.cached_features(examples, tokenizer, settings, is_training, data_file,
+                                     args.version_2_with_negative, cache_dir_for(args, data_file), cache_writes)
     if len(features) == 0:
         raise InputError(f"{data_file}: no features (no questions with a usable context)")
     return examples, features

@@ -415,8 +415,3 @@ def test_spec_from_shard_reads_cls_sep_and_mask():
     no_cls = dict(arrays, input_ids=np.where(np.arange(32) == 0, np.arange(40)[:, None], arrays["input_ids"]))
     with pytest.raises(ValueError, match="CLS"):
         masking.spec_from_shard(no_cls, VOCAB, 0.15, 5)
-
-
-def test_labels_use_the_loaders_ignore_index():
-    pretraining_data = pytest.importorskip("pretraining_data")
-    assert masking.IGNORE_INDEX == pretraining_data.IGNORE_INDEX

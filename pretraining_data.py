@@ -20,11 +20,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from bertrecipe import masking
 from bertrecipe import sample_order
+from bertrecipe.data.shard_writer import KEYS as SHARD_SCHEMA
 from bertrecipe.errors import InputError
 from bertrecipe.hdf5_chunks import ChunkLayout, RowSource
 
-SHARD_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-              "next_sentence_labels")
+SHARD_KEYS = tuple(SHARD_SCHEMA)  # the six arrays of a shard (docs/interfaces.md, section 1)
 BATCH_KEYS = ("input_ids", "segment_ids", "input_mask", "masked_lm_labels", "next_sentence_labels")
 DEFAULT_BLOCK_ROWS = 256  # for unchunked (uncompressed) shards, where any row range reads only itself
 OPEN_FILES_PER_READER = 4

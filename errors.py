@@ -51,10 +51,22 @@ def read_text_file(path: str | Path, what: str = "file", *, encoding: str = "utf
 _JSON_WORDING = {"directory": "is a directory, not a {what}", "not UTF-8": "not UTF-8 (byte {byte})"}
 
 
-def read_json_file(path: str | Path, what: str = "JSON file", wording: Mapping[str, str] = {}) -> Any:
+def read_json_file(path: str | Path, what: str = "JSON file", wording: Mapping[str, str] = {},
+                   newline: Optional[str] = None) -> Any:
     """The parsed JSON of a user-given file (read as read_text_file does, `wording` rewording its problems);
     InputError naming the file when it cannot be read or parsed."""
-    text = read_text_file(path, what, wording={**_JSON_WORDING, **wording})
+    return parse_json_text(path, read_json_text(path, what, wording, newline))
+
+
+def read_json_text(path: str | Path, what: str = "JSON file", wording: Mapping[str, str] = {},
+                   newline: Optional[str] = None) -> str:
+    """The text of a JSON file, with read_json_file's wording of its problems (for a caller that parses it with
+    parse_json_text and also needs the text)."""
+    return read_text_file(path, what, wording={**_JSON_WORDING, **wording}, newline=newline)
+
+
+def parse_json_text(path: str | Path, text: str) -> Any:
+    """json.loads of a file's text; InputError naming the file when it is not JSON that Python can hold."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:

@@ -145,7 +145,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
     ctx = init_distributed(args.no_cuda)
     try:
-        run(args, ctx)
+        with squad.one_read_per_file():  # the predict file is read once, whatever uses it
+            run(args, ctx)
     finally:
         shutdown(ctx)
 

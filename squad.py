@@ -19,15 +19,16 @@ import hashlib
 import json
 import logging
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
 from bertrecipe.atomic_files import write_atomic
 from bertrecipe.data.tokenization import BertTokenizer, Vocab
-from bertrecipe.errors import InputError, read_json_file
+from bertrecipe.errors import InputError, parse_json_text, read_json_text
 
 logger = logging.getLogger(__name__)
 
@@ -81,12 +82,47 @@ def split_context(context: str) -> tuple[list[str], list[int]]:
     return words, char_to_word
 
 
-def load_squad_json(path: str | Path) -> dict[str, Any]:
-    """The parsed SQuAD file; InputError (naming the file) when it is missing, not UTF-8 or not JSON."""
-    data = read_json_file(path, "SQuAD JSON file", {"missing": "file not found"})
+# Within one_read_per_file(): resolved path -> (parsed JSON, sha256 of the bytes) of the SQuAD files read.
+_READ_ONCE: Optional[dict[Path, tuple[dict[str, Any], str]]] = None
+
+
+@contextmanager
+def one_read_per_file() -> Iterator[None]:
+    """Within the block each SQuAD file is read from disk once: a run's examples, scoring check, feature-cache
+    key and evaluation all see the same bytes, even if the file changes meanwhile."""
+    global _READ_ONCE
+    outer, _READ_ONCE = _READ_ONCE, {} if _READ_ONCE is None else _READ_ONCE
+    try:
+        yield
+    finally:
+        _READ_ONCE = outer
+
+
+def _read_squad_file(path: str | Path) -> tuple[dict[str, Any], str]:
+    """A SQuAD file's parsed JSON and the sha256 of its bytes (once per one_read_per_file block)."""
+    key = Path(path).resolve()
+    if _READ_ONCE is not None and key in _READ_ONCE:
+        return _READ_ONCE[key]
+    # newline="": the text as it is, so that its UTF-8 bytes are the file's own (the cache key's sha256)
+    text = read_json_text(path, "SQuAD JSON file", {"missing": "file not found"}, newline="")
+    data = parse_json_text(path, text)
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise InputError(f"{path}: not a SQuAD file (expected an object with a 'data' list)")
-    return data
+    loaded = data, hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if _READ_ONCE is not None:
+        _READ_ONCE[key] = loaded
+    return loaded
+
+
+def load_squad_json(path: str | Path) -> dict[str, Any]:
+    """The parsed SQuAD file (within one_read_per_file, shared by every caller: read it, never change it); InputError
+    (naming the file) when it is missing, not UTF-8 or not JSON."""
+    return _read_squad_file(path)[0]
+
+
+def squad_file_sha256(path: str | Path) -> str:
+    """The sha256 of a SQuAD file's bytes (its feature-cache key), from the one read of the file."""
+    return _read_squad_file(path)[1]
 
 
 def is_squad_v2(data: dict[str, Any]) -> bool:
@@ -409,15 +445,6 @@ def _lay_out_windows(out: SquadFeatures, row: int, plan: _WindowPlan, cls_id: in
 # ---------------------------------------------------------------------------------------------------------
 # Feature cache (.npz: plain arrays, nothing unpickled)
 # ---------------------------------------------------------------------------------------------------------
-def file_sha256(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def features_cache_key(
     data_sha256: str,
     vocab: Vocab,
@@ -487,7 +514,7 @@ def cached_features(
     if cache_dir is None:
         return convert_examples_to_features(examples, tokenizer, settings, is_training)
     key = features_cache_key(
-        file_sha256(data_file), tokenizer.vocab, tokenizer.do_lower_case, settings, is_training,
+        squad_file_sha256(data_file), tokenizer.vocab, tokenizer.do_lower_case, settings, is_training,
         version_2_with_negative,
     )
     path = features_cache_path(cache_dir, key)

@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from bertrecipe import run_squad
+from bertrecipe import squad as squad_lib
+from bertrecipe.data.tokenization import load_vocab
 from conftest import TEST_DATA
 from bertrecipe.errors import InputError
 from bertrecipe.metric_logger import read_log
@@ -359,3 +361,28 @@ def test_eval_alone_refuses_a_log_onto_the_predictions_it_scores(squad_rerun):
         run_squad.main(tiny_squad_args(root, "--do_eval", "--predict_file", str(root / "predict.json"),
                                        "--json-summary", str(root / "out" / "predictions.json")))
     assert snapshot(root) == before
+
+
+def test_the_predict_file_is_read_once_in_a_predict_and_eval_run(squad_rerun, monkeypatch):
+    """Its examples, the scoring check, the feature cache's key and the evaluation all come from one read (they
+    were five), so that they see the same bytes; the feature cache keeps its key (the sha256 of the bytes)."""
+    import builtins
+    import hashlib
+
+    root, _ = squad_rerun
+    predict = (root / "predict.json").resolve()
+    real_open, opened = builtins.open, []
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, (str, Path)) and Path(file).resolve() == predict:
+            opened.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    run_squad.main(tiny_squad_args(root, "--do_predict", "--do_eval", "--predict_file", str(predict),
+                                   "--init_checkpoint", str(root / "out" / "pytorch_model.bin")))
+    assert len(opened) == 1
+    key = squad_lib.features_cache_key(hashlib.sha256(predict.read_bytes()).hexdigest(),
+                                       load_vocab(root / "model" / "vocab.txt"), False,
+                                       squad_lib.WindowSettings(24, 8, 8), False, False)
+    assert squad_lib.features_cache_path(root / "cache", key).is_file()

@@ -44,8 +44,8 @@ WORKER = textwrap.dedent("""\
         signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    print(f"started {rank}", flush=True)
-    try:
+    try:  # from before "started": a Ctrl-C right after it must not fall outside the handler
+        print(f"started {rank}", flush=True)
         while not stop:
             time.sleep(0.05)
     except KeyboardInterrupt:  # as run_cli: Ctrl-C is one line and exit 130

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn, Optional
@@ -73,27 +72,6 @@ def parse_json_text(path: str | Path, text: str) -> Any:
         raise InputError(f"{path}: malformed JSON ({error.msg} at line {error.lineno} column {error.colno})") from None
     except (ValueError, RecursionError) as error:  # an integer of over 4300 digits; nesting deeper than the stack
         raise InputError(f"{path}: unusable JSON ({str(error).splitlines()[0][:100]})") from None
-
-
-def check_output_dir(path: str | Path, flag: str = "--output_dir") -> None:
-    """InputError when the folder cannot be used: it is a file, a file stands where a parent folder would be
-    created, or it (or, while missing, its nearest existing parent) cannot be written. Creates nothing (the folder
-    is made at the first write)."""
-    folder = Path(path)
-    if folder.exists() and not folder.is_dir():
-        raise InputError(f"{folder}: {flag} exists and is a file, not a folder; choose a folder")
-    check_creatable(folder, flag)
-    existing = next((f for f in (folder, *folder.absolute().parents) if f.exists()), None)
-    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-        raise InputError(f"{existing}: {flag} cannot be written there (permission denied or a read-only file "
-                         f"system); make it writable or choose another {flag}")
-
-
-def check_creatable(path: str | Path, what: str) -> None:
-    """InputError when `path` cannot be created later because one of its parent folders is a file."""
-    existing = next((parent for parent in Path(path).parents if parent.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise InputError(f"{path}: {what} cannot be created because {existing} is a file")
 
 
 def fail(message: str) -> NoReturn:

@@ -24,12 +24,12 @@ from bertrecipe.atomic_files import remove_stale_temporaries, write_temporary
 from bertrecipe.data.tokenization import (ALLOW_VOCAB_MISMATCH, BertTokenizer, Vocab, check_vocab_for_model,
                                          load_vocab)
 from bertrecipe.process_group import DistributedContext, all_reduce_sum, any_process
-from bertrecipe.errors import InputError, check_output_dir
+from bertrecipe.errors import InputError
 from bertrecipe.metric_logger import MetricLogger, check_log_paths
 from bertrecipe.model import BertConfig
 from bertrecipe.model_weights import (CONFIG_FILES, HF_WEIGHT_FILES, LoadedWeights, load_weights_into, read_config,
                                       read_weights)
-from bertrecipe.output_paths import check_writable, refuse_input_as_output
+from bertrecipe.output_paths import check_writable, check_writable_folder, refuse_input_as_output
 from bertrecipe.run_lock import RunLock, locked_output_folder
 from bertrecipe.training import Precision, Stepper, allow_tf32, batches_to_device, take, unwrap
 
@@ -90,7 +90,7 @@ def check_common_arguments(args: argparse.Namespace) -> None:
                          f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
     if args.do_train and args.num_train_epochs == 0 and args.max_steps == -1:
         raise InputError("--do_train needs --num_train_epochs > 0 or --max_steps > 0")
-    check_output_dir(args.output_dir)
+    check_writable_folder(args.output_dir, "--output_dir")
     check_log_paths(args.json_summary)
     allow_tf32(args.tf32)
 

@@ -31,7 +31,7 @@ from types import FrameType
 from typing import Any, NoReturn, Optional
 
 from bertrecipe.errors import InputError, fail
-from bertrecipe.metric_logger import check_writable_file
+from bertrecipe.output_paths import check_writable_file
 
 HOLD_LIMIT = 1 << 20  # output held before the log opens: one refusal line is far less; a working run passes it
 PARTIAL_LIMIT = 1 << 16  # a line longer than this (a progress bar's \r updates) goes to the log in pieces

@@ -8,7 +8,6 @@ refused at construction (check_log_paths), before any work. A write that fails l
 InputError naming the file and errno's text; the records written before it stay whole in the file."""
 from __future__ import annotations
 
-import errno
 import io
 import itertools
 import json
@@ -20,7 +19,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from bertrecipe.errors import InputError, check_creatable
+from bertrecipe.errors import InputError
+from bertrecipe.output_paths import check_writable_file, check_writable_folder
 
 Step = Union[str, list, tuple]
 _EVENT_FILES = itertools.count()  # event files of one process made in the same second get different names
@@ -32,60 +32,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # JSON has no NaN or Infinity
     return value
-
-
-def _unwritable(path: Path) -> Optional[str]:
-    """errno's text for why `path` (existing) cannot be written to or created in, or None when it can."""
-    if os.access(path, os.W_OK | (os.X_OK if path.is_dir() else 0)):
-        return None
-    try:
-        read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        read_only = False
-    return os.strerror(errno.EROFS if read_only else errno.EACCES)
-
-
-def check_writable_file(path: str | Path, what: str, example: str = "dllogger.json") -> None:
-    """InputError when records cannot be appended to `path`: a folder (`example` names a file to give instead),
-    an existing file that is not writable, or a new one that cannot be created (a file or an unwritable folder
-    on the way). Creates nothing."""
-    path = Path(path)
-    try:
-        if path.is_dir():
-            raise InputError(f"{path}: {what} is a folder; give a file name such as {path / example}")
-        if path.exists():
-            problem = _unwritable(path)
-            if problem:
-                raise InputError(f"{path}: {what} cannot be written ({problem})")
-            return
-        _check_new(path, what)
-    except PermissionError as error:  # a folder on the way that cannot be looked into
-        raise InputError(f"{path}: {what} cannot be used ({error.strerror})") from None
-
-
-def check_writable_folder(folder: str | Path, what: str) -> None:
-    """InputError when files cannot be created in `folder`: it is a file, it is not writable, or it cannot be
-    created (a file or an unwritable folder on the way). Creates nothing."""
-    folder = Path(folder)
-    try:
-        if folder.exists():
-            if not folder.is_dir():
-                raise InputError(f"{folder}: {what} exists and is a file; move it or choose another output folder")
-            problem = _unwritable(folder)
-            if problem:
-                raise InputError(f"{folder}: {what} cannot be written to ({problem})")
-            return
-        _check_new(folder, what)
-    except PermissionError as error:
-        raise InputError(f"{folder}: {what} cannot be used ({error.strerror})") from None
-
-
-def _check_new(path: Path, what: str) -> None:
-    check_creatable(path, what)  # no file where a folder on the way would be created
-    existing = next((parent for parent in path.parents if parent.exists()), None)
-    problem = _unwritable(existing) if existing is not None else None
-    if problem:
-        raise InputError(f"{path}: {what} cannot be created: {existing} is not writable ({problem})")
 
 
 def check_log_paths(json_path: Optional[str | Path], tensorboard_dir: Optional[str | Path] = None,

@@ -1,9 +1,11 @@
-"""How every command chooses its outputs: never onto one of its inputs, and only where they can be written.
+"""How every command chooses its outputs: never onto one of its inputs, and only where they can be written (the
+one home of the writability checks: folders, files, logs).
 The writing itself (a temporary name renamed into place, stale temporaries of killed runs cleaned, nothing left
 behind by a failed write) is atomic_files.py's.
 """
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -56,6 +58,68 @@ def check_writable(output: str | Path, output_flag: str, error: ErrorFactory = _
         folder = folder.parent
     if not folder.is_dir():
         raise error(folder, f"output directory is not writable (it is a file); choose another {output_flag}")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise error(folder, f"output directory is not writable (permission denied); choose another "
+    problem = _unwritable(folder)
+    if problem:
+        raise error(folder, f"output directory is not writable ({problem.lower()}); choose another "
                             f"{output_flag} or make the directory writable")
+
+
+def check_creatable(path: str | Path, what: str) -> None:
+    """InputError when `path` cannot be created later because one of its parent folders is a file."""
+    existing = next((parent for parent in Path(path).parents if parent.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise InputError(f"{path}: {what} cannot be created because {existing} is a file")
+
+
+def _unwritable(path: Path) -> Optional[str]:
+    """errno's text for why `path` (existing) cannot be written to or created in, or None when it can."""
+    if os.access(path, os.W_OK | (os.X_OK if path.is_dir() else 0)):
+        return None
+    try:
+        read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    return os.strerror(errno.EROFS if read_only else errno.EACCES)
+
+
+def check_writable_file(path: str | Path, what: str, example: str = "dllogger.json") -> None:
+    """InputError when records cannot be appended to `path`: a folder (`example` names a file to give instead),
+    an existing file that is not writable, or a new one that cannot be created (a file or an unwritable folder
+    on the way). Creates nothing."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise InputError(f"{path}: {what} is a folder; give a file name such as {path / example}")
+        if path.exists():
+            problem = _unwritable(path)
+            if problem:
+                raise InputError(f"{path}: {what} cannot be written ({problem})")
+            return
+        _check_new(path, what)
+    except PermissionError as error:  # a folder on the way that cannot be looked into
+        raise InputError(f"{path}: {what} cannot be used ({error.strerror})") from None
+
+
+def check_writable_folder(folder: str | Path, what: str) -> None:
+    """InputError when files cannot be created in `folder`: it is a file, it is not writable, or it cannot be
+    created (a file or an unwritable folder on the way). Creates nothing."""
+    folder = Path(folder)
+    try:
+        if folder.exists():
+            if not folder.is_dir():
+                raise InputError(f"{folder}: {what} exists and is a file; move it or choose another output folder")
+            problem = _unwritable(folder)
+            if problem:
+                raise InputError(f"{folder}: {what} cannot be written to ({problem})")
+            return
+        _check_new(folder, what)
+    except PermissionError as error:
+        raise InputError(f"{folder}: {what} cannot be used ({error.strerror})") from None
+
+
+def _check_new(path: Path, what: str) -> None:
+    check_creatable(path, what)  # no file where a folder on the way would be created
+    existing = next((parent for parent in path.parents if parent.exists()), None)
+    problem = _unwritable(existing) if existing is not None else None
+    if problem:
+        raise InputError(f"{path}: {what} cannot be created: {existing} is not writable ({problem})")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from bertrecipe.checkpointing import SavedCheckpoint, move_aside, survey
+from bertrecipe.checkpointing import SavedCheckpoint, move_aside
 from bertrecipe.errors import InputError
 
 
@@ -64,12 +64,11 @@ def docs_table() -> str:
     return "\n".join(rows)
 
 
-def choose_checkpoint(output_dir: str | Path, phase2: bool, phase1_end_step: int,
-                      max_steps: int) -> Optional[SavedCheckpoint]:
-    """The checkpoint a --resume_from_checkpoint run continues (or hands over from); None when there is none
-    for this phase (see the module for the rules). Unreadable files are skipped with a warning by the caller's
-    load."""
-    everything = survey(output_dir)
+def choose_checkpoint(everything: list[SavedCheckpoint], output_dir: str | Path, phase2: bool,
+                      phase1_end_step: int, max_steps: int) -> Optional[SavedCheckpoint]:
+    """The checkpoint of output_dir (`everything`: checkpointing.survey's) that a --resume_from_checkpoint run
+    continues (or hands over from); None when there is none for this phase (see the module for the rules).
+    Unreadable ones newer than it are skipped with a warning."""
     saved = [s for s in everything if s.phase is not None]
     newest_good = saved[-1].step if saved else -1
     for unreadable in (s for s in everything if s.phase is None and s.step > newest_good):
@@ -107,11 +106,11 @@ def refuse_phase_mismatch(path: Path, ckpt: dict[str, Any], phase2: bool) -> Non
                          "--resume_step")
 
 
-def refuse_overwrites(output_dir: str | Path, first_step: int, last_step: int) -> None:
+def refuse_overwrites(everything: list[SavedCheckpoint], first_step: int, last_step: int) -> None:
     """One line before the first step when a checkpoint this run would write (global steps first_step..last_step)
-    exists already: the phases' step numbers overlap, or the run was set back with --resume_step. One that does
-    not load is moved aside as `*.corrupt` instead, as rotation does."""
-    for saved in survey(output_dir):
+    is among `everything` (checkpointing.survey's): the phases' step numbers overlap, or the run was set back with
+    --resume_step. One that does not load is moved aside as `*.corrupt` instead, as rotation does."""
+    for saved in everything:
         if not first_step <= saved.step <= last_step:
             continue
         if saved.phase is None:

@@ -101,14 +101,14 @@ def read_holder(path: Path) -> Optional[LockHolder]:
         return None
 
 
-def why_stale(holder: Optional[LockHolder], age_seconds: float) -> Optional[str]:
-    """Why the holder is certainly gone (the warning's words), or None while it may still be running."""
-    me = LockHolder.of_this_process()
+def why_stale(holder: Optional[LockHolder], age_seconds: float, me: LockHolder) -> Optional[str]:
+    """Why the holder is certainly gone (the warning's words), or None while it may still be running; `me` is the
+    process asking."""
     if holder is None:
         return "unreadable and not refreshed for the lease" if age_seconds > lease_seconds() else None
     if holder.slurm_job and holder.slurm_job == me.slurm_job and holder.slurm_restart < me.slurm_restart:
         return f"Slurm requeued job {holder.slurm_job} (restart {holder.slurm_restart} -> {me.slurm_restart})"
-    same_machine = (holder.host == me.host and holder.boot_id == me.boot_id and holder.pid_namespace == me.pid_namespace)
+    same_machine = (holder.host, holder.boot_id, holder.pid_namespace) == (me.host, me.boot_id, me.pid_namespace)
     if same_machine:
         if holder.pid == me.pid and holder.process_start == me.process_start:
             return None  # this very process: never stale
@@ -148,7 +148,7 @@ class RunLock:
             if self._create(me):
                 break
             holder, age = self._inspect()
-            reason = why_stale(holder, age)
+            reason = why_stale(holder, age, me)
             if reason is None and holder is not None:
                 raise InputError(f"{self.folder}: another run is using this {self.flag} ({holder.describe()}; lock "
                                  f"{self.path}); wait for it to end, or choose another {self.flag}")

@@ -39,9 +39,9 @@ from bertrecipe.process_group import (
     shutdown,
 )
 from bertrecipe.atomic_files import remove_stale_temporaries
-from bertrecipe.errors import ArgumentParser, InputError, check_output_dir, run_cli
+from bertrecipe.errors import ArgumentParser, InputError, run_cli
 from bertrecipe.metric_logger import MetricLogger, check_log_paths
-from bertrecipe.output_paths import refuse_input_as_output
+from bertrecipe.output_paths import check_writable_folder, refuse_input_as_output
 from bertrecipe.model import BertConfig, BertForPreTraining
 from bertrecipe.model_weights import load_weights_into, read_config, read_weights
 from bertrecipe.optimization import (
@@ -255,14 +255,14 @@ def check_numbers(args: argparse.Namespace) -> None:
 def check_output_paths(args: argparse.Namespace, train_shards: list, eval_shards: list) -> None:
     """The output folder and the logs must be creatable where the flags point, and none of them may be one of the
     run's inputs (checked before any write)."""
-    check_output_dir(args.output_dir)
+    check_writable_folder(args.output_dir, "--output_dir")
     check_log_paths(args.json_summary, Path(args.output_dir) / "tensorboard")
     inputs = [("--config_file", args.config_file), ("--init_checkpoint", args.init_checkpoint),
-              ("--vocab_file", args.vocab_file), ("--input_dir", args.input_dir), ("--eval_dir", args.eval_dir),
-              *(("a shard of --input_dir", shard.path) for shard in train_shards),
-              *(("a shard of --eval_dir", shard.path) for shard in eval_shards)]
-    if args.json_summary:
-        refuse_input_as_output(args.json_summary, "--json-summary", inputs)
+              ("--vocab_file", args.vocab_file), ("--input_dir", args.input_dir), ("--eval_dir", args.eval_dir)]
+    if args.json_summary:  # a file: it could be one of the shards too
+        shards = [("a shard of --input_dir", s.path) for s in train_shards] + [
+            ("a shard of --eval_dir", s.path) for s in eval_shards]
+        refuse_input_as_output(args.json_summary, "--json-summary", inputs + shards)
     refuse_input_as_output(args.output_dir, "--output_dir", inputs)
     refuse_input_as_output(Path(args.output_dir) / "tensorboard", "the TensorBoard folder (--output_dir/tensorboard)",
                            inputs)
@@ -397,12 +397,12 @@ def inspect_inputs(args: argparse.Namespace, config: BertConfig) -> tuple[list, 
     return train_shards, eval_shards
 
 
-def find_resume_checkpoint(args: argparse.Namespace, config: BertConfig) -> Optional[tuple[Path, dict[str, Any]]]:
-    """The checkpoint this run continues from (None for a fresh start), chosen by phase (resume_rules) and checked
-    to fit the run."""
-    existing = checkpointing.list_checkpoints(args.output_dir)
+def find_resume_checkpoint(args: argparse.Namespace, config: BertConfig,
+                           existing: list[checkpointing.SavedCheckpoint]) -> Optional[tuple[Path, dict[str, Any]]]:
+    """The checkpoint this run continues from (None for a fresh start) among the `existing` ones
+    (checkpointing.survey's), chosen by phase (resume_rules) and checked to fit the run."""
     if args.do_train and existing and not args.resume_from_checkpoint:
-        raise InputError(f"{args.output_dir}: holds checkpoints of another run ({existing[-1][1].name}); pass "
+        raise InputError(f"{args.output_dir}: holds checkpoints of another run ({existing[-1].path.name}); pass "
                          "--resume_from_checkpoint to continue it or choose another --output_dir")
     if not args.resume_from_checkpoint:
         return None
@@ -412,7 +412,8 @@ def find_resume_checkpoint(args: argparse.Namespace, config: BertConfig) -> Opti
         return None  # NVIDIA's scripts always pass --resume_from_checkpoint: the first run starts fresh
     step = args.resume_step
     if step < 0 and args.do_train:
-        chosen = resume_rules.choose_checkpoint(args.output_dir, args.phase2, args.phase1_end_step, args.max_steps)
+        chosen = resume_rules.choose_checkpoint(existing, args.output_dir, args.phase2, args.phase1_end_step,
+                                                args.max_steps)
         step = chosen.step if chosen is not None else -1
     path, ckpt = checkpointing.load_newest_checkpoint(args.output_dir, step)
     if args.do_train:
@@ -433,7 +434,8 @@ def find_resume_checkpoint(args: argparse.Namespace, config: BertConfig) -> Opti
 
 
 def check_resume(args: argparse.Namespace, ctx: DistributedContext, shards: list,
-                 resume_from: Optional[tuple[Path, dict[str, Any]]]) -> tuple[int, list[str]]:
+                 resume_from: Optional[tuple[Path, dict[str, Any]]],
+                 existing: list[checkpointing.SavedCheckpoint]) -> tuple[int, list[str]]:
     """Before the first write: what is left to train (steps), and the flag changes a resume applies (one line
     each); refuses a changed flag that cannot apply (resume_rules.RULES), a --max_steps behind the checkpoint, and a
     run that would write over an existing checkpoint."""
@@ -452,7 +454,7 @@ def check_resume(args: argparse.Namespace, ctx: DistributedContext, shards: list
         steps_left = min(steps_left, args.steps_this_run)
     offset = args.phase1_end_step if args.phase2 else 0
     if steps_left > 0 and not args.skip_checkpoint:
-        resume_rules.refuse_overwrites(args.output_dir, offset + start + 1, offset + start + steps_left)
+        resume_rules.refuse_overwrites(existing, offset + start + 1, offset + start + steps_left)
     return steps_left, changes
 
 
@@ -539,8 +541,10 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     check_output_paths(args, train_shards, eval_shards)
     # The lock is the first write: the resume point is chosen, and the checkpoints written, by one run at a time.
     with locked_output_folder(args.output_dir, ctx.is_main, lambda flag: any_process(flag, ctx)) as lock:
-        resume_from = find_resume_checkpoint(args, config)
-        steps_left, changes = check_resume(args, ctx, train_shards, resume_from) if args.do_train else (0, [])
+        existing = checkpointing.survey(args.output_dir)  # each checkpoint's phase, read once
+        resume_from = find_resume_checkpoint(args, config, existing)
+        steps_left, changes = (check_resume(args, ctx, train_shards, resume_from, existing) if args.do_train
+                               else (0, []))
         spec = None
         if args.do_train:
             args.data_lanes = stream_lanes(args, ctx, resume_from)

@@ -26,7 +26,8 @@ from bertrecipe import finetuning
 from bertrecipe import squad
 from bertrecipe import squad_answers
 from bertrecipe import squad_cli
-from bertrecipe.errors import ArgumentParser, InputError, check_output_dir, run_cli
+from bertrecipe.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.output_paths import check_writable_folder
 from bertrecipe.metric_logger import MetricLogger
 from bertrecipe.model import BertForQuestionAnswering
 from bertrecipe.optimization import LinearWarmUpScheduler, build_adamw
@@ -68,7 +69,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                          f"--max_query_length {args.max_query_length} question, [CLS] and two [SEP]: it needs at "
                          f"least {args.max_query_length + 4}")
     if args.cache_dir:
-        check_output_dir(args.cache_dir, "--cache_dir")
+        check_writable_folder(args.cache_dir, "--cache_dir")
     check_output_paths(args)
     args.max_steps = int(args.max_steps)
     args.log_freq = max(1, args.log_freq)

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from bertrecipe.errors import InputError
-from bertrecipe.metric_logger import MetricLogger, check_log_paths, check_writable_file, read_log
+from bertrecipe.metric_logger import MetricLogger, check_log_paths, read_log
+from bertrecipe.output_paths import check_writable_file
 
 
 def test_records_follow_the_dllogger_layout(tmp_path):

@@ -18,9 +18,9 @@ from typing import Any, Optional, Sequence
 
 from bertrecipe import squad_answers
 from bertrecipe import squad_cli
-from bertrecipe.errors import ArgumentParser, InputError, check_output_dir, run_cli
+from bertrecipe.errors import ArgumentParser, InputError, run_cli
 from bertrecipe.finetuning import add_allow_vocab_mismatch, load_tokenizer
-from bertrecipe.output_paths import refuse_input_as_output
+from bertrecipe.output_paths import check_writable_folder, refuse_input_as_output
 from bertrecipe.serving import TritonQA, add_server_arguments, check_server
 
 
@@ -44,7 +44,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     args = parse_args(argv)
-    check_output_dir(args.output_dir)  # the folder itself is made by the first write
+    check_writable_folder(args.output_dir, "--output_dir")  # the folder itself is made by the first write
     names = ["predictions.json", "nbest_predictions.json"] + ["null_odds.json"] * args.version_2_with_negative
     inputs = [("--predict_file", args.predict_file), ("--vocab_file", args.vocab_file),
               ("--eval_script", args.eval_script)]

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bertrecipe.hardware import detect, host_line
+from bertrecipe.common.hardware import detect, host_line
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -31,7 +31,7 @@ GOOGLE_MB_S = 0.27
 CHILD = """
 import json, resource, sys, time
 from pathlib import Path
-from bertrecipe.data.create_pretraining_data import ShardConfig, create_shard
+from bertrecipe.dataprep.create_pretraining_data import ShardConfig, create_shard
 cfg = ShardConfig(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), True, 128, 20, 0.15, 0.1, 5, 12345,
                   compression=sys.argv[4])
 r = create_shard(cfg, progress=False)
@@ -42,8 +42,8 @@ print(json.dumps({{"seconds": r.seconds, "instances": r.instances, "bytes": r.in
 
 def prepare_inputs(folder: Path) -> tuple[Path, list[Path]]:
     """The books as create_pretraining_data input (one sentence a line, a book per document): all, and halves."""
-    from bertrecipe.data.sharding import split_sentences
-    from bertrecipe.data.text_formatting import book_text
+    from bertrecipe.dataprep.sharding import split_sentences
+    from bertrecipe.dataprep.text_formatting import book_text
 
     books = []
     for path in sorted((SHARED / "books").glob("*.txt")):
@@ -158,7 +158,7 @@ def _segmenters() -> dict:
 
 def compare_segmenters() -> None:
     """Accuracy on hand-labelled hard cases, agreement with syntok on 30 articles, speed on the wiki sample."""
-    from bertrecipe.data.text_formatting import wiki_articles
+    from bertrecipe.dataprep.text_formatting import wiki_articles
 
     articles = list(wiki_articles(SHARED / "wiki" / "enwiki-sample-pages-articles.xml.bz2"))
     mb = sum(len(a.encode()) for a in articles) / 1e6

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from bertrecipe.hardware import detect, host_line
+from bertrecipe.common.hardware import detect, host_line
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -56,7 +56,7 @@ INSTANCE_ARGS = ["--do_lower_case", "1", "--max_seq_length", "128", "--max_predi
 REFERENCE = """
 import json, sys
 from pathlib import Path
-from bertrecipe.data.create_pretraining_data import ShardConfig, create_shard
+from bertrecipe.dataprep.create_pretraining_data import ShardConfig, create_shard
 cfg = ShardConfig(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), True, 128, 20, 0.15, 0.1, 5, 12345)
 r = create_shard(cfg, progress=False)
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so it would count the benchmark's memory at fork
@@ -83,8 +83,8 @@ class Stage:
 def source_pieces(books: Path | None, piece_bytes: int = 2048) -> list[str]:
     """The source text cut into pieces of about piece_bytes at sentence ends (". "), so that documents drawn
     from them are shuffled text rather than the same articles repeated."""
-    from bertrecipe.data.default_corpus import articles
-    from bertrecipe.data.text_formatting import book_text
+    from bertrecipe.dataprep.default_corpus import articles
+    from bertrecipe.dataprep.text_formatting import book_text
 
     texts = list(articles())
     if books is not None:
@@ -209,7 +209,7 @@ def run_stage(name: str, argv: list[str], env: dict, log: Path, processes: int, 
 
 KERNEL = """
 import sys, time, blingfire
-from bertrecipe.data.tokenization import BertTokenizer, load_vocab
+from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
 tokenizer = BertTokenizer(load_vocab(sys.argv[2]), True)
 text = open(sys.argv[1], encoding="utf-8").read()
 started = time.perf_counter()

@@ -61,8 +61,8 @@ import h5py
 import numpy as np
 import torch
 
-from bertrecipe.hardware import detect, host_line
-from bertrecipe.run_lock import process_start
+from bertrecipe.common.hardware import detect, host_line
+from bertrecipe.training.run_lock import process_start
 
 REPO = Path(__file__).resolve().parents[1]
 

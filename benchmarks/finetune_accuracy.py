@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from bertrecipe.hardware import detect, host_line, recipe_device, warn_if_emulated
+from bertrecipe.common.hardware import detect, host_line, recipe_device, warn_if_emulated
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = Path(os.environ.get("BERT_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))

@@ -31,10 +31,10 @@ from typing import Callable
 
 import torch
 
-from bertrecipe.model import BertConfig, BertForQuestionAnswering
-from bertrecipe.onnx_export import TritonSignature, export_onnx, open_qa_session, qa_logits
-from bertrecipe.optimization import build_adamw
-from bertrecipe.hardware import Host, detect, host_line, host_record, pick_precisions
+from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
+from bertrecipe.deploy.onnx_export import TritonSignature, export_onnx, open_qa_session, qa_logits
+from bertrecipe.training.optimization import build_adamw
+from bertrecipe.common.hardware import Host, detect, host_line, host_record, pick_precisions
 from gemm_peak import Peak, forward_flops, fraction_of_peak, gemm_peak, peak_line  # benchmarks/, beside this file
 
 Batch = tuple[torch.Tensor, ...]
@@ -43,8 +43,8 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 def real_windows(squad_file: Path, vocab_file: Path, seq: int) -> Batch:
     """Every training window of a SQuAD file (ids, segments, mask, start, end), as run_squad.py makes them."""
-    from bertrecipe import squad
-    from bertrecipe.finetuning import load_tokenizer
+    from bertrecipe.finetuning import squad
+    from bertrecipe.finetuning.loop import load_tokenizer
 
     for path in (squad_file, vocab_file):
         if not path.is_file():

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bertrecipe.model import BertConfig
+from bertrecipe.model.bert import BertConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SQUARE = 2048  # a large square GEMM, the shape a matmul library is tuned for

@@ -36,8 +36,8 @@ def save_model(folder: Path) -> None:
     """A seeded random BertForQuestionAnswering as run_squad.py saves one (pytorch_model.bin, bert_config.json)."""
     import torch
 
-    from bertrecipe.finetuning import save_finetuned
-    from bertrecipe.model import BertConfig, BertForQuestionAnswering
+    from bertrecipe.finetuning.loop import save_finetuned
+    from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
 
     vocab_size = sum(1 for _ in VOCAB.open(encoding="utf-8"))
     config = BertConfig.from_dict({**MODEL, "vocab_size": vocab_size})
@@ -62,7 +62,7 @@ def peak_rss_bytes() -> int:
 
 def measure_one(argv: list[str]) -> dict:
     """Runs inference.main(argv) here; its wall time, peak memory and answer's window count."""
-    from bertrecipe import inference
+    from bertrecipe.cli import inference
 
     out = io.StringIO()
     began = time.perf_counter()

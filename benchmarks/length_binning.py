@@ -22,7 +22,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from bertrecipe.hardware import detect, host_line, pick_precisions, recipe_device
+from bertrecipe.common.hardware import detect, host_line, pick_precisions, recipe_device
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024,

@@ -38,10 +38,10 @@ from torch.utils.data import DataLoader, IterableDataset
 
 REPO = Path(__file__).resolve().parents[1]
 
-from bertrecipe import sample_order
-from bertrecipe.pretraining_data import (SHARD_KEYS, BatchPlan, PretrainingData, ShardInfo,
+from bertrecipe.pretraining import sample_order
+from bertrecipe.pretraining.data import (SHARD_KEYS, BatchPlan, PretrainingData, ShardInfo,
                               check_value_ranges, inspect_shard, make_batch)
-from bertrecipe.hardware import detect, host_line, host_record
+from bertrecipe.common.hardware import detect, host_line, host_record
 
 VOCAB, SEQ, PREDICTIONS = 30522, 128, 20
 CLS, SEP, MASK = 101, 102, 103

@@ -19,9 +19,9 @@ from typing import Callable
 
 import torch
 
-from bertrecipe.model import BertConfig, BertForPreTraining
-from bertrecipe.optimization import Lamb, weight_decay_groups
-from bertrecipe.hardware import detect, host_line, host_record, pick_precisions
+from bertrecipe.model.bert import BertConfig, BertForPreTraining
+from bertrecipe.training.optimization import Lamb, weight_decay_groups
+from bertrecipe.common.hardware import detect, host_line, host_record, pick_precisions
 from gemm_peak import SQUARE, gemm_gflops  # benchmarks/, beside this file
 
 MASKED_PER_SEQ = {128: 20, 512: 80}

@@ -25,13 +25,13 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
-from bertrecipe.metric_logger import read_log
-from bertrecipe.model import BertConfig
+from bertrecipe.training.metric_logger import read_log
+from bertrecipe.model.bert import BertConfig
 from model_throughput import MASKED_PER_SEQ, make_batch, peer_step, time_steps
-from bertrecipe.data.sharding import split_sentences
-from bertrecipe.data.text_formatting import book_text
-from bertrecipe.pretraining_data import BatchPlan, PretrainingData, find_shards, inspect_shard
-from bertrecipe.hardware import detect, host_line, host_record, pick_precisions
+from bertrecipe.dataprep.sharding import split_sentences
+from bertrecipe.dataprep.text_formatting import book_text
+from bertrecipe.pretraining.data import BatchPlan, PretrainingData, find_shards, inspect_shard
+from bertrecipe.common.hardware import detect, host_line, host_record, pick_precisions
 
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 

@@ -55,15 +55,15 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
-from bertrecipe.checkpointing import list_checkpoints
-from bertrecipe.data import layout
-from bertrecipe.data.tokenization import load_vocab
-from bertrecipe.data.vocab_training import vocab_path
-from bertrecipe.hardware import detect, host_line, host_record, pick_precisions, recipe_device
-from bertrecipe.masking import recover_original_tokens
-from bertrecipe.metric_logger import read_log
-from bertrecipe.model import BertConfig
-from bertrecipe.pretraining_data import make_batch
+from bertrecipe.training.checkpointing import list_checkpoints
+from bertrecipe.dataprep import layout
+from bertrecipe.tokenization.wordpiece import load_vocab
+from bertrecipe.tokenization.vocab_training import vocab_path
+from bertrecipe.common.hardware import detect, host_line, host_record, pick_precisions, recipe_device
+from bertrecipe.pretraining.masking import recover_original_tokens
+from bertrecipe.training.metric_logger import read_log
+from bertrecipe.model.bert import BertConfig
+from bertrecipe.pretraining.data import make_batch
 
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 

@@ -20,14 +20,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 import torch
 
-from bertrecipe.atomic_files import write_atomic
-from bertrecipe.data import layout
-from bertrecipe.data.tokenization import BertTokenizer, load_vocab
-from bertrecipe.data.vocab_training import vocab_path
-from bertrecipe.errors import ArgumentParser, InputError, run_cli
-from bertrecipe.hardware import detect, recipe_device
-from bertrecipe.metric_logger import read_log
-from bertrecipe.model import BertConfig, BertForPreTraining
+from bertrecipe.common.atomic_files import write_atomic
+from bertrecipe.dataprep import layout
+from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
+from bertrecipe.tokenization.vocab_training import vocab_path
+from bertrecipe.common.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.common.hardware import detect, recipe_device
+from bertrecipe.training.metric_logger import read_log
+from bertrecipe.model.bert import BertConfig, BertForPreTraining
 
 CORPUS = "python_docs"
 VOCAB_SIZE = 8192

@@ -33,12 +33,12 @@ add_precision_flag "$precision"
 require_count num_gpu 7 "$num_gpu"
 [ "$config_file" != "checkpoint" ] && flags+=(--config_file="$config_file")
 
-# bertrecipe.launch (torchrun in one process, in place of this script so that signals reach it) ends with the
+# bertrecipe.cli.launch (torchrun in one process, in place of this script so that signals reach it) ends with the
 # workers' own exit status and no traceback after their one-line errors. It appends the output to
 # $out_dir/logfile.txt after a line naming the run's start (an earlier run's log, scores included, is never
 # cut), and opens it only once run_glue.py wrote its dllogger JSON, right after its argument checks: refused
 # arguments leave no log and no $out_dir.
-exec "$PYTHON" -m bertrecipe.launch --log_file="$out_dir/logfile.txt" --log_after="$out_dir/dllogger.json" \
+exec "$PYTHON" -m bertrecipe.cli.launch --log_file="$out_dir/logfile.txt" --log_after="$out_dir/dllogger.json" \
   --standalone --nproc_per_node="$num_gpu" "$CODEDIR/run_glue.py" \
   --task_name="$task_name" --data_dir="$data_dir" --vocab_file="$vocab_file" --init_checkpoint="$init_checkpoint" \
   --output_dir="$out_dir" --mode="$mode" --bert_model=bert-large-uncased --do_lower_case --max_seq_length=128 \

@@ -64,7 +64,7 @@ resume=()
 extra=($EXTRA_ARGS)
 LOG_FILE=$RESULTS_DIR/$job_name.log
 
-# launch PHASE_JSON ARGS...: one phase through bertrecipe.launch (torchrun in one process), which ends with the
+# launch PHASE_JSON ARGS...: one phase through bertrecipe.cli.launch (torchrun in one process), which ends with the
 # workers' own exit status (2 after their one-line error, 130 after Ctrl-C, 143 after a SIGTERM that stopped the
 # phase early) and no traceback. With create_logfile=true it appends the phase's output to $LOG_FILE after a line
 # naming the phase's start, and opens that log only once the phase wrote PHASE_JSON, which run_pretraining.py
@@ -75,7 +75,7 @@ LOG_FILE=$RESULTS_DIR/$job_name.log
 launch() {
   local json=$1 launcher status=0
   shift
-  local command=("$PYTHON" -m bertrecipe.launch)
+  local command=("$PYTHON" -m bertrecipe.cli.launch)
   [ "$create_logfile" = "true" ] && command+=(--log_file="$LOG_FILE" --log_after="$json")
   command+=(--standalone --nproc_per_node="$num_gpus" --shutdown_timeout="$SHUTDOWN_TIMEOUT")
   trap '' INT

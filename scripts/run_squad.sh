@@ -36,12 +36,12 @@ require_mode 12 "$mode"
 [[ $mode == *eval* ]] && flags+=(--do_eval)
 [ "$CONFIG_FILE" != "checkpoint" ] && flags+=(--config_file="$CONFIG_FILE")
 
-# bertrecipe.launch (torchrun in one process, in place of this script so that signals reach it) ends with the
+# bertrecipe.cli.launch (torchrun in one process, in place of this script so that signals reach it) ends with the
 # workers' own exit status and no traceback after their one-line errors. It appends the output to
 # $OUT_DIR/logfile.txt after a line naming the run's start (an earlier run's log, scores included, is never
 # cut), and opens it only once run_squad.py wrote its dllogger JSON, right after its argument checks: refused
 # arguments leave no log and no $OUT_DIR.
-exec "$PYTHON" -m bertrecipe.launch --log_file="$OUT_DIR/logfile.txt" --log_after="$OUT_DIR/dllogger.json" \
+exec "$PYTHON" -m bertrecipe.cli.launch --log_file="$OUT_DIR/logfile.txt" --log_after="$OUT_DIR/dllogger.json" \
   --standalone --nproc_per_node="$num_gpu" "$CODEDIR/run_squad.py" \
   --init_checkpoint="$init_checkpoint" --bert_model=bert-large-uncased --do_lower_case --max_seq_length=384 \
   --doc_stride=128 --num_train_epochs="$epochs" --learning_rate="$learning_rate" \

@@ -1,11 +1,8 @@
 """Shared test fixtures: the small real data in tests/data, a tiny generated BERT, and the location of the large
 real data that only the integration tier needs (../shared/data in the development checkout and CI)."""
-import importlib.util
 import os
 import shutil
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -48,18 +45,6 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"integration tier: needs the large real data, not found at {SHARED_DATA} (set BERT_SHARED_DATA)")
     return SHARED_DATA
-
-
-def load_script(relative: str) -> ModuleType:
-    """An entry-point script (e.g. scripts/plot_logs.py) loaded from its file as a module, for tests that call its
-    functions in-process: entry points are run as files and are not part of the installed package."""
-    name = "script_" + relative.removesuffix(".py").replace("/", "_")
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / relative)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def write_formatted(articles, path: Path) -> Path:

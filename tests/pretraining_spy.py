@@ -8,8 +8,8 @@ import json
 import os
 from pathlib import Path
 
-from bertrecipe import run_pretraining
-from bertrecipe.errors import run_cli
+from bertrecipe.cli import run_pretraining
+from bertrecipe.common.errors import run_cli
 
 
 def main() -> None:

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from bertrecipe.atomic_files import atomic_output, remove_stale_temporaries, write_atomic, write_temporary
+from bertrecipe.common.atomic_files import atomic_output, remove_stale_temporaries, write_atomic, write_temporary
 
 DEAD_PID = 999_999_999  # above every kernel's pid_max
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from bertrecipe import hardware as host
+from bertrecipe.common import hardware as host
 
 FLAGS = "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 bmi2"
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bertrecipe import run_pretraining
+from bertrecipe.cli import run_pretraining
 from conftest import REPO_ROOT
 
 RUN_SUB = REPO_ROOT / "run.sub"

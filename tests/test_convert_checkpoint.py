@@ -11,10 +11,11 @@ import safetensors.torch
 import torch
 import transformers
 
-from bertrecipe.model import BertConfig, BertForPreTraining, BertForQuestionAnswering
-from bertrecipe.model_weights import export_huggingface, read_weights
-from bertrecipe.errors import InputError
-from conftest import REPO_ROOT, load_script
+from bertrecipe.model.bert import BertConfig, BertForPreTraining, BertForQuestionAnswering
+from bertrecipe.model.weights import export_huggingface, read_weights
+from bertrecipe.common.errors import InputError
+from conftest import REPO_ROOT
+from bertrecipe.cli import convert_checkpoint
 
 SCRIPT = REPO_ROOT / "scripts" / "convert_checkpoint.py"
 TINY = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -202,6 +203,6 @@ def test_an_export_file_onto_an_input_is_refused_even_with_overwrite(tmp_path, f
     (tmp_path / "hf" / "config.json").write_text(json.dumps(TINY))
     before = _snapshot(tmp_path / "hf")
     with pytest.raises(InputError, match=f"DST is the same file as {flag} {re.escape(str(tmp_path / 'hf' / name))}"):
-        load_script("scripts/convert_checkpoint.py").main([str(source), str(tmp_path / "hf"), "--overwrite", flag,
+        convert_checkpoint.main([str(source), str(tmp_path / "hf"), "--overwrite", flag,
                                                           str(tmp_path / "hf" / name)])
     assert _snapshot(tmp_path / "hf") == before

@@ -20,9 +20,9 @@ import h5py
 import numpy as np
 import pytest
 
-from bertrecipe.data import layout
-from bertrecipe.data.sharding import split_sentences
-from bertrecipe.data.text_formatting import book_text
+from bertrecipe.dataprep import layout
+from bertrecipe.dataprep.sharding import split_sentences
+from bertrecipe.dataprep.text_formatting import book_text
 from conftest import REPO_ROOT, TEST_DATA, write_formatted
 
 pytest.importorskip("distributed")
@@ -174,8 +174,10 @@ def test_dask_workers_make_the_shards_of_local_processes(cluster, workdir, vocab
 # their byte ranges and book groups, so the workers need no such setting.
 SMALL_TASKS = """
 import sys
-from bertrecipe.data import bertPrep, sharding, text_formatting
-from bertrecipe.data.errors import run_cli
+from bertrecipe.cli import bert_prep as bertPrep
+from bertrecipe.dataprep import sharding
+from bertrecipe.dataprep import text_formatting
+from bertrecipe.dataprep.errors import run_cli
 sharding.SEGMENT_BYTES = 20_000
 text_formatting.BOOKS_PER_TASK = 4
 run_cli(bertPrep.main)
@@ -184,7 +186,7 @@ run_cli(bertPrep.main)
 
 def _books(root: Path) -> None:
     """30 books made of the embedded corpus's articles, five of them in a sub-folder."""
-    from bertrecipe.data.default_corpus import articles
+    from bertrecipe.dataprep.default_corpus import articles
     texts = list(articles())[:90]
     for i in range(30):
         path = layout.download_dir(root) / "bookscorpus" / ("more" if i > 24 else "") / f"book{i}.txt"
@@ -270,7 +272,7 @@ def _prep_sub(env: dict[str, str], *args: str, timeout: float = 30) -> subproces
 
 
 def test_prep_sub_dry_run_starts_scheduler_workers_and_the_client_on_one_scheduler_file(tmp_path):
-    from bertrecipe.data import bertPrep
+    from bertrecipe.cli import bert_prep as bertPrep
     run = _prep_sub({"DRYRUN": "1", "BERT_PREP_WORKING_DIR": str(tmp_path), "SLURM_JOB_NUM_NODES": "4",
                      "SLURM_JOB_ID": "77", "WORKERS_PER_NODE": "16", "INTERFACE": "ib0"},
                     "--dataset", "wikicorpus_en", "--max_seq_length", "128")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bertrecipe.data import download
-from bertrecipe.data.errors import DataError
+from bertrecipe.dataprep import download
+from bertrecipe.dataprep.errors import DataError
 
 
 class RangeHandler(http.server.SimpleHTTPRequestHandler):

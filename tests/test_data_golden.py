@@ -22,8 +22,8 @@ from pathlib import Path
 import h5py
 import pytest
 
-from bertrecipe.data.create_pretraining_data import ShardConfig, create_shard
-from bertrecipe.data.shard_writer import KEYS
+from bertrecipe.dataprep.create_pretraining_data import ShardConfig, create_shard
+from bertrecipe.dataprep.shard_writer import KEYS
 from conftest import TEST_DATA, VOCAB_EXCERPT
 
 AWKWARD = [

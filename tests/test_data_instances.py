@@ -15,13 +15,14 @@ import h5py
 import numpy as np
 import pytest
 
-from bertrecipe.data import documents, instances
-from bertrecipe.data.create_pretraining_data import ShardConfig, create_shard, shard_attributes
-from bertrecipe.data.documents import tokenize_documents
-from bertrecipe.data.instances import MaskingConfig, SpecialIds, truncate_spans
-from bertrecipe.data.shard_writer import KEYS, write_shard, write_shard_blocks
-from bertrecipe.data.sharding import split_sentences
-from bertrecipe.data.tokenization import BertTokenizer, load_vocab
+from bertrecipe.dataprep import documents
+from bertrecipe.dataprep import instances
+from bertrecipe.dataprep.create_pretraining_data import ShardConfig, create_shard, shard_attributes
+from bertrecipe.dataprep.documents import tokenize_documents
+from bertrecipe.dataprep.instances import MaskingConfig, SpecialIds, truncate_spans
+from bertrecipe.dataprep.shard_writer import KEYS, write_shard, write_shard_blocks
+from bertrecipe.dataprep.sharding import split_sentences
+from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
 from conftest import TEST_DATA
 
 SEQ, PREDS = 128, 20
@@ -334,7 +335,7 @@ def test_whole_word_masking_skips_a_word_that_does_not_fit(order):
     """Words visited in every order: with a budget of 2 the word of 3 pieces never fits and is skipped, the
     two single-piece words are taken even when it comes first (no stop at it, no part of it); with a budget of 4
     it is taken whole when visited before both others, else skipped."""
-    from bertrecipe.data.instances import SpecialIds, _whole_word_positions
+    from bertrecipe.dataprep.instances import SpecialIds, _whole_word_positions
 
     class Order:  # a generator whose permutation() is the given visiting order
         def permutation(self, n: int) -> np.ndarray:
@@ -359,7 +360,7 @@ def test_whole_word_masking_skips_a_word_that_does_not_fit(order):
 def test_random_positions_are_the_k_smallest_keys(levels):
     """Masked positions: the k candidates with the smallest keys, sorted; ties (forced with 8 key levels) take
     the earlier position, and never change how many are chosen."""
-    from bertrecipe.data.instances import _random_positions
+    from bertrecipe.dataprep.instances import _random_positions
 
     class Keys:  # a generator whose random() gives keys on a coarse grid, so that ties are common
         def __init__(self) -> None:

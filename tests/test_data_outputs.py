@@ -10,12 +10,14 @@ import h5py
 import numpy as np
 import pytest
 
-from bertrecipe.data import bertPrep, build_default_corpus, layout
-from bertrecipe.data import create_pretraining_data as cpd
-from bertrecipe.data.errors import DataError, run_cli
-from bertrecipe.data.sharding import ShardingConfig, shard_corpus
-from bertrecipe.data.vocab_training import train_vocab
-from bertrecipe.data.text_formatting import book_groups, format_corpus, format_tasks
+from bertrecipe.cli import bert_prep as bertPrep
+from bertrecipe.cli import build_default_corpus
+from bertrecipe.dataprep import layout
+from bertrecipe.dataprep import create_pretraining_data as cpd
+from bertrecipe.dataprep.errors import DataError, run_cli
+from bertrecipe.dataprep.sharding import ShardingConfig, shard_corpus
+from bertrecipe.tokenization.vocab_training import train_vocab
+from bertrecipe.dataprep.text_formatting import book_groups, format_corpus, format_tasks
 from conftest import write_formatted
 
 DEAD_PID = 999_999_999  # above every kernel's pid_max: the run that left such a temporary is surely gone

@@ -13,12 +13,13 @@ import h5py
 import numpy as np
 import pytest
 
-from bertrecipe.data import bertPrep, layout
-from bertrecipe.data.errors import DataError
-from bertrecipe.data.sharding import ShardingConfig, shard_corpus, split_sentences
-from bertrecipe.data.text_formatting import book_groups, book_text, format_corpus, format_tasks, wiki_articles
-from bertrecipe.data.tokenization import BertTokenizer, load_vocab
-from bertrecipe.data.vocab_training import train_vocab
+from bertrecipe.cli import bert_prep as bertPrep
+from bertrecipe.dataprep import layout
+from bertrecipe.dataprep.errors import DataError
+from bertrecipe.dataprep.sharding import ShardingConfig, shard_corpus, split_sentences
+from bertrecipe.dataprep.text_formatting import book_groups, book_text, format_corpus, format_tasks, wiki_articles
+from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
+from bertrecipe.tokenization.vocab_training import train_vocab
 from conftest import write_formatted
 
 REPO = Path(__file__).resolve().parents[1]
@@ -214,7 +215,7 @@ def _train_in_child(corpus: Path, out: Path, vocab_size: int, threads: str | Non
     env = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS", "RAYON_RS_NUM_CPUS")}
     if threads is not None:
         env["RAYON_NUM_THREADS"] = threads
-    code = ("import sys; from pathlib import Path; from data.vocab_training import train_vocab; "
+    code = ("import sys; from pathlib import Path; from bertrecipe.tokenization.vocab_training import train_vocab; "
             "train_vocab([Path(sys.argv[1])], Path(sys.argv[2]), int(sys.argv[3]), True)")
     run = subprocess.run([sys.executable, "-c", code, str(corpus), str(out), str(vocab_size)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)
@@ -397,7 +398,7 @@ def _dump(path: Path, pages: int) -> Path:
 
 
 def test_wiki_reading_memory_does_not_grow_with_the_dump(tmp_path):
-    from bertrecipe.data.text_formatting import iter_wiki_pages
+    from bertrecipe.dataprep.text_formatting import iter_wiki_pages
     small, large = _dump(tmp_path / "s.xml", 2_000), _dump(tmp_path / "l.xml", 20_000)
     assert sum(1 for _ in iter_wiki_pages(large)) == 20_000
     peak_small = _peak_bytes(lambda: sum(1 for _ in iter_wiki_pages(small)))

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertrecipe.data import sharding
-from bertrecipe.data.errors import DataError
-from bertrecipe.data.sharding import ShardingConfig, shard_corpus
+from bertrecipe.dataprep import sharding
+from bertrecipe.dataprep.errors import DataError
+from bertrecipe.dataprep.sharding import ShardingConfig, shard_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,7 +33,7 @@ def _limited(soft: int):
 
 
 def _shard_in_child(source: Path, out: Path, n_training: int, n_test: int, fraction: float, soft_limit: int) -> None:
-    code = ("import sys; from pathlib import Path; from data.sharding import ShardingConfig, shard_corpus; "
+    code = ("import sys; from pathlib import Path; from bertrecipe.dataprep.sharding import ShardingConfig, shard_corpus; "
             "shard_corpus(ShardingConfig((Path(sys.argv[1]),), Path(sys.argv[2]), 'c', int(sys.argv[3]), "
             "int(sys.argv[4]), float(sys.argv[5])))")
     run = subprocess.run([sys.executable, "-c", code, str(source), str(out), str(n_training), str(n_test),
@@ -178,7 +178,7 @@ def _reference_articles(path: Path) -> list[str]:
 
 
 def test_sharding_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path, monkeypatch):
-    from bertrecipe.data import engine
+    from bertrecipe.dataprep import engine
     articles = [f"Article {i} says hello. It is number {i} of many, caf\u00e9 and na\u00efve. Dr. Who came."
                 for i in range(60)]
     text = "".join(a + "\n\n" for a in articles)
@@ -200,7 +200,8 @@ def test_sharding_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path, 
 
 
 def test_formatting_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path, monkeypatch):
-    from bertrecipe.data import engine, text_formatting
+    from bertrecipe.dataprep import engine
+    from bertrecipe.dataprep import text_formatting
     books = tmp_path / "books"
     # Sorted as paths are sorted (by parts), not as strings: a/z.txt, a b/x.txt, a-1.txt, a.txt, ...
     names = ["a.txt", "a-1.txt", "a b/x.txt", "a/z.txt", "b/c/d.txt", "b/c.txt", "notes.md", "e.txt"]
@@ -229,7 +230,7 @@ def test_formatting_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path
 def test_joining_the_parts_falls_back_to_copying_where_the_kernel_cannot(tmp_path, monkeypatch, failure):
     """The parts are joined by copy_file_range; where it stops (another file system: EXDEV) the rest is copied
     through this process from where it stopped; a real I/O error is one line and leaves no output."""
-    from bertrecipe.data import text_formatting
+    from bertrecipe.dataprep import text_formatting
     books = tmp_path / "books"
     books.mkdir()
     for i in range(3):
@@ -256,7 +257,8 @@ def test_joining_the_parts_falls_back_to_copying_where_the_kernel_cannot(tmp_pat
 
 
 def test_a_failing_formatting_task_leaves_no_output_and_no_scratch(tmp_path, monkeypatch):
-    from bertrecipe.data import engine, text_formatting
+    from bertrecipe.dataprep import engine
+    from bertrecipe.dataprep import text_formatting
     books = tmp_path / "books"
     books.mkdir()
     for i in range(4):
@@ -272,7 +274,7 @@ def test_a_failing_formatting_task_leaves_no_output_and_no_scratch(tmp_path, mon
 
 
 def test_a_failing_segmentation_task_on_processes_is_one_error_and_leaves_nothing(tmp_path, monkeypatch):
-    from bertrecipe.data import engine
+    from bertrecipe.dataprep import engine
     source = tmp_path / "formatted.txt"
     good = "".join(f"Article {i} is here. It has two sentences.\n\n" for i in range(40)).encode("utf-8")
     source.write_bytes(good + b"bad \xff byte.\n\n" + good)  # a task in the middle fails, others run on

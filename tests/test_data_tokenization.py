@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bertrecipe.data.errors import DataError
-from bertrecipe.data.tokenization import BertTokenizer, load_vocab
+from bertrecipe.dataprep.errors import DataError
+from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
 from conftest import TEST_DATA
 
 
@@ -268,7 +268,7 @@ def test_colliding_word_keys_fall_back_to_exact_words(uncased_vocab_path, monkey
     """Words are made unique by a hash table of their bytes; words sharing a slot must be told apart, never merged."""
     import numpy as np
 
-    import data.ascii_wordpiece as ascii_wordpiece
+    import bertrecipe.tokenization.ascii_wordpiece as ascii_wordpiece
 
     vocab = load_vocab(uncased_vocab_path)
     lines = _real_lines(50) + ["a" * 9 + "b", "a" * 9 + "c", "x" * 30, "x" * 31]

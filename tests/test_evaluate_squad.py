@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertrecipe import evaluate_squad as ev
+from bertrecipe.finetuning import squad_metrics as ev
 from conftest import TEST_DATA
-from bertrecipe.errors import InputError
+from bertrecipe.common.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 EXCERPT = TEST_DATA / "squad"  # a few dev articles of each version and three systems' predictions on them

@@ -1,7 +1,7 @@
 """fast_dropout.py against the definition of inverted dropout."""
 import torch
 
-from bertrecipe.fast_dropout import Dropout, dropout
+from bertrecipe.model.fast_dropout import Dropout, dropout
 
 
 def test_drops_the_requested_fraction_and_scales_the_rest():

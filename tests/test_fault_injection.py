@@ -7,10 +7,11 @@ import random
 
 import pytest
 import torch
+from benchmarks import fault_injection as fi
 
-from conftest import load_script
 
-fi = load_script("benchmarks/fault_injection.py")
+
+
 SEED = int(os.environ.get("FAULT_INJECTION_SEED", "0"))
 
 

@@ -9,11 +9,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from bertrecipe.process_group import DistributedContext
-from bertrecipe.errors import InputError
-from bertrecipe.model import BertConfig, BertForPreTraining
-from bertrecipe.optimization import PolyWarmUpScheduler, build_lamb, weight_decay_groups
-from bertrecipe.training import Precision, Stepper, make_precision, wrap_ddp
+from bertrecipe.training.process_group import DistributedContext
+from bertrecipe.common.errors import InputError
+from bertrecipe.model.bert import BertConfig, BertForPreTraining
+from bertrecipe.training.optimization import PolyWarmUpScheduler, build_lamb, weight_decay_groups
+from bertrecipe.training.stepper import Precision, Stepper, make_precision, wrap_ddp
 
 CPU = torch.device("cpu")
 FP16_MAX = torch.finfo(torch.float16).max  # 65504: a loss scale of 2**16 rounds to inf in fp16, 2**15 does not

@@ -26,14 +26,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file as save_safetensors
 
-from bertrecipe import glue
-from bertrecipe import squad
-from bertrecipe.checkpointing import load_checkpoint
-from bertrecipe.data.tokenization import SPECIAL_TOKENS, BertTokenizer, load_vocab
-from bertrecipe.errors import InputError
-from bertrecipe.model import ACTIVATIONS, BertConfig, BertModel, ConfigError
-from bertrecipe.model_weights import LoadedWeights, WeightsError, read_config, read_weights
-from bertrecipe.pretraining_data import SHARD_KEYS, inspect_shard, make_batch, read_rows
+from bertrecipe.finetuning import glue
+from bertrecipe.finetuning import squad
+from bertrecipe.training.checkpointing import load_checkpoint
+from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, BertTokenizer, load_vocab
+from bertrecipe.common.errors import InputError
+from bertrecipe.model.bert import ACTIVATIONS, BertConfig, BertModel, ConfigError
+from bertrecipe.model.weights import LoadedWeights, WeightsError, read_config, read_weights
+from bertrecipe.pretraining.data import SHARD_KEYS, inspect_shard, make_batch, read_rows
 
 FAST_EXAMPLES = 50
 INTEGRATION_EXAMPLES = 1000
@@ -471,7 +471,7 @@ def test_fuzz_config_reader(content: bytes) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# vocab.txt (data.tokenization.load_vocab)
+# vocab.txt (tokenization.wordpiece.load_vocab)
 # ---------------------------------------------------------------------------------------------------------
 TOKEN_TEXT = st.text(alphabet=st.sampled_from("ab#\u00e9 \t\r\u4e2d\x00\ufeff"), max_size=5)
 

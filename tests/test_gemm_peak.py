@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from bertrecipe.model import BertConfig, BertForQuestionAnswering
+from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 TINY = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48,

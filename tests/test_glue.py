@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertrecipe import glue
+from bertrecipe.finetuning import glue
 from conftest import TEST_DATA
-from bertrecipe.data.tokenization import BertTokenizer, load_vocab
-from bertrecipe.errors import InputError
+from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
+from bertrecipe.common.errors import InputError
 
 # Official example counts of the GLUE train/dev sets.
 OFFICIAL_COUNTS = {

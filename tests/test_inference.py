@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from bertrecipe import inference
-from bertrecipe import squad
-from bertrecipe import squad_answers
+from bertrecipe.cli import inference
+from bertrecipe.finetuning import squad
+from bertrecipe.finetuning import squad_answers
 from conftest import TEST_DATA
-from bertrecipe.errors import InputError
-from bertrecipe.question_answering import answer_about_context
+from bertrecipe.common.errors import InputError
+from bertrecipe.finetuning.question_answering import answer_about_context
 
 REPO = Path(__file__).resolve().parents[1]
 

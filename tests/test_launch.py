@@ -1,4 +1,4 @@
-"""bertrecipe.launch (torchrun in one process, issue 32): the launch ends with the workers' own exit status and
+"""bertrecipe.cli.launch (torchrun in one process, issue 32): the launch ends with the workers' own exit status and
 their own lines, no torchrun traceback or summary; signals reach the workers, which get time to finish; the log
 copy never truncates an earlier log and is not created for refused arguments. Workers are tiny scripts."""
 import errno
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bertrecipe import launch
-from bertrecipe.errors import InputError
+from bertrecipe.cli import launch
+from bertrecipe.common.errors import InputError
 from test_metric_logger import permissions_are_ignored
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -65,7 +65,7 @@ def worker(tmp_path):
 
 
 def command(*args, log=()):
-    return [sys.executable, "-m", "bertrecipe.launch", *map(str, log), "--standalone", *map(str, args)]
+    return [sys.executable, "-m", "bertrecipe.cli.launch", *map(str, log), "--standalone", *map(str, args)]
 
 
 def launch_run(*args, log=(), cwd=None):

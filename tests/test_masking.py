@@ -12,7 +12,7 @@ import random
 import numpy as np
 import pytest
 
-from bertrecipe import masking
+from bertrecipe.pretraining import masking
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 SPECIALS = (CLS, SEP, PAD)

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from bertrecipe.errors import InputError
-from bertrecipe.metric_logger import MetricLogger, check_log_paths, read_log
-from bertrecipe.output_paths import check_writable_file
+from bertrecipe.common.errors import InputError
+from bertrecipe.training.metric_logger import MetricLogger, check_log_paths, read_log
+from bertrecipe.common.output_paths import check_writable_file
 
 
 def test_records_follow_the_dllogger_layout(tmp_path):

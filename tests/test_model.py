@@ -9,7 +9,7 @@ import safetensors.torch
 import torch
 import transformers
 
-from bertrecipe.model import (
+from bertrecipe.model.bert import (
     BertConfig,
     BertForPreTraining,
     BertForQuestionAnswering,
@@ -18,7 +18,7 @@ from bertrecipe.model import (
     Linear,
     TokenPacking,
 )
-from bertrecipe.model_weights import (
+from bertrecipe.model.weights import (
     WeightsError,
     export_huggingface,
     export_state_dict,

@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 import torch
 
-from bertrecipe import sample_order
-from bertrecipe.metric_logger import read_log
-from bertrecipe.model import BertConfig, BertForPreTraining
-from bertrecipe.pretraining_data import inspect_shard
+from bertrecipe.pretraining import sample_order
+from bertrecipe.training.metric_logger import read_log
+from bertrecipe.model.bert import BertConfig, BertForPreTraining
+from bertrecipe.pretraining.data import inspect_shard
 from conftest import REPO_ROOT
 
 VOCAB, SEQ, PREDS = 128, 16, 3

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from bertrecipe.model import BertConfig, BertForPreTraining
-from bertrecipe.optimization import Lamb, LinearWarmUpScheduler, PolyWarmUpScheduler, build_adamw, build_lamb, weight_decay_groups
+from bertrecipe.model.bert import BertConfig, BertForPreTraining
+from bertrecipe.training.optimization import Lamb, LinearWarmUpScheduler, PolyWarmUpScheduler, build_adamw, build_lamb, weight_decay_groups
 
 
 def reference_lamb_step(groups, states, step, lr, betas=(0.9, 0.999), eps=1e-6, max_grad_norm=1.0):

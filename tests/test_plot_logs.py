@@ -10,12 +10,13 @@ import matplotlib
 import matplotlib.axes
 import pytest
 
-from bertrecipe.metric_logger import read_log
-from conftest import REPO_ROOT, TEST_DATA, load_script
+from bertrecipe.training.metric_logger import read_log
+from conftest import REPO_ROOT, TEST_DATA
 from test_run_glue import GLUE_EXCERPTS, glue, subset
+from bertrecipe.cli import plot_logs
 
 matplotlib.use("Agg")
-plot_logs = load_script("scripts/plot_logs.py")
+
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
         "max_position_embeddings": 128, "vocab_size": 30522, "hidden_act": "gelu", "type_vocab_size": 2,

@@ -7,13 +7,14 @@ import math
 import pytest
 import torch
 
-from bertrecipe.metric_logger import read_log
-from bertrecipe.model import BertConfig, BertForPreTraining, BertForSequenceClassification
-from bertrecipe.model_weights import load_weights_into, read_weights
-from bertrecipe.optimization import TimeBudgetScheduler
-from bertrecipe.training import seed_everything
-from conftest import load_script
+from bertrecipe.training.metric_logger import read_log
+from bertrecipe.model.bert import BertConfig, BertForPreTraining, BertForSequenceClassification
+from bertrecipe.model.weights import load_weights_into, read_weights
+from bertrecipe.training.optimization import TimeBudgetScheduler
+from bertrecipe.training.stepper import seed_everything
+
 from test_run_pretraining import TINY, corpus, final_record, pretrain, step_records  # noqa: F401 (corpus: fixture)
+from bertrecipe.cli import run_pretraining as run_pretraining_command
 
 REQUIRED = ["--input_dir", "in", "--config_file", "c.json", "--output_dir", "out", "--do_train"]
 NSP_PARTS = ("bert.pooler.", "cls.seq_relationship.")
@@ -21,7 +22,7 @@ NSP_PARTS = ("bert.pooler.", "cls.seq_relationship.")
 
 @pytest.fixture(scope="module")
 def run_pretraining():
-    return load_script("run_pretraining.py")
+    return run_pretraining_command
 
 
 def test_nvidia_defaults_are_pinned(run_pretraining):
@@ -47,7 +48,7 @@ def test_nvidia_defaults_are_pinned(run_pretraining):
     (["--eval_interval_minutes", "1"], "needs --do_train and --eval_dir"),
 ])
 def test_bad_option_values_are_one_line_errors(run_pretraining, extra, fragment):
-    from bertrecipe.errors import InputError
+    from bertrecipe.common.errors import InputError
 
     with pytest.raises(InputError, match=fragment.replace("(", r"\(").replace("[", r"\[").replace(")", r"\)")):
         run_pretraining.parse_args(REQUIRED + extra)
@@ -135,7 +136,7 @@ def test_masked_lm_prob_draws_more_predictions_than_the_shards_hold(corpus, tmp_
     pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 2, "--dynamic_masking",
              "--masked_lm_prob", 0.3, "--max_predictions_per_seq", 19, "--log_freq", 1)
     assert (tmp_path / "ckpt_2.pt").exists()
-    rp = load_script("run_pretraining.py")
+    rp = run_pretraining_command
     args = rp.parse_args(["--input_dir", str(corpus / "p1"), "--config_file", "c", "--output_dir", "o", "--do_train",
                           "--max_seq_length", "64", "--dynamic_masking", "--masked_lm_prob", "0.3",
                           "--max_predictions_per_seq", "19"])
@@ -239,7 +240,7 @@ def test_compile_flag_compiles_the_model_in_place(run_pretraining):
 
 
 def test_fused_lamb_is_the_default_for_large_models_on_cpu_and_falls_back_cleanly(monkeypatch, capsys):
-    from bertrecipe import optimization
+    from bertrecipe.training import optimization
 
     small = [{"params": [torch.nn.Parameter(torch.zeros(1000))]}]
     large = [{"params": [torch.nn.Parameter(torch.zeros(optimization.COMPILE_LAMB_MIN_PARAMETERS))]}]

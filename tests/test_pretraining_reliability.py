@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from bertrecipe import run_pretraining
-from bertrecipe.errors import InputError
-from bertrecipe.metric_logger import read_log
+from bertrecipe.cli import run_pretraining
+from bertrecipe.common.errors import InputError
+from bertrecipe.training.metric_logger import read_log
 from conftest import REPO_ROOT
 
 VOCAB, SEQ, PREDS = 128, 16, 3
@@ -211,7 +211,7 @@ def test_resume_keeps_the_streams_lanes_and_refuses_others(workspace):
 def test_resume_from_a_weights_only_checkpoint_points_to_init_checkpoint(workspace):
     out = workspace / "out"
     out.mkdir()
-    from bertrecipe.model import BertConfig, BertForPreTraining
+    from bertrecipe.model.bert import BertConfig, BertForPreTraining
     model = BertForPreTraining(BertConfig.from_dict(CONFIG))
     torch.save({"model": model.state_dict(), "config": CONFIG}, out / "ckpt_3.pt")
     one_line_error(pretrain(workspace, "--resume_from_checkpoint"), "ckpt_3.pt", "--init_checkpoint")
@@ -326,7 +326,7 @@ def test_an_unknown_flag_is_one_line_naming_the_program(script):
 
 @pytest.mark.slow
 def test_skipped_steps_counter_goes_on_after_a_resume(workspace):
-    from bertrecipe.metric_logger import read_log
+    from bertrecipe.training.metric_logger import read_log
     # fp16 from a loss scale of 2^30 overflows the first steps; the count must survive the resume.
     common = ["--fp16", "--init_loss_scale", 2.0**30, "--max_steps", 8]
     assert pretrain(workspace, *common, "--steps_this_run", 4).returncode == 0
@@ -499,7 +499,7 @@ def test_ctrl_c_exits_130_naming_the_checkpoint_to_resume_from(workspace):
 
 
 def test_the_docs_table_of_resume_rules_is_the_codes():
-    from bertrecipe.resume_rules import docs_table
+    from bertrecipe.pretraining.resume_rules import docs_table
 
     assert docs_table() in (REPO_ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
 

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 import torch
 
-from bertrecipe.metric_logger import read_log
+from bertrecipe.training.metric_logger import read_log
 from conftest import REPO_ROOT
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from bertrecipe import run_glue
+from bertrecipe.cli import run_glue
 from conftest import REPO_ROOT, TEST_DATA
-from bertrecipe.errors import InputError
-from bertrecipe.metric_logger import read_log
+from bertrecipe.common.errors import InputError
+from bertrecipe.training.metric_logger import read_log
 
 GLUE_EXCERPTS = TEST_DATA / "glue"  # 40 train and 40 dev rows per task (see its README)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores: one thread per process avoids oversubscription
@@ -342,7 +342,7 @@ def test_rerun_replaces_model_predictions_and_results_together(rerun):
 
 
 def test_a_crash_between_renames_leaves_no_old_results_beside_a_new_model(tmp_path, monkeypatch):
-    from bertrecipe import finetuning
+    from bertrecipe.finetuning import loop as finetuning
 
     (tmp_path / "pytorch_model.bin").write_text("old model")
     (tmp_path / "results.json").write_text("old results")

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from bertrecipe.errors import InputError
-from bertrecipe.run_lock import LOCK_NAME, LockHolder, RunLock, read_holder
+from bertrecipe.common.errors import InputError
+from bertrecipe.training.run_lock import LOCK_NAME, LockHolder, RunLock, read_holder
 
 # A process that takes the lock and holds it until killed or until its stdin closes.
 HOLDER = """
 import sys
-from bertrecipe.errors import InputError
-from bertrecipe.run_lock import RunLock
+from bertrecipe.common.errors import InputError
+from bertrecipe.training.run_lock import RunLock
 lock = RunLock(sys.argv[1])
 try:
     lock.acquire()

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from bertrecipe.metric_logger import read_log
-from bertrecipe.model import BertConfig, BertForPreTraining
-from bertrecipe import sample_order
-from bertrecipe.pretraining_data import inspect_shard
+from bertrecipe.training.metric_logger import read_log
+from bertrecipe.model.bert import BertConfig, BertForPreTraining
+from bertrecipe.pretraining import sample_order
+from bertrecipe.pretraining.data import inspect_shard
 from conftest import REPO_ROOT, TEST_DATA, VOCAB_EXCERPT
 
 # The model's vocab is the one the shards are tokenized with (tests/data's excerpt of BERT's uncased vocab).
@@ -167,7 +167,7 @@ HOOK_SPY = """
 import sys
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from bertrecipe import run_pretraining
+from bertrecipe.cli import run_pretraining
 
 calls = []
 real_hook = default_hooks.fp16_compress_hook

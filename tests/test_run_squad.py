@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertrecipe import run_squad
-from bertrecipe import squad as squad_lib
-from bertrecipe.data.tokenization import load_vocab
+from bertrecipe.cli import run_squad
+from bertrecipe.finetuning import squad as squad_lib
+from bertrecipe.tokenization.wordpiece import load_vocab
 from conftest import TEST_DATA
-from bertrecipe.errors import InputError
-from bertrecipe.metric_logger import read_log
+from bertrecipe.common.errors import InputError
+from bertrecipe.training.metric_logger import read_log
 from test_run_glue import snapshot, tiny_model_files
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

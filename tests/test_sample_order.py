@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from bertrecipe import masking
-from bertrecipe import sample_order
-from bertrecipe.errors import InputError
-from bertrecipe.pretraining_data import BatchPlan, PretrainingData, inspect_shard
+from bertrecipe.pretraining import masking
+from bertrecipe.pretraining import sample_order
+from bertrecipe.common.errors import InputError
+from bertrecipe.pretraining.data import BatchPlan, PretrainingData, inspect_shard
 
 VOCAB = 5000
 
@@ -326,7 +326,7 @@ def test_blocks_follow_the_chunks_of_input_ids_as_nvidias_shards_are_chunked(tmp
 # ---------------------------------------------------------------- held-out evaluation (--eval_dir)
 @pytest.mark.parametrize("world", [1, 2, 3, 5])
 def test_evaluation_batches_split_the_rows_between_ranks_each_read_once(shards, world, monkeypatch):
-    from bertrecipe import pretraining_data
+    from bertrecipe.pretraining import data as pretraining_data
     reads = []
     real = pretraining_data.read_rows
     monkeypatch.setattr(pretraining_data, "read_rows",
@@ -346,7 +346,7 @@ def test_evaluation_batches_split_the_rows_between_ranks_each_read_once(shards, 
 def test_a_binned_samples_loss_does_not_depend_on_its_batch_mates(tmp_path):
     """Binning regroups a step's samples: each sample's masked-LM loss must be what it is in the plain grouping
     (no token attends to another sample or to padding), so the step trains on the same per-sample losses."""
-    from bertrecipe.model import BertConfig, BertForPreTraining
+    from bertrecipe.model.bert import BertConfig, BertForPreTraining
     infos = write_shards(tmp_path, [64, 64])
     rng = np.random.default_rng(1)
     for info in infos:  # random tokens, real lengths 3..8

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from transformers.models.bert.tokenization_bert_legacy import BasicTokenizer
 
-from bertrecipe import squad
-from bertrecipe import squad_answers
+from bertrecipe.finetuning import squad
+from bertrecipe.finetuning import squad_answers
 from conftest import TEST_DATA
-from bertrecipe.data.tokenization import BertTokenizer, load_vocab
+from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
 
 EXCERPT = TEST_DATA / "squad"  # 90 dev-v1.1 and 92 dev-v2.0 questions of a few real articles
 

@@ -5,10 +5,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from benchmarks import time_to_accuracy as tta
 
-from conftest import load_script
 
-tta = load_script("benchmarks/time_to_accuracy.py")
+
+
 
 
 def test_planned_steps_fill_the_budget_at_the_calibrated_speed():

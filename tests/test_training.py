@@ -3,10 +3,10 @@ import pytest
 import torch
 from torch import nn
 
-from bertrecipe.optimization import PolyWarmUpScheduler
-from bertrecipe import training
-from bertrecipe.training import MAX_CONSECUTIVE_NON_FINITE, Precision, Stepper, TrainingFailure, make_precision
-from bertrecipe.errors import InputError
+from bertrecipe.training.optimization import PolyWarmUpScheduler
+from bertrecipe.training import stepper as training
+from bertrecipe.training.stepper import MAX_CONSECUTIVE_NON_FINITE, Precision, Stepper, TrainingFailure, make_precision
+from bertrecipe.common.errors import InputError
 
 
 def squared_error(model, batch):

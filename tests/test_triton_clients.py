@@ -10,11 +10,12 @@ import threading
 
 import pytest
 
-from bertrecipe.errors import InputError
-from bertrecipe.serving import TritonQA
-from conftest import REPO_ROOT, TEST_DATA, load_script
+from bertrecipe.common.errors import InputError
+from bertrecipe.deploy.serving import TritonQA
+from conftest import REPO_ROOT, TEST_DATA
+from bertrecipe.deploy import triton_perf_client as run_perf_client
 
-run_perf_client = load_script("triton/run_perf_client.py")
+
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TRITON = REPO_ROOT / "triton"

@@ -14,18 +14,20 @@ import numpy as np
 import pytest
 import torch
 
-from bertrecipe import squad
-from bertrecipe.finetuning import load_tokenizer, save_finetuned
-from bertrecipe import inference
-from bertrecipe.errors import InputError
-from bertrecipe.inference import load_qa_model
-from bertrecipe.onnx_export import check_vocab_fits, open_qa_session
-from bertrecipe.model import BertForQuestionAnswering
-from bertrecipe.model_weights import load_weights_into, read_weights
-from bertrecipe.serving import INPUTS, SAMPLE_CONTEXT, runner_for
-from conftest import REPO_ROOT, TEST_DATA, load_script
+from bertrecipe.finetuning import squad
+from bertrecipe.finetuning.loop import load_tokenizer, save_finetuned
+from bertrecipe.cli import inference
+from bertrecipe.common.errors import InputError
+from bertrecipe.cli.inference import load_qa_model
+from bertrecipe.deploy.onnx_export import check_vocab_fits, open_qa_session
+from bertrecipe.model.bert import BertForQuestionAnswering
+from bertrecipe.model.weights import load_weights_into, read_weights
+from bertrecipe.deploy.serving import INPUTS, SAMPLE_CONTEXT, runner_for
+from conftest import REPO_ROOT, TEST_DATA
+from bertrecipe.deploy import triton_deployer as deployer
+from bertrecipe.deploy import triton_server
 
-deployer = load_script("triton/deployer.py")
+
 
 SEQ = 128
 WINDOW = squad.WindowSettings(SEQ, 64, 32)
@@ -297,7 +299,7 @@ def test_importing_triton_from_the_repository_root_never_yields_this_folder(tmp_
 
 
 def test_server_function_pads_gathered_requests_of_different_lengths_and_cuts_answers_back(setup, onnx_repo):
-    server = load_script("triton/server.py")
+    server = triton_server
     run = runner_for(onnx_repo / "bert" / "1" / "model.onnx", "onnx")
     infer = server.make_infer(run, outputs=2, max_seq_length=SEQ)
     ids, segments, mask = feature_arrays(setup)

@@ -16,16 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from bertrecipe import squad_answers
-from bertrecipe.finetuning import load_tokenizer
-from bertrecipe.inference import answer_questions, load_qa_model
-from bertrecipe.metric_logger import read_log
-from bertrecipe.serving import TritonQA
-from conftest import REPO_ROOT, load_script
+from bertrecipe.finetuning import squad_answers
+from bertrecipe.finetuning.loop import load_tokenizer
+from bertrecipe.cli.inference import answer_questions, load_qa_model
+from bertrecipe.training.metric_logger import read_log
+from bertrecipe.deploy.serving import TritonQA
+from conftest import REPO_ROOT
 from test_triton_deployer import SEQ, WINDOW, copy_squad_excerpt, deploy, make_qa_checkpoint
+from bertrecipe.deploy import triton_perf_client as run_perf_client
+from bertrecipe.deploy import triton_squad_client as run_squad_client
 
-run_perf_client = load_script("triton/run_perf_client.py")
-run_squad_client = load_script("triton/run_squad_client.py")
+
+
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 SERVER = REPO_ROOT / "triton" / "server.py"

@@ -2,7 +2,7 @@
 file (exit 2, nothing written) in every command that takes a vocab with a model: run_squad.py, run_glue.py,
 inference.py (checkpoint or ONNX), triton/deployer.py, scripts/convert_checkpoint.py and the Triton clients (casing:
 the model is the server's). --allow_vocab_mismatch turns the refusals a run survives into a warning. The rule
-(data.tokenization.check_vocab_for_model) is checked against a plain statement of it first."""
+(tokenization.wordpiece.check_vocab_for_model) is checked against a plain statement of it first."""
 import json
 import math
 import os
@@ -13,19 +13,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertrecipe import inference
-from bertrecipe import run_glue
-from bertrecipe import run_squad
-from bertrecipe.data.tokenization import SPECIAL_TOKENS, check_vocab_for_model, load_vocab, vocab_casing
-from bertrecipe.errors import InputError
-from bertrecipe.finetuning import save_finetuned
-from bertrecipe.model import BertConfig, BertForQuestionAnswering
-from conftest import REPO_ROOT, VOCAB_EXCERPT, load_script
+from bertrecipe.cli import inference
+from bertrecipe.cli import run_glue
+from bertrecipe.cli import run_squad
+from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, check_vocab_for_model, load_vocab, vocab_casing
+from bertrecipe.common.errors import InputError
+from bertrecipe.finetuning.loop import save_finetuned
+from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
+from conftest import REPO_ROOT, VOCAB_EXCERPT
 from test_run_glue import WORDS, snapshot, tiny_args, tiny_sst2
 from test_run_squad import QUESTIONS, tiny_squad_args, tiny_squad_file
+from bertrecipe.deploy import triton_deployer as deployer
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-deployer = load_script("triton/deployer.py")
+
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from bertrecipe.metric_logger import read_log
+from bertrecipe.training.metric_logger import read_log
 from conftest import REPO_ROOT
 from test_metric_logger import permissions_are_ignored
 

@@ -1,0 +1,319 @@
+"""Prepare BERT pre-training data, with NVIDIA's actions and flags.
+
+  --action download | text_formatting | sharding | create_hdf5_files | create_vocab
+  --dataset wikicorpus_en | bookscorpus | books_wiki_en_corpus | python_docs | google_pretrained_weights |
+            squad | mrpc | sst-2 | cola | sts-b | rte | glue | all
+
+Everything lives under $BERT_PREP_WORKING_DIR (default `data/` in the checkout); see data/layout.py.
+"""
+from __future__ import annotations
+
+from typing import NoReturn
+
+import argparse
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+# tqdm's default lock is a multiprocessing semaphore that spawn workers leak warnings about; threads suffice.
+tqdm.set_lock(threading.RLock())
+
+from bertrecipe.common.atomic_files import remove_stale_temporaries_of
+from bertrecipe.dataprep import download
+from bertrecipe.dataprep import engine
+from bertrecipe.dataprep import layout
+from bertrecipe.dataprep import text_formatting
+from bertrecipe.dataprep.create_pretraining_data import ShardConfig, check_paths, shard_attributes, shard_task, validate
+from bertrecipe.dataprep.errors import ArgumentParser, DataError, run_cli
+from bertrecipe.dataprep.outputs import inside, refuse_input_as_output
+from bertrecipe.dataprep.sharding import ShardingConfig, segment_tasks, shard_corpus
+from bertrecipe.dataprep.shard_writer import is_complete
+from bertrecipe.tokenization.wordpiece import load_vocab
+from bertrecipe.tokenization.vocab_training import train_vocab, vocab_path
+
+ACTIONS = ("download", "text_formatting", "sharding", "create_hdf5_files", "create_vocab")
+TEXT_CORPORA = ("wikicorpus_en", "bookscorpus", "python_docs")
+GLUE_TASKS = ("cola", "sst-2", "mrpc", "sts-b", "rte")
+DATASETS = TEXT_CORPORA + ("books_wiki_en_corpus", "google_pretrained_weights", "squad", "glue", "all") + GLUE_TASKS
+
+
+@dataclass(frozen=True)
+class PrepConfig:
+    action: str
+    dataset: str
+    root: Path
+    n_training_shards: int
+    n_test_shards: int
+    fraction_test_set: float
+    n_processes: int
+    random_seed: int
+    dupe_factor: int
+    masked_lm_prob: float
+    short_seq_prob: float
+    max_seq_length: int
+    max_predictions_per_seq: int
+    do_lower_case: bool
+    whole_word_masking: bool
+    vocab_file: Path | None
+    vocab_size: int
+    bookscorpus_url_list: Path | None
+    compression: str
+    engine: engine.EngineConfig = engine.EngineConfig()  # where formatting, sharding and hdf5 tasks run
+
+
+def corpus_members(dataset: str) -> tuple[str, ...]:
+    """The formatted corpora a sharding/hdf5 dataset is made of."""
+    if dataset == "books_wiki_en_corpus":
+        return ("bookscorpus", "wikicorpus_en")
+    if dataset in TEXT_CORPORA:
+        return (dataset,)
+    raise DataError("--dataset", f"{dataset} is not a text corpus (choose from {', '.join(TEXT_CORPORA)}, "
+                                 "books_wiki_en_corpus)")
+
+
+def default_vocab(cfg: PrepConfig) -> Path:
+    name = "uncased_L-24_H-1024_A-16" if cfg.do_lower_case else "cased_L-24_H-1024_A-16"
+    return layout.download_dir(cfg.root) / "google_pretrained_weights" / name / "vocab.txt"
+
+
+def default_book_list(root: Path) -> Path:
+    """Where --action download looks for the BookCorpus URL list without --bookscorpus_url_list."""
+    return layout.download_dir(root) / "bookscorpus_url_list.txt"
+
+
+def do_download(cfg: PrepConfig) -> None:
+    root = layout.download_dir(cfg.root)
+    wanted = set(DATASETS[:-1]) - {"books_wiki_en_corpus", "python_docs"} if cfg.dataset == "all" else {cfg.dataset}
+    if "books_wiki_en_corpus" in wanted:
+        wanted |= {"bookscorpus", "wikicorpus_en"}
+    # Beside, not inside, download/bookscorpus/: every .txt in there is taken for a book.
+    url_list = cfg.bookscorpus_url_list or default_book_list(cfg.root)
+    if "bookscorpus" in wanted:
+        download.read_book_urls(url_list)  # a missing or bad list fails now, not after the other downloads
+        if inside(url_list, root / "bookscorpus"):
+            raise DataError(url_list, f"--bookscorpus_url_list is inside {root / 'bookscorpus'}, where every .txt "
+                                      f"is read as a book; move it (e.g. to {default_book_list(cfg.root)})")
+    if "wikicorpus_en" in wanted:
+        download.fetch(download.WIKI_URL, root / "wikicorpus_en" / "wikicorpus_en.xml.bz2")
+    if "bookscorpus" in wanted:
+        ok, skipped = download.download_books(url_list, root / "bookscorpus")
+        print(f"bookscorpus: {ok} books present, {skipped} entries failed or had no .txt URL and were skipped")
+    if "google_pretrained_weights" in wanted:
+        for folder in download.download_google_weights(root):
+            print(f"verified {folder}")
+    if "squad" in wanted:
+        download.download_squad(root)
+    glue = [t for t in GLUE_TASKS if t in wanted or "glue" in wanted]
+    if glue:
+        download.download_glue(root, glue)
+    print(f"downloads are in {root}")
+
+
+def _format_sources(cfg: PrepConfig, corpus: str) -> list:
+    """The dumps or book groups of a corpus (none for the embedded one); refuses an output that is, or lies
+    among, them."""
+    output = layout.formatted_text(cfg.root, corpus)
+    source = layout.download_dir(cfg.root) / corpus
+    if corpus == "wikicorpus_en":
+        dumps = sorted(source.glob("*.xml.bz2")) + sorted(source.glob("*.xml"))
+        if not dumps:
+            raise DataError(source, "no Wikipedia dump (*.xml.bz2 or *.xml) found; run --action download")
+        refuse_input_as_output(output, "the formatted text", [("dump", d) for d in dumps],
+                               f"make {output.parent} a folder of its own")
+        return dumps
+    if corpus == "bookscorpus":
+        books = text_formatting.book_groups(source)
+        if inside(output, source):  # a symlinked folder: the output would be read as a book next time
+            raise DataError(output, f"the formatted text would be written inside the book folder {source}, where "
+                                    f"every .txt is read as a book; make {output.parent} a folder of its own")
+        return books
+    return []
+
+
+def do_text_formatting(cfg: PrepConfig) -> None:
+    corpora = corpus_members(cfg.dataset)
+    sources = {corpus: _format_sources(cfg, corpus) for corpus in corpora}  # all checked before any write
+    used: set[str] = set()
+    with engine.session(cfg.engine) as run:  # a Dask scheduler answers before the first write
+        for corpus in corpora:
+            output = layout.formatted_text(cfg.root, corpus)
+            tasks = text_formatting.format_tasks(corpus, sources[corpus])
+            with tqdm(desc=f"format {corpus}", unit="article", disable=None) as bar:
+                source = layout.download_dir(cfg.root) / corpus if sources[corpus] else None
+                count = text_formatting.format_corpus(tasks, output, _runner(cfg, run, len(tasks), used),
+                                                      bar.update, source)
+            print(f"{corpus}: {count} articles -> {output}")
+    _report_workers(used)
+
+
+def do_sharding(cfg: PrepConfig) -> None:
+    inputs = tuple(layout.formatted_text(cfg.root, c) for c in corpus_members(cfg.dataset))
+    out = layout.sharded_dir(cfg.root, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set) / cfg.dataset
+    scfg = ShardingConfig(inputs, out, cfg.dataset, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set)
+    used: set[str] = set()
+    with engine.session(cfg.engine) as run, tqdm(desc=f"shard {cfg.dataset}", unit="article", disable=None) as bar:
+        result = shard_corpus(scfg, bar.update, _runner(cfg, run, len(segment_tasks(inputs)), used))
+    for split, counts in result.sentences.items():
+        if counts:
+            print(f"{split}: {len(counts)} shards, {min(counts)}-{max(counts)} sentences each")
+    print(f"{result.articles} articles -> {out}")
+    _report_workers(used)
+
+
+def _runner(cfg: PrepConfig, run: engine.Runner, n_tasks: int, used: set[str]) -> engine.Runner | None:
+    """The engine's runner, recording the Dask workers it used; None where the tasks would run in this process
+    anyway: then they run here with a progress bar that moves article by article."""
+    if engine.runs_here(cfg.engine, n_tasks):
+        return None
+    return lambda function, tasks, on_done: used.update(run(function, tasks, on_done))
+
+
+def _report_workers(used: set[str]) -> None:
+    if used:
+        print(f"tasks ran on {len(used)} Dask workers: {' '.join(sorted(used))}")
+
+
+def _shard_jobs(cfg: PrepConfig, vocab: Path) -> list[ShardConfig]:
+    text_dir = layout.sharded_dir(cfg.root, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set)
+    params = layout.InstanceParams(cfg.do_lower_case, cfg.max_seq_length, cfg.max_predictions_per_seq,
+                                   cfg.masked_lm_prob, cfg.random_seed, cfg.dupe_factor)
+    jobs = []
+    for split, count in (("training", cfg.n_training_shards), ("test", cfg.n_test_shards)):
+        for i in range(count):
+            source = layout.text_shard(cfg.root, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set,
+                                       cfg.dataset, split, i)
+            if not source.is_file():
+                raise DataError(source, f"text shard not found under {text_dir}; run --action sharding first")
+            jobs.append(ShardConfig(source, layout.hdf5_shard(cfg.root, params, cfg.dataset, split, i), vocab,
+                                    cfg.do_lower_case, cfg.max_seq_length, cfg.max_predictions_per_seq,
+                                    cfg.masked_lm_prob, cfg.short_seq_prob, cfg.dupe_factor, cfg.random_seed,
+                                    cfg.whole_word_masking, cfg.compression, checked_by_caller=True))
+    return jobs
+
+
+def _prepare_hdf5_dirs(jobs: list[ShardConfig]) -> None:
+    """After every check passed: make the shard folders (so that workers never race to make or remove them) and
+    remove the temporaries that killed runs left beside any of the shards."""
+    for folder in sorted({job.output_file.parent for job in jobs}):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise DataError(folder, f"cannot create the shard folder ({err.strerror}); check the permissions of "
+                                    "$BERT_PREP_WORKING_DIR") from None
+    remove_stale_temporaries_of(job.output_file for job in jobs)  # so the shard tasks need not
+
+
+def do_create_hdf5_files(cfg: PrepConfig) -> None:
+    corpus_members(cfg.dataset)
+    if cfg.n_training_shards < 1:
+        raise DataError("--n_training_shards", f"must be at least 1, got {cfg.n_training_shards}")
+    engine.validate_engine(cfg.engine)
+    vocab_file = cfg.vocab_file or default_vocab(cfg)
+    vocab = load_vocab(vocab_file)
+    jobs = _shard_jobs(cfg, vocab_file)
+    validate(jobs[0])
+    for job in jobs:
+        check_paths(job)  # no shard may be the vocab or a text shard, whatever symlinks the working dir holds
+    # A shard that exists with the same parameters is complete (it was renamed into place): skip it.
+    todo = [j for j in jobs if not is_complete(j.output_file, shard_attributes(j, len(vocab), vocab.sha256))]
+    print(f"{len(jobs) - len(todo)} of {len(jobs)} shards already complete")
+    if not todo:
+        _prepare_hdf5_dirs(jobs)
+        print(f"shards are in {jobs[0].output_file.parent.parent}")
+        return
+    # The engine is reached (a Dask scheduler answers) before the first folder is made.
+    with engine.session(cfg.engine) as run, \
+            tqdm(total=len(todo), desc="hdf5 shards", unit="shard", disable=None) as bar:
+        _prepare_hdf5_dirs(jobs)
+        # Each shard depends only on its text and the seed: the engine and worker count cannot change the output.
+        workers = run(shard_task, [(job,) for job in todo], lambda _: bar.update())
+    if workers:
+        print(f"{len(todo)} shards made by {len(workers)} Dask workers: {' '.join(sorted(workers))}")
+    print(f"shards are in {jobs[0].output_file.parent.parent}")
+
+
+def do_create_vocab(cfg: PrepConfig) -> None:
+    inputs = [layout.formatted_text(cfg.root, c) for c in corpus_members(cfg.dataset)]
+    output = cfg.vocab_file or vocab_path(cfg.root, cfg.dataset, cfg.do_lower_case, cfg.vocab_size)
+    train_vocab(inputs, output, cfg.vocab_size, cfg.do_lower_case)
+    print(f"vocab ({len(load_vocab(output))} tokens) -> {output}")
+
+
+def parse_args(argv: list[str] | None = None) -> PrepConfig:
+    p = ArgumentParser(prog="bertPrep.py", description=__doc__.split("\n")[0])
+    p.add_argument("--action", choices=ACTIONS, required=True)
+    p.add_argument("--dataset", choices=DATASETS, required=True)
+    p.add_argument("--input_files", help="accepted for compatibility; inputs come from the working directory")
+    p.add_argument("--n_training_shards", type=int, default=256)
+    p.add_argument("--n_test_shards", type=int, default=256)
+    p.add_argument("--fraction_test_set", type=float, default=0.1)
+    p.add_argument("--segmentation_method", default="blingfire", help="accepted for compatibility; blingfire")
+    p.add_argument("--n_processes", type=int, default=4)
+    p.add_argument("--random_seed", type=int, default=12345)
+    p.add_argument("--dupe_factor", type=int, default=5)
+    p.add_argument("--masked_lm_prob", type=float, default=0.15)
+    p.add_argument("--short_seq_prob", type=float, default=0.1)
+    p.add_argument("--max_seq_length", type=int, default=512)
+    p.add_argument("--max_predictions_per_seq", type=int, default=20)
+    p.add_argument("--do_lower_case", type=int, choices=(0, 1), default=1)
+    p.add_argument("--whole_word_masking", action="store_true")
+    p.add_argument("--vocab_file", type=Path, help="vocab.txt to use (create_hdf5_files) or write (create_vocab)")
+    p.add_argument("--vocab_size", type=int, default=30522, help="size of the vocab trained by create_vocab")
+    p.add_argument("--bookscorpus_url_list", "--bookcorpus_url_list", type=Path,
+                   help="BookCorpus list for --action download (none is shipped): one plain-text book URL a line, "
+                        "or soskek/bookcorpus's url_list.jsonl (its \"txt\" URLs are used) "
+                        "(default: <working dir>/download/bookscorpus_url_list.txt)")
+    p.add_argument("--compression", choices=("gzip", "lzf", "none"), default="none",
+                   help="HDF5 compression of the shards (see create_pretraining_data.py --help)")
+    _add_engine_args(p)
+    p.add_argument("--skip_wikiextractor", type=int, default=0, help="accepted for compatibility")
+    p.add_argument("--interactive_json_config_generator", help="accepted for compatibility")
+    a = p.parse_args(argv)
+    return PrepConfig(a.action, a.dataset, layout.working_dir(), a.n_training_shards, a.n_test_shards,
+                      a.fraction_test_set, a.n_processes, a.random_seed, a.dupe_factor, a.masked_lm_prob,
+                      a.short_seq_prob, a.max_seq_length, a.max_predictions_per_seq, bool(a.do_lower_case),
+                      a.whole_word_masking, a.vocab_file, a.vocab_size, a.bookscorpus_url_list, a.compression,
+                      _engine_config(a))
+
+
+def _add_engine_args(p: ArgumentParser) -> None:
+    g = p.add_argument_group("where text_formatting, sharding and create_hdf5_files run (see data/engine.py; "
+                                 "the output is the same on all)")
+    g.add_argument("--engine", choices=engine.ENGINES, default=None,
+                   help="local: --n_processes processes (default); dask: a running Dask cluster (implied by "
+                        "--scheduler/--scheduler_file); slurm: Dask workers in Slurm jobs (dask-jobqueue)")
+    g.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://node1:8786")
+    g.add_argument("--scheduler_file", type=Path, help="the JSON file of `dask scheduler --scheduler-file`")
+    g.add_argument("--scheduler_timeout", type=float, default=60.0,
+                   help="seconds to reach the scheduler and see its first worker (default 60)")
+    g.add_argument("--scheduler_host", help="--engine slurm: the address the scheduler listens on (default: "
+                                            "Dask's choice); the workers must reach it")
+    g.add_argument("--slurm_jobs", type=int, default=1, help="--engine slurm: Slurm jobs of workers")
+    g.add_argument("--slurm_cores", type=int, default=8, help="--engine slurm: worker processes (cores) per job")
+    g.add_argument("--slurm_memory", default="32GB", help="--engine slurm: memory per job")
+    g.add_argument("--slurm_walltime", default="04:00:00", help="--engine slurm: time limit per job")
+    g.add_argument("--slurm_queue", help="--engine slurm: partition")
+    g.add_argument("--slurm_account", help="--engine slurm: account")
+
+
+def _engine_config(a: argparse.Namespace) -> engine.EngineConfig:
+    name = a.engine or ("dask" if a.scheduler or a.scheduler_file else "local")
+    return engine.EngineConfig(name, a.n_processes, a.scheduler, a.scheduler_file, a.scheduler_timeout,
+                               a.scheduler_host, a.slurm_jobs, a.slurm_cores, a.slurm_memory, a.slurm_walltime,
+                               a.slurm_queue, a.slurm_account)
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_args(argv)
+    if cfg.engine.engine != "local" and cfg.action in ("download", "create_vocab"):
+        raise DataError("--engine", f"Dask runs text_formatting, sharding and create_hdf5_files, not {cfg.action}; "
+                                    "drop --engine, --scheduler and --scheduler_file for this action")
+    {"download": do_download, "text_formatting": do_text_formatting, "sharding": do_sharding,
+     "create_hdf5_files": do_create_hdf5_files, "create_vocab": do_create_vocab}[cfg.action](cfg)
+
+
+def cli() -> NoReturn:
+    """The command line (root script and console script): main's bad-input errors as one line and exit 2."""
+    run_cli(main)

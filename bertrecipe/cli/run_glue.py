@@ -1,0 +1,285 @@
+"""Fine-tuning and evaluation of BERT on the GLUE tasks (CoLA, SST-2, MRPC, STS-B, QQP, MNLI, MNLI-mm, QNLI,
+RTE, WNLI).
+
+Flags are NVIDIA DeepLearningExamples' (`--task_name --data_dir --init_checkpoint --vocab_file --config_file
+--output_dir --do_train --do_eval --do_predict ...`), plus --bf16, --num_workers and --mode ("train",
+"eval", "prediction" or any combination such as "train eval", like NVIDIA's run_glue.sh). Writes
+<output_dir>/pytorch_model.bin + bert_config.json after training, eval_predictions.tsv and results.json (all
+metrics, inference latency percentiles and throughput) after evaluation, test_predictions.tsv after prediction
+(its latency and throughput also in results.json, under prediction_* keys). Every input is checked before the
+first write (a refused run creates nothing; no output, --json-summary included, may be one of the inputs, and the
+vocab must be the model's: --allow_vocab_mismatch), and the run's files are renamed into place together at its end:
+a failure on the way leaves the previous run's model and results.json as they were.
+Launch with torchrun for more than one process; evaluation and prediction run on the first process.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from typing import Any, NoReturn, Optional
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from bertrecipe.finetuning import loop as finetuning
+from bertrecipe.finetuning import glue
+from bertrecipe.common.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.training.metric_logger import MetricLogger
+from bertrecipe.model.bert import BertConfig, BertForSequenceClassification
+from bertrecipe.training.optimization import LinearWarmUpScheduler, build_adamw
+from bertrecipe.training.process_group import DistributedContext, barrier, init_distributed, shutdown
+from bertrecipe.training.stepper import Precision, make_precision, seed_everything, wrap_ddp
+
+MODES = ("train", "eval", "prediction")
+OUTPUTS = (*finetuning.MODEL_FILES, "results.json", "eval_predictions.tsv", "eval_mismatched_predictions.tsv",
+           "test_predictions.tsv")
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task_name", required=True, help=", ".join(glue.TASKS))
+    p.add_argument("--data_dir", required=True, help="the task's folder of train.tsv, dev.tsv, test.tsv")
+    finetuning.add_common_arguments(p, batch_size=32, learning_rate=5e-5, epochs=3.0, warmup=0.1)
+    p.add_argument("--do_eval", action="store_true", help="metrics on the dev set")
+    p.add_argument("--do_predict", action="store_true", help="predictions for the test set")
+    p.add_argument("--mode", help='NVIDIA run_glue.sh spelling: "train", "eval", "prediction" or a combination')
+    p.add_argument("--max_seq_length", type=int, default=128)
+    p.add_argument("--eval_batch_size", type=int, default=8)
+    args = p.parse_args(argv)
+    if args.mode:
+        words = [w for w in re.split(r"[\s,+_]+", args.mode) if w]
+        unknown = [w for w in words if w not in MODES]
+        if unknown or not words:
+            raise InputError(f"--mode {args.mode!r}: use {', '.join(MODES)} or a combination such as 'train eval'")
+        args.do_train |= "train" in words
+        args.do_eval |= "eval" in words
+        args.do_predict |= "prediction" in words
+    if not (args.do_train or args.do_eval or args.do_predict):
+        raise InputError("nothing to do: pass --do_train, --do_eval and/or --do_predict (or --mode)")
+    if not (args.do_train or args.init_checkpoint):
+        raise InputError("evaluation without training needs --init_checkpoint (a fine-tuned model)")
+    task = glue.get_task(args.task_name)
+    finetuning.check_common_arguments(args)
+    finetuning.check_positive(args, "eval_batch_size")
+    if args.max_seq_length < glue.min_seq_length(task):
+        raise InputError(f"--max_seq_length {args.max_seq_length} is too small for {task.name}: it needs at least "
+                         f"{glue.min_seq_length(task)} ([CLS], [SEP] and one token of each sentence)")
+    check_output_paths(args, task)
+    args.max_steps = int(args.max_steps)
+    args.log_freq = max(1, args.log_freq)
+    return args
+
+
+def check_output_paths(args: argparse.Namespace, task: glue.GlueTask) -> None:
+    """None of the files this run writes (model, predictions, results, log) may be one of its inputs: the task's
+    folder and files, the model's files."""
+    tasks = [task, glue.get_task("mnli-mm")] if task.name == "mnli" else [task]
+    inputs = [*finetuning.model_inputs(args), ("--data_dir", args.data_dir),
+              *((f"the {split} file of --data_dir", glue.split_file(t, args.data_dir, split))
+                for t in tasks for split in glue.SPLITS)]
+    files = [*(finetuning.MODEL_FILES if args.do_train else ()),
+             *(("results.json",) if args.do_eval or args.do_predict else ()),
+             *(("eval_predictions.tsv",) if args.do_eval else ()),
+             *(("eval_mismatched_predictions.tsv",) if args.do_eval and task.name == "mnli" else ()),
+             *(("test_predictions.tsv",) if args.do_predict else ())]
+    finetuning.check_output_paths(args, inputs, files)
+
+
+def read_split(task: glue.GlueTask, args: argparse.Namespace, tokenizer: Any, split: str) -> glue.GlueFeatures:
+    """The features of one split; InputError naming the file when it holds no example."""
+    examples = glue.read_examples(task, args.data_dir, split)
+    if not examples:
+        flag = {"train": "--do_train", "dev": "--do_eval", "test": "--do_predict"}[split]
+        raise InputError(f"{glue.split_file(task, args.data_dir, split)}: no examples (the file holds no line "
+                         f"after its header); {flag} needs at least one")
+    return glue.convert_examples_to_features(examples, task, tokenizer, args.max_seq_length)
+
+
+def read_splits(task: glue.GlueTask, args: argparse.Namespace, tokenizer: Any) -> dict[str, glue.GlueFeatures]:
+    """Every split the run needs, read before any training or writing so that a bad file stops it first."""
+    splits = {}
+    for split, wanted in (("train", args.do_train), ("dev", args.do_eval), ("test", args.do_predict)):
+        if wanted:
+            splits[split] = read_split(task, args, tokenizer, split)
+    mismatched = glue.get_task("mnli-mm")
+    if task.name == "mnli" and args.do_eval and glue.split_file(mismatched, args.data_dir, "dev").is_file():
+        # MNLI is reported on both dev sets, as GLUE does: matched (eval_*) and mismatched (eval_mm_*).
+        splits["dev_mm"] = read_split(mismatched, args, tokenizer, "dev")
+    return splits
+
+
+def feature_arrays(features: glue.GlueFeatures) -> dict[str, np.ndarray]:
+    return {"input_ids": features.input_ids, "segment_ids": features.segment_ids,
+            "input_mask": features.input_mask, "labels": features.labels}
+
+
+def classification_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return model(batch["input_ids"], batch["segment_ids"], batch["input_mask"], labels=batch["labels"])[0]
+
+
+def classification_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor]:
+    return (model(batch["input_ids"], batch["segment_ids"], batch["input_mask"])[1],)
+
+
+def predictions_of(task: glue.GlueTask, logits: np.ndarray) -> np.ndarray:
+    """Class indexes (int64 [N]), or the scores (float32 [N]) of a regression task."""
+    return logits[:, 0] if task.is_regression else logits.argmax(-1)
+
+
+def predictions_text(task: glue.GlueTask, preds: np.ndarray, labels: Optional[np.ndarray]) -> str:
+    """GLUE's submission layout (index, prediction as a label string or score), with the gold label on dev."""
+    def shown(values: np.ndarray, i: int) -> str:
+        return f"{float(values[i]):.6f}" if task.is_regression else task.labels[int(values[i])]
+
+    lines = ["index\tprediction" + ("\tlabel" if labels is not None else "")]
+    for i in range(len(preds)):
+        lines.append(f"{i}\t{shown(preds, i)}" + (f"\t{shown(labels, i)}" if labels is not None else ""))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parse_args(argv)
+    ctx = init_distributed(args.no_cuda)
+    try:
+        run(args, ctx)
+    finally:
+        shutdown(ctx)
+
+
+@dataclass
+class GlueRun:
+    """What the steps of one run share: the flags, this process, the task, its features and the model."""
+
+    args: argparse.Namespace
+    ctx: DistributedContext
+    task: glue.GlueTask
+    precision: Precision
+    bar: bool  # this process shows progress bars
+    config: BertConfig
+    model: torch.nn.Module
+    splits: dict[str, glue.GlueFeatures]  # "train", "dev", "dev_mm", "test": those the run needs
+
+
+def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
+    """Trains, evaluates and predicts as the flags ask; returns the results (those of results.json on the first
+    process)."""
+    state = prepare(args, ctx)
+    # The lock is the run's first write into --output_dir: one run there at a time (run_lock.py).
+    with finetuning.locked_output_dir(args, ctx):
+        log = open_log(args, ctx, state.bar)
+        results: dict[str, Any] = {"task": state.task.name}
+        # The model, the predictions and results.json are staged and renamed into place together at the end, so
+        # that a failure on the way leaves the previous run's files as they were (finetuning.StagedOutputs).
+        with finetuning.StagedOutputs(args.output_dir, OUTPUTS) as stage:
+            if args.do_train:
+                results.update(train(state, log))
+                if ctx.is_main:
+                    finetuning.stage_finetuned(stage, state.model, state.config)
+                barrier(ctx)
+            if ctx.is_main and (args.do_eval or args.do_predict):
+                results.update(evaluate(state, stage))
+                results["eval_batch_size"] = args.eval_batch_size
+                stage.write_json("results.json", results)
+            if ctx.is_main:
+                stage.commit()
+        barrier(ctx)
+        log.log([], results)
+        log.close()
+    return results
+
+
+def prepare(args: argparse.Namespace, ctx: DistributedContext) -> GlueRun:
+    """Reads and checks every input and builds the model. It writes nothing: a refused run creates nothing, not
+    even the log."""
+    task = glue.get_task(args.task_name)
+    precision = make_precision(ctx.device, args.fp16, args.bf16)
+    tokenizer = finetuning.load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
+    config, weights = finetuning.model_config(args.config_file, args.init_checkpoint)
+    splits = read_splits(task, args, tokenizer)
+    seed_everything(args.seed)  # the same new classifier on every process
+    model = finetuning.build_model(lambda c: BertForSequenceClassification(c, task.num_labels), config, weights,
+                                   args.init_checkpoint, tokenizer.vocab, args.max_seq_length,
+                                   args.allow_vocab_mismatch).to(ctx.device)
+    torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
+    bar = ctx.is_main and not args.disable_progress_bar
+    return GlueRun(args, ctx, task, precision, bar, config, model, splits)
+
+
+def open_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> MetricLogger:
+    log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar else print)
+    log.log("PARAMETER", {k: v for k, v in vars(args).items() if not k.startswith("_")}, echo=False)
+    for metric, unit in (("e2e_train_time", "s"), ("training_sequences_per_second", "sequences/s"),
+                         ("e2e_inference_time", "s"), ("inference_sequences_per_second", "sequences/s"),
+                         ("prediction_e2e_inference_time", "s"),
+                         ("prediction_inference_sequences_per_second", "sequences/s")):
+        log.metadata(metric, {"unit": unit})
+    return log
+
+
+def train(state: GlueRun, log: MetricLogger) -> dict[str, Any]:
+    args, ctx, features = state.args, state.ctx, state.splits["train"]
+    settings = finetuning.LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
+                                       args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps,
+                                       args.seed, args.log_freq, state.bar, args.num_workers, trim_padding=True)
+    total_steps = finetuning.planned_steps(len(features), settings, ctx)
+    optimizer = build_adamw(state.model, args.learning_rate)
+    scheduler = LinearWarmUpScheduler(optimizer, args.warmup_proportion, total_steps)
+    results = finetuning.train_loop(wrap_ddp(state.model, ctx), optimizer, scheduler, state.precision,
+                                    feature_arrays(features), classification_loss, settings, total_steps, ctx, log)
+    return {**results, "train_examples": len(features), "train_steps": total_steps}
+
+
+def evaluate(state: GlueRun, stage: finetuning.StagedOutputs) -> dict[str, Any]:
+    """Dev metrics and test predictions (staged); returns their results.json entries."""
+    results: dict[str, Any] = {}
+    if state.args.do_eval:
+        dev = state.splits["dev"]
+        scores, latencies = score_dev(state, stage, state.task, dev, "eval", "eval_predictions.tsv")
+        results.update(scores)
+        results.update(finetuning.latency_summary(latencies, len(dev)))
+        if "dev_mm" in state.splits:
+            scores, _ = score_dev(state, stage, glue.get_task("mnli-mm"), state.splits["dev_mm"], "eval_mm",
+                                  "eval_mismatched_predictions.tsv")
+            results.update(scores)
+    if state.args.do_predict:
+        results.update(predict_test(state, stage))
+    return results
+
+
+def score_dev(state: GlueRun, stage: finetuning.StagedOutputs, task: glue.GlueTask, features: glue.GlueFeatures,
+              prefix: str, file_name: str) -> tuple[dict[str, Any], list[float]]:
+    """The metrics of one dev set as `<prefix>_<metric>` and `<prefix>_examples`, its predictions staged as
+    file_name; also the batches' latencies."""
+    preds, latencies = predict_split(state, task, features)
+    scores = {f"{prefix}_{k}": v for k, v in glue.compute_metrics(task, preds, features.labels).items()}
+    scores[f"{prefix}_examples"] = len(features)
+    stage.write_text(file_name, predictions_text(task, preds, features.labels))
+    return scores, latencies
+
+
+def predict_test(state: GlueRun, stage: finetuning.StagedOutputs) -> dict[str, Any]:
+    """Test predictions (staged as test_predictions.tsv) and the timings of that pass."""
+    test = state.splits["test"]
+    preds, latencies = predict_split(state, state.task, test)
+    stage.write_text("test_predictions.tsv", predictions_text(state.task, preds, None))
+    timing = finetuning.latency_summary(latencies, len(test))
+    # The unprefixed keys belong to the dev pass when there is one; the test pass always keeps its own
+    # prediction_* copy, so that running both never drops the prediction latency.
+    results: dict[str, Any] = {} if state.args.do_eval else dict(timing)
+    results.update({f"prediction_{k}": v for k, v in timing.items()})
+    results["prediction_examples"] = len(test)
+    return results
+
+
+def predict_split(state: GlueRun, task: glue.GlueTask,
+                  features: glue.GlueFeatures) -> tuple[np.ndarray, list[float]]:
+    (logits,), latencies = finetuning.timed_inference(state.model, feature_arrays(features), state.args.eval_batch_size,
+                                                      state.precision, classification_logits, state.bar, trim=True)
+    return predictions_of(task, logits), latencies
+
+
+def cli() -> NoReturn:
+    """The command line (root script and console script): main's bad-input errors as one line and exit 2."""
+    run_cli(main)

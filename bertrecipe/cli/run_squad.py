@@ -1,0 +1,248 @@
+"""Fine-tuning BERT for SQuAD v1.1 / v2.0 question answering, prediction and evaluation.
+
+Flags are NVIDIA DeepLearningExamples' (`--init_checkpoint --vocab_file --config_file --train_file
+--predict_file --output_dir --do_train --do_predict --do_eval --max_seq_length --doc_stride ...`), plus --bf16
+and --num_workers. After training, <output_dir> holds pytorch_model.bin ({"model": state_dict}) and
+bert_config.json; prediction writes predictions.json, nbest_predictions.json (and null_odds.json for v2.0);
+--do_eval scores predictions.json with the official metrics in process, or with --eval_script when given.
+Every input is checked before the first write (a refused run creates nothing: no log, cache or output folder):
+among others no output (model, predictions, --json-summary) may be one of the inputs, and the vocab must be the
+model's (--allow_vocab_mismatch to go on with a warning where it can). The run's files are renamed into place
+together at its end: a failure on the way leaves the previous run's model and predictions as they were.
+Launch with torchrun for more than one process; prediction and evaluation run on the first process.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Callable, NoReturn, Optional
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from bertrecipe.finetuning import loop as finetuning
+from bertrecipe.finetuning import squad
+from bertrecipe.finetuning import squad_answers
+from bertrecipe.finetuning import squad_options as squad_cli
+from bertrecipe.common.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.common.output_paths import check_writable_folder
+from bertrecipe.training.metric_logger import MetricLogger
+from bertrecipe.model.bert import BertForQuestionAnswering
+from bertrecipe.training.optimization import LinearWarmUpScheduler, build_adamw
+from bertrecipe.training.process_group import DistributedContext, barrier, init_distributed, shutdown
+from bertrecipe.finetuning.squad_options import evaluate, features_for
+from bertrecipe.training.stepper import Precision, make_precision, seed_everything, wrap_ddp
+
+OUTPUTS = (*finetuning.MODEL_FILES, "predictions.json", "nbest_predictions.json", "null_odds.json")
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    finetuning.add_common_arguments(p, batch_size=32, learning_rate=5e-5, epochs=3.0, warmup=0.1)
+    p.add_argument("--train_file", help="SQuAD JSON for training, e.g. train-v1.1.json")
+    p.add_argument("--predict_file", help="SQuAD JSON to predict (and evaluate), e.g. dev-v1.1.json")
+    p.add_argument("--do_predict", action="store_true")
+    p.add_argument("--do_eval", action="store_true", help="score predictions.json against --predict_file")
+    squad_cli.add_eval_script_argument(p)
+    squad_cli.add_window_arguments(p)
+    p.add_argument("--predict_batch_size", type=int, default=8)
+    squad_cli.add_answer_arguments(p)
+    p.add_argument("--verbose_logging", action="store_true", help="accepted for compatibility")
+    squad_cli.add_cache_arguments(p)
+    args = p.parse_args(argv)
+    if not (args.do_train or args.do_predict or args.do_eval):
+        raise InputError("nothing to do: pass --do_train, --do_predict and/or --do_eval")
+    if args.do_train and not args.train_file:
+        raise InputError("--do_train needs --train_file")
+    if (args.do_predict or args.do_eval) and not args.predict_file:
+        raise InputError("--do_predict/--do_eval need --predict_file")
+    if args.do_predict and not (args.do_train or args.init_checkpoint):
+        raise InputError("--do_predict without --do_train needs --init_checkpoint (a fine-tuned model)")
+    if args.doc_stride < 1 or args.max_query_length < 1:
+        raise InputError("--doc_stride and --max_query_length must be positive")
+    finetuning.check_common_arguments(args)
+    finetuning.check_positive(args, "predict_batch_size", "n_best_size", "max_answer_length")
+    if args.max_seq_length < args.max_query_length + 4:
+        raise InputError(f"--max_seq_length {args.max_seq_length} leaves no room for the document after a "
+                         f"--max_query_length {args.max_query_length} question, [CLS] and two [SEP]: it needs at "
+                         f"least {args.max_query_length + 4}")
+    if args.cache_dir:
+        check_writable_folder(args.cache_dir, "--cache_dir")
+    check_output_paths(args)
+    args.max_steps = int(args.max_steps)
+    args.log_freq = max(1, args.log_freq)
+    return args
+
+
+def check_output_paths(args: argparse.Namespace) -> None:
+    """None of the files this run writes (model, predictions, log) may be one of its inputs: the SQuAD files,
+    the model's files, the evaluation script, the predictions that --do_eval alone scores."""
+    inputs = [*finetuning.model_inputs(args), ("--eval_script", args.eval_script),
+              ("--train_file", args.train_file if args.do_train else None),
+              ("--predict_file", args.predict_file if args.do_predict or args.do_eval else None)]
+    if args.do_eval and not args.do_predict:
+        inputs.append(("the predictions to score", Path(args.output_dir) / "predictions.json"))
+    files = [*(finetuning.MODEL_FILES if args.do_train else ()),
+             *(("predictions.json", "nbest_predictions.json") if args.do_predict else ()),
+             *(("null_odds.json",) if args.do_predict and args.version_2_with_negative else ())]
+    finetuning.check_output_paths(args, inputs, files)
+
+
+def check_scorable(predict_file: str) -> None:
+    """--do_eval scores with the metric of the file's own version, as the official scripts do: any file needs a
+    question, a SQuAD 1.1 file a gold answer for every question. Checked before the run writes anything."""
+    data = squad.load_squad_json(predict_file)
+    try:
+        questions = [qa for article in data["data"] for paragraph in article["paragraphs"]
+                     for qa in paragraph["qas"]]
+        unanswered = [] if squad.is_squad_v2(data) else [qa["id"] for qa in questions if not qa["answers"]]
+    except (KeyError, TypeError, AttributeError) as error:
+        raise InputError(f"{predict_file}: not a SQuAD file ({type(error).__name__}: {error})") from None
+    if not questions:
+        raise InputError(f"{predict_file}: no questions to score; --do_eval needs at least one")
+    if unanswered:
+        raise InputError(f"{predict_file}: question {unanswered[0]!r} ({len(unanswered)} in all) has no gold "
+                         "answer, which the SQuAD 1.1 metric cannot score; mark such questions "
+                         '"is_impossible": true (SQuAD 2.0) or drop --do_eval')
+
+
+def qa_arrays(features: squad.SquadFeatures, with_positions: bool) -> dict[str, np.ndarray]:
+    arrays = {"input_ids": features.input_ids, "segment_ids": features.segment_ids,
+              "input_mask": features.input_mask}
+    if with_positions:
+        arrays.update(start_positions=features.start_positions, end_positions=features.end_positions)
+    return arrays
+
+
+def qa_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                 batch["start_positions"], batch["end_positions"])[0]
+
+
+def qa_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    _, start, end = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"])
+    return start, end
+
+
+def predict(args: argparse.Namespace, model: torch.nn.Module, tokenizer: Any, precision: Precision,
+            progress_bar: bool, examples: list[squad.SquadExample], features: squad.SquadFeatures,
+            stage: finetuning.StagedOutputs) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Stages predictions.json, nbest_predictions.json (and null_odds.json for v2.0) for the features of
+    --predict_file; returns the inference timings and the staged files by name."""
+    (start, end), latencies = finetuning.timed_inference(model, qa_arrays(features, False), args.predict_batch_size,
+                                                         precision, qa_logits, progress_bar)
+    predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab,
+                                                squad_cli.answer_settings(args))
+    files = {"predictions.json": predictions.answers, "nbest_predictions.json": predictions.nbest}
+    if args.version_2_with_negative:
+        files["null_odds.json"] = predictions.null_odds
+    staged = {name: stage.write_json(name, obj, indent=4) for name, obj in files.items()}  # squad_answers' layout
+    return {**finetuning.latency_summary(latencies, len(features)), "predict_features": len(features)}, staged
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parse_args(argv)
+    ctx = init_distributed(args.no_cuda)
+    try:
+        with squad.one_read_per_file():  # the predict file is read once, whatever uses it
+            run(args, ctx)
+    finally:
+        shutdown(ctx)
+
+
+def open_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> MetricLogger:
+    log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar else print)
+    log.log("PARAMETER", {k: v for k, v in vars(args).items() if not k.startswith("_")}, echo=False)
+    for metric, unit in (("e2e_train_time", "s"), ("training_sequences_per_second", "sequences/s"),
+                         ("e2e_inference_time", "s"), ("inference_sequences_per_second", "sequences/s"),
+                         ("exact_match", "%"), ("F1", "%")):
+        log.metadata(metric, {"unit": unit})
+    return log
+
+
+def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: Any,
+                cache_writes: list[Callable[[], None]]) -> dict[str, Any]:
+    """Everything the run reads, checked before it writes anything: the model, and on the first process the
+    training and prediction features and the file to score (other processes read the training features later,
+    from the cache the first one writes)."""
+    inputs: dict[str, Any] = {"model": None, "config": None, "train": None, "predict": None}
+    if args.do_train or args.do_predict:
+        config, weights = finetuning.model_config(args.config_file, args.init_checkpoint)
+        seed_everything(args.seed)  # the same new QA head on every process
+        inputs["model"] = finetuning.build_model(BertForQuestionAnswering, config, weights, args.init_checkpoint,
+                                                 tokenizer.vocab, args.max_seq_length,
+                                                 args.allow_vocab_mismatch).to(ctx.device)
+        inputs["config"] = config
+        torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
+    if not ctx.is_main:
+        return inputs
+    if args.do_train:
+        inputs["train"] = features_for(args, tokenizer, args.train_file, True, cache_writes)[1]
+    if args.do_predict:
+        inputs["predict"] = features_for(args, tokenizer, args.predict_file, False, cache_writes)
+    if args.do_eval:
+        check_scorable(args.predict_file)
+        predictions = Path(args.output_dir) / "predictions.json"
+        if not args.do_predict and not predictions.is_file():
+            raise InputError(f"{predictions}: --do_eval without --do_predict scores this file, which does not "
+                             "exist; add --do_predict")
+    return inputs
+
+
+def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
+    precision = make_precision(ctx.device, args.fp16, args.bf16)
+    bar = ctx.is_main and not args.disable_progress_bar
+    tokenizer = finetuning.load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
+    cache_writes: list[Callable[[], None]] = []
+    inputs = read_inputs(args, ctx, tokenizer, cache_writes)
+    # Nothing was written before this point: a refused run leaves no log, cache or output folder behind.
+    # The lock is the run's first write into --output_dir: one run there at a time (run_lock.py).
+    with finetuning.locked_output_dir(args, ctx):
+        log = open_log(args, ctx, bar)
+        for write in cache_writes:
+            write()
+        results: dict[str, Any] = {}
+        model = inputs["model"]
+        # The model and the predictions are staged and renamed into place together at the end, so that a failure
+        # on the way leaves the previous run's files as they were (finetuning.StagedOutputs).
+        with finetuning.StagedOutputs(args.output_dir, OUTPUTS) as stage:
+            if args.do_train:
+                results.update(train(args, ctx, model, tokenizer, inputs["train"], precision, bar, log))
+                if ctx.is_main:
+                    finetuning.stage_finetuned(stage, model, inputs["config"])
+                barrier(ctx)
+            staged = None
+            if ctx.is_main and args.do_predict:
+                timings, staged = predict(args, model, tokenizer, precision, bar, *inputs["predict"], stage)
+                results.update(timings)
+            if ctx.is_main and args.do_eval:
+                results.update(evaluate(args, staged))
+            if ctx.is_main:
+                stage.commit()
+        barrier(ctx)
+        log.log([], results)
+        log.close()
+    return results
+
+
+def train(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module, tokenizer: Any,
+          features: Optional[squad.SquadFeatures], precision: Precision, bar: bool,
+          log: MetricLogger) -> dict[str, Any]:
+    barrier(ctx)  # the first process has written the feature cache
+    if features is None:
+        _, features = features_for(args, tokenizer, args.train_file, is_training=True)
+    settings = finetuning.LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
+                                       args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps,
+                                       args.seed, args.log_freq, bar, args.num_workers)
+    total_steps = finetuning.planned_steps(len(features), settings, ctx)
+    optimizer = build_adamw(model, args.learning_rate)
+    scheduler = LinearWarmUpScheduler(optimizer, args.warmup_proportion, total_steps)
+    results = finetuning.train_loop(wrap_ddp(model, ctx), optimizer, scheduler, precision, qa_arrays(features, True),
+                                    qa_loss, settings, total_steps, ctx, log)
+    return {**results, "train_features": len(features), "train_steps": total_steps}
+
+
+def cli() -> NoReturn:
+    """The command line (root script and console script): main's bad-input errors as one line and exit 2."""
+    run_cli(main)

@@ -1,0 +1,88 @@
+"""Fine-tuned models as ONNX files, and a SQuAD model run on ONNX Runtime: what triton/deployer.py (the export),
+inference.py --onnx_model and benchmarks/finetune_throughput.py --onnxruntime share."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertrecipe.common.errors import InputError
+from bertrecipe.deploy.serving import INPUTS, OUTPUTS
+
+
+class TritonSignature(nn.Module):
+    """The model with Triton's calling convention: three int64 [B, S] inputs, logits only."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        model.bert.skip_padding = False  # one static dense graph, whatever padding the tracing example has
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, input_mask: torch.Tensor):
+        outputs = self.model(input_ids, segment_ids, input_mask)
+        return tuple(outputs[1:])  # drop the (absent) loss
+
+
+def output_names(task: str) -> tuple[str, ...]:
+    return OUTPUTS if task == "squad" else OUTPUTS[:1]
+
+
+def export_onnx(module: nn.Module, example: tuple[torch.Tensor, ...], path: Path, task: str, opset: int) -> None:
+    """ONNX with dynamic batch and sequence axes (TorchScript-based exporter: SDPA becomes plain MatMul/Softmax)."""
+    axes = {name: {0: "batch", 1: "sequence"} for name in INPUTS}
+    for name in output_names(task):
+        axes[name] = {0: "batch", 1: "sequence"} if task == "squad" else {0: "batch"}
+    torch.onnx.export(module, example, str(path), input_names=list(INPUTS), output_names=list(output_names(task)),
+                      dynamic_axes=axes, opset_version=opset, dynamo=False)
+
+
+def open_qa_session(path: Path, threads: int = 0) -> Any:
+    """An ONNX Runtime CPU session (every graph optimization) of a SQuAD model as export_onnx writes it, e.g.
+    triton/deployer.py --format onnx; an InputError naming the file when it is not one. threads 0: ORT's default,
+    one per physical core."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    try:
+        session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as error:  # ORT raises its own types (NoSuchFile, InvalidProtobuf, ...) for a bad file
+        raise InputError(f"{path}: ONNX Runtime cannot load it ({str(error).splitlines()[0]})") from None
+    inputs = tuple(node.name for node in session.get_inputs())
+    outputs = tuple(node.name for node in session.get_outputs())
+    if inputs != INPUTS or outputs != OUTPUTS:
+        raise InputError(f"{path}: takes {', '.join(inputs)} and gives {', '.join(outputs)}, not a SQuAD export's "
+                         f"{', '.join(INPUTS)} -> {', '.join(OUTPUTS)} (triton/deployer.py --format onnx)")
+    return session
+
+
+def check_vocab_fits(session: Any, path: Path, vocab_size: int) -> None:
+    """InputError naming the file when the model cannot embed the vocab's largest id: one two-token run, on which
+    ORT's Gather refuses an id past the embeddings (reading the embedding's shape from the file instead means
+    parsing all of it: 10 s for BERT-base, against 1.4 s for the session)."""
+    import onnxruntime
+
+    ids = np.array([[vocab_size - 1, 0]], dtype=np.int64)
+    quiet = onnxruntime.RunOptions()
+    quiet.log_severity_level = 4  # the failure becomes our one line, not also ORT's own log line
+    try:
+        session.run(list(OUTPUTS), dict(zip(INPUTS, (ids, np.zeros_like(ids), np.ones_like(ids)))), quiet)
+    except Exception as error:  # ORT's own exception types
+        raise InputError(f"{path}: the model cannot embed id {vocab_size - 1} of a {vocab_size}-token vocab file: "
+                         f"not this model's vocab ({str(error).splitlines()[0]})") from None
+
+
+def qa_logits(session: Any, arrays: Sequence[np.ndarray], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end logits, float32 [N, L], of windows given as (token ids, segment ids, mask) [N, L], batch_size
+    windows a run."""
+    ids, segments, mask = (np.asarray(a, dtype=np.int64) for a in arrays)
+    starts, ends = [], []
+    for first in range(0, len(ids), batch_size):
+        rows = slice(first, first + batch_size)
+        start, end = session.run(list(OUTPUTS), dict(zip(INPUTS, (ids[rows], segments[rows], mask[rows]))))
+        starts.append(start)
+        ends.append(end)
+    return np.concatenate(starts), np.concatenate(ends)

@@ -1,0 +1,203 @@
+"""Exports a fine-tuned SQuAD (or GLUE) checkpoint to a Triton Inference Server model repository.
+
+    python triton/deployer.py --init_checkpoint results/pytorch_model.bin --vocab_file vocab.txt --do_lower_case \
+        --predict_file dev-v1.1.json --format onnx --model_repository triton/model_repository --model_name bert \
+        --max_batch_size 8 --dynamic_batching --preferred_batch_sizes 4 8 --max_queue_delay_us 100
+
+writes <model_repository>/<model_name>/<model_version>/model.onnx (or model.pt for --format torchscript) and
+<model_repository>/<model_name>/config.pbtxt. Inputs input__0, input__1, input__2 are int64 [batch, seq] token
+ids, segment ids and attention mask; outputs output__0 and output__1 are float32 [batch, seq] start and end
+logits (GLUE: output__0 alone, float32 [batch, num_labels]). Batch and sequence axes are dynamic. Before
+anything is written, the export is run on real SQuAD features (--predict_file, else a built-in paragraph) at
+two batch sizes and two lengths and compared with PyTorch; a maximum absolute difference above --tolerance is
+refused (exit 2) and leaves the repository as it was.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, NoReturn, Optional, Sequence
+
+import numpy as np
+import torch
+from google.protobuf import text_format
+from torch import nn
+from tritonclient.grpc import model_config_pb2
+
+from bertrecipe.finetuning import loop as finetuning
+from bertrecipe.finetuning import squad_options as squad_cli
+from bertrecipe.common.atomic_files import write_atomic
+from bertrecipe.common.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.model.bert import BertForQuestionAnswering, BertForSequenceClassification
+from bertrecipe.deploy.onnx_export import TritonSignature, export_onnx, output_names
+from bertrecipe.common.output_paths import inside
+from bertrecipe.deploy.serving import INPUTS, runner_for, sample_inputs
+
+PLATFORMS = {"onnx": ("onnxruntime_onnx", "model.onnx"), "torchscript": ("pytorch_libtorch", "model.pt")}
+
+
+@dataclass(frozen=True)
+class TritonSettings:
+    """What config.pbtxt says beyond the tensors."""
+
+    max_batch_size: int = 8
+    dynamic_batching: bool = False
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    instance_count: int = 1
+    instance_kind: str = "KIND_GPU"  # KIND_GPU or KIND_CPU
+
+
+def model_config(name: str, platform: str, task: str, num_labels: int,
+                 settings: TritonSettings) -> model_config_pb2.ModelConfig:
+    """Triton's ModelConfig message, filled field by field: a misspelt field or enum label (e.g. an
+    instance_kind Triton lacks) raises here instead of reaching the server. Dims exclude the batch axis
+    (max_batch_size > 0)."""
+    config = model_config_pb2.ModelConfig(name=name, platform=platform, max_batch_size=settings.max_batch_size)
+    for tensor in INPUTS:
+        config.input.add(name=tensor, data_type=model_config_pb2.TYPE_INT64, dims=[-1])
+    for tensor in output_names(task):
+        config.output.add(name=tensor, data_type=model_config_pb2.TYPE_FP32,
+                          dims=[-1] if task == "squad" else [num_labels])
+    config.instance_group.add(count=settings.instance_count, kind=settings.instance_kind)
+    if settings.dynamic_batching:
+        config.dynamic_batching.SetInParent()  # present even when every field below keeps its default
+        config.dynamic_batching.preferred_batch_size.extend(settings.preferred_batch_sizes)
+        config.dynamic_batching.max_queue_delay_microseconds = settings.max_queue_delay_us
+    return config
+
+
+def config_pbtxt(name: str, platform: str, task: str, num_labels: int, settings: TritonSettings) -> str:
+    """config.pbtxt: the ModelConfig in protobuf text format, as Triton reads it."""
+    return text_format.MessageToString(model_config(name, platform, task, num_labels, settings))
+
+
+def export_torchscript(module: nn.Module, example: tuple[torch.Tensor, ...], path: Path) -> None:
+    with torch.no_grad():
+        traced = torch.jit.trace(module, example, check_trace=False)
+    traced.save(str(path))
+
+
+def max_difference(module: nn.Module, run: Callable[[Sequence[np.ndarray]], list[np.ndarray]],
+                   inputs: tuple[np.ndarray, ...]) -> float:
+    """Largest |export - PyTorch| over all outputs, at the full batch and length and at a smaller batch and a
+    shorter length (which exercises the dynamic axes)."""
+    n, length = inputs[0].shape
+    shorter = max(8, int(inputs[2][: max(1, n // 2)].sum(axis=1).max()))  # still covers every real token
+    worst = 0.0
+    for rows, cols in ((slice(None), slice(None)), (slice(0, max(1, n // 2)), slice(0, min(length, shorter)))):
+        arrays = [np.ascontiguousarray(a[rows, cols]) for a in inputs]
+        with torch.no_grad():
+            expected = [t.numpy() for t in module(*(torch.from_numpy(a) for a in arrays))]
+        got = run(arrays)
+        worst = max(worst, *(float(np.abs(g - e).max()) for g, e in zip(got, expected)))
+    return worst
+
+
+def deploy(module: nn.Module, inputs: tuple[np.ndarray, ...], repository: Path, name: str, version: int, fmt: str,
+           task: str, num_labels: int, settings: TritonSettings, tolerance: float, opset: int = 17) -> tuple[Path, float]:
+    """Exports `module` (a TritonSignature in eval mode), checks it, writes the model repository entry.
+    Returns (model folder, max abs difference). Raises InputError above the tolerance, writing nothing."""
+    platform, filename = PLATFORMS[fmt]
+    model_dir = repository / name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=model_dir))
+    try:
+        example = tuple(torch.from_numpy(a[:2]) for a in inputs)
+        if fmt == "onnx":
+            export_onnx(module, example, staging / filename, task, opset)
+        else:
+            export_torchscript(module, example, staging / filename)
+        difference = max_difference(module, runner_for(staging / filename, fmt), inputs)
+        print(f"max abs difference {fmt} vs PyTorch: {difference:.3g} (tolerance {tolerance:g})")
+        if not difference <= tolerance:
+            raise InputError(f"{fmt} export differs from PyTorch by {difference:.3g} > --tolerance {tolerance:g}; "
+                             "nothing written")
+        target = model_dir / str(version)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    config = config_pbtxt(name, platform, task, num_labels, settings)
+    write_atomic(model_dir / "config.pbtxt", lambda f: f.write(config.encode("utf-8")))
+    return model_dir, difference
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--init_checkpoint", required=True, help="fine-tuned pytorch_model.bin, NVIDIA's or a HF folder")
+    p.add_argument("--config_file", help="bert_config.json (default: the checkpoint's own)")
+    p.add_argument("--vocab_file", required=True)
+    p.add_argument("--do_lower_case", action="store_true")
+    finetuning.add_allow_vocab_mismatch(p)
+    p.add_argument("--task", choices=("squad", "glue"), default="squad")
+    p.add_argument("--num_labels", type=int, default=2, help="GLUE: classes (1 for regression)")
+    p.add_argument("--predict_file", help="SQuAD JSON whose first windows check the export (default: built in)")
+    squad_cli.add_window_arguments(p)
+    p.add_argument("--format", choices=tuple(PLATFORMS), default="onnx")
+    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--tolerance", type=float, default=1e-3, help="largest accepted |export - PyTorch|")
+    p.add_argument("--model_repository", default="triton/model_repository")
+    p.add_argument("--model_name", default="bert")
+    p.add_argument("--model_version", type=int, default=1)
+    p.add_argument("--max_batch_size", type=int, default=8)
+    p.add_argument("--dynamic_batching", action="store_true")
+    p.add_argument("--preferred_batch_sizes", type=int, nargs="*", default=[])
+    p.add_argument("--max_queue_delay_us", type=int, default=100)
+    p.add_argument("--instance_count", type=int, default=1)
+    p.add_argument("--instance_kind", choices=("KIND_GPU", "KIND_CPU"), default="KIND_GPU")
+    p.add_argument("--seed", type=int, default=42, help="initializes heads the checkpoint lacks, reproducibly")
+    args = p.parse_args(argv)
+    if args.max_batch_size < 1 or args.instance_count < 1 or args.model_version < 1:
+        raise InputError("--max_batch_size, --instance_count and --model_version must be at least 1")
+    if any(not 1 <= size <= args.max_batch_size for size in args.preferred_batch_sizes):
+        raise InputError(f"--preferred_batch_sizes must lie in 1..--max_batch_size ({args.max_batch_size})")
+    return args
+
+
+def check_version_folder(args: argparse.Namespace) -> None:
+    """A deploy replaces `<repository>/<name>/<version>` whole: refused (one line, before any work) when it holds
+    one of this run's inputs or anything a deploy does not write, which replacing it would delete."""
+    target = Path(args.model_repository) / args.model_name / str(args.model_version)
+    inputs = [("--init_checkpoint", args.init_checkpoint), ("--config_file", args.config_file),
+              ("--vocab_file", args.vocab_file), ("--predict_file", args.predict_file)]
+    for flag, path in inputs:
+        if path is not None and inside(path, target):
+            raise InputError(f"{target}: this deploy replaces the folder, which holds {flag} {path}; move the input "
+                             "out of the model repository or choose another --model_version")
+    ours = {filename for _, filename in PLATFORMS.values()}
+    foreign = sorted(entry.name for entry in target.iterdir() if entry.name not in ours) if target.is_dir() else []
+    if foreign:
+        raise InputError(f"{target}: this deploy replaces the folder, which holds files it did not write "
+                         f"({', '.join(foreign[:3])}); move them or choose another --model_version")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse_args(argv)
+    check_version_folder(args)
+    tokenizer = finetuning.load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
+    config, weights = finetuning.model_config(args.config_file, args.init_checkpoint)
+    torch.manual_seed(args.seed)
+    if args.task == "squad":
+        make: Callable = BertForQuestionAnswering
+    else:
+        def make(c):
+            return BertForSequenceClassification(c, args.num_labels)
+    model = finetuning.build_model(make, config, weights, args.init_checkpoint, tokenizer.vocab,
+                                   args.max_seq_length, args.allow_vocab_mismatch)
+    inputs = sample_inputs(tokenizer, args.predict_file, squad_cli.window_settings(args))
+    settings = TritonSettings(args.max_batch_size, args.dynamic_batching, tuple(args.preferred_batch_sizes),
+                              args.max_queue_delay_us, args.instance_count, args.instance_kind)
+    model_dir, _ = deploy(TritonSignature(model).eval(), inputs, Path(args.model_repository), args.model_name,
+                          args.model_version, args.format, args.task, args.num_labels, settings, args.tolerance,
+                          args.opset)
+    print(model_dir)
+
+
+def cli() -> NoReturn:
+    """The command line (root script and console script): main's bad-input errors as one line and exit 2."""
+    run_cli(main)

@@ -1,0 +1,351 @@
+"""SQuAD evaluation exactly as the official evaluate-v1.1.py and evaluate-v2.0.py compute it, importable and as
+a drop-in command line:
+
+    python evaluate_squad.py DATA_FILE PRED_FILE [--na-prob-file F] [--na-prob-thresh T] [--out-file F] [--strict]
+
+The version comes from the data file (SQuAD 2.0 files say "version": "v2.0" or carry `is_impossible`).
+v1.1 prints {"exact_match", "f1"}; v2.0 prints exact, f1, total, the HasAns_/NoAns_ breakdown and, with a
+na-prob file, best_exact/best_f1 and their thresholds (in percent, like the official scripts).
+
+Questions without a prediction are treated as the official scripts treat them, so that numbers compare:
+- v1.1 scores such a question 0, still counts it in the total, and prints
+  `Unanswered question <id> will receive score 0.` to stderr for each one;
+- v2.0 leaves it out and prints `Missing prediction for <id>` to stdout (before the scores) for each one;
+  exact, f1 and total are over the predicted questions. The official v2.0 script itself then stops with a
+  KeyError in its HasAns_/NoAns_ breakdown, so it prints no scores at all; here the breakdown and best_* are
+  over the predicted questions too (a group with no predicted question is left out, as the official script
+  leaves out an empty group), consistent with the main scores. A v2.0 file with no prediction at all, where
+  the official script divides by zero, is an error (exit 2).
+`--strict` refuses predictions that miss any question (exit 2); `--allow-missing`, once needed to get the
+v1.1 behaviour, is accepted and changes nothing. `--out-file` must name a file in an existing, writable folder,
+none of the input files (checked before anything is read); it is written whole or not at all. Standard output
+sent into an input file (`> pred.json`) is refused too.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import string
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, NoReturn, Optional, Sequence
+
+from bertrecipe.common.atomic_files import write_atomic
+from bertrecipe.common.errors import ArgumentParser, InputError, read_json_file, run_cli
+from bertrecipe.common.output_paths import check_writable, refuse_input_as_output
+from bertrecipe.finetuning.squad import is_squad_v2, load_squad_json
+
+_PUNCTUATION = frozenset(string.punctuation)  # ASCII only, as the official scripts
+_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-answer scores
+# ---------------------------------------------------------------------------------------------------------
+def normalize_answer(text: str) -> str:
+    """Lower-case, remove ASCII punctuation, remove the articles a/an/the, collapse whitespace."""
+    text = "".join(char for char in text.lower() if char not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_match_score(prediction: str, gold: str) -> float:
+    """1.0 when the normalized texts are equal, else 0.0."""
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def f1_score_v1(prediction: str, gold: str) -> float:
+    """Token F1 of the normalized texts, as evaluate-v1.1.py (two empty answers score 0)."""
+    pred_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(gold).split()
+    same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if same == 0:
+        return 0.0
+    precision = same / len(pred_tokens)
+    recall = same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1_score_v2(prediction: str, gold: str) -> float:
+    """Token F1 as evaluate-v2.0.py: when either side normalizes to nothing, 1 if both do, else 0."""
+    pred_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(gold).split()
+    if not pred_tokens or not gold_tokens:
+        return float(pred_tokens == gold_tokens)
+    return f1_score_v1(prediction, gold)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data set scores
+# ---------------------------------------------------------------------------------------------------------
+def _questions(dataset: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [qa for article in dataset for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+
+
+def _missing_predictions(
+    questions: list[dict[str, Any]], predictions: dict[str, Any], pred_file: str, strict: bool
+) -> list[str]:
+    """Ids of the questions without a prediction, in data order; InputError for predictions that are not
+    strings, for a data set without questions, and (strict) for any missing prediction."""
+    if not isinstance(predictions, dict):
+        raise InputError(f"{pred_file}: predictions must be a JSON object mapping question ids to answers")
+    if not questions:
+        raise InputError("the data set holds no questions to score")
+    missing = [qa["id"] for qa in questions if qa["id"] not in predictions]
+    if missing and strict:
+        raise InputError(
+            f"{pred_file}: no prediction for {len(missing)} of {len(questions)} questions (first: {missing[0]});"
+            " without --strict they are scored as the official scripts do"
+        )
+    for qa in questions:
+        if qa["id"] in predictions and not isinstance(predictions[qa["id"]], str):
+            raise InputError(f"{pred_file}: the prediction for {qa['id']} is not a string")
+    return missing
+
+
+def evaluate_v1(
+    dataset: list[dict[str, Any]],
+    predictions: dict[str, str],
+    pred_file: str = "predictions",
+    strict: bool = False,
+) -> dict[str, float]:
+    """{"exact_match", "f1"} in percent over every question of `dataset` (the file's "data" list), each the
+    maximum over its gold answers. As evaluate-v1.1.py, a question without a prediction scores 0 and is
+    reported on stderr; with `strict` it raises InputError instead."""
+    questions = _questions(dataset)
+    _missing_predictions(questions, predictions, pred_file, strict)
+    exact = f1 = 0.0
+    for qa in questions:
+        if qa["id"] not in predictions:
+            print(f"Unanswered question {qa['id']} will receive score 0.", file=sys.stderr)
+            continue
+        golds = [answer["text"] for answer in qa["answers"]]
+        prediction = predictions[qa["id"]]
+        exact += max(exact_match_score(prediction, gold) for gold in golds)
+        f1 += max(f1_score_v1(prediction, gold) for gold in golds)
+    total = len(questions)
+    return {"exact_match": 100.0 * exact / total, "f1": 100.0 * f1 / total}
+
+
+def raw_scores_v2(
+    dataset: list[dict[str, Any]], predictions: dict[str, str]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Per-question exact and F1 (0/1 and [0, 1]) of the questions that have a prediction; a question whose
+    gold answers all normalize to nothing has the single gold answer ""."""
+    exact: dict[str, float] = {}
+    f1: dict[str, float] = {}
+    for qa in _questions(dataset):
+        if qa["id"] not in predictions:
+            continue
+        golds = [answer["text"] for answer in qa["answers"] if normalize_answer(answer["text"])] or [""]
+        prediction = predictions[qa["id"]]
+        exact[qa["id"]] = max(exact_match_score(prediction, gold) for gold in golds)
+        f1[qa["id"]] = max(f1_score_v2(prediction, gold) for gold in golds)
+    return exact, f1
+
+
+def _apply_threshold(
+    scores: dict[str, float], na_probs: dict[str, float], has_answer: dict[str, bool], threshold: float
+) -> dict[str, float]:
+    # A question predicted unanswerable scores 1 exactly when it has no answer.
+    return {
+        qid: float(not has_answer[qid]) if na_probs[qid] > threshold else score for qid, score in scores.items()
+    }
+
+
+def _summary(exact: dict[str, float], f1: dict[str, float], qids: Optional[list[str]] = None) -> dict[str, Any]:
+    qids = list(exact) if qids is None else [q for q in qids if q in exact]
+    total = len(qids)
+    return {
+        "exact": 100.0 * sum(exact[q] for q in qids) / total,
+        "f1": 100.0 * sum(f1[q] for q in qids) / total,
+        "total": total,
+    }
+
+
+def _best_threshold(
+    predictions: dict[str, str], scores: dict[str, float], na_probs: dict[str, float], has_answer: dict[str, bool]
+) -> tuple[float, float]:
+    """Best score (percent) over thresholds on the na-prob, and that threshold: start from "answer nothing
+    anywhere", then answer questions in increasing na-prob order. Over the scored (predicted) questions only,
+    the same questions as the denominator (the official script counts every no-answer question of the data
+    set at the start; the two agree whenever every question has a prediction)."""
+    current = best = sum(1 for qid in scores if not has_answer[qid])
+    best_threshold = 0.0
+    for qid in sorted(na_probs, key=lambda q: na_probs[q]):
+        if qid not in scores:
+            continue
+        if has_answer[qid]:
+            current += scores[qid]
+        elif predictions[qid]:
+            current -= 1
+        if current > best:
+            best = current
+            best_threshold = na_probs[qid]
+    return 100.0 * best / len(scores), best_threshold
+
+
+def evaluate_v2(
+    dataset: list[dict[str, Any]],
+    predictions: dict[str, str],
+    na_probs: Optional[dict[str, float]] = None,
+    na_prob_thresh: float = 1.0,
+    pred_file: str = "predictions",
+    strict: bool = False,
+) -> dict[str, Any]:
+    """The evaluate-v2.0.py summary: exact, f1, total, HasAns_*/NoAns_* (when such questions exist) and, given
+    na_probs (qid -> probability of no answer), best_exact, best_exact_thresh, best_f1, best_f1_thresh.
+    A question counts as answerable when its `answers` list is not empty. A question without a prediction is
+    left out of every number and reported on stdout, as evaluate-v2.0.py does (InputError with `strict`, or
+    when no question has one); every predicted question needs a probability in na_probs."""
+    questions = _questions(dataset)
+    missing = _missing_predictions(questions, predictions, pred_file, strict)
+    if len(missing) == len(questions):
+        raise InputError(f"{pred_file}: no prediction for any of the {len(questions)} questions")
+    has_answer = {qa["id"]: bool(qa["answers"]) for qa in questions}
+    exact_raw, f1_raw = raw_scores_v2(dataset, predictions)
+    probs = na_probs if na_probs is not None else {qid: 0.0 for qid in predictions}
+    missing_probs = [qid for qid in exact_raw if qid not in probs]
+    if missing_probs:
+        raise InputError(f"na-prob file: no probability for question {missing_probs[0]}")  # named by the caller
+    for qid in missing:  # after the errors: a refused file prints only the error line
+        print(f"Missing prediction for {qid}")
+    exact = _apply_threshold(exact_raw, probs, has_answer, na_prob_thresh)
+    f1 = _apply_threshold(f1_raw, probs, has_answer, na_prob_thresh)
+    result = _summary(exact, f1)
+    for prefix, wanted in (("HasAns", True), ("NoAns", False)):
+        qids = [qid for qid, has in has_answer.items() if has == wanted and qid in exact]
+        if qids:  # a group without predicted questions is left out, like an empty group
+            for key, value in _summary(exact, f1, qids).items():
+                result[f"{prefix}_{key}"] = value
+    if na_probs is not None:
+        result["best_exact"], result["best_exact_thresh"] = _best_threshold(predictions, exact_raw, probs, has_answer)
+        result["best_f1"], result["best_f1_thresh"] = _best_threshold(predictions, f1_raw, probs, has_answer)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Files and command line
+# ---------------------------------------------------------------------------------------------------------
+def _load_json_object(path: str | Path, what: str) -> dict[str, Any]:
+    value = read_json_file(path, f"{what} file")
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: the {what} file must hold a JSON object")
+    return value
+
+
+def evaluate_predictions(
+    data_file: str | Path,
+    predictions: dict[str, str],
+    na_probs: Optional[dict[str, float]] = None,
+    na_prob_thresh: float = 1.0,
+    strict: bool = False,
+    pred_file: str = "predictions",
+) -> dict[str, Any]:
+    """The official summary of `predictions` (qid -> text) against a SQuAD data file of either version, for
+    training scripts (in process) and the command line. For v2.0, na_probs (e.g. the null odds) adds best_*.
+    Missing predictions are handled as the official scripts do, or refused with `strict`. `pred_file` names the
+    predictions in error messages."""
+    data = load_squad_json(data_file)
+    try:
+        if not _questions(data["data"]):
+            raise InputError(f"{data_file}: the data file holds no questions to score")
+        if is_squad_v2(data):
+            return evaluate_v2(data["data"], predictions, na_probs, na_prob_thresh, pred_file, strict)
+        return evaluate_v1(data["data"], predictions, pred_file, strict)
+    except (KeyError, TypeError, AttributeError) as error:
+        raise InputError(f"{data_file}: not a SQuAD file ({type(error).__name__}: {error})") from None
+
+
+def evaluate_files(
+    data_file: str | Path,
+    pred_file: str | Path,
+    na_prob_file: Optional[str | Path] = None,
+    na_prob_thresh: float = 1.0,
+    strict: bool = False,
+) -> dict[str, Any]:
+    """evaluate_predictions with the predictions (and na-probs) read from JSON files."""
+    load_squad_json(data_file)  # a bad data file is reported first
+    predictions = _load_json_object(pred_file, "predictions")
+    na_probs = _load_json_object(na_prob_file, "na-prob") if na_prob_file else None
+    try:
+        return evaluate_predictions(data_file, predictions, na_probs, na_prob_thresh, strict, str(pred_file))
+    except InputError as error:
+        if str(error).startswith("na-prob file:"):
+            raise InputError(f"{na_prob_file}:{str(error).removeprefix('na-prob file:')}") from None
+        raise
+
+
+def check_out_file(path: str | Path, inputs: Sequence[tuple[str, Optional[str]]] = ()) -> Path:
+    """The --out-file path, checked before any work: not a directory, in a writable folder that exists, none of
+    the (flag, path) inputs. The folder is not created: a mistyped path should fail here, not leave new folders
+    behind."""
+    out = Path(path)
+    try:
+        refuse_input_as_output(out, "--out-file", inputs)
+        if out.is_dir():
+            raise InputError(f"{out}: --out-file is a directory; give a file name such as {out / 'eval.json'}")
+        folder = out.parent
+        if not folder.is_dir():
+            problem = "is not a folder" if folder.exists() else "does not exist (create it first)"
+            raise InputError(f"{out}: the --out-file folder {folder} {problem}, or choose another path")
+        check_writable(out, "--out-file")
+    except OSError as error:  # e.g. a name too long for the file system
+        raise InputError(f"{out}: cannot be used as --out-file ({error.strerror})") from None
+    return out
+
+
+def write_scores(path: Path, result: dict[str, Any]) -> None:
+    """The scores as one JSON line (as evaluate-v2.0.py writes them), written atomically: a failed write leaves
+    no partial file."""
+    text = json.dumps(result)
+    try:
+        write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+    except OSError as error:
+        raise InputError(f"{path}: cannot write the scores ({error.strerror})") from None
+
+
+def _parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = ArgumentParser(description="Official SQuAD v1.1 / v2.0 evaluation (version from the data file).")
+    parser.add_argument("data_file", metavar="data.json", help="SQuAD data file (v1.1 or v2.0)")
+    parser.add_argument("pred_file", metavar="pred.json", help="predictions: question id -> answer text")
+    parser.add_argument("--out-file", "-o", metavar="eval.json", help="write the scores here (v2.0: instead of stdout)")
+    parser.add_argument("--na-prob-file", "-n", metavar="na_prob.json", help="v2.0: question id -> no-answer score")
+    parser.add_argument(
+        "--na-prob-thresh", "-t", type=float, default=1.0,
+        help="v2.0: predict no answer when the na-prob is above this (default 1.0)",
+    )
+    parser.add_argument(
+        "--strict", action="store_true",
+        help="refuse predictions that miss a question (exit 2) instead of the official scripts' handling",
+    )
+    parser.add_argument(
+        "--allow-missing", action="store_true",
+        help="accepted for compatibility; missing predictions are handled as the official scripts do by default",
+    )
+    args = parser.parse_args(argv)
+    if args.strict and args.allow_missing:
+        raise InputError("--strict and --allow-missing contradict each other: pass one of them")
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    args = _parse_args(argv)
+    inputs = [("data.json", args.data_file), ("pred.json", args.pred_file), ("--na-prob-file", args.na_prob_file)]
+    out_file = check_out_file(args.out_file, inputs) if args.out_file else None
+    # `> pred.json` has emptied the predictions before this runs: say so rather than "malformed JSON".
+    refuse_input_as_output("/dev/stdout", "the standard output", inputs, fix="send the output (>) to another file")
+    result = evaluate_files(args.data_file, args.pred_file, args.na_prob_file, args.na_prob_thresh, args.strict)
+    is_v2 = "exact" in result
+    if out_file is not None:
+        write_scores(out_file, result)
+    # The official scripts print v1.1 on one line and v2.0 indented by 2 (v2.0 not at all with --out-file).
+    if not (is_v2 and out_file is not None):
+        print(json.dumps(result, indent=2) if is_v2 else json.dumps(result))
+    return result
+
+
+def cli() -> NoReturn:
+    """The command line (root script and console script): main's bad-input errors as one line and exit 2."""
+    run_cli(main)

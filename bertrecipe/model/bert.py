@@ -1,0 +1,569 @@
+"""BERT (Devlin et al., 2018) in PyTorch: configuration, encoder and the pre-training and task heads.
+
+Parameter names equal Hugging Face transformers' BERT names, so state dicts move between the two unchanged
+(see docs/interfaces.md, section 3). Attention runs through `scaled_dot_product_attention`, and the
+masked-LM head runs only on the positions that are predicted. The dense layers skip padding: they run on the
+real tokens of the batch only (attention still sees the padded layout), wherever padded positions cannot
+change a result (see `BertModel.skip_padding`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from bertrecipe.common.errors import InputError, read_text_file
+from bertrecipe.model.fast_dropout import Dropout, dropout
+
+VOCAB_PAD_MULTIPLE = 8  # tensor cores and AMX tiles want matrix sides that are multiples of 8
+
+
+class ConfigError(InputError):
+    """A BERT config that cannot build a model; the message names the file (when known), the key and the fix."""
+
+
+# Every size must fit a torch dimension; "whole number" excludes floats and booleans such as 12.0 or true.
+_SIZE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+              "max_position_embeddings", "type_vocab_size")
+_MAX_SIZE = 2**31 - 1
+_PROBABILITY_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+_NON_NEGATIVE_KEYS = ("initializer_range", "layer_norm_eps")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."  # a pasted blob must not flood the one-line error
+
+
+@dataclass
+class BertConfig:
+    """Google's `bert_config.json` fields; keys this class does not know are kept in `extra` and written back.
+    Values are checked on construction: ConfigError names the first key that cannot build a model."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        problem = self._problem()
+        if problem:
+            raise ConfigError(problem)
+
+    def _problem(self) -> str:
+        """The first invalid value as "<key> is <value>, expected ...", or "" when every value can build a model;
+        valid sizes become plain ints and valid probabilities and constants floats on the way."""
+        for key in _SIZE_KEYS:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= _MAX_SIZE:
+                return f"{key} is {_short(value)}, expected a whole number from 1 to {_MAX_SIZE}"
+            setattr(self, key, int(value))  # numpy integers become plain ints, so that the config writes as JSON
+        for key in _PROBABILITY_KEYS + _NON_NEGATIVE_KEYS:
+            value = getattr(self, key)
+            upper = 1 if key in _PROBABILITY_KEYS else math.inf
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < upper:
+                wanted = "a probability in [0, 1)" if upper == 1 else "a finite number >= 0"
+                return f"{key} is {_short(value)}, expected {wanted}"
+            setattr(self, key, float(value))
+        if self.hidden_size % self.num_attention_heads:
+            return (f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                    f"{self.num_attention_heads}, expected heads that divide it")
+        if not isinstance(self.hidden_act, str) or self.hidden_act not in ACTIVATIONS:
+            return f"hidden_act is {_short(self.hidden_act)}, expected one of {', '.join(sorted(ACTIVATIONS))}"
+        if not isinstance(self.extra, dict):
+            return f"extra is {type(self.extra).__name__}, expected an object"
+        return ""
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return math.ceil(self.vocab_size / VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
+
+    @classmethod
+    def from_dict(cls, values: Any, source: str | Path = "config") -> "BertConfig":
+        """A config from parsed JSON; ConfigError "<source>: <key> is ..., expected ..." for a bad value."""
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: holds a JSON {type(values).__name__}, expected an object of BERT settings "
+                              "such as bert_configs/base.json")
+        known = {f.name for f in fields(cls)} - {"extra"}
+        kwargs = {k: v for k, v in values.items() if k in known}
+        extra = values.get("extra", {})
+        if not isinstance(extra, dict):
+            raise ConfigError(f"{source}: extra is {type(extra).__name__}, expected an object; fix it in the config")
+        extra = {**extra, **{k: v for k, v in values.items() if k not in known and k != "extra"}}
+        try:
+            return cls(**kwargs, extra=extra)
+        except ConfigError as error:
+            raise ConfigError(f"{source}: {error}; fix it in the config") from None
+
+    @classmethod
+    def from_json_file(cls, path: str | Path) -> "BertConfig":
+        """A `bert_config.json` or Hugging Face `config.json`; ConfigError naming the file for any bad content."""
+        try:
+            text = read_text_file(path, "BERT config file")
+        except InputError as error:
+            raise ConfigError(str(error)) from None
+        try:
+            values = json.loads(text.removeprefix("\ufeff"))  # editors on Windows may write a byte-order mark
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path}: malformed JSON ({error.msg} at line {error.lineno} column {error.colno}); "
+                              "fix the config file") from None
+        except (ValueError, RecursionError) as error:  # integers of over 4300 digits, nesting deeper than the stack
+            raise ConfigError(f"{path}: unusable JSON ({str(error).splitlines()[0][:120]}); fix the config file"
+                              ) from None
+        return cls.from_dict(values, source=path)
+
+    def to_dict(self) -> dict[str, Any]:
+        values = asdict(self)
+        extra = values.pop("extra")
+        return {**extra, **values}
+
+    def to_json_file(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _gelu_erf(x: Tensor) -> Tensor:
+    return F.gelu(x)  # the exact erf form, as Google's BERT
+
+
+ACTIVATIONS = {
+    "gelu": _gelu_erf,
+    "bias_gelu": _gelu_erf,  # NVIDIA's name for the same function fused with the bias add
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "swish": F.silu,
+    "silu": F.silu,
+    "tanh": torch.tanh,
+}
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(positions)
+        return self.dropout(self.LayerNorm(x))
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and names) that, outside autograd under autocast, keeps its weight cast to the
+    autocast dtype until the weight changes: inference then casts each weight once, not on every call."""
+
+    _cast: Optional[tuple[Any, Tensor, Optional[Tensor]]] = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.is_grad_enabled() or not torch.is_autocast_enabled(x.device.type) or \
+                torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return super().forward(x)
+        dtype = torch.get_autocast_dtype(x.device.type)
+        params = (self.weight,) if self.bias is None else (self.weight, self.bias)
+        key = (dtype, tuple((p.data_ptr(), p._version) for p in params))
+        if self._cast is None or self._cast[0] != key:
+            bias = None if self.bias is None else self.bias.to(dtype)
+            self._cast = (key, self.weight.to(dtype), bias)
+        return F.linear(x, self._cast[1], self._cast[2])
+
+    def train(self, mode: bool = True) -> "Linear":
+        self._cast = None  # training changes the weights: no stale copy is kept alive meanwhile
+        return super().train(mode)
+
+
+class TokenPacking:
+    """The real (attention_mask 1) tokens of a padded [B, S] batch: moves [B, S, H] <-> [T, H]. `seq` is S
+    without the trailing columns that are padding in every row (attention runs on [B, seq] only)."""
+
+    def __init__(self, attention_mask: Tensor) -> None:
+        self.batch, self.seq = attention_mask.shape
+        self.index = attention_mask.reshape(-1).nonzero().squeeze(1)
+
+    @classmethod
+    def of(cls, attention_mask: Optional[Tensor]) -> Optional["TokenPacking"]:
+        """None when there is nothing to skip (or no token at all)."""
+        if attention_mask is None or attention_mask.dim() != 2:
+            return None
+        occupied = attention_mask.any(0).nonzero()
+        if occupied.numel() == 0:
+            return None
+        packing = cls(attention_mask[:, : int(occupied[-1]) + 1])
+        return packing if packing.index.numel() < attention_mask.numel() else None
+
+    def pack(self, x: Tensor) -> Tensor:
+        return x.reshape(self.batch * self.seq, x.shape[-1]).index_select(0, self.index)
+
+    def unpack(self, x: Tensor) -> Tensor:
+        """Zeros at the padded positions."""
+        full = x.new_zeros(self.batch * self.seq, x.shape[-1]).index_copy(0, self.index, x)
+        return full.view(self.batch, self.seq, x.shape[-1])
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_prob = config.attention_probs_dropout_prob
+        self._fused_cache: Optional[tuple[Any, Tensor, Tensor]] = None
+
+    def fused_qkv(self, device_type: str) -> tuple[Tensor, Tensor]:
+        """Q, K and V weights (and biases) stacked for one GEMM; the weights stay separate parameters so names
+        and LAMB trust ratios match. Without autograd the stack (cast to the autocast dtype) is kept until a
+        parameter changes, so inference does not rebuild it on every call."""
+        params = (self.query.weight, self.key.weight, self.value.weight, self.query.bias, self.key.bias,
+                  self.value.bias)
+        if torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return torch.cat(params[:3]), torch.cat(params[3:])
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+        key = (dtype, tuple((p.data_ptr(), p._version) for p in params))
+        if self._fused_cache is None or self._fused_cache[0] != key:
+            weight, bias = torch.cat(params[:3]), torch.cat(params[3:])
+            if dtype is not None:
+                weight, bias = weight.to(dtype), bias.to(dtype)
+            self._fused_cache = (key, weight, bias)
+        return self._fused_cache[1], self._fused_cache[2]
+
+    def forward(self, x: Tensor, attention_bias: Optional[Tensor], packing: Optional[TokenPacking] = None) -> Tensor:
+        hidden = x.shape[-1]
+        qkv = F.linear(x, *self.fused_qkv(x.device.type))
+        if packing is not None:
+            qkv = packing.unpack(qkv)  # attention needs the [B, S] layout; padded rows are zeros
+        batch, seq = qkv.shape[:2]
+        qkv = qkv.view(batch, seq, 3, self.num_heads, hidden // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [batch, heads, seq, head_dim]
+        if self.training and torch.is_grad_enabled() and x.device.type == "cpu":
+            # On CPUs SDPA's backward (and its dropout) is about 2.5x slower than these explicit steps.
+            scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))
+            if attention_bias is not None:
+                scores = scores + attention_bias
+            probs = dropout(torch.softmax(scores, dim=-1), self.dropout_prob, training=True)
+            context = torch.matmul(probs, v)
+        else:
+            context = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attention_bias, dropout_p=self.dropout_prob if self.training else 0.0
+            )
+        context = context.transpose(1, 2).reshape(batch, seq, hidden)
+        return packing.pack(context) if packing is not None else context
+
+
+class BertResidualOutput(nn.Module):
+    """dense -> dropout -> LayerNorm(x + residual): the output block after attention and after the MLP."""
+
+    def __init__(self, config: BertConfig, in_features: int) -> None:
+        super().__init__()
+        self.dense = Linear(in_features, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = Dropout(config.hidden_dropout_prob)
+
+    def forward(self, x: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertResidualOutput(config, config.hidden_size)
+
+    def forward(self, x: Tensor, attention_bias: Optional[Tensor], packing: Optional[TokenPacking] = None) -> Tensor:
+        return self.output(self.self(x, attention_bias, packing), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = Linear(config.hidden_size, config.intermediate_size)
+        self.activation = ACTIVATIONS[config.hidden_act]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.activation(self.dense(x))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertResidualOutput(config, config.intermediate_size)
+
+    def forward(self, x: Tensor, attention_bias: Optional[Tensor], packing: Optional[TokenPacking] = None) -> Tensor:
+        x = self.attention(x, attention_bias, packing)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.checkpoint_activations = False
+
+    def forward(self, x: Tensor, attention_bias: Optional[Tensor], packing: Optional[TokenPacking] = None) -> Tensor:
+        """x: [B, S, H], or the packed [T, H] real tokens when `packing` is given."""
+        for layer in self.layer:
+            if self.checkpoint_activations and self.training and torch.is_grad_enabled():
+                # Recompute each layer in backward: memory of one layer's activations instead of all of them.
+                x = checkpoint(layer, x, attention_bias, packing, use_reentrant=False)
+            else:
+                x = layer(x, attention_bias, packing)
+        return x
+
+
+class BertPooler(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, sequence_output: Tensor) -> Tensor:
+        return torch.tanh(self.dense(sequence_output[:, 0]))
+
+
+def attention_bias_from_mask(attention_mask: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
+    """[batch, seq] mask of 1 (token) / 0 (padding) -> additive bias [batch, 1, 1, seq] for SDPA, or None."""
+    if attention_mask is None:
+        return None
+    bias = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
+    bias.masked_fill_(attention_mask == 0, torch.finfo(dtype).min)
+    return bias[:, None, None, :]
+
+
+class BertModel(nn.Module):
+    """The encoder. forward(input_ids [B, S] long, token_type_ids [B, S], attention_mask [B, S] 1/0)
+    returns (sequence_output [B, S, H], pooled_output [B, H] or None).
+
+    With `skip_padding` (the default) and a padded batch, every layer's dense parts run on the real tokens only
+    and sequence_output is 0 at padded positions; real positions are unchanged (padded keys are masked out of
+    attention either way). Callers that need the padded positions computed as a dense BERT does (the SQuAD loss
+    takes its softmax over them) pass keep_padded_positions=True. Set skip_padding False for graph export.
+    """
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.skip_padding = True
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Optional[Tensor] = None,
+        attention_mask: Optional[Tensor] = None,
+        keep_padded_positions: bool = False,
+    ) -> tuple[Tensor, Optional[Tensor]]:
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        x = self.embeddings(input_ids, token_type_ids)
+        # Under autocast the attention scores are in the autocast dtype; the bias must match it.
+        compute_dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        packing = TokenPacking.of(attention_mask) if self.skip_padding and not keep_padded_positions else None
+        if packing is None:
+            x = self.encoder(x, attention_bias_from_mask(attention_mask, compute_dtype))
+        else:
+            full_length, seq = x.shape[1], packing.seq
+            attention_bias = attention_bias_from_mask(attention_mask[:, :seq], compute_dtype)
+            x = packing.unpack(self.encoder(packing.pack(x[:, :seq]), attention_bias, packing))
+            x = F.pad(x, (0, 0, 0, full_length - seq))
+        pooled = self.pooler(x) if self.pooler is not None else None
+        return x, pooled
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = Linear(config.hidden_size, config.hidden_size)
+        self.activation = ACTIVATIONS[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.LayerNorm(self.activation(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """transform -> decoder whose weight is the word-embedding matrix, plus a bias of its own."""
+
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding) -> None:
+        super().__init__()
+        self.vocab_size = config.vocab_size
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
+        self.decoder.weight = word_embeddings.weight
+        self.bias = nn.Parameter(torch.zeros(config.padded_vocab_size))
+
+    def forward(self, x: Tensor) -> Tensor:
+        logits = F.linear(self.transform(x), self.decoder.weight, self.bias)
+        # The padding rows never stand for a token: leave them out of the softmax.
+        return logits[..., : self.vocab_size]
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config, word_embeddings)
+        self.seq_relationship = Linear(config.hidden_size, 2)
+
+
+class BertPreTrainedModel(nn.Module):
+    """Google's initialization: N(0, initializer_range) weights, zero biases, LayerNorm 1/0."""
+
+    config: BertConfig
+
+    def init_weights(self) -> None:
+        std = self.config.initializer_range
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, BertLMPredictionHead):
+                nn.init.zeros_(module.bias)
+
+    def set_checkpoint_activations(self, enabled: bool) -> None:
+        self.bert.encoder.checkpoint_activations = enabled
+
+
+class PreTrainingOutput(NamedTuple):
+    loss: Optional[Tensor]  # masked_lm_loss + next_sentence_loss, when labels are given
+    masked_lm_loss: Optional[Tensor]
+    next_sentence_loss: Optional[Tensor]
+    prediction_logits: Tensor  # [n_predicted, vocab_size], or [B, S, vocab_size] when every position is predicted
+    seq_relationship_logits: Tensor  # [B, 2]
+
+
+class BertForPreTraining(BertPreTrainedModel):
+    """Masked-LM and next-sentence heads on the encoder.
+
+    masked_lm_labels: [B, S] long, the original token id at predicted positions and a negative number (-1 as
+    NVIDIA, or -100) elsewhere. The MLM head runs only where the label is >= 0. Without labels it runs where
+    `predict_positions` ([B, S] bool) is true, or everywhere when that is None too.
+    """
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Optional[Tensor] = None,
+        attention_mask: Optional[Tensor] = None,
+        masked_lm_labels: Optional[Tensor] = None,
+        next_sentence_labels: Optional[Tensor] = None,
+        predict_positions: Optional[Tensor] = None,
+    ) -> PreTrainingOutput:
+        sequence_output, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        nsp_logits = self.cls.seq_relationship(pooled)
+        if masked_lm_labels is not None:
+            predict_positions = masked_lm_labels >= 0
+        if predict_positions is None:
+            mlm_logits = self.cls.predictions(sequence_output)
+        else:
+            mlm_logits = self.cls.predictions(sequence_output[predict_positions])
+
+        mlm_loss = nsp_loss = loss = None
+        if masked_lm_labels is not None:
+            mlm_loss = F.cross_entropy(mlm_logits.float(), masked_lm_labels[predict_positions])
+            loss = mlm_loss
+        if next_sentence_labels is not None:
+            nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_labels.view(-1).long())
+            loss = nsp_loss if loss is None else loss + nsp_loss
+        return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits)
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    """Span extraction. forward returns (start_logits [B, S], end_logits [B, S]) and, given start and end
+    positions [B], the loss as (CE(start) + CE(end)) / 2 with positions outside the sequence ignored."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Optional[Tensor] = None,
+        attention_mask: Optional[Tensor] = None,
+        start_positions: Optional[Tensor] = None,
+        end_positions: Optional[Tensor] = None,
+    ) -> tuple[Optional[Tensor], Tensor, Tensor]:
+        # The loss's softmax runs over every position, padded ones included, as in Google's and NVIDIA's code.
+        needs_padding = start_positions is not None
+        sequence_output, _ = self.bert(input_ids, token_type_ids, attention_mask,
+                                       keep_padded_positions=needs_padding)
+        start_logits, end_logits = self.qa_outputs(sequence_output).float().unbind(-1)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            seq_len = start_logits.shape[1]
+            # Positions past the window (truncated answers) point at an ignored index.
+            start = start_positions.clamp(0, seq_len)
+            end = end_positions.clamp(0, seq_len)
+            loss = (
+                F.cross_entropy(start_logits, start, ignore_index=seq_len)
+                + F.cross_entropy(end_logits, end, ignore_index=seq_len)
+            ) / 2
+        return loss, start_logits, end_logits
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    """Sentence (pair) classification on the pooled [CLS] output; num_labels 1 means regression (MSE).
+    forward returns (loss or None, logits [B, num_labels])."""
+
+    def __init__(self, config: BertConfig, num_labels: int) -> None:
+        super().__init__()
+        self.config = config
+        self.num_labels = num_labels
+        self.bert = BertModel(config)
+        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.classifier = Linear(config.hidden_size, num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Optional[Tensor] = None,
+        attention_mask: Optional[Tensor] = None,
+        labels: Optional[Tensor] = None,
+    ) -> tuple[Optional[Tensor], Tensor]:
+        _, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        logits = self.classifier(self.dropout(pooled)).float()
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.view(-1), labels.float().view(-1))
+            else:
+                loss = F.cross_entropy(logits, labels.view(-1).long())
+        return loss, logits

@@ -1,0 +1,295 @@
+"""Reading, normalizing and writing BERT weights in the formats users bring (docs/interfaces.md, section 3).
+
+Accepted sources: our checkpoints (`ckpt_<step>.pt`, `pytorch_model.bin` = {"model": state_dict}), NVIDIA's
+(`dense_act` layers, `gamma`/`beta` LayerNorms, a `module.` prefix), and Hugging Face directories (`config.json`
+with `model.safetensors` or `pytorch_model.bin`, with or without the `bert.` prefix and the heads). Nothing is
+unpickled beyond tensors and plain containers (`torch.load(..., weights_only=True)`).
+"""
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from safetensors.torch import load_file as load_safetensors
+from safetensors.torch import save as safetensors_bytes
+from torch import Tensor, nn
+
+from bertrecipe.common.atomic_files import write_atomic
+from bertrecipe.common.errors import InputError
+from bertrecipe.model.bert import BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertModel
+
+HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+CONFIG_FILES = ("config.json", "bert_config.json")
+# Rows of these tensors follow the vocabulary, which may be padded to a multiple of 8 or not.
+VOCAB_ROW_KEYS = ("embeddings.word_embeddings.weight", "cls.predictions.decoder.weight", "cls.predictions.bias")
+# Our names -> NVIDIA's for the layers NVIDIA fuses with their activation.
+NVIDIA_FUSED = (
+    (re.compile(r"(bert\.encoder\.layer\.\d+\.intermediate)\.dense\."), r"\1.dense_act."),
+    (re.compile(r"bert\.pooler\.dense\."), "bert.pooler.dense_act."),
+    (re.compile(r"cls\.predictions\.transform\.dense\."), "cls.predictions.transform.dense_act."),
+)
+ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
+
+
+class WeightsError(InputError):
+    """A weights file that cannot be used; the message names the file and the problem."""
+
+
+@dataclass
+class LoadedWeights:
+    state_dict: dict[str, Tensor]  # in our (= Hugging Face BertForPreTraining) names
+    config: Optional[BertConfig]  # None when the source carries no configuration (NVIDIA's checkpoints)
+    source_format: str  # "ours", "nvidia" or "huggingface"
+
+
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since torch 1.6
+PICKLE_MAGIC = b"\x80"  # the legacy format: a pickle with a protocol header
+
+
+def load_torch_file(path: str | Path, mmap: bool = False) -> Any:
+    """torch.load with weights_only=True; any failure is one WeightsError line that says what the file is and
+    never suggests unpickling it (torch's own hint ends by recommending weights_only=False)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except IsADirectoryError:
+        raise WeightsError(f"{path}: is a directory, not a checkpoint file") from None
+    except OSError as error:
+        raise WeightsError(f"{path}: cannot read the checkpoint ({error.strerror})") from None
+    if not head.startswith((ZIP_MAGIC, PICKLE_MAGIC)):
+        raise WeightsError(f"{path}: not a torch checkpoint (neither a torch.save zip archive nor a pickle); "
+                           "pass a .pt/.bin checkpoint or a Hugging Face directory")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about pickle protocols on stderr: not one line
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and head == ZIP_MAGIC)
+    except pickle.UnpicklingError:
+        raise WeightsError(f"{path}: not a tensor checkpoint: it holds Python objects besides tensors, numbers, "
+                           "strings and containers, and this recipe never unpickles those (they can run code); "
+                           "re-save its state dict with torch.save") from None
+    except Exception as error:  # noqa: BLE001 - zip and storage errors of a damaged file come as several types
+        why = "truncated or damaged" if head == ZIP_MAGIC else "damaged"
+        raise WeightsError(f"{path}: {why} checkpoint ({type(error).__name__}); use an earlier or a fresh copy") \
+            from None
+
+
+def _find_config_beside(path: Path) -> Optional[BertConfig]:
+    folder = path if path.is_dir() else path.parent
+    for name in CONFIG_FILES:
+        if (folder / name).is_file():
+            return read_config(folder / name)
+    return None
+
+
+def read_config(path: str | Path) -> BertConfig:
+    """A `bert_config.json` or Hugging Face `config.json`; WeightsError "<path>: <key> is ..., expected ..." for
+    a missing, unreadable or malformed file or a value that cannot build a model."""
+    try:
+        return BertConfig.from_json_file(path)
+    except InputError as error:  # model.ConfigError: already one line naming the file, the key and the fix
+        raise WeightsError(str(error)) from None
+
+
+def normalize_state_dict(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], str]:
+    """Renames a state dict from any accepted naming to ours; returns it and the naming it came in."""
+    source_format = "ours"
+    result: dict[str, Tensor] = {}
+    for key, value in state_dict.items():
+        if not isinstance(value, Tensor) or not isinstance(key, str):  # a pickle may hold int keys: not weights
+            continue
+        name = key.removeprefix("module.")
+        if name.startswith(ENCODER_PREFIXES):
+            name = "bert." + name
+            source_format = "huggingface"
+        if ".dense_act." in name or name.endswith((".gamma", ".beta")):
+            source_format = "nvidia"
+        name = name.replace(".dense_act.", ".dense.")
+        name = re.sub(r"\.gamma$", ".weight", name)
+        name = re.sub(r"\.beta$", ".bias", name)
+        if name.endswith(".position_ids") or name.endswith(".token_type_ids"):
+            continue  # index buffers of other implementations, not weights
+        result[name] = value
+    # Some writers store the MLM bias only as the decoder's bias.
+    decoder_bias = result.pop("cls.predictions.decoder.bias", None)
+    if decoder_bias is not None and "cls.predictions.bias" not in result:
+        result["cls.predictions.bias"] = decoder_bias
+    return result, source_format
+
+
+def read_weights(path: str | Path) -> LoadedWeights:
+    """Reads any accepted checkpoint file or Hugging Face directory into our names (config when known)."""
+    path = Path(path)
+    if not path.exists():
+        raise WeightsError(f"{path}: no such checkpoint file or directory")
+    config: Optional[BertConfig] = None
+    if path.is_dir():
+        weight_file = next((path / n for n in HF_WEIGHT_FILES if (path / n).is_file()), None)
+        if weight_file is None:
+            raise WeightsError(f"{path}: directory holds none of {', '.join(HF_WEIGHT_FILES)}; pass a Hugging Face "
+                               "model folder or a checkpoint file")
+        config = _find_config_beside(path)
+        if config is None:
+            raise WeightsError(f"{path}: directory holds no config.json or bert_config.json; put the model's config "
+                               "beside its weights")
+        path = weight_file
+    if path.suffix == ".safetensors":
+        try:
+            raw: Any = load_safetensors(str(path))
+        except Exception as error:  # noqa: BLE001 - safetensors raises several types for a bad file
+            raise WeightsError(f"{path}: not a readable safetensors file ({error}); use an earlier or a fresh copy"
+                               ) from None
+    else:
+        raw = load_torch_file(path)
+    if isinstance(raw, dict) and isinstance(raw.get("model"), dict):
+        if isinstance(raw.get("config"), dict):
+            config = BertConfig.from_dict(raw["config"], source=f"{path} (its 'config' entry)")
+        raw = raw["model"]
+    if not isinstance(raw, dict) or not any(isinstance(v, Tensor) for v in raw.values()):
+        raise WeightsError(f"{path}: holds no state dict (expected tensors, or a dict with a 'model' entry)")
+    state_dict, source_format = normalize_state_dict(raw)
+    if not state_dict:  # tensors only under int keys or as index buffers: nothing a model could load
+        raise WeightsError(f"{path}: holds no weights (no tensor under a parameter name)")
+    if config is None:
+        config = _find_config_beside(path)
+    return LoadedWeights(state_dict, config, source_format)
+
+
+def _fit_vocab_rows(tensor: Tensor, rows: int) -> Tensor:
+    if tensor.shape[0] == rows:
+        return tensor
+    if tensor.shape[0] > rows:
+        return tensor[:rows]
+    padded = tensor.new_zeros((rows, *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    if padded.dim() == 2:  # padding embedding rows get the usual init, never zero vectors that LAMB cannot scale
+        nn.init.normal_(padded[tensor.shape[0] :], std=0.02)
+    return padded
+
+
+def load_weights_into(model: nn.Module, weights: LoadedWeights, source: str | Path = "checkpoint") -> list[str]:
+    """Copies `weights` into `model`; returns the names of model parameters the source did not provide.
+
+    The encoder must be complete and every shape must match (apart from vocab padding); heads that the source
+    lacks (e.g. `qa_outputs` when starting from a pre-training checkpoint) keep their initialization.
+    """
+    own = model.state_dict()
+    state = dict(weights.state_dict)
+    if not any(name.startswith("bert.") for name in own):  # a bare encoder (BertModel) takes unprefixed names
+        state = {name.removeprefix("bert."): value for name, value in state.items()}
+    for name in own:
+        if name.endswith(VOCAB_ROW_KEYS) and name in state:
+            vocab_size = weights.config.vocab_size if weights.config else None
+            if vocab_size is not None and vocab_size != model.config.vocab_size:
+                raise WeightsError(
+                    f"{source}: vocab_size {vocab_size} does not match the model's {model.config.vocab_size}; pass "
+                    "the config the checkpoint was trained with"
+                )
+            if abs(state[name].shape[0] - own[name].shape[0]) < 8:  # only padding may differ
+                state[name] = _fit_vocab_rows(state[name], own[name].shape[0])
+    if "cls.predictions.decoder.weight" in own and "cls.predictions.decoder.weight" not in state:
+        state.pop("cls.predictions.decoder.weight", None)  # tied: comes with the word embeddings
+    for name, tensor in state.items():
+        if name in own and own[name].shape != tensor.shape:
+            raise WeightsError(
+                f"{source}: {name} has shape {tuple(tensor.shape)} but the model expects {tuple(own[name].shape)}"
+                " (does the checkpoint's config match --config_file?)"
+            )
+    missing, _unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if m != "cls.predictions.decoder.weight"]
+    encoder_missing = [m for m in missing if m.removeprefix("bert.").startswith(("embeddings.", "encoder."))]
+    if encoder_missing:
+        raise WeightsError(
+            f"{source}: missing {len(encoder_missing)} encoder weights (first: {encoder_missing[0]});"
+            " is this a BERT checkpoint for this config?"
+        )
+    return missing
+
+
+def model_for_weights(weights: LoadedWeights, config: BertConfig) -> nn.Module:
+    """An untrained model of the class whose heads the weights carry (a bare BertModel when they carry none)."""
+    state = weights.state_dict
+    if "qa_outputs.weight" in state:
+        return BertForQuestionAnswering(config)
+    if "classifier.weight" in state:
+        return BertForSequenceClassification(config, num_labels=state["classifier.weight"].shape[0])
+    if any(name.startswith("cls.") for name in state):
+        return BertForPreTraining(config)
+    return BertModel(config, add_pooling_layer="bert.pooler.dense.weight" in state)
+
+
+def export_state_dict(model: nn.Module, naming: str = "ours") -> dict[str, Tensor]:
+    """The model's weights for writing: vocab rows cut to vocab_size, tied decoder left out, NVIDIA names
+    when `naming` is "nvidia"."""
+    vocab_size = model.config.vocab_size
+    result: dict[str, Tensor] = {}
+    bare_encoder = isinstance(model, BertModel)
+    for name, tensor in model.state_dict().items():
+        if name == "cls.predictions.decoder.weight":
+            continue
+        if bare_encoder:  # files always use the full BertForPreTraining names
+            name = "bert." + name
+        if name.endswith(VOCAB_ROW_KEYS):
+            tensor = tensor[:vocab_size]
+        if naming == "nvidia":
+            for pattern, replacement in NVIDIA_FUSED:
+                name = pattern.sub(replacement, name)
+        result[name] = tensor.detach().cpu().contiguous()
+    return result
+
+
+def _hf_config(model: nn.Module) -> dict[str, Any]:
+    config = model.config.to_dict()
+    architecture = {
+        BertForPreTraining: "BertForPreTraining",
+        BertForQuestionAnswering: "BertForQuestionAnswering",
+        BertForSequenceClassification: "BertForSequenceClassification",
+    }.get(type(model), "BertModel")
+    config.update(architectures=[architecture], model_type="bert", pad_token_id=0,
+                  position_embedding_type="absolute")
+    if isinstance(model, BertForSequenceClassification):
+        config["num_labels"] = model.num_labels
+        config["id2label"] = {str(i): f"LABEL_{i}" for i in range(model.num_labels)}
+        config["label2id"] = {f"LABEL_{i}": i for i in range(model.num_labels)}
+        if model.num_labels == 1:
+            config["problem_type"] = "regression"
+    return config
+
+
+def export_huggingface(model: nn.Module, out_dir: str | Path, vocab_file: Optional[str | Path] = None,
+                       overwrite: bool = False) -> Path:
+    """Writes a Hugging Face directory: config.json, model.safetensors and (when given) vocab.txt, each atomically.
+    An existing directory keeps every other file; an export file already there is refused unless `overwrite`."""
+    out_dir = Path(out_dir)
+    names = ["config.json", "model.safetensors"] + (["vocab.txt"] if vocab_file is not None else [])
+    check_export_target(out_dir, names, overwrite)
+    config_text = json.dumps(_hf_config(model), indent=2) + "\n"
+    tensors = safetensors_bytes(export_state_dict(model), metadata={"format": "pt"})
+    write_atomic(out_dir / "config.json", lambda f: f.write(config_text.encode("utf-8")))
+    write_atomic(out_dir / "model.safetensors", lambda f: f.write(tensors))
+    if vocab_file is not None:
+        vocab = Path(vocab_file).read_bytes()
+        write_atomic(out_dir / "vocab.txt", lambda f: f.write(vocab))
+    return out_dir
+
+
+def check_export_target(out_dir: Path, names: list[str], overwrite: bool) -> None:
+    """Refuses (WeightsError) a target that is a file, or a directory already holding one of the export's files."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise WeightsError(f"{out_dir}: exists and is not a directory; choose a directory for the Hugging Face "
+                           "export")
+    taken = [name for name in names if (out_dir / name).exists()]
+    if taken and not overwrite:
+        raise WeightsError(f"{out_dir}: already holds {', '.join(taken)}; pass --overwrite to replace them or "
+                           "choose another directory")
+
+
+def save_torch_atomic(obj: Any, path: str | Path) -> None:
+    """torch.save to a temporary name beside `path`, then rename: a reader never sees a half-written file."""
+    write_atomic(path, lambda f: torch.save(obj, f))

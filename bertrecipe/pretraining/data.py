@@ -1,0 +1,413 @@
+"""Pre-training batches from HDF5 shards (docs: the shard format of Google's and NVIDIA's create_pretraining_data).
+
+Training reads the stream that sample_order.py plans: each rank reads only the portions of shards (runs of
+whole HDF5 chunks) that its own samples live in, each portion by one of its DataLoader workers, and builds its
+micro-batches in the main process; the samples of every optimizer step depend on (seed, lanes, global batch)
+only, so 2 processes with accumulation 2 see exactly what 1 process with accumulation 4 sees, and a position
+in the stream is one integer, which makes resuming exact. Held-out evaluation reads every sample once, in
+order, one shard at a time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from bertrecipe.pretraining import masking
+from bertrecipe.pretraining import sample_order
+from bertrecipe.dataprep.shard_writer import KEYS as SHARD_SCHEMA
+from bertrecipe.common.errors import InputError
+from bertrecipe.pretraining.hdf5_chunks import ChunkLayout, RowSource
+
+SHARD_KEYS = tuple(SHARD_SCHEMA)  # the six arrays of a shard (docs/interfaces.md, section 1)
+BATCH_KEYS = ("input_ids", "segment_ids", "input_mask", "masked_lm_labels", "next_sentence_labels")
+DEFAULT_BLOCK_ROWS = 256  # for unchunked (uncompressed) shards, where any row range reads only itself
+OPEN_FILES_PER_READER = 4
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    path: Path
+    num_samples: int
+    seq_length: int
+    max_predictions: int
+    type_vocab_size: int = 2  # segment ids must lie below it (BERT: 0 and 1)
+    block_rows: int = DEFAULT_BLOCK_ROWS  # rows of the HDF5 chunks: reading fewer decompresses as much
+
+
+def find_shards(directory: str | Path, name_must_contain: str = "") -> list[Path]:
+    """Sorted `*.hdf5` files of `directory` whose name contains `name_must_contain`."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: input directory does not exist; check --input_dir / --eval_dir")
+    if name_must_contain and not any(folder.glob(f"*{name_must_contain}*.hdf5")) and (folder / name_must_contain).is_dir():
+        folder = folder / name_must_contain  # bertPrep's layout: <corpus>/training/<corpus>_training_<i>.hdf5
+    files = sorted(p for p in folder.iterdir() if p.suffix == ".hdf5" and name_must_contain in p.name and p.is_file())
+    if not files:
+        what = f"*.hdf5 files with '{name_must_contain}' in their name" if name_must_contain else "*.hdf5 files"
+        raise InputError(f"{folder}: holds no {what}; point the flag at the folder of shards that data/bertPrep.py or "
+                         "create_pretraining_data.py wrote")
+    return files
+
+
+def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_length: Optional[int] = None,
+                  max_predictions: Optional[int] = None, type_vocab_size: int = 2) -> ShardInfo:
+    """Checks keys, dtypes and shapes (and the writer's attributes when present) without reading the data."""
+    shapes, attrs, chunks = _read_layout(path)
+    n, seq, preds = _check_shapes(path, shapes)
+    if seq > max_positions:
+        raise InputError(f"{path}: sequences of {seq} tokens exceed the model's max_position_embeddings "
+                         f"{max_positions}; use a config with more positions or shorter shards")
+    if max_seq_length is not None and seq != max_seq_length:
+        raise InputError(f"{path}: sequences have {seq} tokens but --max_seq_length is {max_seq_length}; pass "
+                         f"--max_seq_length {seq} or the shards of that length")
+    if max_predictions is not None and preds != max_predictions:
+        raise InputError(f"{path}: {preds} masked positions per sequence but --max_predictions_per_seq is "
+                         f"{max_predictions}; pass --max_predictions_per_seq {preds} or matching shards")
+    _check_vocab_size(path, attrs, vocab_size)
+    return ShardInfo(path, n, seq, preds, type_vocab_size, block_rows_for(n, chunks))
+
+
+def _read_layout(path: Path) -> tuple[dict[str, tuple], dict, list[tuple[int, int]]]:
+    """Each key's shape, the file's attributes and the chunking (rows, bytes a row) of the chunked keys."""
+    try:
+        with h5py.File(path, "r") as f:
+            missing = [k for k in SHARD_KEYS if k not in f]
+            if missing:
+                raise InputError(f"{path}: shard lacks the key(s) {', '.join(missing)}; not a pre-training shard of "
+                                 "create_pretraining_data.py: rewrite it")
+            not_arrays = [k for k in SHARD_KEYS if not isinstance(f[k], h5py.Dataset) or f[k].shape is None]
+            if not_arrays:  # a group, or a dataset with no dataspace (h5py.Empty): no shape to check
+                raise InputError(f"{path}: not an array: {', '.join(not_arrays)}; rewrite the shard")
+            for key in SHARD_KEYS:
+                if f[key].dtype.kind not in "iu":
+                    raise InputError(f"{path}: {key} has dtype {f[key].dtype}, expected integers; rewrite the shard")
+            chunks = [(f[k].chunks[0], f[k].dtype.itemsize * int(np.prod(f[k].shape[1:])))
+                      for k in SHARD_KEYS if f[k].chunks]
+            return {k: f[k].shape for k in SHARD_KEYS}, dict(f.attrs), chunks
+    except InputError:
+        raise
+    except (OSError, KeyError, RuntimeError, ValueError) as error:  # h5py's errors for damaged metadata
+        raise InputError(f"{path}: not a readable HDF5 file ({error}); rewrite it or move it out of the folder"
+                         ) from None
+
+
+def _check_shapes(path: Path, shapes: dict[str, tuple]) -> tuple[int, int, int]:
+    """Samples, sequence length and masked positions a sample, once the keys' shapes agree."""
+    if len(shapes["input_ids"]) != 2:
+        raise InputError(f"{path}: input_ids has shape {shapes['input_ids']}, expected [N, max_seq_length]; "
+                         "rewrite the shard")
+    n, seq = shapes["input_ids"]
+    for key in ("input_mask", "segment_ids"):
+        if shapes[key] != shapes["input_ids"]:
+            raise InputError(f"{path}: {key} has shape {shapes[key]}, input_ids {shapes['input_ids']}; rewrite the shard")
+    preds = shapes["masked_lm_positions"]
+    if len(preds) != 2 or preds[0] != n or shapes["masked_lm_ids"] != preds:
+        raise InputError(f"{path}: masked_lm_positions/ids have shapes {preds}/{shapes['masked_lm_ids']}"
+                         f" for {n} samples; rewrite the shard")
+    if shapes["next_sentence_labels"] not in ((n,), (n, 1)):
+        raise InputError(f"{path}: next_sentence_labels has shape {shapes['next_sentence_labels']}, expected ({n},); "
+                         "rewrite the shard")
+    return int(n), int(seq), int(preds[1])
+
+
+def _check_vocab_size(path: Path, attrs: dict, vocab_size: int) -> None:
+    try:
+        written_vocab = int(attrs.get("vocab_size", 0))
+    except (TypeError, ValueError, OverflowError):  # a string, an array, NaN, h5py.Empty
+        raise InputError(f"{path}: attribute vocab_size is {attrs['vocab_size']!r}, not a number; rewrite the shard"
+                         ) from None
+    if written_vocab > vocab_size:
+        raise InputError(f"{path}: written for a vocab of {written_vocab} tokens, the model has {vocab_size}; use the "
+                         "config (vocab_size) the shards were made for")
+
+
+def block_rows_for(rows: int, chunks: list[tuple[int, int]]) -> int:
+    """The block size (rows) that decompresses the fewest bytes when every block of a shard is read once: one of
+    the keys' chunk row counts. `chunks`: (chunk rows, bytes of a whole row) of each chunked key. Keys are
+    chunked apart (h5py sizes each key's chunks by its own row width), so no one block size fits them all."""
+    if not chunks:
+        return DEFAULT_BLOCK_ROWS  # contiguous: a row range reads only itself
+
+    def decompressed(block: int) -> int:
+        starts = np.arange(0, rows, block)
+        stops = np.minimum(starts + block, rows)
+        return sum(width * c * int(((stops - 1) // c - starts // c + 1).sum()) for c, width in chunks)
+
+    return min(sorted({c for c, _ in chunks}), key=decompressed)
+
+
+def check_value_ranges(path: Path, arrays: dict[str, np.ndarray], vocab_size: int, type_vocab_size: int,
+                       first_row: int = 0) -> None:
+    """InputError naming the file, key, row and value of the first value a model could not take: a token id
+    outside the vocab, a masked position outside the sequence, a segment id above 1 or the config's
+    type_vocab_size, a label other than 0/1."""
+    seq_length = arrays["input_ids"].shape[1]
+    segments = min(2, type_vocab_size)
+    limits = (("input_ids", vocab_size, f"the model's vocab of {vocab_size}"),
+              ("masked_lm_ids", vocab_size, f"the model's vocab of {vocab_size}"),
+              ("masked_lm_positions", seq_length, f"the sequence of {seq_length} tokens"),
+              ("segment_ids", segments, f"segment ids 0..{segments - 1} (type_vocab_size {type_vocab_size})"),
+              ("input_mask", 2, "mask values 0 and 1"),
+              ("next_sentence_labels", 2, "labels 0 and 1"))
+    for key, end, allowed in limits:
+        values = arrays[key]
+        if not values.size or (values.min() >= 0 and values.max() < end):
+            continue
+        bad = np.argwhere((values < 0) | (values >= end))[0]
+        raise InputError(f"{path}: {key} row {first_row + int(bad[0])} holds {int(values[tuple(bad)])}, outside {allowed}; "
+                         "the shard was written for another vocab or config, or is damaged")
+
+
+def read_rows(info: ShardInfo, f: h5py.File | RowSource, start: int, stop: int, vocab_size: int
+              ) -> dict[str, np.ndarray]:
+    """Rows [start, stop) of an open shard, every value range-checked (what a reader decompresses is only these
+    rows' chunks; through a RowSource, gzip chunks are inflated by ISA-L)."""
+    source = f if isinstance(f, RowSource) else RowSource(f.filename, f)
+    try:
+        arrays = {k: source.rows(k, start, stop) for k in SHARD_KEYS}
+    except (OSError, KeyError, RuntimeError, ValueError) as error:
+        raise InputError(f"{info.path}: cannot read rows {start}-{stop} of the shard ({error}); rewrite it or remove "
+                         "it from the input directory") from None
+    finally:
+        if source is not f:
+            source.close()
+    arrays["next_sentence_labels"] = arrays["next_sentence_labels"].reshape(-1)
+    if len(arrays["input_ids"]) != stop - start:
+        raise InputError(f"{info.path}: holds fewer rows than it said when the run started; rewrite it")
+    check_value_ranges(info.path, arrays, vocab_size, info.type_vocab_size, start)
+    return arrays
+
+
+def make_batch(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Rows of a loaded shard as model inputs; labels are masking.IGNORE_INDEX except at the masked positions
+    (masking.masked_positions)."""
+    ids = arrays["masked_lm_ids"][rows].astype(np.int64)
+    input_ids = arrays["input_ids"][rows].astype(np.int64)
+    valid, row_index, columns = masking.masked_positions(arrays["masked_lm_positions"][rows])
+    labels = np.full(input_ids.shape, masking.IGNORE_INDEX, dtype=np.int64)
+    labels[row_index, columns] = ids[valid]
+    return {
+        "input_ids": input_ids,
+        "segment_ids": arrays["segment_ids"][rows].astype(np.int64),
+        "input_mask": arrays["input_mask"][rows].astype(np.int64),
+        "masked_lm_labels": labels,
+        "next_sentence_labels": arrays["next_sentence_labels"][rows].astype(np.int64),
+    }
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    micro_batch: int
+    accumulation: int
+    world_size: int
+    rank: int
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.micro_batch * self.accumulation * self.world_size
+
+
+class PretrainingData:
+    """This rank's share of the stream (sample_order.py) from stream position `start` on: `reader()` is the
+    IterableDataset that reads the portions of shards the rank needs (spread over DataLoader workers, each
+    portion read by one of them), `batches(items)` turns the reader's output, in order, into micro-batches of
+    int64 tensors: input_ids, segment_ids, input_mask [B, S], masked_lm_labels [B, S], next_sentence_labels [B]."""
+
+    def __init__(self, shards: list[ShardInfo], seed: int, plan: BatchPlan, lanes: int, vocab_size: int,
+                 start: int = 0, max_steps: Optional[int] = None,
+                 masking_spec: Optional[masking.MaskingSpec] = None, bin_by_length: bool = False) -> None:
+        sample_order.check_lanes(lanes, plan.samples_per_step, plan.world_size)
+        self.order = sample_order.StreamPlan([s.num_samples for s in shards], [s.block_rows for s in shards],
+                                             seed, lanes)
+        self.shards = shards
+        self.plan = plan
+        self.vocab_size = vocab_size
+        self.lane_range = sample_order.rank_lanes(lanes, plan.world_size, plan.rank)
+        self.per_lane = plan.samples_per_step // lanes
+        self.first_index = start // lanes
+        self.max_steps = max_steps
+        self.seed = seed
+        self.masking_spec = masking_spec  # None: the shards' own (static) masks
+        self.bin_by_length = bin_by_length
+        self.first_sample = np.concatenate([[0], np.cumsum([s.num_samples for s in shards])[:-1]]).astype(np.int64)
+
+    def epoch(self, position: int) -> int:
+        return position // self.order.lanes // self.order.lane_length
+
+    def portions(self) -> Iterator[sample_order.Portion]:
+        return sample_order.portions_needed(self.order, self.lane_range, self.per_lane, self.first_index,
+                                            self.max_steps)
+
+    def reader(self) -> "PortionReader":
+        return PortionReader(self)
+
+    def batches(self, items: Iterator[dict[str, Any]]) -> Iterator[dict[str, torch.Tensor]]:
+        """Micro-batches of this rank, from the reader's items in the order it yields them."""
+        expected = self.portions()
+        lanes: dict[int, tuple[int, dict[str, np.ndarray]]] = {}  # lane -> (first lane index, rows)
+        taken: list[dict[str, np.ndarray]] = []
+        held, wanted = 0, self.plan.micro_batch * self.plan.accumulation  # rows in taken; rows a step takes
+        requests = sample_order.lane_requests(self.order, self.lane_range, self.per_lane, self.first_index,
+                                              self.max_steps)
+        for lane, index, count in requests:
+            while count:
+                begins, rows = lanes.get(lane, (0, None))
+                available = 0 if rows is None else begins + len(rows["input_ids"]) - index
+                if available <= 0:  # the lane's portion is used up (or none yet): the next one is the reader's next
+                    portion, item = next(expected), next(items)
+                    if tuple(int(k) for k in item["key"]) != portion.key:  # reader and plan disagree: a bug
+                        raise RuntimeError(f"pre-training reader out of step: got {item['key']}, want {portion.key}")
+                    lanes[lane] = (self._begins(lane, portion, index, lanes.get(lane)), _numpy(item))
+                    continue
+                take = min(count, available)
+                taken.append({k: v[index - begins: index - begins + take] for k, v in rows.items()})
+                index, count, held = index + take, count - take, held + take
+            if held == wanted:  # a running count: summing the pieces was quadratic in the lanes
+                yield from self._cut(taken)
+                taken, held = [], 0
+
+    def _begins(self, lane: int, portion: sample_order.Portion, index: int, previous: Optional[tuple]) -> int:
+        """The lane index of a portion's first row: where the previous portion ended, or (after a resume, at the
+        lane's first portion) where the plan says it begins."""
+        if previous is not None:
+            return previous[0] + len(previous[1]["input_ids"])
+        _, begins = next(sample_order.lane_portion_stream(self.order, lane, index))
+        return begins
+
+    def _cut(self, taken: list[dict[str, np.ndarray]]) -> Iterator[dict[str, torch.Tensor]]:
+        rows = {k: np.concatenate([t[k] for t in taken]) for k in taken[0]}
+        if self.bin_by_length:  # micro-batches of like lengths: attention stops at each one's longest sample
+            by_length = np.argsort(np.count_nonzero(rows["input_mask"], axis=1), kind="stable")
+            rows = {k: v[by_length] for k, v in rows.items()}
+        size = self.plan.micro_batch
+        for first in range(0, len(rows["input_ids"]), size):
+            picked = np.arange(first, first + size)
+            if "masked_lm_labels" in rows:  # masked afresh by the reader
+                batch = {k: rows[k][picked].astype(np.int64) for k in BATCH_KEYS}
+            else:
+                batch = make_batch(rows, picked)
+            yield {k: torch.from_numpy(v) for k, v in batch.items()}
+
+
+class PortionReader(IterableDataset):
+    """Reads this rank's portions in the order PretrainingData needs them; DataLoader worker w of K reads the
+    portions n with n % K == w, which the DataLoader hands back in order, so the result does not depend on K.
+    Each item: the portion's key and its rows in shuffled order (arrays of the shard's dtypes)."""
+
+    def __init__(self, data: PretrainingData) -> None:
+        self.data = data
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        worker = get_worker_info()
+        workers, worker_id = (worker.num_workers, worker.id) if worker else (1, 0)
+        files = _OpenFiles(OPEN_FILES_PER_READER)
+        try:
+            for serial, portion in enumerate(self.data.portions()):
+                if serial % workers == worker_id:
+                    yield self._read(files, portion)
+        finally:
+            files.close()
+
+    def _read(self, files: "_OpenFiles", portion: sample_order.Portion) -> dict[str, Any]:
+        info = self.data.shards[portion.file]
+        arrays = read_rows(info, files.get(info.path), portion.start, portion.stop, self.data.vocab_size)
+        order = self.data.order.portion_order(portion)
+        arrays = {k: v[order] for k, v in arrays.items()}
+        if self.data.masking_spec is not None:
+            arrays = self._remask(arrays, portion, order)
+        return {"key": np.array(portion.key, dtype=np.int64), **arrays}
+
+    def _remask(self, arrays: dict[str, np.ndarray], portion: sample_order.Portion,
+                order: np.ndarray) -> dict[str, np.ndarray]:
+        """Dynamic masking: the shard's original tokens, masked afresh from (seed, epoch, sample id)."""
+        original = masking.recover_original_tokens(arrays["input_ids"], arrays["masked_lm_positions"],
+                                                   arrays["masked_lm_ids"])
+        sample_ids = self.data.first_sample[portion.file] + portion.start + order
+        input_ids, labels = masking.dynamic_mask(original, arrays["input_mask"], sample_ids, portion.epoch,
+                                                 self.data.seed, self.data.masking_spec)
+        return {"input_ids": input_ids, "segment_ids": arrays["segment_ids"], "input_mask": arrays["input_mask"],
+                "masked_lm_labels": labels, "next_sentence_labels": arrays["next_sentence_labels"]}
+
+
+class _OpenFiles:
+    """The few shards a reader has open, most recently used kept (portions of a shard come in runs)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.files: dict[Path, RowSource] = {}
+        # Each dataset's chunk layout, kept when its file is closed and reopened.
+        self.layouts: dict[tuple[Path, str], Optional[ChunkLayout]] = {}
+
+    def get(self, path: Path) -> RowSource:
+        if path in self.files:
+            self.files[path] = self.files.pop(path)
+        else:
+            if len(self.files) >= self.limit:
+                oldest = next(iter(self.files))
+                self.files.pop(oldest).close()
+            try:
+                self.files[path] = RowSource(path, layouts=self.layouts)
+            except OSError as error:  # e.g. truncated since the run started
+                raise InputError(f"{path}: cannot read rows of the shard ({error}); rewrite it or remove it from "
+                                 "the input directory") from None
+        return self.files[path]
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+        self.files.clear()
+
+
+def _numpy(item: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The rows of a reader item (the DataLoader turned its arrays into tensors)."""
+    return {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in item.items() if k != "key"}
+
+
+def evaluation_batches(shards: list[ShardInfo], vocab_size: int, batch_size: int, rank: int, world_size: int,
+                       ) -> Iterator[dict[str, torch.Tensor]]:
+    """Every sample of the evaluation shards once, in order, in batches of batch_size (the last may be shorter).
+    Rank r of W takes the r-th of W contiguous runs of batches and reads only their rows, a block at a time:
+    across the ranks each row is read once, and a rank never holds a whole shard."""
+    first = np.concatenate([[0], np.cumsum([s.num_samples for s in shards])]).astype(np.int64)
+    total = int(first[-1])
+    if total == 0:
+        raise InputError(f"{shards[0].path.parent}: the shards hold no samples; write them again from a larger text")
+    n_batches = -(-total // batch_size)
+    start = rank * n_batches // world_size * batch_size
+    stop = min((rank + 1) * n_batches // world_size * batch_size, total)
+    rows: Optional[dict[str, np.ndarray]] = None  # read but not yet batched: less than a batch
+    for piece in _rows_in_order(shards, first, start, stop, vocab_size):
+        rows = piece if rows is None else {k: np.concatenate([rows[k], piece[k]]) for k in piece}
+        whole = len(rows["input_ids"]) // batch_size * batch_size
+        for lo in range(0, whole, batch_size):
+            yield _tensors(make_batch(rows, np.arange(lo, lo + batch_size)))
+        rows = {k: v[whole:] for k, v in rows.items()}
+    if rows is not None and len(rows["input_ids"]):  # the last batch of all, on the last rank
+        yield _tensors(make_batch(rows, np.arange(len(rows["input_ids"]))))
+
+
+def _tensors(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {key: torch.from_numpy(value) for key, value in batch.items()}
+
+
+def _rows_in_order(shards: list[ShardInfo], first: np.ndarray, start: int, stop: int, vocab_size: int
+                   ) -> Iterator[dict[str, np.ndarray]]:
+    """Rows [start, stop) of the shards one after the other, in pieces that end at a shard's block boundary
+    (so that each compressed chunk is decompressed once), every value range-checked."""
+    files = _OpenFiles(1)
+    try:
+        position = start
+        while position < stop:
+            file = int(np.searchsorted(first, position, side="right")) - 1
+            info, local = shards[file], position - int(first[file])
+            end = min((local // info.block_rows + 1) * info.block_rows, info.num_samples, stop - int(first[file]))
+            yield read_rows(info, files.get(info.path), local, end, vocab_size)
+            position = int(first[file]) + end
+    finally:
+        files.close()

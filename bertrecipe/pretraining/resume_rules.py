@@ -1,0 +1,155 @@
+"""What a pre-training run may continue from, and what a resume may change (docs/reliability.md, "Resuming").
+
+- Which checkpoint: a phase-1 run continues the newest phase-1 checkpoint; a phase-2 run the newest phase-2 one,
+  or, when there is none yet, hands over from the newest phase-1 checkpoint, whose step must be
+  --phase1_end_step. A phase-1 run in a folder that phase 2 has begun is either finished (nothing left to train)
+  or refused.
+- What it writes: never a checkpoint that exists already, whatever the phases' step numbers (checked before the
+  first step).
+- Which flags may change: RULES, one line each for every flag that shapes the run. A flag is applied (the run
+  takes the new value and says so), or refused (one line naming old and new).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from bertrecipe.training.checkpointing import SavedCheckpoint, move_aside
+from bertrecipe.common.errors import InputError
+
+
+@dataclass(frozen=True)
+class ResumeRule:
+    flag: str  # the argparse attribute; the flag is --<flag>
+    action: str  # "applied" or "refused"
+    why: str
+
+
+RULES = (
+    ResumeRule("learning_rate", "applied", "the schedule goes on from the checkpoint's step with the new peak"),
+    ResumeRule("warmup_proportion", "applied", "the schedule goes on from the checkpoint's step with the new warm-up"),
+    ResumeRule("max_steps", "applied", "the decay now ends at the new step (below the checkpoint's step: refused)"),
+    ResumeRule("train_budget_minutes", "applied", "the budget's schedule goes on with the new budget"),
+    ResumeRule("gradient_accumulation_steps", "applied", "the same samples per step, in other micro-batches"),
+    ResumeRule("train_batch_size", "applied", "allowed while the global batch (all processes) stays the same"),
+    ResumeRule("fp16", "applied", "precision may change; the loss scale starts afresh where there was none"),
+    ResumeRule("bf16", "applied", "precision may change"),
+    ResumeRule("tf32", "applied", "precision may change"),
+    ResumeRule("bin_by_length", "applied", "the step's samples stay; only their micro-batches change"),
+    ResumeRule("seed", "refused", "the seed orders the sample stream: another one mid-epoch repeats some samples and "
+                                  "skips others"),
+    ResumeRule("max_seq_length", "refused", "another sequence length is another phase: pass --phase2 for phase 2"),
+    ResumeRule("max_predictions_per_seq", "refused", "the masked positions per sequence shape every batch"),
+    ResumeRule("dynamic_masking", "refused", "it changes what every sample of the stream is"),
+    ResumeRule("masked_lm_prob", "refused", "it changes what every sample of the stream is"),
+    ResumeRule("whole_word_masking", "refused", "it changes what every sample of the stream is"),
+)
+# Compared outside RULES, with the same words in the docs' table.
+OTHER_CHECKS = (
+    ("the input shards (--input_dir)", "refused", "the stream's position counts samples of those very files"),
+    ("the global batch (train_batch_size x processes)", "refused", "the stream's position counts whole steps"),
+    ("`--no_nsp`", "refused", "the optimizer holds state for the heads that were trained"),
+    ("--phase2 / --phase1_end_step", "see the phases", "a phase-1 run never continues a phase-2 checkpoint"),
+)
+
+
+def docs_table() -> str:
+    """The markdown table docs/reliability.md shows (a test keeps the two the same)."""
+    rows = ["| flag | on resume | why |", "|---|---|---|"]
+    rows += [f"| `--{rule.flag}` | {rule.action} | {rule.why} |" for rule in RULES]
+    rows += [f"| {what} | {action} | {why} |" for what, action, why in OTHER_CHECKS]
+    return "\n".join(rows)
+
+
+def choose_checkpoint(everything: list[SavedCheckpoint], output_dir: str | Path, phase2: bool,
+                      phase1_end_step: int, max_steps: int) -> Optional[SavedCheckpoint]:
+    """The checkpoint of output_dir (`everything`: checkpointing.survey's) that a --resume_from_checkpoint run
+    continues (or hands over from); None when there is none for this phase (see the module for the rules).
+    Unreadable ones newer than it are skipped with a warning."""
+    saved = [s for s in everything if s.phase is not None]
+    newest_good = saved[-1].step if saved else -1
+    for unreadable in (s for s in everything if s.phase is None and s.step > newest_good):
+        print(f"warning: skipping {unreadable.path}: it does not load", file=sys.stderr, flush=True)
+    first = [s for s in saved if s.phase == 1]
+    second = [s for s in saved if s.phase == 2]
+    if phase2:
+        if second:
+            newest = second[-1]
+            if newest.phase1_end_step is not None and newest.phase1_end_step != phase1_end_step:
+                raise InputError(f"{newest.path}: phase 2 here counts its steps after phase 1's step "
+                                 f"{newest.phase1_end_step}, not --phase1_end_step {phase1_end_step}; pass "
+                                 f"--phase1_end_step {newest.phase1_end_step}")
+            return newest
+        if not first:
+            raise InputError(f"{output_dir}: phase 2 needs the phase-1 checkpoint to resume from")
+        handoff = first[-1]
+        if handoff.step != phase1_end_step:
+            raise InputError(f"{handoff.path}: phase 1 ended at step {handoff.step}, not --phase1_end_step "
+                             f"{phase1_end_step}; pass --phase1_end_step {handoff.step} (run.sub: PHASE1_END_STEP) so "
+                             "that phase 2's checkpoints follow phase 1's")
+        return handoff
+    if second and not (first and first[-1].phase_step >= max_steps):
+        where = f"phase 1 stopped at step {first[-1].step}" if first else "it holds no phase-1 checkpoint"
+        raise InputError(f"{output_dir}: phase 2 has begun here ({second[-1].path.name}) but {where} of "
+                         f"--max_steps {max_steps}; phase 1 cannot go on under phase 2's checkpoints: resume "
+                         "phase 2 (--phase2), or start phase 1 again in a new --output_dir")
+    return first[-1] if first else None
+
+
+def refuse_phase_mismatch(path: Path, ckpt: dict[str, Any], phase2: bool) -> None:
+    """A phase-1 run never continues a phase-2 checkpoint (it would train phase 1 on phase-2 weights)."""
+    if ckpt.get("phase2") and not phase2:
+        raise InputError(f"{path}: is a phase-2 checkpoint; continue it with --phase2, or pick a phase-1 one with "
+                         "--resume_step")
+
+
+def refuse_overwrites(everything: list[SavedCheckpoint], first_step: int, last_step: int) -> None:
+    """One line before the first step when a checkpoint this run would write (global steps first_step..last_step)
+    is among `everything` (checkpointing.survey's): the phases' step numbers overlap, or the run was set back with
+    --resume_step. One that does not load is moved aside as `*.corrupt` instead, as rotation does."""
+    for saved in everything:
+        if not first_step <= saved.step <= last_step:
+            continue
+        if saved.phase is None:
+            move_aside(saved.path)
+            continue
+        raise InputError(f"{saved.path}: (phase {saved.phase}) lies in the steps this run would checkpoint "
+                         f"({first_step}-{last_step}) and would be overwritten; check --phase1_end_step and "
+                         "--max_steps, or move it away")
+
+
+def same_value(old: Any, new: Any) -> bool:
+    if isinstance(old, (int, float)) and isinstance(new, (int, float)) and not isinstance(old, bool):
+        return float(old) == float(new)
+    return old == new
+
+
+def compare_flags(path: Path, ckpt: dict[str, Any], args: argparse.Namespace, shard_names: list[str],
+                  global_batch: int) -> list[str]:
+    """The changes a resume applies, one line each; InputError naming old and new for a refused one."""
+    saved = ckpt.get("args") or {}
+    data = ckpt.get("data") or {}
+    applied = []
+    for rule in RULES:
+        if rule.flag not in saved or same_value(saved[rule.flag], getattr(args, rule.flag)):
+            continue
+        old, new = saved[rule.flag], getattr(args, rule.flag)
+        if rule.action == "refused":
+            raise InputError(f"{path}: was trained with --{rule.flag} {old}, this run has {new}: {rule.why}; resume "
+                             f"with --{rule.flag} {old}, or start from it with --init_checkpoint in a new --output_dir")
+        applied.append(f"--{rule.flag} {old} -> {new} ({rule.why})")
+    files = data.get("files")
+    if files is not None and list(files) != list(shard_names):
+        gone, added = sorted(set(files) - set(shard_names)), sorted(set(shard_names) - set(files))
+        raise InputError(f"{path}: was trained on other shards than --input_dir holds now ({len(gone)} missing, e.g. "
+                         f"{gone[:2]}; {len(added)} new, e.g. {added[:2]}): the stream's position counts samples of "
+                         "those files; resume with the same shards")
+    saved_batch = data.get("global_batch")
+    if saved_batch is not None and int(saved_batch) != global_batch:
+        raise InputError(f"{path}: was trained with a global batch of {saved_batch} sequences, this run has "
+                         f"{global_batch} (--train_batch_size x processes): the stream's position counts whole steps; "
+                         f"keep {saved_batch} sequences per step")
+    return applied

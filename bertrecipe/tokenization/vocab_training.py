@@ -1,0 +1,181 @@
+"""`--action create_vocab`: train an uncased or cased BERT WordPiece vocab.txt from formatted text.
+
+Deterministic: the same text gives the same vocab.txt byte for byte, whatever the run or the thread count.
+tokenizers' trainer is not: it gives the continuation pieces (`##x`) their ids in the order of a randomly
+seeded hash map, breaks ties between equally frequent merges by those ids (so the merges, not only the order,
+change from run to run, even on one thread), and drops the alphabet's excess characters among equal counts in
+hash order too. Here the alphabet and the continuation pieces are worked out first, ties broken by code point,
+and handed to the trainer as its first tokens in code-point order, so that every id it compares is fixed.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+from tokenizers.implementations import BertWordPieceTokenizer
+
+from bertrecipe.common.atomic_files import atomic_output
+
+from bertrecipe.dataprep.errors import DataError
+from bertrecipe.dataprep.outputs import check_writable, refuse_input_as_output
+from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, load_vocab
+
+LIMIT_ALPHABET = 1000  # most distinct characters kept (the most frequent ones)
+PREFIX = "##"
+_CODE_POINTS = 0x110000
+_CHUNK_BYTES = 1 << 22  # text read per numpy pass (whole lines)
+
+
+def vocab_path(root: str | Path, corpus: str, do_lower_case: bool, vocab_size: int) -> Path:
+    """Where create_vocab writes by default: `<root>/vocab/<corpus>_<uncased|cased>_<size>.txt`."""
+    return Path(root) / "vocab" / f"{corpus}_{'uncased' if do_lower_case else 'cased'}_{vocab_size}.txt"
+
+
+def train_vocab(inputs: Sequence[Path], output: Path, vocab_size: int, do_lower_case: bool,
+                min_frequency: int = 2) -> Path:
+    """Train WordPiece on the text files and write vocab.txt: the special tokens, the alphabet and the `##`
+    pieces (each in code-point order), then the merged tokens in the order they were learnt."""
+    _check(inputs, output, vocab_size)
+    base = base_tokens(inputs, _tokenizer(do_lower_case))
+    if not base:
+        raise DataError(inputs[0], "no text to train a vocab on; run --action text_formatting on a corpus with text")
+    tokens, unplanned = _train(inputs, do_lower_case, vocab_size, min_frequency, base)
+    if unplanned:  # a `##` piece the scan could not foresee (see base_tokens): plan it too and train again
+        base = _canonical(base + unplanned)
+        tokens, unplanned = _train(inputs, do_lower_case, vocab_size, min_frequency, base)
+        if unplanned:
+            raise RuntimeError(f"the trainer added {unplanned} to a vocab that had them planned")
+    try:
+        with atomic_output(output) as tmp:
+            tmp.write_text("".join(token + "\n" for token in tokens), encoding="utf-8")
+    except OSError as err:
+        raise DataError(output, f"cannot write vocab ({err.strerror}); choose another --vocab_file") from None
+    load_vocab(output)  # the file we wrote must pass the same checks as a user's vocab
+    return output
+
+
+def _tokenizer(do_lower_case: bool) -> BertWordPieceTokenizer:
+    # Same normalisation as our tokenizer; [unused] slots are not needed for a vocab trained from scratch.
+    return BertWordPieceTokenizer(clean_text=True, handle_chinese_chars=True, strip_accents=do_lower_case,
+                                  lowercase=do_lower_case)
+
+
+def _train(inputs: Sequence[Path], do_lower_case: bool, vocab_size: int, min_frequency: int,
+           base: list[str]) -> tuple[list[str], list[str]]:
+    """The trained tokens by id, and the single-character tokens the trainer added beyond `base`."""
+    tokenizer = _tokenizer(do_lower_case)
+    # The trainer puts special tokens first, in the order given: the base tokens' ids are ours. With no
+    # alphabet of its own (limit 0) it adds only `##` pieces that base lacks, after them.
+    planned = list(SPECIAL_TOKENS) + base
+    tokenizer.train([str(p) for p in inputs], vocab_size=vocab_size, min_frequency=min_frequency,
+                    special_tokens=planned, limit_alphabet=0, wordpieces_prefix=PREFIX, show_progress=False)
+    tokens = [token for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])]
+    # Merges join two pieces, so a token of one character (after the prefix) can only be an added base token.
+    unplanned = [t for t in tokens[len(planned):] if len(t.removeprefix(PREFIX)) == 1]
+    return tokens, unplanned
+
+
+def _canonical(base: list[str]) -> list[str]:
+    """The alphabet, then the `##` pieces, each in code-point order."""
+    return sorted(base, key=lambda token: (token.startswith(PREFIX) and len(token) > 1, token))
+
+
+def base_tokens(inputs: Sequence[Path], tokenizer: BertWordPieceTokenizer,
+                limit_alphabet: int = LIMIT_ALPHABET) -> list[str]:
+    """The alphabet (the `limit_alphabet` most frequent characters of the normalized words, ties to the lower
+    code point) and its `##` pieces (characters seen after the first of a word), in code-point order: what the
+    trainer derives, without its hash order.
+
+    Normalization and pre-tokenization act on each character alone, so each distinct character is normalized
+    once and the text is only counted, with numpy. The exception, NFD reordering a run of combining marks that
+    survive accent stripping at the start of a word, can miss a `##` piece: train_vocab then trains again."""
+    chars = _Characters(tokenizer)
+    counts, follows = _scan(inputs, chars)
+    totals: dict[str, int] = {}
+    continuing: set[str] = set()
+    for code in np.flatnonzero(counts).tolist():
+        text = chars.normalized[code]
+        for i, char in enumerate(text):
+            if chars.kind(char) != "space":
+                totals[char] = totals.get(char, 0) + int(counts[code])
+            if i > 0 and chars.kind(char) == "word" and chars.kind(text[i - 1]) == "word":
+                continuing.add(char)
+        if follows[code]:
+            continuing.add(text[0])
+    alphabet = sorted(sorted(totals, key=lambda c: (-totals[c], c))[:limit_alphabet])
+    return alphabet + [PREFIX + char for char in alphabet if char in continuing]
+
+
+class _Characters:
+    """What the tokenizer's normalizer and pre-tokenizer make of each raw character, worked out once each."""
+
+    def __init__(self, tokenizer: BertWordPieceTokenizer) -> None:
+        self._normalize = tokenizer.normalizer.normalize_str
+        self._pre_tokenize = tokenizer.pre_tokenizer.pre_tokenize_str
+        self._kinds: dict[str, str] = {}
+        self.normalized: dict[int, str] = {}
+        self.known = np.zeros(_CODE_POINTS, bool)
+        self.dropped = np.zeros(_CODE_POINTS, bool)  # normalizes to nothing (control characters, accents)
+        self.starts_word = np.zeros(_CODE_POINTS, bool)  # its normalized text starts with a word character
+        self.ends_word = np.zeros(_CODE_POINTS, bool)
+
+    def kind(self, char: str) -> str:
+        """'word', 'punctuation' (a word of its own) or 'space' (a separator), as the pre-tokenizer splits."""
+        if char not in self._kinds:
+            pieces = [piece for piece, _ in self._pre_tokenize(f"a{char}a")]
+            self._kinds[char] = ("word" if pieces == [f"a{char}a"] else "space" if pieces == ["a", "a"]
+                                 else "punctuation")
+        return self._kinds[char]
+
+    def learn(self, codes: np.ndarray) -> None:
+        for code in np.unique(codes[~self.known[codes]]).tolist():
+            text = self._normalize(chr(code))
+            self.normalized[code] = text
+            self.known[code] = True
+            self.dropped[code] = not text
+            self.starts_word[code] = bool(text) and self.kind(text[0]) == "word"
+            self.ends_word[code] = bool(text) and self.kind(text[-1]) == "word"
+
+
+def _scan(inputs: Sequence[Path], chars: _Characters) -> tuple[np.ndarray, np.ndarray]:
+    """Per raw code point: how often it occurs, and whether it ever continues a word (follows, past dropped
+    characters, one whose normalized text ends in a word character)."""
+    counts = np.zeros(_CODE_POINTS, np.int64)
+    follows = np.zeros(_CODE_POINTS, bool)
+    for codes in _code_chunks(inputs):
+        chars.learn(codes)
+        counts += np.bincount(codes, minlength=_CODE_POINTS)
+        kept = codes[~chars.dropped[codes]]
+        after_word = chars.ends_word[kept[:-1]] & chars.starts_word[kept[1:]]
+        follows[kept[1:][after_word]] = True
+    return counts, follows
+
+
+def _code_chunks(inputs: Sequence[Path]) -> Iterator[np.ndarray]:
+    """The code points of the files, whole lines at a time; a file's last line never runs into the next file
+    (the trainer reads line by line, and every line break is a separator once normalized)."""
+    for path in inputs:
+        try:
+            with open(path, encoding="utf-8", newline="") as f:
+                while lines := f.readlines(_CHUNK_BYTES):
+                    yield np.frombuffer(("".join(lines) + "\n").encode("utf-32-le"), np.uint32)
+        except UnicodeDecodeError as err:
+            raise DataError(path, f"not UTF-8 text ({err.reason}); run --action text_formatting again") from None
+        except OSError as err:
+            raise DataError(path, f"cannot read the formatted text ({err.strerror}); check its permissions") from None
+
+
+def _check(inputs: Sequence[Path], output: Path, vocab_size: int) -> None:
+    """Everything that can be refused before training: nothing is written by a refused run."""
+    if vocab_size < len(SPECIAL_TOKENS) + 100:
+        raise DataError("--vocab_size", f"must be at least {len(SPECIAL_TOKENS) + 100}, got {vocab_size}")
+    for path in inputs:
+        if not path.is_file():
+            raise DataError(path, "formatted text not found (run --action text_formatting first)")
+    refuse_input_as_output(output, "--vocab_file", [("formatted text", path) for path in inputs])
+    if output.exists() or output.is_symlink():
+        # Shards and models made with a vocab stop matching it when it is replaced.
+        raise DataError(output, "--vocab_file already exists and create_vocab does not replace a vocab; delete "
+                                "it or choose another --vocab_file")
+    check_writable(output, "--vocab_file")

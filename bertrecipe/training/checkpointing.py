@@ -1,0 +1,175 @@
+"""Training checkpoints: `<output_dir>/ckpt_<global_step>.pt`, written atomically and never over an existing file,
+the newest 3 of the same phase that load kept (and the one a run resumed from; a phase never rotates away the
+other's), a corrupt one moved aside as `*.corrupt`, and found again on resume with a corrupt newest file skipped
+in favour of the previous one (docs/interfaces.md, section 3).
+
+A checkpoint holds only tensors, numbers, strings, lists and dicts, so `torch.load(weights_only=True)` reads it.
+"""
+from __future__ import annotations
+
+import random
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from bertrecipe.common.errors import InputError
+from bertrecipe.model.weights import load_torch_file, save_torch_atomic
+
+CHECKPOINT_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
+CHECKPOINT_NAME = re.compile(r"ckpt_\d+\.pt")  # for atomic_files.remove_stale_temporaries
+KEEP_NEWEST = 3
+
+
+def checkpoint_path(output_dir: str | Path, global_step: int) -> Path:
+    return Path(output_dir) / f"ckpt_{global_step}.pt"
+
+
+def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every ckpt_<step>.pt in output_dir, oldest first."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        match = CHECKPOINT_PATTERN.match(path.name)
+        if match and path.is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random generator the training step draws from (dropout, Python and numpy), as plain data."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """A checkpoint in an output folder as rotation and resume see it: its step, file and phase (1 or 2; None
+    when the file does not load)."""
+
+    step: int
+    path: Path
+    phase: Optional[int]
+    phase_step: int = 0
+    phase1_end_step: Optional[int] = None
+
+
+def checkpoint_phase(payload: dict[str, Any]) -> int:
+    return 2 if payload.get("phase2") else 1
+
+
+def survey(output_dir: str | Path) -> list[SavedCheckpoint]:
+    """Every ckpt_<step>.pt in output_dir, oldest first, with its phase read from the file (memory-mapped: only
+    the archive's index and pickled structure are read)."""
+    found = []
+    for step, path in list_checkpoints(output_dir):
+        try:
+            payload = load_checkpoint(path, mmap=True)
+        except InputError:
+            found.append(SavedCheckpoint(step, path, None))
+            continue
+        end = payload.get("phase1_end_step")
+        found.append(SavedCheckpoint(step, path, checkpoint_phase(payload), int(payload.get("phase_step", step)),
+                                     int(end) if end is not None else None))
+    return found
+
+
+def save_checkpoint(output_dir: str | Path, global_step: int, payload: dict[str, Any],
+                    keep: Optional[Path] = None) -> Path:
+    """Writes ckpt_<global_step>.pt atomically, then rotates within the payload's phase: the newest KEEP_NEWEST
+    checkpoints of that phase that load stay, and so do the one just written and `keep` (the one this run
+    resumed from); the other phase's are never touched; a checkpoint that does not load is moved aside as
+    `*.corrupt`, never counted and never deleted. A failed write (disk full) is an InputError that names the file,
+    with every earlier checkpoint intact; so is a file already at that name, which is never overwritten."""
+    path = checkpoint_path(output_dir, global_step)
+    if path.exists():
+        raise InputError(f"{path}: already exists and was not written by this run; it is kept and this run stops "
+                         "(another run wrote into this --output_dir, or the phases' step numbers overlap)")
+    try:
+        save_torch_atomic({**payload, "global_step": global_step}, path)
+    except OSError as error:
+        raise InputError(f"{path}: cannot write the checkpoint ({error.strerror or error}); the earlier checkpoints "
+                         f"in {output_dir} are intact: free space there and resume with --resume_from_checkpoint"
+                         ) from None
+    phase = checkpoint_phase(payload)
+    loadable = []
+    for saved in survey(output_dir):
+        if saved.phase is None:
+            move_aside(saved.path)
+        elif saved.phase == phase:
+            loadable.append(saved.path)
+    protected = {path.resolve()} | ({keep.resolve()} if keep is not None else set())
+    for old in loadable[:-KEEP_NEWEST]:
+        if old.resolve() not in protected:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def move_aside(path: Path) -> Path:
+    """Renames a checkpoint that does not load to `*.corrupt` (never deleted: it may be all that is left)."""
+    aside = _corrupt_name(path)
+    path.rename(aside)
+    print(f"warning: {path} does not load; moved aside to {aside.name}", file=sys.stderr, flush=True)
+    return aside
+
+
+def _corrupt_name(path: Path) -> Path:
+    aside = path.with_name(path.name + ".corrupt")
+    serial = 1
+    while aside.exists():  # never overwrite an earlier one
+        aside = path.with_name(f"{path.name}.{serial}.corrupt")
+        serial += 1
+    return aside
+
+
+def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
+    """Reads one checkpoint (weights only); raises InputError naming the file when it is unreadable. With `mmap`,
+    tensors stay on disk until used."""
+    payload = load_torch_file(path, mmap=mmap)
+    if not isinstance(payload, dict) or "model" not in payload:
+        raise InputError(f"{path}: not a training checkpoint (no 'model' entry); pass a ckpt_<step>.pt that "
+                         "run_pretraining.py wrote")
+    if not isinstance(payload["model"], dict):  # load_state_dict would fail with a traceback on resume
+        raise InputError(f"{path}: not a training checkpoint (its 'model' entry is a {type(payload['model']).__name__},"
+                         " not a state dict)")
+    return payload
+
+
+def load_newest_checkpoint(output_dir: str | Path, step: Optional[int] = None) -> tuple[Path, dict[str, Any]]:
+    """The newest readable checkpoint (or that of `step`); unreadable newer ones are skipped with a warning."""
+    candidates = list_checkpoints(output_dir)
+    if step is not None and step >= 0:
+        candidates = [(s, p) for s, p in candidates if s == step]
+    if not candidates:
+        wanted = f"ckpt_{step}.pt" if step is not None and step >= 0 else "ckpt_<step>.pt"
+        raise InputError(f"{output_dir}: no checkpoint {wanted} to resume from; check --output_dir and --resume_step")
+    for _, path in reversed(candidates):
+        try:
+            return path, load_checkpoint(path)
+        except InputError as error:
+            print(f"warning: skipping {error}", file=sys.stderr, flush=True)
+    raise InputError(f"{output_dir}: every checkpoint is unreadable (see the warnings above); restore one or start "
+                     "afresh in a new --output_dir")

@@ -1,1 +1,0 @@
-"""Data preparation for BERT pre-training: text -> formatted corpus -> shards -> HDF5 instances."""

@@ -39,7 +39,8 @@ from torch.utils.data import DataLoader, IterableDataset
 REPO = Path(__file__).resolve().parents[1]
 
 from bertrecipe.pretraining import sample_order
-from bertrecipe.pretraining.data import (SHARD_KEYS, BatchPlan, PretrainingData, ShardInfo,
+from bertrecipe.pretraining.shard_schema import SHARD_KEYS
+from bertrecipe.pretraining.data import (BatchPlan, PretrainingData, ShardInfo,
                               check_value_ranges, inspect_shard, make_batch)
 from bertrecipe.common.hardware import detect, host_line, host_record
 

@@ -58,7 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 from bertrecipe.training.checkpointing import list_checkpoints
 from bertrecipe.dataprep import layout
 from bertrecipe.tokenization.wordpiece import load_vocab
-from bertrecipe.tokenization.vocab_training import vocab_path
+from bertrecipe.dataprep.vocab_training import vocab_path
 from bertrecipe.common.hardware import detect, host_line, host_record, pick_precisions, recipe_device
 from bertrecipe.pretraining.masking import recover_original_tokens
 from bertrecipe.training.metric_logger import read_log

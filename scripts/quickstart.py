@@ -23,8 +23,9 @@ import torch
 from bertrecipe.common.atomic_files import write_atomic
 from bertrecipe.dataprep import layout
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
-from bertrecipe.tokenization.vocab_training import vocab_path
-from bertrecipe.common.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.dataprep.vocab_training import vocab_path
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.errors import InputError
 from bertrecipe.common.hardware import detect, recipe_device
 from bertrecipe.training.metric_logger import read_log
 from bertrecipe.model.bert import BertConfig, BertForPreTraining

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from bertrecipe.cli import run_pretraining
-from bertrecipe.common.errors import run_cli
+from bertrecipe.common.command_line import run_cli
 
 
 def main() -> None:

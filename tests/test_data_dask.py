@@ -177,7 +177,7 @@ import sys
 from bertrecipe.cli import bert_prep as bertPrep
 from bertrecipe.dataprep import sharding
 from bertrecipe.dataprep import text_formatting
-from bertrecipe.dataprep.errors import run_cli
+from bertrecipe.common.command_line import run_cli
 sharding.SEGMENT_BYTES = 20_000
 text_formatting.BOOKS_PER_TASK = 4
 run_cli(bertPrep.main)

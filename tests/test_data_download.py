@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from bertrecipe.dataprep import download
-from bertrecipe.dataprep.errors import DataError
+from bertrecipe.common.errors import DataError
 
 
 class RangeHandler(http.server.SimpleHTTPRequestHandler):

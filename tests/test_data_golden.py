@@ -23,7 +23,7 @@ import h5py
 import pytest
 
 from bertrecipe.dataprep.create_pretraining_data import ShardConfig, create_shard
-from bertrecipe.dataprep.shard_writer import KEYS
+from bertrecipe.pretraining.shard_schema import SHARD_ARRAYS
 from conftest import TEST_DATA, VOCAB_EXCERPT
 
 AWKWARD = [
@@ -63,7 +63,7 @@ def _golden_input(books: Path, path: Path, cut: slice, every: int) -> None:
 def shard_digest(path: Path) -> str:
     digest = hashlib.sha256()
     with h5py.File(path, "r") as f:
-        for key in KEYS:
+        for key in SHARD_ARRAYS:
             array = f[key][:]
             digest.update(f"{key}{array.dtype.str}{array.shape}".encode())
             digest.update(array.tobytes())

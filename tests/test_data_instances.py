@@ -20,7 +20,8 @@ from bertrecipe.dataprep import instances
 from bertrecipe.dataprep.create_pretraining_data import ShardConfig, create_shard, shard_attributes
 from bertrecipe.dataprep.documents import tokenize_documents
 from bertrecipe.dataprep.instances import MaskingConfig, SpecialIds, truncate_spans
-from bertrecipe.dataprep.shard_writer import KEYS, write_shard, write_shard_blocks
+from bertrecipe.dataprep.shard_writer import write_shard, write_shard_blocks
+from bertrecipe.pretraining.shard_schema import SHARD_ARRAYS
 from bertrecipe.dataprep.sharding import split_sentences
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
 from conftest import TEST_DATA
@@ -388,7 +389,7 @@ def test_random_positions_are_the_k_smallest_keys(levels):
 def _same_shards(a: Path, b: Path) -> None:
     """Equal arrays (values, dtypes, shapes), storage options and attributes."""
     with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
-        assert set(fa) == set(fb) == set(KEYS)
+        assert set(fa) == set(fb) == set(SHARD_ARRAYS)
         for key in fa:
             x, y = fa[key], fb[key]
             assert (x.dtype, x.shape, x.chunks, x.compression, x.compression_opts, x.shuffle) == \
@@ -430,21 +431,21 @@ def test_streamed_shard_equals_whole_arrays(compression, books_text, vocab_path,
 def test_blocks_of_any_size_write_the_same_shard(compression, tmp_path):
     gen = np.random.default_rng(5)
     rows = 3000
-    shapes = {k: (() if ndim == 1 else (9 if k.startswith("masked") else 40,)) for k, (_, ndim) in KEYS.items()}
-    arrays = {k: gen.integers(0, 120, (rows, *shapes[k])).astype(dtype) for k, (dtype, _) in KEYS.items()}
+    shapes = {k: (() if ndim == 1 else (9 if k.startswith("masked") else 40,)) for k, (_, ndim) in SHARD_ARRAYS.items()}
+    arrays = {k: gen.integers(0, 120, (rows, *shapes[k])).astype(dtype) for k, (dtype, _) in SHARD_ARRAYS.items()}
     write_shard(tmp_path / "whole.hdf5", arrays, {"random_seed": 5}, compression)
     cuts = [0, 1, 1, 999, 2048, 2049, rows]  # an empty block, one row, blocks across chunk boundaries
     blocks = ({k: v[lo:hi] for k, v in arrays.items()} for lo, hi in zip(cuts, cuts[1:]))
     write_shard_blocks(tmp_path / "blocks.hdf5", rows, shapes, blocks, {"random_seed": 5}, compression)
     _same_shards(tmp_path / "whole.hdf5", tmp_path / "blocks.hdf5")
     with h5py.File(tmp_path / "blocks.hdf5", "r") as f:  # and both hold the arrays written (h5py reads them)
-        assert all(np.array_equal(f[key][()], arrays[key]) for key in KEYS)
+        assert all(np.array_equal(f[key][()], arrays[key]) for key in SHARD_ARRAYS)
 
 
 @pytest.mark.parametrize("fault", ["too few rows", "wrong dtype"])
 def test_bad_blocks_leave_nothing(fault, tmp_path):
-    shapes = {k: (() if ndim == 1 else (4,)) for k, (_, ndim) in KEYS.items()}
-    block = {k: np.zeros((10, *shapes[k]), dtype) for k, (dtype, _) in KEYS.items()}
+    shapes = {k: (() if ndim == 1 else (4,)) for k, (_, ndim) in SHARD_ARRAYS.items()}
+    block = {k: np.zeros((10, *shapes[k]), dtype) for k, (dtype, _) in SHARD_ARRAYS.items()}
     if fault == "wrong dtype":
         block["input_ids"] = block["input_ids"].astype(np.int64)
     out = tmp_path / "new" / "shard.hdf5"

@@ -14,9 +14,10 @@ from bertrecipe.cli import bert_prep as bertPrep
 from bertrecipe.cli import build_default_corpus
 from bertrecipe.dataprep import layout
 from bertrecipe.dataprep import create_pretraining_data as cpd
-from bertrecipe.dataprep.errors import DataError, run_cli
+from bertrecipe.common.command_line import run_cli
+from bertrecipe.common.errors import DataError
 from bertrecipe.dataprep.sharding import ShardingConfig, shard_corpus
-from bertrecipe.tokenization.vocab_training import train_vocab
+from bertrecipe.dataprep.vocab_training import train_vocab
 from bertrecipe.dataprep.text_formatting import book_groups, format_corpus, format_tasks
 from conftest import write_formatted
 

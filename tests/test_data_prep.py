@@ -15,11 +15,11 @@ import pytest
 
 from bertrecipe.cli import bert_prep as bertPrep
 from bertrecipe.dataprep import layout
-from bertrecipe.dataprep.errors import DataError
+from bertrecipe.common.errors import DataError
 from bertrecipe.dataprep.sharding import ShardingConfig, shard_corpus, split_sentences
 from bertrecipe.dataprep.text_formatting import book_groups, book_text, format_corpus, format_tasks, wiki_articles
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
-from bertrecipe.tokenization.vocab_training import train_vocab
+from bertrecipe.dataprep.vocab_training import train_vocab
 from conftest import write_formatted
 
 REPO = Path(__file__).resolve().parents[1]
@@ -215,7 +215,7 @@ def _train_in_child(corpus: Path, out: Path, vocab_size: int, threads: str | Non
     env = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS", "RAYON_RS_NUM_CPUS")}
     if threads is not None:
         env["RAYON_NUM_THREADS"] = threads
-    code = ("import sys; from pathlib import Path; from bertrecipe.tokenization.vocab_training import train_vocab; "
+    code = ("import sys; from pathlib import Path; from bertrecipe.dataprep.vocab_training import train_vocab; "
             "train_vocab([Path(sys.argv[1])], Path(sys.argv[2]), int(sys.argv[3]), True)")
     run = subprocess.run([sys.executable, "-c", code, str(corpus), str(out), str(vocab_size)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bertrecipe.dataprep import sharding
-from bertrecipe.dataprep.errors import DataError
+from bertrecipe.common.errors import DataError
 from bertrecipe.dataprep.sharding import ShardingConfig, shard_corpus
 
 REPO = Path(__file__).resolve().parents[1]

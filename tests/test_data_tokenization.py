@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bertrecipe.dataprep.errors import DataError
+from bertrecipe.common.errors import DataError
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
 from conftest import TEST_DATA
 

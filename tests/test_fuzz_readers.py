@@ -33,7 +33,8 @@ from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, BertTokenizer, loa
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import ACTIVATIONS, BertConfig, BertModel, ConfigError
 from bertrecipe.model.weights import LoadedWeights, WeightsError, read_config, read_weights
-from bertrecipe.pretraining.data import SHARD_KEYS, inspect_shard, make_batch, read_rows
+from bertrecipe.pretraining.shard_schema import SHARD_KEYS
+from bertrecipe.pretraining.data import inspect_shard, make_batch, read_rows
 
 FAST_EXAMPLES = 50
 INTEGRATION_EXAMPLES = 1000

@@ -26,12 +26,13 @@ from bertrecipe.dataprep import engine
 from bertrecipe.dataprep import layout
 from bertrecipe.dataprep import text_formatting
 from bertrecipe.dataprep.create_pretraining_data import ShardConfig, check_paths, shard_attributes, shard_task, validate
-from bertrecipe.dataprep.errors import ArgumentParser, DataError, run_cli
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.errors import DataError
 from bertrecipe.dataprep.outputs import inside, refuse_input_as_output
 from bertrecipe.dataprep.sharding import ShardingConfig, segment_tasks, shard_corpus
 from bertrecipe.dataprep.shard_writer import is_complete
 from bertrecipe.tokenization.wordpiece import load_vocab
-from bertrecipe.tokenization.vocab_training import train_vocab, vocab_path
+from bertrecipe.dataprep.vocab_training import train_vocab, vocab_path
 
 ACTIONS = ("download", "text_formatting", "sharding", "create_hdf5_files", "create_vocab")
 TEXT_CORPORA = ("wikicorpus_en", "bookscorpus", "python_docs")

@@ -14,8 +14,8 @@ import time
 
 from bertrecipe.cli import bert_prep as bertPrep
 from bertrecipe.dataprep import layout
-from bertrecipe.dataprep.errors import ArgumentParser, run_cli
-from bertrecipe.tokenization.vocab_training import vocab_path
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.dataprep.vocab_training import vocab_path
 
 CORPUS = "python_docs"
 SHARDS = ["--n_training_shards", "2", "--n_test_shards", "1", "--fraction_test_set", "0.1"]

@@ -23,7 +23,8 @@ import argparse
 from pathlib import Path
 
 from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, check_vocab_for_model, load_vocab
-from bertrecipe.common.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.errors import InputError
 from bertrecipe.model.weights import (
     check_export_target,
     export_huggingface,

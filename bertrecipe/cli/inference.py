@@ -35,7 +35,9 @@ from bertrecipe.finetuning import squad
 from bertrecipe.finetuning import squad_answers
 from bertrecipe.finetuning import squad_options as squad_cli
 from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab, check_vocab_for_model, padded_vocab_size
-from bertrecipe.common.errors import ArgumentParser, InputError, read_text_file, run_cli
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.errors import InputError
+from bertrecipe.common.files import read_text_file
 from bertrecipe.model.bert import BertForQuestionAnswering
 from bertrecipe.deploy.onnx_export import check_vocab_fits, open_qa_session, qa_logits
 from bertrecipe.common.output_paths import refuse_input_as_output

@@ -30,7 +30,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn, Optional
 
-from bertrecipe.common.errors import InputError, fail
+from bertrecipe.common.command_line import fail
+from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable_file
 
 HOLD_LIMIT = 1 << 20  # output held before the log opens: one refusal line is far less; a working run passes it

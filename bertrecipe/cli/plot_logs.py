@@ -18,7 +18,8 @@ import argparse
 from pathlib import Path
 
 from bertrecipe.common.atomic_files import write_atomic
-from bertrecipe.common.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.errors import InputError
 from bertrecipe.training.metric_logger import read_log
 
 LOSS_KEYS = ("average_loss", "step_loss", "loss", "train_loss")

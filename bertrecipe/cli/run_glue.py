@@ -25,7 +25,8 @@ from tqdm import tqdm
 
 from bertrecipe.finetuning import loop as finetuning
 from bertrecipe.finetuning import glue
-from bertrecipe.common.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.errors import InputError
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.model.bert import BertConfig, BertForSequenceClassification
 from bertrecipe.training.optimization import LinearWarmUpScheduler, build_adamw

@@ -38,7 +38,8 @@ from bertrecipe.training.process_group import (
     shutdown,
 )
 from bertrecipe.common.atomic_files import remove_stale_temporaries
-from bertrecipe.common.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.errors import InputError
 from bertrecipe.training.metric_logger import MetricLogger, check_log_paths
 from bertrecipe.common.output_paths import check_writable_folder, refuse_input_as_output
 from bertrecipe.model.bert import BertConfig, BertForPreTraining

@@ -25,7 +25,8 @@ from bertrecipe.finetuning import loop as finetuning
 from bertrecipe.finetuning import squad
 from bertrecipe.finetuning import squad_answers
 from bertrecipe.finetuning import squad_options as squad_cli
-from bertrecipe.common.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable_folder
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.model.bert import BertForQuestionAnswering

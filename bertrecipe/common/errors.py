@@ -1,108 +1,22 @@
-"""Bad input ends an entry point with exit status 2 and one line on stderr naming the file and the problem."""
+"""The error types of bad input: what the user supplied cannot be used. The commands report them in one line
+with exit status 2 (command_line.run_cli); files.py reads user files with these errors."""
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, NoReturn, Optional
 
 
 class InputError(ValueError):
     """A file, flag or value the user supplied that cannot be used; the message names it and says why."""
 
 
-# How read_text_file words each failure, after "<path>: "; a caller may reword some for its file (same fields).
-READ_PROBLEMS = {
-    "missing": "{what} not found",
-    "directory": "{what} is a directory",
-    "not UTF-8": "{what} is not UTF-8 (byte {byte})",
-    "unreadable": "cannot read the {what} ({reason})",
-}
+class DataError(InputError):
+    """A problem with an input or output file that the user must fix (not a bug)."""
 
+    def __init__(self, path: str | Path, problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
 
-def _input_error(path: str | Path, problem: str) -> InputError:
-    return InputError(f"{path}: {problem}")
-
-
-def read_text_file(path: str | Path, what: str = "file", *, encoding: str = "utf-8", newline: Optional[str] = None,
-                   wording: Mapping[str, str] = {},
-                   error: Callable[[str | Path, str], InputError] = _input_error) -> str:
-    """The text of a user-given file; an error(path, problem) (InputError by default) naming the file (as `what`)
-    when it cannot be read. `wording` replaces some of READ_PROBLEMS (e.g. to add the fix); `newline` is open()'s
-    (None: universal newlines; "": the text as it is)."""
-    try:
-        with open(path, encoding=encoding, newline=newline) as f:
-            return f.read()
-    except FileNotFoundError:
-        kind, fields = "missing", {}
-    except IsADirectoryError:
-        kind, fields = "directory", {}
-    except UnicodeDecodeError as decode_error:
-        kind, fields = "not UTF-8", {"byte": decode_error.start}
-    except OSError as os_error:
-        kind, fields = "unreadable", {"reason": os_error.strerror}
-    problem = wording.get(kind, READ_PROBLEMS[kind]).format(what=what, **fields)
-    raise error(path, problem) from None
-
-
-# The JSON readers' wording since their first versions (the SQuAD files, predictions, na-probs).
-_JSON_WORDING = {"directory": "is a directory, not a {what}", "not UTF-8": "not UTF-8 (byte {byte})"}
-
-
-def read_json_file(path: str | Path, what: str = "JSON file", wording: Mapping[str, str] = {},
-                   newline: Optional[str] = None) -> Any:
-    """The parsed JSON of a user-given file (read as read_text_file does, `wording` rewording its problems);
-    InputError naming the file when it cannot be read or parsed."""
-    return parse_json_text(path, read_json_text(path, what, wording, newline))
-
-
-def read_json_text(path: str | Path, what: str = "JSON file", wording: Mapping[str, str] = {},
-                   newline: Optional[str] = None) -> str:
-    """The text of a JSON file, with read_json_file's wording of its problems (for a caller that parses it with
-    parse_json_text and also needs the text)."""
-    return read_text_file(path, what, wording={**_JSON_WORDING, **wording}, newline=newline)
-
-
-def parse_json_text(path: str | Path, text: str) -> Any:
-    """json.loads of a file's text; InputError naming the file when it is not JSON that Python can hold."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}: malformed JSON ({error.msg} at line {error.lineno} column {error.colno})") from None
-    except (ValueError, RecursionError) as error:  # an integer of over 4300 digits; nesting deeper than the stack
-        raise InputError(f"{path}: unusable JSON ({str(error).splitlines()[0][:100]})") from None
-
-
-def fail(message: str) -> NoReturn:
-    # One line, whatever the message held, so that scripts and users can grep it.
-    print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser whose errors (unknown flag, bad value, missing flag) are one line,
-    `error: <prog>: <problem>; see --help`, exit 2, instead of the whole usage text."""
-
-    def error(self, message: str) -> NoReturn:
-        fail(f"{self.prog}: {message}; see --help")
-
-
-def _without_worker_traceback(message: str) -> str:
-    """An error raised in a DataLoader worker reaches the main process with the worker's traceback in its
-    message; the user needs only its last line, the original message."""
-    if "Original Traceback" not in message:
-        return message
-    last = [line for line in message.splitlines() if line.strip()][-1].strip()
-    return last.split(": ", 1)[1] if last.startswith(InputError.__name__ + ": ") or ".InputError: " in last else last
-
-
-def run_cli(main: Callable[[], object]) -> NoReturn:
-    """Runs an entry point's main(): InputError becomes the one-line exit-2 report, Ctrl-C exit 130."""
-    try:
-        main()
-    except InputError as error:
-        fail(_without_worker_traceback(str(error)))
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
-    raise SystemExit(0)
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        # Picklable with both fields, so an error raised in a worker process reaches the parent intact.
+        return (DataError, (self.path, self.problem))

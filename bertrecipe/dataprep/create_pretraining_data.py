@@ -21,7 +21,8 @@ import numpy as np
 from tqdm import tqdm
 
 from bertrecipe.dataprep.documents import input_files, input_paths, read_text, tokenize_documents
-from bertrecipe.dataprep.errors import ArgumentParser, DataError, run_cli
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.errors import DataError
 from bertrecipe.dataprep.instances import (MaskingConfig, SpecialIds, instance_blocks, instance_row_shapes, pair_spans,
                             truncate_spans)
 from bertrecipe.dataprep.outputs import check_writable, refuse_input_as_output

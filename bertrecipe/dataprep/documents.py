@@ -8,10 +8,10 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from bertrecipe.common.errors import read_text_file
+from bertrecipe.common.files import read_text_file
 
 from bertrecipe.tokenization.ascii_wordpiece import non_ascii_lines
-from bertrecipe.dataprep.errors import DataError
+from bertrecipe.common.errors import DataError
 from bertrecipe.tokenization.wordpiece import BertTokenizer
 
 # Tokenize in slices of about this many characters: bounds the temporaries (a 4M-character slice peaked at

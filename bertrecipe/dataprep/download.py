@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Callable
 
 from bertrecipe.common.atomic_files import atomic_output, scratch_folder
-from bertrecipe.common.errors import read_text_file
+from bertrecipe.common.files import read_text_file
 
-from bertrecipe.dataprep.errors import DataError
+from bertrecipe.common.errors import DataError
 
 TIMEOUT = 15  # seconds without a byte: offline or a dead mirror fails fast, with the URL in the message
 CHUNK = 1 << 20

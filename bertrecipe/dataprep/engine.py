@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import pickle
 import sys
 import threading
 import time
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from bertrecipe.dataprep.errors import DataError
+from bertrecipe.common.errors import DataError
 
 ENGINES = ("local", "dask", "slurm")
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the bertrecipe folder

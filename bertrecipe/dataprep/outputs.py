@@ -8,7 +8,7 @@ from typing import Iterable
 from bertrecipe.common.output_paths import check_writable as _check_writable
 from bertrecipe.common.output_paths import inside, refuse_input_as_output as _refuse_input_as_output, same_file
 
-from bertrecipe.dataprep.errors import DataError
+from bertrecipe.common.errors import DataError
 
 __all__ = ["check_writable", "inside", "refuse_input_as_output", "same_file"]
 

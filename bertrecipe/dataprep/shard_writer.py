@@ -10,31 +10,22 @@ import numpy as np
 
 from bertrecipe.common.atomic_files import atomic_output
 
-from bertrecipe.dataprep.errors import DataError
+from bertrecipe.common.errors import DataError
+from bertrecipe.pretraining.shard_schema import FORMAT_VERSION, SHARD_ARRAYS
 
-__all__ = ["FORMAT_VERSION", "KEYS", "is_complete", "write_shard", "write_shard_blocks"]
+__all__ = ["is_complete", "write_shard", "write_shard_blocks"]
 
-FORMAT_VERSION = 1
-# Key -> (dtype, number of dimensions) of interfaces section 1.
-KEYS = {
-    "input_ids": (np.int32, 2),
-    "input_mask": (np.int8, 2),
-    "segment_ids": (np.int8, 2),
-    "masked_lm_positions": (np.int32, 2),
-    "masked_lm_ids": (np.int32, 2),
-    "next_sentence_labels": (np.int8, 1),
-}
 CHUNK_BYTES = 2**20  # compressed datasets: chunks of about this many bytes of whole rows
 _CHUNK_CACHE = 4 * CHUNK_BYTES  # per dataset: more than its largest chunk
 
 
 def write_shard(path: str | Path, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, object],
                 compression: str | None = "gzip") -> None:
-    """Write the six arrays (checked against KEYS) and attrs to path; a reader never sees a partial file."""
-    for key in KEYS:
+    """Write the six arrays (checked against SHARD_ARRAYS) and attrs to path; a reader never sees a partial file."""
+    for key in SHARD_ARRAYS:
         _check_block(key, arrays[key])  # before anything is written
     rows = len(arrays["next_sentence_labels"])
-    write_shard_blocks(path, rows, {k: arrays[k].shape[1:] for k in KEYS}, [arrays], attrs, compression)
+    write_shard_blocks(path, rows, {k: arrays[k].shape[1:] for k in SHARD_ARRAYS}, [arrays], attrs, compression)
 
 
 def write_shard_blocks(path: str | Path, rows: int, row_shapes: Mapping[str, tuple[int, ...]],
@@ -52,7 +43,7 @@ def write_shard_blocks(path: str | Path, rows: int, row_shapes: Mapping[str, tup
         with atomic_output(path, clean) as tmp, h5py.File(tmp, "w", rdcc_nbytes=_CHUNK_CACHE) as f:
             datasets = {key: f.create_dataset(key, (rows, *row_shapes[key]), dtype,
                                               **_storage((rows, *row_shapes[key]), dtype, compression))
-                        for key, (dtype, _) in KEYS.items()}
+                        for key, (dtype, _) in SHARD_ARRAYS.items()}
             _fill(datasets, rows, blocks)
             stored = f.attrs  # one manager for all: h5py makes a new one at every `f.attrs`
             for name, value in attrs.items():
@@ -64,7 +55,7 @@ def write_shard_blocks(path: str | Path, rows: int, row_shapes: Mapping[str, tup
 
 
 def _fill(datasets: Mapping[str, h5py.Dataset], rows: int, blocks: Iterable[Mapping[str, np.ndarray]]) -> None:
-    """Write the blocks' rows one after the other; each block is checked against KEYS and the datasets."""
+    """Write the blocks' rows one after the other; each block is checked against SHARD_ARRAYS and the datasets."""
     done = 0
     for block in blocks:
         size = len(block["next_sentence_labels"])
@@ -89,7 +80,7 @@ def _write_rows(dataset: h5py.Dataset, first: int, array: np.ndarray) -> None:
 
 
 def _check_block(key: str, array: np.ndarray) -> np.ndarray:
-    dtype, ndim = KEYS[key]
+    dtype, ndim = SHARD_ARRAYS[key]
     if array.dtype != dtype or array.ndim != ndim:
         raise ValueError(f"{key}: expected {np.dtype(dtype).name} with {ndim} dims, got {array.dtype} {array.shape}")
     return array
@@ -114,7 +105,7 @@ def is_complete(path: str | Path, attrs: Mapping[str, object]) -> bool:
     """True when path is a readable shard with all six keys and the same attributes (skip-if-complete)."""
     try:
         with h5py.File(path, "r") as f:
-            if set(f.keys()) != set(KEYS):
+            if set(f.keys()) != set(SHARD_ARRAYS):
                 return False
             return all(k in f.attrs and _same(f.attrs[k], v) for k, v in attrs.items())
     except (OSError, KeyError):

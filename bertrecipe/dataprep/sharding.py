@@ -38,7 +38,7 @@ import numpy as np
 from bertrecipe.common.atomic_files import make_dirs, remove_empty_dirs, remove_stale_temporaries_of, scratch_folder
 
 from bertrecipe.dataprep.engine import Runner, in_order
-from bertrecipe.dataprep.errors import DataError
+from bertrecipe.common.errors import DataError
 from bertrecipe.dataprep.layout import SPLITS
 from bertrecipe.dataprep.outputs import refuse_input_as_output
 

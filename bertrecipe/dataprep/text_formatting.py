@@ -29,10 +29,10 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Sequence, TextIO
 from wikiextractor.extract import Extractor
 
 from bertrecipe.common.atomic_files import atomic_output, scratch_folder
-from bertrecipe.common.errors import read_text_file
+from bertrecipe.common.files import read_text_file
 
 from bertrecipe.dataprep.engine import Runner, in_order
-from bertrecipe.dataprep.errors import DataError
+from bertrecipe.common.errors import DataError
 
 BOOKS_PER_TASK = 256  # books formatted by one task: enough work to amortise a Dask round trip
 

@@ -14,7 +14,8 @@ import json
 from typing import NoReturn, Optional, Sequence
 
 from bertrecipe.finetuning import squad_options as squad_cli
-from bertrecipe.common.errors import ArgumentParser, read_text_file, run_cli
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.files import read_text_file
 from bertrecipe.finetuning.loop import add_allow_vocab_mismatch, load_tokenizer
 from bertrecipe.finetuning.question_answering import answer_about_context, check_question
 from bertrecipe.deploy.serving import TritonQA, add_server_arguments

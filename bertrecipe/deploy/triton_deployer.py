@@ -30,7 +30,8 @@ from tritonclient.grpc import model_config_pb2
 from bertrecipe.finetuning import loop as finetuning
 from bertrecipe.finetuning import squad_options as squad_cli
 from bertrecipe.common.atomic_files import write_atomic
-from bertrecipe.common.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import BertForQuestionAnswering, BertForSequenceClassification
 from bertrecipe.deploy.onnx_export import TritonSignature, export_onnx, output_names
 from bertrecipe.common.output_paths import inside

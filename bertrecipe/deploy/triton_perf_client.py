@@ -20,7 +20,8 @@ from typing import Callable, NoReturn, Optional, Sequence
 import numpy as np
 
 from bertrecipe.finetuning import squad
-from bertrecipe.common.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning.loop import add_allow_vocab_mismatch, load_tokenizer
 from bertrecipe.deploy.serving import TritonQA, add_server_arguments, check_server, sample_inputs
 

@@ -24,7 +24,8 @@ from typing import Callable, NoReturn, Optional, Sequence
 
 import numpy as np
 
-from bertrecipe.common.errors import ArgumentParser, InputError, run_cli
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.errors import InputError
 from bertrecipe.deploy.serving import INPUTS, runner_for
 
 

@@ -28,7 +28,8 @@ import numpy as np
 
 from bertrecipe.common.atomic_files import write_atomic
 from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab
-from bertrecipe.common.errors import InputError, parse_json_text, read_json_text
+from bertrecipe.common.errors import InputError
+from bertrecipe.common.files import parse_json_text, read_json_text
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any, NoReturn, Optional, Sequence
 
 from bertrecipe.common.atomic_files import write_atomic
-from bertrecipe.common.errors import ArgumentParser, InputError, read_json_file, run_cli
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.errors import InputError
+from bertrecipe.common.files import read_json_file
 from bertrecipe.common.output_paths import check_writable, refuse_input_as_output
 from bertrecipe.finetuning.squad import is_squad_v2, load_squad_json
 

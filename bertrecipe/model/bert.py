@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from bertrecipe.common.errors import InputError, read_text_file
+from bertrecipe.common.errors import InputError
+from bertrecipe.common.files import read_text_file
 from bertrecipe.model.fast_dropout import Dropout, dropout
 
 VOCAB_PAD_MULTIPLE = 8  # tensor cores and AMX tiles want matrix sides that are multiples of 8

@@ -20,11 +20,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from bertrecipe.pretraining import masking
 from bertrecipe.pretraining import sample_order
-from bertrecipe.dataprep.shard_writer import KEYS as SHARD_SCHEMA
+from bertrecipe.pretraining.shard_schema import SHARD_KEYS
 from bertrecipe.common.errors import InputError
 from bertrecipe.pretraining.hdf5_chunks import ChunkLayout, RowSource
 
-SHARD_KEYS = tuple(SHARD_SCHEMA)  # the six arrays of a shard (docs/interfaces.md, section 1)
 BATCH_KEYS = ("input_ids", "segment_ids", "input_mask", "masked_lm_labels", "next_sentence_labels")
 DEFAULT_BLOCK_ROWS = 256  # for unchunked (uncompressed) shards, where any row range reads only itself
 OPEN_FILES_PER_READER = 4

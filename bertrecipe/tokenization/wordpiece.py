@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from bertrecipe.tokenization.basic_tokenizer import clean_text
 from bertrecipe.tokenization.ascii_wordpiece import AsciiWordPiece, non_ascii_lines, spread
-from bertrecipe.dataprep.errors import DataError
+from bertrecipe.common.errors import DataError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # Google's WordpieceTokenizer(max_input_chars_per_word=200): a longer word becomes [UNK], a shorter one is split.

@@ -1,0 +1,72 @@
+"""Reading user-given text and JSON files: an InputError naming the file and the problem, never a traceback."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+from bertrecipe.common.errors import InputError
+
+
+# How read_text_file words each failure, after "<path>: "; a caller may reword some for its file (same fields).
+READ_PROBLEMS = {
+    "missing": "{what} not found",
+    "directory": "{what} is a directory",
+    "not UTF-8": "{what} is not UTF-8 (byte {byte})",
+    "unreadable": "cannot read the {what} ({reason})",
+}
+
+
+def _input_error(path: str | Path, problem: str) -> InputError:
+    return InputError(f"{path}: {problem}")
+
+
+def read_text_file(path: str | Path, what: str = "file", *, encoding: str = "utf-8", newline: Optional[str] = None,
+                   wording: Mapping[str, str] = {},
+                   error: Callable[[str | Path, str], InputError] = _input_error) -> str:
+    """The text of a user-given file; an error(path, problem) (InputError by default) naming the file (as `what`)
+    when it cannot be read. `wording` replaces some of READ_PROBLEMS (e.g. to add the fix); `newline` is open()'s
+    (None: universal newlines; "": the text as it is)."""
+    try:
+        with open(path, encoding=encoding, newline=newline) as f:
+            return f.read()
+    except FileNotFoundError:
+        kind, fields = "missing", {}
+    except IsADirectoryError:
+        kind, fields = "directory", {}
+    except UnicodeDecodeError as decode_error:
+        kind, fields = "not UTF-8", {"byte": decode_error.start}
+    except OSError as os_error:
+        kind, fields = "unreadable", {"reason": os_error.strerror}
+    problem = wording.get(kind, READ_PROBLEMS[kind]).format(what=what, **fields)
+    raise error(path, problem) from None
+
+
+# The JSON readers' wording since their first versions (the SQuAD files, predictions, na-probs).
+_JSON_WORDING = {"directory": "is a directory, not a {what}", "not UTF-8": "not UTF-8 (byte {byte})"}
+
+
+def read_json_file(path: str | Path, what: str = "JSON file", wording: Mapping[str, str] = {},
+                   newline: Optional[str] = None) -> Any:
+    """The parsed JSON of a user-given file (read as read_text_file does, `wording` rewording its problems);
+    InputError naming the file when it cannot be read or parsed."""
+    return parse_json_text(path, read_json_text(path, what, wording, newline))
+
+
+def read_json_text(path: str | Path, what: str = "JSON file", wording: Mapping[str, str] = {},
+                   newline: Optional[str] = None) -> str:
+    """The text of a JSON file, with read_json_file's wording of its problems (for a caller that parses it with
+    parse_json_text and also needs the text)."""
+    return read_text_file(path, what, wording={**_JSON_WORDING, **wording}, newline=newline)
+
+
+def parse_json_text(path: str | Path, text: str) -> Any:
+    """json.loads of a file's text; InputError naming the file when it is not JSON that Python can hold."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}: malformed JSON ({error.msg} at line {error.lineno} column {error.colno})") from None
+    except (ValueError, RecursionError) as error:  # an integer of over 4300 digits; nesting deeper than the stack
+        raise InputError(f"{path}: unusable JSON ({str(error).splitlines()[0][:100]})") from None
+
+

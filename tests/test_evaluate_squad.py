@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bertrecipe.cli import evaluate_squad
 from bertrecipe.finetuning import squad_metrics as ev
 from conftest import TEST_DATA
 from bertrecipe.common.errors import InputError
@@ -528,7 +529,7 @@ def test_failed_out_file_write_keeps_the_old_file_and_leaves_no_temporary(tmp_pa
 
     monkeypatch.setattr(os, "replace", full_disk)  # wherever the write happens (atomic_files)
     with pytest.raises(InputError, match=f"{out}: cannot write the scores .No space left on device."):
-        ev.main([str(data), str(pred), "--out-file", str(out)])
+        evaluate_squad.main([str(data), str(pred), "--out-file", str(out)])
     assert out.read_text() == "old scores" and sorted(p.name for p in tmp_path.iterdir()) == before
 
 

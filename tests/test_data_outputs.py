@@ -12,8 +12,8 @@ import pytest
 
 from bertrecipe.cli import bert_prep as bertPrep
 from bertrecipe.cli import build_default_corpus
+from bertrecipe.cli import create_pretraining_data as cpd
 from bertrecipe.dataprep import layout
-from bertrecipe.dataprep import create_pretraining_data as cpd
 from bertrecipe.common.command_line import run_cli
 from bertrecipe.common.errors import DataError
 from bertrecipe.dataprep.sharding import ShardingConfig, shard_corpus

@@ -44,7 +44,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 def real_windows(squad_file: Path, vocab_file: Path, seq: int) -> Batch:
     """Every training window of a SQuAD file (ids, segments, mask, start, end), as run_squad.py makes them."""
     from bertrecipe.finetuning import squad
-    from bertrecipe.finetuning.loop import load_tokenizer
+    from bertrecipe.finetuning.model_loading import load_tokenizer
 
     for path in (squad_file, vocab_file):
         if not path.is_file():

@@ -36,7 +36,7 @@ def save_model(folder: Path) -> None:
     """A seeded random BertForQuestionAnswering as run_squad.py saves one (pytorch_model.bin, bert_config.json)."""
     import torch
 
-    from bertrecipe.finetuning.loop import save_finetuned
+    from bertrecipe.finetuning.staged_outputs import save_finetuned
     from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
 
     vocab_size = sum(1 for _ in VOCAB.open(encoding="utf-8"))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bertrecipe.cli import run_glue
+from bertrecipe.finetuning import staged_outputs
 from conftest import REPO_ROOT, TEST_DATA
 from bertrecipe.common.errors import InputError
 from bertrecipe.training.metric_logger import read_log
@@ -342,11 +343,9 @@ def test_rerun_replaces_model_predictions_and_results_together(rerun):
 
 
 def test_a_crash_between_renames_leaves_no_old_results_beside_a_new_model(tmp_path, monkeypatch):
-    from bertrecipe.finetuning import loop as finetuning
-
     (tmp_path / "pytorch_model.bin").write_text("old model")
     (tmp_path / "results.json").write_text("old results")
-    stage = finetuning.StagedOutputs(tmp_path, run_glue.OUTPUTS)
+    stage = staged_outputs.StagedOutputs(tmp_path, run_glue.OUTPUTS)
     stage.write_text("pytorch_model.bin", "new model")
     stage.write_text("results.json", "new results")
     real_replace = os.replace
@@ -356,7 +355,7 @@ def test_a_crash_between_renames_leaves_no_old_results_beside_a_new_model(tmp_pa
             raise KeyboardInterrupt  # stands for a kill between two renames
         real_replace(source, target)
 
-    monkeypatch.setattr(finetuning.os, "replace", crash_before_results)
+    monkeypatch.setattr(staged_outputs.os, "replace", crash_before_results)
     with pytest.raises(KeyboardInterrupt):
         stage.commit()
     assert (tmp_path / "pytorch_model.bin").read_text() == "new model"
@@ -486,14 +485,14 @@ def test_a_second_run_into_a_locked_output_dir_is_refused_and_changes_nothing(re
 
 def test_a_full_disk_while_writing_the_outputs_is_one_line_and_replaces_nothing(rerun, monkeypatch):
     root, before = rerun
-    real = run_glue.finetuning.write_temporary
+    real = staged_outputs.write_temporary
 
     def disk_full_at_results(path, write):
         if path.name == "results.json":
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(path, write)
 
-    monkeypatch.setattr(run_glue.finetuning, "write_temporary", disk_full_at_results)
+    monkeypatch.setattr(staged_outputs, "write_temporary", disk_full_at_results)
     with pytest.raises(InputError, match=r"results.json: cannot write it \(No space left on device\); nothing in "):
         run_glue.main(tiny_args(root, "--do_train", "--do_eval", "--seed", "7", "--json-summary", ""))
     assert snapshot(root) == before  # the old model and results, no temporary left

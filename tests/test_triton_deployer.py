@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from bertrecipe.finetuning import squad
-from bertrecipe.finetuning.loop import load_tokenizer, save_finetuned
+from bertrecipe.finetuning.model_loading import load_tokenizer
+from bertrecipe.finetuning.staged_outputs import save_finetuned
 from bertrecipe.cli import inference
 from bertrecipe.common.errors import InputError
 from bertrecipe.cli.inference import load_qa_model

@@ -18,7 +18,7 @@ from bertrecipe.cli import run_glue
 from bertrecipe.cli import run_squad
 from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, check_vocab_for_model, load_vocab, vocab_casing
 from bertrecipe.common.errors import InputError
-from bertrecipe.finetuning.loop import save_finetuned
+from bertrecipe.finetuning.staged_outputs import save_finetuned
 from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
 from conftest import REPO_ROOT, VOCAB_EXCERPT
 from test_run_glue import WORDS, snapshot, tiny_args, tiny_sst2

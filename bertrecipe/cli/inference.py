@@ -30,7 +30,8 @@ from typing import Any, Iterator, NoReturn, Optional, Sequence
 import numpy as np
 import torch
 
-from bertrecipe.finetuning import loop as finetuning
+from bertrecipe.cli import finetuning_flags
+from bertrecipe.finetuning import model_loading
 from bertrecipe.finetuning import squad
 from bertrecipe.finetuning import squad_answers
 from bertrecipe.finetuning import squad_options as squad_cli
@@ -41,6 +42,7 @@ from bertrecipe.common.files import read_text_file
 from bertrecipe.model.bert import BertForQuestionAnswering
 from bertrecipe.deploy.onnx_export import check_vocab_fits, open_qa_session, qa_logits
 from bertrecipe.common.output_paths import refuse_input_as_output
+from bertrecipe.finetuning.timed_inference import timed_inference
 from bertrecipe.finetuning.question_answering import LogitsFunction, answer_about_context, check_question
 from bertrecipe.training.stepper import make_precision
 
@@ -80,7 +82,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
     squad_cli.add_window_arguments(p)
     squad_cli.add_answer_arguments(p)
     p.add_argument("--do_lower_case", action="store_true", help="for uncased models")
-    finetuning.add_allow_vocab_mismatch(p)
+    finetuning_flags.add_allow_vocab_mismatch(p)
     p.add_argument("--fp16", "--amp", dest="fp16", action="store_true", help="fp16 autocast (CUDA)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU or CUDA)")
     p.add_argument("--predict_batch_size", type=int, default=8, help="windows per forward pass")
@@ -119,15 +121,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
 def refuse_output_onto_inputs(args: argparse.Namespace) -> None:
     """The answers go to the standard output: refused (InputError) when the shell sends it into one of the inputs
     (`> context.txt` has emptied the file already, `>> context.txt` would append to it)."""
-    inputs = [*finetuning.model_inputs(args), ("--onnx_model", args.onnx_model), ("--context_file", args.context_file)]
+    inputs = [*finetuning_flags.model_inputs(args), ("--onnx_model", args.onnx_model), ("--context_file", args.context_file)]
     refuse_input_as_output("/dev/stdout", "the standard output", inputs,
                            fix="send the output (>) to another file")
 
 
 def load_tokenizer(vocab_file: Path, do_lower_case: bool, allow_vocab_mismatch: bool = False) -> BertTokenizer:
     """The WordPiece tokenizer of a vocab.txt; a bad vocab file, or one whose casing do_lower_case contradicts, is an
-    InputError (finetuning.load_tokenizer)."""
-    return finetuning.load_tokenizer(vocab_file, do_lower_case, allow_vocab_mismatch)
+    InputError (model_loading.load_tokenizer)."""
+    return model_loading.load_tokenizer(vocab_file, do_lower_case, allow_vocab_mismatch)
 
 
 def load_qa_model(
@@ -137,8 +139,8 @@ def load_qa_model(
     """A BertForQuestionAnswering with the checkpoint's weights, in eval mode (run_squad's loading: the config
     comes from config_file or the checkpoint and must fit the vocab and the sequence length). A checkpoint
     without a QA head (e.g. a pre-trained one) loads with a warning: its answers are then meaningless."""
-    config, weights = finetuning.model_config(str(config_file) if config_file else None, str(init_checkpoint))
-    model = finetuning.build_model(BertForQuestionAnswering, config, weights, str(init_checkpoint), vocab,
+    config, weights = model_loading.model_config(str(config_file) if config_file else None, str(init_checkpoint))
+    model = model_loading.build_model(BertForQuestionAnswering, config, weights, str(init_checkpoint), vocab,
                                    max_seq_length, allow_vocab_mismatch)
     if weights is not None and not any(name.startswith("qa_outputs.") for name in weights.state_dict):
         print(f"warning: {init_checkpoint} has no QA head (qa_outputs); answers come from an untrained head",
@@ -153,7 +155,7 @@ def predict_logits(
     device = next(model.parameters()).device
     arrays = {"input_ids": features.input_ids, "segment_ids": features.segment_ids,
               "input_mask": features.input_mask}
-    (start, end), _ = finetuning.timed_inference(
+    (start, end), _ = timed_inference(
         model, arrays, batch_size, make_precision(device, precision == "fp16", precision == "bf16"),
         lambda m, b: m(b["input_ids"], b["segment_ids"], b["input_mask"])[1:])
     return start, end

@@ -23,7 +23,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bertrecipe.finetuning import loop as finetuning
+from bertrecipe.cli import finetuning_flags
+from bertrecipe.finetuning import loop
+from bertrecipe.finetuning.model_loading import build_model, load_tokenizer, model_config
+from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
+from bertrecipe.finetuning.timed_inference import latency_summary, timed_inference
 from bertrecipe.finetuning import glue
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
@@ -34,7 +38,7 @@ from bertrecipe.training.process_group import DistributedContext, barrier, init_
 from bertrecipe.training.stepper import Precision, make_precision, seed_everything, wrap_ddp
 
 MODES = ("train", "eval", "prediction")
-OUTPUTS = (*finetuning.MODEL_FILES, "results.json", "eval_predictions.tsv", "eval_mismatched_predictions.tsv",
+OUTPUTS = (*MODEL_FILES, "results.json", "eval_predictions.tsv", "eval_mismatched_predictions.tsv",
            "test_predictions.tsv")
 
 
@@ -42,7 +46,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task_name", required=True, help=", ".join(glue.TASKS))
     p.add_argument("--data_dir", required=True, help="the task's folder of train.tsv, dev.tsv, test.tsv")
-    finetuning.add_common_arguments(p, batch_size=32, learning_rate=5e-5, epochs=3.0, warmup=0.1)
+    finetuning_flags.add_common_arguments(p, batch_size=32, learning_rate=5e-5, epochs=3.0, warmup=0.1)
     p.add_argument("--do_eval", action="store_true", help="metrics on the dev set")
     p.add_argument("--do_predict", action="store_true", help="predictions for the test set")
     p.add_argument("--mode", help='NVIDIA run_glue.sh spelling: "train", "eval", "prediction" or a combination')
@@ -62,8 +66,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if not (args.do_train or args.init_checkpoint):
         raise InputError("evaluation without training needs --init_checkpoint (a fine-tuned model)")
     task = glue.get_task(args.task_name)
-    finetuning.check_common_arguments(args)
-    finetuning.check_positive(args, "eval_batch_size")
+    finetuning_flags.check_common_arguments(args)
+    finetuning_flags.check_positive(args, "eval_batch_size")
     if args.max_seq_length < glue.min_seq_length(task):
         raise InputError(f"--max_seq_length {args.max_seq_length} is too small for {task.name}: it needs at least "
                          f"{glue.min_seq_length(task)} ([CLS], [SEP] and one token of each sentence)")
@@ -77,15 +81,15 @@ def check_output_paths(args: argparse.Namespace, task: glue.GlueTask) -> None:
     """None of the files this run writes (model, predictions, results, log) may be one of its inputs: the task's
     folder and files, the model's files."""
     tasks = [task, glue.get_task("mnli-mm")] if task.name == "mnli" else [task]
-    inputs = [*finetuning.model_inputs(args), ("--data_dir", args.data_dir),
+    inputs = [*finetuning_flags.model_inputs(args), ("--data_dir", args.data_dir),
               *((f"the {split} file of --data_dir", glue.split_file(t, args.data_dir, split))
                 for t in tasks for split in glue.SPLITS)]
-    files = [*(finetuning.MODEL_FILES if args.do_train else ()),
+    files = [*(MODEL_FILES if args.do_train else ()),
              *(("results.json",) if args.do_eval or args.do_predict else ()),
              *(("eval_predictions.tsv",) if args.do_eval else ()),
              *(("eval_mismatched_predictions.tsv",) if args.do_eval and task.name == "mnli" else ()),
              *(("test_predictions.tsv",) if args.do_predict else ())]
-    finetuning.check_output_paths(args, inputs, files)
+    finetuning_flags.check_output_paths(args, inputs, files)
 
 
 def read_split(task: glue.GlueTask, args: argparse.Namespace, tokenizer: Any, split: str) -> glue.GlueFeatures:
@@ -168,16 +172,16 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
     process)."""
     state = prepare(args, ctx)
     # The lock is the run's first write into --output_dir: one run there at a time (run_lock.py).
-    with finetuning.locked_output_dir(args, ctx):
+    with finetuning_flags.locked_output_dir(args, ctx):
         log = open_log(args, ctx, state.bar)
         results: dict[str, Any] = {"task": state.task.name}
         # The model, the predictions and results.json are staged and renamed into place together at the end, so
-        # that a failure on the way leaves the previous run's files as they were (finetuning.StagedOutputs).
-        with finetuning.StagedOutputs(args.output_dir, OUTPUTS) as stage:
+        # that a failure on the way leaves the previous run's files as they were (StagedOutputs).
+        with StagedOutputs(args.output_dir, OUTPUTS) as stage:
             if args.do_train:
                 results.update(train(state, log))
                 if ctx.is_main:
-                    finetuning.stage_finetuned(stage, state.model, state.config)
+                    stage_finetuned(stage, state.model, state.config)
                 barrier(ctx)
             if ctx.is_main and (args.do_eval or args.do_predict):
                 results.update(evaluate(state, stage))
@@ -196,13 +200,13 @@ def prepare(args: argparse.Namespace, ctx: DistributedContext) -> GlueRun:
     even the log."""
     task = glue.get_task(args.task_name)
     precision = make_precision(ctx.device, args.fp16, args.bf16)
-    tokenizer = finetuning.load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
-    config, weights = finetuning.model_config(args.config_file, args.init_checkpoint)
+    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
+    config, weights = model_config(args.config_file, args.init_checkpoint)
     splits = read_splits(task, args, tokenizer)
     seed_everything(args.seed)  # the same new classifier on every process
-    model = finetuning.build_model(lambda c: BertForSequenceClassification(c, task.num_labels), config, weights,
-                                   args.init_checkpoint, tokenizer.vocab, args.max_seq_length,
-                                   args.allow_vocab_mismatch).to(ctx.device)
+    model = build_model(lambda c: BertForSequenceClassification(c, task.num_labels), config, weights,
+                        args.init_checkpoint, tokenizer.vocab, args.max_seq_length,
+                        args.allow_vocab_mismatch).to(ctx.device)
     torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
     bar = ctx.is_main and not args.disable_progress_bar
     return GlueRun(args, ctx, task, precision, bar, config, model, splits)
@@ -221,25 +225,25 @@ def open_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> Me
 
 def train(state: GlueRun, log: MetricLogger) -> dict[str, Any]:
     args, ctx, features = state.args, state.ctx, state.splits["train"]
-    settings = finetuning.LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
-                                       args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps,
-                                       args.seed, args.log_freq, state.bar, args.num_workers, trim_padding=True)
-    total_steps = finetuning.planned_steps(len(features), settings, ctx)
+    settings = loop.LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
+                                 args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps,
+                                 args.seed, args.log_freq, state.bar, args.num_workers, trim_padding=True)
+    total_steps = loop.planned_steps(len(features), settings, ctx)
     optimizer = build_adamw(state.model, args.learning_rate)
     scheduler = LinearWarmUpScheduler(optimizer, args.warmup_proportion, total_steps)
-    results = finetuning.train_loop(wrap_ddp(state.model, ctx), optimizer, scheduler, state.precision,
-                                    feature_arrays(features), classification_loss, settings, total_steps, ctx, log)
+    results = loop.train_loop(wrap_ddp(state.model, ctx), optimizer, scheduler, state.precision,
+                              feature_arrays(features), classification_loss, settings, total_steps, ctx, log)
     return {**results, "train_examples": len(features), "train_steps": total_steps}
 
 
-def evaluate(state: GlueRun, stage: finetuning.StagedOutputs) -> dict[str, Any]:
+def evaluate(state: GlueRun, stage: StagedOutputs) -> dict[str, Any]:
     """Dev metrics and test predictions (staged); returns their results.json entries."""
     results: dict[str, Any] = {}
     if state.args.do_eval:
         dev = state.splits["dev"]
         scores, latencies = score_dev(state, stage, state.task, dev, "eval", "eval_predictions.tsv")
         results.update(scores)
-        results.update(finetuning.latency_summary(latencies, len(dev)))
+        results.update(latency_summary(latencies, len(dev)))
         if "dev_mm" in state.splits:
             scores, _ = score_dev(state, stage, glue.get_task("mnli-mm"), state.splits["dev_mm"], "eval_mm",
                                   "eval_mismatched_predictions.tsv")
@@ -249,7 +253,7 @@ def evaluate(state: GlueRun, stage: finetuning.StagedOutputs) -> dict[str, Any]:
     return results
 
 
-def score_dev(state: GlueRun, stage: finetuning.StagedOutputs, task: glue.GlueTask, features: glue.GlueFeatures,
+def score_dev(state: GlueRun, stage: StagedOutputs, task: glue.GlueTask, features: glue.GlueFeatures,
               prefix: str, file_name: str) -> tuple[dict[str, Any], list[float]]:
     """The metrics of one dev set as `<prefix>_<metric>` and `<prefix>_examples`, its predictions staged as
     file_name; also the batches' latencies."""
@@ -260,12 +264,12 @@ def score_dev(state: GlueRun, stage: finetuning.StagedOutputs, task: glue.GlueTa
     return scores, latencies
 
 
-def predict_test(state: GlueRun, stage: finetuning.StagedOutputs) -> dict[str, Any]:
+def predict_test(state: GlueRun, stage: StagedOutputs) -> dict[str, Any]:
     """Test predictions (staged as test_predictions.tsv) and the timings of that pass."""
     test = state.splits["test"]
     preds, latencies = predict_split(state, state.task, test)
     stage.write_text("test_predictions.tsv", predictions_text(state.task, preds, None))
-    timing = finetuning.latency_summary(latencies, len(test))
+    timing = latency_summary(latencies, len(test))
     # The unprefixed keys belong to the dev pass when there is one; the test pass always keeps its own
     # prediction_* copy, so that running both never drops the prediction latency.
     results: dict[str, Any] = {} if state.args.do_eval else dict(timing)
@@ -276,8 +280,8 @@ def predict_test(state: GlueRun, stage: finetuning.StagedOutputs) -> dict[str, A
 
 def predict_split(state: GlueRun, task: glue.GlueTask,
                   features: glue.GlueFeatures) -> tuple[np.ndarray, list[float]]:
-    (logits,), latencies = finetuning.timed_inference(state.model, feature_arrays(features), state.args.eval_batch_size,
-                                                      state.precision, classification_logits, state.bar, trim=True)
+    (logits,), latencies = timed_inference(state.model, feature_arrays(features), state.args.eval_batch_size,
+                                           state.precision, classification_logits, state.bar, trim=True)
     return predictions_of(task, logits), latencies
 
 

@@ -21,7 +21,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bertrecipe.finetuning import loop as finetuning
+from bertrecipe.cli import finetuning_flags
+from bertrecipe.finetuning import loop
+from bertrecipe.finetuning.model_loading import build_model, load_tokenizer, model_config
+from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
+from bertrecipe.finetuning.timed_inference import latency_summary, timed_inference
 from bertrecipe.finetuning import squad
 from bertrecipe.finetuning import squad_answers
 from bertrecipe.finetuning import squad_options as squad_cli
@@ -35,12 +39,12 @@ from bertrecipe.training.process_group import DistributedContext, barrier, init_
 from bertrecipe.finetuning.squad_options import evaluate, features_for
 from bertrecipe.training.stepper import Precision, make_precision, seed_everything, wrap_ddp
 
-OUTPUTS = (*finetuning.MODEL_FILES, "predictions.json", "nbest_predictions.json", "null_odds.json")
+OUTPUTS = (*MODEL_FILES, "predictions.json", "nbest_predictions.json", "null_odds.json")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    finetuning.add_common_arguments(p, batch_size=32, learning_rate=5e-5, epochs=3.0, warmup=0.1)
+    finetuning_flags.add_common_arguments(p, batch_size=32, learning_rate=5e-5, epochs=3.0, warmup=0.1)
     p.add_argument("--train_file", help="SQuAD JSON for training, e.g. train-v1.1.json")
     p.add_argument("--predict_file", help="SQuAD JSON to predict (and evaluate), e.g. dev-v1.1.json")
     p.add_argument("--do_predict", action="store_true")
@@ -62,8 +66,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         raise InputError("--do_predict without --do_train needs --init_checkpoint (a fine-tuned model)")
     if args.doc_stride < 1 or args.max_query_length < 1:
         raise InputError("--doc_stride and --max_query_length must be positive")
-    finetuning.check_common_arguments(args)
-    finetuning.check_positive(args, "predict_batch_size", "n_best_size", "max_answer_length")
+    finetuning_flags.check_common_arguments(args)
+    finetuning_flags.check_positive(args, "predict_batch_size", "n_best_size", "max_answer_length")
     if args.max_seq_length < args.max_query_length + 4:
         raise InputError(f"--max_seq_length {args.max_seq_length} leaves no room for the document after a "
                          f"--max_query_length {args.max_query_length} question, [CLS] and two [SEP]: it needs at "
@@ -79,15 +83,15 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def check_output_paths(args: argparse.Namespace) -> None:
     """None of the files this run writes (model, predictions, log) may be one of its inputs: the SQuAD files,
     the model's files, the evaluation script, the predictions that --do_eval alone scores."""
-    inputs = [*finetuning.model_inputs(args), ("--eval_script", args.eval_script),
+    inputs = [*finetuning_flags.model_inputs(args), ("--eval_script", args.eval_script),
               ("--train_file", args.train_file if args.do_train else None),
               ("--predict_file", args.predict_file if args.do_predict or args.do_eval else None)]
     if args.do_eval and not args.do_predict:
         inputs.append(("the predictions to score", Path(args.output_dir) / "predictions.json"))
-    files = [*(finetuning.MODEL_FILES if args.do_train else ()),
+    files = [*(MODEL_FILES if args.do_train else ()),
              *(("predictions.json", "nbest_predictions.json") if args.do_predict else ()),
              *(("null_odds.json",) if args.do_predict and args.version_2_with_negative else ())]
-    finetuning.check_output_paths(args, inputs, files)
+    finetuning_flags.check_output_paths(args, inputs, files)
 
 
 def check_scorable(predict_file: str) -> None:
@@ -128,18 +132,18 @@ def qa_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[t
 
 def predict(args: argparse.Namespace, model: torch.nn.Module, tokenizer: Any, precision: Precision,
             progress_bar: bool, examples: list[squad.SquadExample], features: squad.SquadFeatures,
-            stage: finetuning.StagedOutputs) -> tuple[dict[str, Any], dict[str, Path]]:
+            stage: StagedOutputs) -> tuple[dict[str, Any], dict[str, Path]]:
     """Stages predictions.json, nbest_predictions.json (and null_odds.json for v2.0) for the features of
     --predict_file; returns the inference timings and the staged files by name."""
-    (start, end), latencies = finetuning.timed_inference(model, qa_arrays(features, False), args.predict_batch_size,
-                                                         precision, qa_logits, progress_bar)
+    (start, end), latencies = timed_inference(model, qa_arrays(features, False), args.predict_batch_size, precision,
+                                              qa_logits, progress_bar)
     predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab,
                                                 squad_cli.answer_settings(args))
     files = {"predictions.json": predictions.answers, "nbest_predictions.json": predictions.nbest}
     if args.version_2_with_negative:
         files["null_odds.json"] = predictions.null_odds
     staged = {name: stage.write_json(name, obj, indent=4) for name, obj in files.items()}  # squad_answers' layout
-    return {**finetuning.latency_summary(latencies, len(features)), "predict_features": len(features)}, staged
+    return {**latency_summary(latencies, len(features)), "predict_features": len(features)}, staged
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -169,11 +173,10 @@ def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: An
     from the cache the first one writes)."""
     inputs: dict[str, Any] = {"model": None, "config": None, "train": None, "predict": None}
     if args.do_train or args.do_predict:
-        config, weights = finetuning.model_config(args.config_file, args.init_checkpoint)
+        config, weights = model_config(args.config_file, args.init_checkpoint)
         seed_everything(args.seed)  # the same new QA head on every process
-        inputs["model"] = finetuning.build_model(BertForQuestionAnswering, config, weights, args.init_checkpoint,
-                                                 tokenizer.vocab, args.max_seq_length,
-                                                 args.allow_vocab_mismatch).to(ctx.device)
+        inputs["model"] = build_model(BertForQuestionAnswering, config, weights, args.init_checkpoint,
+                                      tokenizer.vocab, args.max_seq_length, args.allow_vocab_mismatch).to(ctx.device)
         inputs["config"] = config
         torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
     if not ctx.is_main:
@@ -194,24 +197,24 @@ def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: An
 def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
     precision = make_precision(ctx.device, args.fp16, args.bf16)
     bar = ctx.is_main and not args.disable_progress_bar
-    tokenizer = finetuning.load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
+    tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
     cache_writes: list[Callable[[], None]] = []
     inputs = read_inputs(args, ctx, tokenizer, cache_writes)
     # Nothing was written before this point: a refused run leaves no log, cache or output folder behind.
     # The lock is the run's first write into --output_dir: one run there at a time (run_lock.py).
-    with finetuning.locked_output_dir(args, ctx):
+    with finetuning_flags.locked_output_dir(args, ctx):
         log = open_log(args, ctx, bar)
         for write in cache_writes:
             write()
         results: dict[str, Any] = {}
         model = inputs["model"]
         # The model and the predictions are staged and renamed into place together at the end, so that a failure
-        # on the way leaves the previous run's files as they were (finetuning.StagedOutputs).
-        with finetuning.StagedOutputs(args.output_dir, OUTPUTS) as stage:
+        # on the way leaves the previous run's files as they were (StagedOutputs).
+        with StagedOutputs(args.output_dir, OUTPUTS) as stage:
             if args.do_train:
                 results.update(train(args, ctx, model, tokenizer, inputs["train"], precision, bar, log))
                 if ctx.is_main:
-                    finetuning.stage_finetuned(stage, model, inputs["config"])
+                    stage_finetuned(stage, model, inputs["config"])
                 barrier(ctx)
             staged = None
             if ctx.is_main and args.do_predict:
@@ -233,14 +236,14 @@ def train(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Mod
     barrier(ctx)  # the first process has written the feature cache
     if features is None:
         _, features = features_for(args, tokenizer, args.train_file, is_training=True)
-    settings = finetuning.LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
-                                       args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps,
-                                       args.seed, args.log_freq, bar, args.num_workers)
-    total_steps = finetuning.planned_steps(len(features), settings, ctx)
+    settings = loop.LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
+                                 args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps,
+                                 args.seed, args.log_freq, bar, args.num_workers)
+    total_steps = loop.planned_steps(len(features), settings, ctx)
     optimizer = build_adamw(model, args.learning_rate)
     scheduler = LinearWarmUpScheduler(optimizer, args.warmup_proportion, total_steps)
-    results = finetuning.train_loop(wrap_ddp(model, ctx), optimizer, scheduler, precision, qa_arrays(features, True),
-                                    qa_loss, settings, total_steps, ctx, log)
+    results = loop.train_loop(wrap_ddp(model, ctx), optimizer, scheduler, precision, qa_arrays(features, True),
+                              qa_loss, settings, total_steps, ctx, log)
     return {**results, "train_features": len(features), "train_steps": total_steps}
 
 

@@ -16,7 +16,8 @@ from typing import NoReturn, Optional, Sequence
 from bertrecipe.finetuning import squad_options as squad_cli
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.files import read_text_file
-from bertrecipe.finetuning.loop import add_allow_vocab_mismatch, load_tokenizer
+from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
+from bertrecipe.finetuning.model_loading import load_tokenizer
 from bertrecipe.finetuning.question_answering import answer_about_context, check_question
 from bertrecipe.deploy.serving import TritonQA, add_server_arguments
 

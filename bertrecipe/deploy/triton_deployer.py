@@ -27,7 +27,8 @@ from google.protobuf import text_format
 from torch import nn
 from tritonclient.grpc import model_config_pb2
 
-from bertrecipe.finetuning import loop as finetuning
+from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
+from bertrecipe.finetuning import model_loading
 from bertrecipe.finetuning import squad_options as squad_cli
 from bertrecipe.common.atomic_files import write_atomic
 from bertrecipe.common.command_line import ArgumentParser, run_cli
@@ -134,7 +135,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--config_file", help="bert_config.json (default: the checkpoint's own)")
     p.add_argument("--vocab_file", required=True)
     p.add_argument("--do_lower_case", action="store_true")
-    finetuning.add_allow_vocab_mismatch(p)
+    add_allow_vocab_mismatch(p)
     p.add_argument("--task", choices=("squad", "glue"), default="squad")
     p.add_argument("--num_labels", type=int, default=2, help="GLUE: classes (1 for regression)")
     p.add_argument("--predict_file", help="SQuAD JSON whose first windows check the export (default: built in)")
@@ -180,16 +181,16 @@ def check_version_folder(args: argparse.Namespace) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
     check_version_folder(args)
-    tokenizer = finetuning.load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
-    config, weights = finetuning.model_config(args.config_file, args.init_checkpoint)
+    tokenizer = model_loading.load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
+    config, weights = model_loading.model_config(args.config_file, args.init_checkpoint)
     torch.manual_seed(args.seed)
     if args.task == "squad":
         make: Callable = BertForQuestionAnswering
     else:
         def make(c):
             return BertForSequenceClassification(c, args.num_labels)
-    model = finetuning.build_model(make, config, weights, args.init_checkpoint, tokenizer.vocab,
-                                   args.max_seq_length, args.allow_vocab_mismatch)
+    model = model_loading.build_model(make, config, weights, args.init_checkpoint, tokenizer.vocab,
+                                      args.max_seq_length, args.allow_vocab_mismatch)
     inputs = sample_inputs(tokenizer, args.predict_file, squad_cli.window_settings(args))
     settings = TritonSettings(args.max_batch_size, args.dynamic_batching, tuple(args.preferred_batch_sizes),
                               args.max_queue_delay_us, args.instance_count, args.instance_kind)

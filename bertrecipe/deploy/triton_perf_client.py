@@ -22,7 +22,8 @@ import numpy as np
 from bertrecipe.finetuning import squad
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
-from bertrecipe.finetuning.loop import add_allow_vocab_mismatch, load_tokenizer
+from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
+from bertrecipe.finetuning.model_loading import load_tokenizer
 from bertrecipe.deploy.serving import TritonQA, add_server_arguments, check_server, sample_inputs
 
 FIELDS = ("batch_size", "concurrency", "requests", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms",

@@ -19,7 +19,8 @@ from bertrecipe.finetuning import squad_answers
 from bertrecipe.finetuning import squad_options as squad_cli
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
-from bertrecipe.finetuning.loop import add_allow_vocab_mismatch, load_tokenizer
+from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
+from bertrecipe.finetuning.model_loading import load_tokenizer
 from bertrecipe.common.output_paths import check_writable_folder, refuse_input_as_output
 from bertrecipe.deploy.serving import TritonQA, add_server_arguments, check_server
 

@@ -13,7 +13,7 @@ import pytest
 from bertrecipe.common.errors import InputError
 from bertrecipe.deploy.serving import TritonQA
 from conftest import REPO_ROOT, TEST_DATA
-from bertrecipe.deploy import triton_perf_client as run_perf_client
+from bertrecipe.cli import triton_perf_client as run_perf_client
 
 
 

@@ -25,8 +25,8 @@ from bertrecipe.model.bert import BertForQuestionAnswering
 from bertrecipe.model.weights import load_weights_into, read_weights
 from bertrecipe.deploy.serving import INPUTS, SAMPLE_CONTEXT, runner_for
 from conftest import REPO_ROOT, TEST_DATA
-from bertrecipe.deploy import triton_deployer as deployer
-from bertrecipe.deploy import triton_server
+from bertrecipe.cli import triton_deployer as deployer
+from bertrecipe.cli import triton_server
 
 
 

@@ -23,8 +23,8 @@ from bertrecipe.training.metric_logger import read_log
 from bertrecipe.deploy.serving import TritonQA
 from conftest import REPO_ROOT
 from test_triton_deployer import SEQ, WINDOW, copy_squad_excerpt, deploy, make_qa_checkpoint
-from bertrecipe.deploy import triton_perf_client as run_perf_client
-from bertrecipe.deploy import triton_squad_client as run_squad_client
+from bertrecipe.cli import triton_perf_client as run_perf_client
+from bertrecipe.cli import triton_squad_client as run_squad_client
 
 
 

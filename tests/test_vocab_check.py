@@ -23,7 +23,7 @@ from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
 from conftest import REPO_ROOT, VOCAB_EXCERPT
 from test_run_glue import WORDS, snapshot, tiny_args, tiny_sst2
 from test_run_squad import QUESTIONS, tiny_squad_args, tiny_squad_file
-from bertrecipe.deploy import triton_deployer as deployer
+from bertrecipe.cli import triton_deployer as deployer
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

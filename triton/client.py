@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Answers one question about a context with a BERT QA model served by Triton (HTTP or gRPC).
 
-The command is bertrecipe/deploy/triton_client.py (also the console script after `pip install -e .`); `--help` lists
+The command is bertrecipe/cli/triton_client.py (also the console script after `pip install -e .`); `--help` lists
 its flags."""
-from bertrecipe.deploy.triton_client import cli
+from bertrecipe.cli.triton_client import cli
 
 if __name__ == "__main__":
     cli()

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Exports a fine-tuned SQuAD (or GLUE) checkpoint to a Triton Inference Server model repository.
 
-The command is bertrecipe/deploy/triton_deployer.py (also the console script after `pip install -e .`); `--help` lists
+The command is bertrecipe/cli/triton_deployer.py (also the console script after `pip install -e .`); `--help` lists
 its flags."""
-from bertrecipe.deploy.triton_deployer import cli
+from bertrecipe.cli.triton_deployer import cli
 
 if __name__ == "__main__":
     cli()

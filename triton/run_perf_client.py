@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Latency and throughput of a Triton-served BERT across batch sizes and concurrency: CSV + PNG.
 
-The command is bertrecipe/deploy/triton_perf_client.py (also the console script after `pip install -e .`); `--help` lists
+The command is bertrecipe/cli/triton_perf_client.py (also the console script after `pip install -e .`); `--help` lists
 its flags."""
-from bertrecipe.deploy.triton_perf_client import cli
+from bertrecipe.cli.triton_perf_client import cli
 
 if __name__ == "__main__":
     cli()

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """SQuAD prediction through a Triton server: a SQuAD JSON file -> predictions.json -> exact match and F1.
 
-The command is bertrecipe/deploy/triton_squad_client.py (also the console script after `pip install -e .`); `--help` lists
+The command is bertrecipe/cli/triton_squad_client.py (also the console script after `pip install -e .`); `--help` lists
 its flags."""
-from bertrecipe.deploy.triton_squad_client import cli
+from bertrecipe.cli.triton_squad_client import cli
 
 if __name__ == "__main__":
     cli()

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Serves an exported BERT (deployer.py's model.onnx or model.pt) from a real Triton server on a CPU machine.
 
-The command is bertrecipe/deploy/triton_server.py (also the console script after `pip install -e .`); `--help` lists
+The command is bertrecipe/cli/triton_server.py (also the console script after `pip install -e .`); `--help` lists
 its flags."""
-from bertrecipe.deploy.triton_server import cli
+from bertrecipe.cli.triton_server import cli
 
 if __name__ == "__main__":
     cli()

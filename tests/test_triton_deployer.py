@@ -20,13 +20,13 @@ from bertrecipe.finetuning.staged_outputs import save_finetuned
 from bertrecipe.cli import inference
 from bertrecipe.common.errors import InputError
 from bertrecipe.cli.inference import load_qa_model
+from bertrecipe.deploy import model_repository
 from bertrecipe.deploy.onnx_export import check_vocab_fits, open_qa_session
 from bertrecipe.model.bert import BertForQuestionAnswering
 from bertrecipe.model.weights import load_weights_into, read_weights
-from bertrecipe.deploy.serving import INPUTS, SAMPLE_CONTEXT, runner_for
+from bertrecipe.deploy.serving import INPUTS, SAMPLE_CONTEXT, make_infer, runner_for
 from conftest import REPO_ROOT, TEST_DATA
 from bertrecipe.cli import triton_deployer as deployer
-from bertrecipe.cli import triton_server
 
 
 
@@ -227,7 +227,8 @@ HAND_WRITTEN = [
 @pytest.mark.parametrize("arguments, hand_written", HAND_WRITTEN, ids=["squad", "glue", "default_batching"])
 def test_config_pbtxt_from_the_message_says_what_the_hand_written_one_said(arguments, hand_written):
     name, platform, task, num_labels, settings = arguments
-    written = deployer.config_pbtxt(name, platform, task, num_labels, deployer.TritonSettings(**settings))
+    settings = model_repository.TritonSettings(**settings)
+    written = model_repository.config_pbtxt(name, platform, task, num_labels, settings)
     assert parse_text(written) == parse_text(hand_written)
     assert parse_text(written).HasField("dynamic_batching") == ("dynamic_batching" in hand_written)
 
@@ -235,8 +236,8 @@ def test_config_pbtxt_from_the_message_says_what_the_hand_written_one_said(argum
 def test_a_misspelt_instance_kind_fails_at_export_where_the_hand_written_text_passed():
     # The template wrote any instance kind as given; Triton would have refused the file only when loading it.
     with pytest.raises(ValueError, match="KIND_TPU"):
-        deployer.config_pbtxt("bert", "onnxruntime_onnx", "squad", 2,
-                              deployer.TritonSettings(instance_kind="KIND_TPU"))
+        model_repository.config_pbtxt("bert", "onnxruntime_onnx", "squad", 2,
+                                      model_repository.TritonSettings(instance_kind="KIND_TPU"))
 
 
 def test_torchscript_export_equals_pytorch_and_targets_libtorch(setup):
@@ -267,15 +268,15 @@ def test_glue_classifier_exports_one_logits_output(setup):
 
 
 def test_a_difference_above_the_tolerance_is_refused_and_nothing_is_written(setup, monkeypatch, capsys):
-    honest = deployer.runner_for
+    honest = model_repository.runner_for
 
     def skewed(path, fmt):
         run = honest(path, fmt)
         return lambda arrays: [out + 0.01 for out in run(arrays)]
 
-    monkeypatch.setattr(deployer, "runner_for", skewed)
+    monkeypatch.setattr(model_repository, "runner_for", skewed)
     repository = setup["root"] / "repo_refused"
-    with pytest.raises(deployer.InputError, match="differs from PyTorch"):
+    with pytest.raises(InputError, match="differs from PyTorch"):
         deploy(setup, repository, "--tolerance", "1e-3")
     assert "max abs difference" in capsys.readouterr().out
     assert not (repository / "bert" / "1").exists() and not (repository / "bert" / "config.pbtxt").exists()
@@ -300,9 +301,8 @@ def test_importing_triton_from_the_repository_root_never_yields_this_folder(tmp_
 
 
 def test_server_function_pads_gathered_requests_of_different_lengths_and_cuts_answers_back(setup, onnx_repo):
-    server = triton_server
     run = runner_for(onnx_repo / "bert" / "1" / "model.onnx", "onnx")
-    infer = server.make_infer(run, outputs=2, max_seq_length=SEQ)
+    infer = make_infer(run, outputs=2, max_seq_length=SEQ)
     ids, segments, mask = feature_arrays(setup)
     requests = [dict(zip(INPUTS, (a[rows, :length].astype(np.int64) for a in (ids, segments, mask))))
                 for rows, length in ((slice(0, 3), SEQ), (slice(3, 4), 90))]

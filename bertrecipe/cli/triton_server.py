@@ -20,13 +20,13 @@ import signal
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Callable, NoReturn, Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 import numpy as np
 
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
-from bertrecipe.deploy.serving import INPUTS, runner_for
+from bertrecipe.deploy.serving import INPUTS, make_infer, runner_for
 
 
 def require_numpy_1() -> None:
@@ -60,38 +60,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.max_batch_size < 1 or args.max_seq_length < 1:
         raise InputError("--max_batch_size and --max_seq_length must be at least 1")
     return args
-
-
-def make_infer(run: Callable[[Sequence[np.ndarray]], list[np.ndarray]], outputs: int,
-               max_seq_length: int) -> Callable[[list], list[dict[str, np.ndarray]]]:
-    """The bound function: requests of the three int64 [B, S] inputs -> [{output__i: float32 logits}] per request.
-    Requests that the dynamic batcher gathered may differ in length: they are zero-padded (mask 0) to the
-    longest, run together, and each answer is cut back to its request's rows and length."""
-
-    def infer(requests: list) -> list[dict[str, np.ndarray]]:
-        batches = []
-        for request in requests:
-            arrays = [np.asarray(request[name], dtype=np.int64) for name in INPUTS]
-            if len({a.shape for a in arrays}) != 1 or arrays[0].ndim != 2:
-                raise ValueError(f"inputs must share one [batch, seq] shape, got {[a.shape for a in arrays]}")
-            if arrays[0].shape[1] > max_seq_length:
-                raise ValueError(f"sequence length {arrays[0].shape[1]} exceeds the server's limit {max_seq_length}")
-            batches.append(arrays)
-        longest = max(arrays[0].shape[1] for arrays in batches)
-        joined = [np.concatenate([np.pad(arrays[i], ((0, 0), (0, longest - arrays[i].shape[1])))
-                                  for arrays in batches]) for i in range(len(INPUTS))]
-        results = [np.asarray(r, dtype=np.float32) for r in run(joined)[:outputs]]
-        answers, first = [], 0
-        for arrays in batches:
-            rows, length = arrays[0].shape
-            # SQuAD's outputs are per token ([B, S]): cut back to the request's length; GLUE's [B, labels] not.
-            # Copies: the server sizes each output from a contiguous buffer of its own.
-            answers.append({f"output__{i}": np.ascontiguousarray(r[first:first + rows, :length] if outputs == 2
-                                                                 else r[first:first + rows])
-                            for i, r in enumerate(results)})
-            first += rows
-        return answers
-    return infer
 
 
 def serve(args: argparse.Namespace) -> None:

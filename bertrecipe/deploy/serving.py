@@ -1,5 +1,6 @@
 """What the Triton scripts (triton/*.py) share: the model's tensor names, a runner for an exported model file, the
-client of a Triton server (TritonQA) with its flags, and real SQuAD windows to send.
+function the server binds to it (make_infer), the client of a Triton server (TritonQA) with its flags, and real
+SQuAD windows to send.
 
 Imports only numpy at top level (onnxruntime, torch, tritonclient or the tokenizer's stack when used), so that
 triton/server.py runs in the server environment (.venv-triton, triton/requirements-server.txt), which has no
@@ -48,6 +49,38 @@ def runner_for(path: Path, fmt: str) -> Callable[[Sequence[np.ndarray]], list[np
         with torch.no_grad():
             return [t.numpy() for t in loaded(*(torch.from_numpy(a) for a in arrays))]
     return run
+
+
+def make_infer(run: Callable[[Sequence[np.ndarray]], list[np.ndarray]], outputs: int,
+               max_seq_length: int) -> Callable[[list], list[dict[str, np.ndarray]]]:
+    """The function triton/server.py binds to the model: requests of the three int64 [B, S] inputs -> [{output__i: float32 logits}] per request.
+    Requests that the dynamic batcher gathered may differ in length: they are zero-padded (mask 0) to the
+    longest, run together, and each answer is cut back to its request's rows and length."""
+
+    def infer(requests: list) -> list[dict[str, np.ndarray]]:
+        batches = []
+        for request in requests:
+            arrays = [np.asarray(request[name], dtype=np.int64) for name in INPUTS]
+            if len({a.shape for a in arrays}) != 1 or arrays[0].ndim != 2:
+                raise ValueError(f"inputs must share one [batch, seq] shape, got {[a.shape for a in arrays]}")
+            if arrays[0].shape[1] > max_seq_length:
+                raise ValueError(f"sequence length {arrays[0].shape[1]} exceeds the server's limit {max_seq_length}")
+            batches.append(arrays)
+        longest = max(arrays[0].shape[1] for arrays in batches)
+        joined = [np.concatenate([np.pad(arrays[i], ((0, 0), (0, longest - arrays[i].shape[1])))
+                                  for arrays in batches]) for i in range(len(INPUTS))]
+        results = [np.asarray(r, dtype=np.float32) for r in run(joined)[:outputs]]
+        answers, first = [], 0
+        for arrays in batches:
+            rows, length = arrays[0].shape
+            # SQuAD's outputs are per token ([B, S]): cut back to the request's length; GLUE's [B, labels] not.
+            # Copies: the server sizes each output from a contiguous buffer of its own.
+            answers.append({f"output__{i}": np.ascontiguousarray(r[first:first + rows, :length] if outputs == 2
+                                                                 else r[first:first + rows])
+                            for i, r in enumerate(results)})
+            first += rows
+        return answers
+    return infer
 
 
 def sample_inputs(tokenizer: Any, predict_file: Optional[str], window: squad.WindowSettings,

@@ -34,7 +34,7 @@ from bertrecipe.cli import finetuning_flags
 from bertrecipe.finetuning import model_loading
 from bertrecipe.finetuning import squad
 from bertrecipe.finetuning import squad_answers
-from bertrecipe.finetuning import squad_options as squad_cli
+from bertrecipe.cli import squad_flags
 from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab, check_vocab_for_model, padded_vocab_size
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
@@ -79,8 +79,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--context", help="the context paragraph")
     source.add_argument("--context_file", help="a UTF-8 text file holding the context")
-    squad_cli.add_window_arguments(p)
-    squad_cli.add_answer_arguments(p)
+    squad_flags.add_window_arguments(p)
+    squad_flags.add_answer_arguments(p)
     p.add_argument("--do_lower_case", action="store_true", help="for uncased models")
     finetuning_flags.add_allow_vocab_mismatch(p)
     p.add_argument("--fp16", "--amp", dest="fp16", action="store_true", help="fp16 autocast (CUDA)")
@@ -109,8 +109,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
         vocab_file=Path(args.vocab_file),
         questions=None if args.question is None else [args.question],
         context=context,
-        window=squad_cli.window_settings(args),
-        answer=squad_cli.answer_settings(args),
+        window=squad_flags.window_settings(args),
+        answer=squad_flags.answer_settings(args),
         batch_size=args.predict_batch_size,
         precision="fp16" if args.fp16 else "bf16" if args.bf16 else "fp32",
         seed=args.seed,

@@ -28,7 +28,7 @@ from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, sta
 from bertrecipe.finetuning.timed_inference import latency_summary, timed_inference
 from bertrecipe.finetuning import squad
 from bertrecipe.finetuning import squad_answers
-from bertrecipe.finetuning import squad_options as squad_cli
+from bertrecipe.cli import squad_flags
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable_folder
@@ -36,7 +36,7 @@ from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.model.bert import BertForQuestionAnswering
 from bertrecipe.training.optimization import LinearWarmUpScheduler, build_adamw
 from bertrecipe.training.process_group import DistributedContext, barrier, init_distributed, shutdown
-from bertrecipe.finetuning.squad_options import evaluate, features_for
+from bertrecipe.cli.squad_flags import evaluate, features_for
 from bertrecipe.training.stepper import Precision, make_precision, seed_everything, wrap_ddp
 
 OUTPUTS = (*MODEL_FILES, "predictions.json", "nbest_predictions.json", "null_odds.json")
@@ -49,12 +49,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--predict_file", help="SQuAD JSON to predict (and evaluate), e.g. dev-v1.1.json")
     p.add_argument("--do_predict", action="store_true")
     p.add_argument("--do_eval", action="store_true", help="score predictions.json against --predict_file")
-    squad_cli.add_eval_script_argument(p)
-    squad_cli.add_window_arguments(p)
+    squad_flags.add_eval_script_argument(p)
+    squad_flags.add_window_arguments(p)
     p.add_argument("--predict_batch_size", type=int, default=8)
-    squad_cli.add_answer_arguments(p)
+    squad_flags.add_answer_arguments(p)
     p.add_argument("--verbose_logging", action="store_true", help="accepted for compatibility")
-    squad_cli.add_cache_arguments(p)
+    squad_flags.add_cache_arguments(p)
     args = p.parse_args(argv)
     if not (args.do_train or args.do_predict or args.do_eval):
         raise InputError("nothing to do: pass --do_train, --do_predict and/or --do_eval")
@@ -138,7 +138,7 @@ def predict(args: argparse.Namespace, model: torch.nn.Module, tokenizer: Any, pr
     (start, end), latencies = timed_inference(model, qa_arrays(features, False), args.predict_batch_size, precision,
                                               qa_logits, progress_bar)
     predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab,
-                                                squad_cli.answer_settings(args))
+                                                squad_flags.answer_settings(args))
     files = {"predictions.json": predictions.answers, "nbest_predictions.json": predictions.nbest}
     if args.version_2_with_negative:
         files["null_odds.json"] = predictions.null_odds

@@ -13,7 +13,7 @@ import argparse
 import json
 from typing import NoReturn, Optional, Sequence
 
-from bertrecipe.finetuning import squad_options as squad_cli
+from bertrecipe.cli import squad_flags
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.files import read_text_file
 from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
@@ -32,8 +32,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--context")
     source.add_argument("--context_file")
-    squad_cli.add_window_arguments(p)
-    squad_cli.add_answer_arguments(p)
+    squad_flags.add_window_arguments(p)
+    squad_flags.add_answer_arguments(p)
     args = p.parse_args(argv)
     check_question(args.question)
     context = args.context if args.context is not None else read_text_file(args.context_file, "--context_file")
@@ -42,8 +42,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     try:
         qa.check_ready()
         [result] = answer_about_context(lambda features: qa.logits(features, args.batch_size), tokenizer,
-                                        [args.question], context, squad_cli.window_settings(args),
-                                        squad_cli.answer_settings(args))
+                                        [args.question], context, squad_flags.window_settings(args),
+                                        squad_flags.answer_settings(args))
     finally:
         qa.close()
     print(json.dumps(result, indent=2, ensure_ascii=False))

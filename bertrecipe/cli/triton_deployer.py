@@ -22,7 +22,7 @@ import torch
 
 from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
 from bertrecipe.finetuning import model_loading
-from bertrecipe.finetuning import squad_options as squad_cli
+from bertrecipe.cli import squad_flags
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import BertForQuestionAnswering, BertForSequenceClassification
@@ -42,7 +42,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--task", choices=("squad", "glue"), default="squad")
     p.add_argument("--num_labels", type=int, default=2, help="GLUE: classes (1 for regression)")
     p.add_argument("--predict_file", help="SQuAD JSON whose first windows check the export (default: built in)")
-    squad_cli.add_window_arguments(p)
+    squad_flags.add_window_arguments(p)
     p.add_argument("--format", choices=tuple(PLATFORMS), default="onnx")
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--tolerance", type=float, default=1e-3, help="largest accepted |export - PyTorch|")
@@ -94,7 +94,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             return BertForSequenceClassification(c, args.num_labels)
     model = model_loading.build_model(make, config, weights, args.init_checkpoint, tokenizer.vocab,
                                       args.max_seq_length, args.allow_vocab_mismatch)
-    inputs = sample_inputs(tokenizer, args.predict_file, squad_cli.window_settings(args))
+    inputs = sample_inputs(tokenizer, args.predict_file, squad_flags.window_settings(args))
     settings = TritonSettings(args.max_batch_size, args.dynamic_batching, tuple(args.preferred_batch_sizes),
                               args.max_queue_delay_us, args.instance_count, args.instance_kind)
     model_dir, _ = deploy(TritonSignature(model).eval(), inputs, Path(args.model_repository), args.model_name,

@@ -4,7 +4,7 @@
         --output_dir results/triton --url 127.0.0.1:8001 --protocol grpc --model_name bert
 
 Windows, answer extraction, prediction files and scoring are run_squad.py's own (same flags and defaults, from
-squad_cli.py), so for the same model the predictions equal `run_squad.py --do_predict --do_eval`'s. Prints the
+squad_flags.py), so for the same model the predictions equal `run_squad.py --do_predict --do_eval`'s. Prints the
 scores as JSON.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Optional, Sequence
 
 from bertrecipe.finetuning import squad_answers
-from bertrecipe.finetuning import squad_options as squad_cli
+from bertrecipe.cli import squad_flags
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
@@ -33,10 +33,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--do_lower_case", action="store_true")
     add_allow_vocab_mismatch(p)
     p.add_argument("--output_dir", required=True, help="where predictions.json and nbest_predictions.json go")
-    squad_cli.add_window_arguments(p)
-    squad_cli.add_answer_arguments(p)
-    squad_cli.add_eval_script_argument(p)
-    squad_cli.add_cache_arguments(p)
+    squad_flags.add_window_arguments(p)
+    squad_flags.add_answer_arguments(p)
+    squad_flags.add_eval_script_argument(p)
+    squad_flags.add_cache_arguments(p)
     args = p.parse_args(argv)
     if args.batch_size < 1:
         raise InputError("--batch_size must be at least 1")
@@ -54,7 +54,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
                                fix="choose another --output_dir")
     tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
     check_server(args)  # a dead server is reported before the features, which take a minute on a full dev set
-    examples, features = squad_cli.features_for(args, tokenizer, args.predict_file, is_training=False)
+    examples, features = squad_flags.features_for(args, tokenizer, args.predict_file, is_training=False)
     qa = TritonQA.from_args(args)
     began = time.perf_counter()
     try:
@@ -63,9 +63,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         qa.close()
     seconds = time.perf_counter() - began
     predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab,
-                                                squad_cli.answer_settings(args))
+                                                squad_flags.answer_settings(args))
     squad_answers.write_predictions(args.output_dir, predictions, args.version_2_with_negative)
-    scores = squad_cli.evaluate(args)
+    scores = squad_flags.evaluate(args)
     scores.update(e2e_inference_time=seconds, inference_sequences_per_second=len(features) / seconds)
     print(json.dumps(scores, indent=2))
     return scores

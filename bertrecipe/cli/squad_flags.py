@@ -1,22 +1,19 @@
 """SQuAD from the command line: the flags that run_squad.py, inference.py, deployer.py and the Triton clients share
 (defined here once, so every entry point has the same names, defaults and help), the settings they make, and the
-steps that read parsed flags (features of a SQuAD file through the feature cache, scoring of predictions.json) which
-run_squad.py and triton/run_squad_client.py both run.
+two steps run_squad.py and triton/run_squad_client.py both take with parsed flags: the features of a SQuAD file
+(squad.examples_and_features, in the flags' cache folder) and the scores of predictions.json
+(squad_metrics.prediction_scores).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from bertrecipe.finetuning import squad_metrics as evaluate_squad
 from bertrecipe.finetuning import squad
-from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning.squad_answers import AnswerSettings
+from bertrecipe.finetuning.squad_metrics import prediction_scores
 
 
 def add_window_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,48 +65,19 @@ def cache_dir_for(args: argparse.Namespace, data_file: str) -> Optional[Path]:
 def features_for(args: argparse.Namespace, tokenizer: Any, data_file: str, is_training: bool,
                  cache_writes: Optional[list[Callable[[], None]]] = None,
                  ) -> tuple[list[squad.SquadExample], squad.SquadFeatures]:
-    """The examples and windowed features of a SQuAD file, through the feature cache. With `cache_writes`, a
-    missing cache entry is not written but its write appended there, to run once every input is checked."""
-    examples = squad.read_squad_examples(data_file, is_training, args.version_2_with_negative)
-    if not examples:
-        raise InputError(f"{data_file}: no {'usable training ' if is_training else ''}questions "
-                         f"(--{'train' if is_training else 'predict'}_file needs at least one)")
-    settings = window_settings(args)
-    features = squad.cached_features(examples, tokenizer, settings, is_training, data_file,
-                                     args.version_2_with_negative, cache_dir_for(args, data_file), cache_writes)
-    if len(features) == 0:
-        raise InputError(f"{data_file}: no features (no questions with a usable context)")
-    return examples, features
+    """squad.examples_and_features of a SQuAD file with the flags' window settings and cache folder. With
+    `cache_writes`, a missing cache entry is not written but its write appended there, to run once every input is
+    checked."""
+    return squad.examples_and_features(data_file, tokenizer, window_settings(args), is_training,
+                                       args.version_2_with_negative, cache_dir_for(args, data_file), cache_writes)
 
 
 def evaluate(args: argparse.Namespace, files: Optional[dict[str, Path]] = None) -> dict[str, float]:
-    """exact_match and F1 of output_dir/predictions.json, or of this run's staged `files` (by name); v2.0:
-    "exact" read as exact_match."""
+    """squad_metrics.prediction_scores of output_dir/predictions.json, or of this run's staged `files` (by name),
+    against --predict_file, with --eval_script when given."""
     if files is None:
         files = {name: Path(args.output_dir) / name for name in ("predictions.json", "null_odds.json")}
     pred_file = files["predictions.json"]
     null_odds = files.get("null_odds.json") if args.version_2_with_negative else None
     na_file = null_odds if null_odds is not None and null_odds.is_file() else None
-    if args.eval_script:
-        scores = _run_eval_script(args.eval_script, args.predict_file, pred_file, na_file)
-    else:
-        scores = evaluate_squad.evaluate_files(args.predict_file, pred_file, na_file)
-    result = {"exact_match": float(scores.get("exact_match", scores.get("exact", float("nan")))),
-              "F1": float(scores["f1"])}
-    result.update({k: v for k, v in scores.items() if k not in ("exact_match", "exact", "f1")
-                   and isinstance(v, (int, float))})
-    return result
-
-
-def _run_eval_script(script: str, predict_file: str, pred_file: Path, na_file: Optional[Path]) -> dict[str, Any]:
-    """The JSON scores an official-style evaluation script prints."""
-    cmd = [sys.executable, script, predict_file, str(pred_file)]
-    if na_file is not None:
-        cmd += ["--na-prob-file", str(na_file)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise InputError(f"{script}: exited with {done.returncode}: {done.stderr.strip()[-300:]}")
-    try:
-        return json.loads(done.stdout[done.stdout.index("{"):])
-    except ValueError:
-        raise InputError(f"{script}: printed no JSON scores ({done.stdout.strip()[:200]!r})") from None
+    return prediction_scores(args.predict_file, pred_file, na_file, args.eval_script)

@@ -527,3 +527,25 @@ def cached_features(
         else:
             deferred_writes.append(lambda: save_features(path, features, key))
     return features
+
+
+def examples_and_features(
+    data_file: str | Path,
+    tokenizer: BertTokenizer,
+    settings: WindowSettings,
+    is_training: bool,
+    version_2_with_negative: bool,
+    cache_dir: Optional[str | Path],
+    deferred_writes: Optional[list[Callable[[], None]]] = None,
+) -> tuple[list[SquadExample], SquadFeatures]:
+    """The examples and windowed features of a SQuAD file, the features through the cache (cached_features);
+    InputError when the file holds no usable question or no question with a usable context."""
+    examples = read_squad_examples(data_file, is_training, version_2_with_negative)
+    if not examples:
+        raise InputError(f"{data_file}: no {'usable training ' if is_training else ''}questions "
+                         f"(--{'train' if is_training else 'predict'}_file needs at least one)")
+    features = cached_features(examples, tokenizer, settings, is_training, data_file, version_2_with_negative,
+                               cache_dir, deferred_writes)
+    if len(features) == 0:
+        raise InputError(f"{data_file}: no features (no questions with a usable context)")
+    return examples, features

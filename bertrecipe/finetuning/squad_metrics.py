@@ -14,12 +14,15 @@ Questions without a prediction are treated as the official scripts treat them, s
   over the predicted questions too (a group with no predicted question is left out, as the official script
   leaves out an empty group), consistent with the main scores. A v2.0 file with no prediction at all, where
   the official script divides by zero, is an error.
-`strict` refuses predictions that miss any question instead.
+`strict` refuses predictions that miss any question instead. prediction_scores gives a run's exact_match and F1,
+by this metric or by an official-style evaluation script.
 """
 from __future__ import annotations
 
+import json
 import re
 import string
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -267,3 +270,34 @@ def evaluate_files(
         if str(error).startswith("na-prob file:"):
             raise InputError(f"{na_prob_file}:{str(error).removeprefix('na-prob file:')}") from None
         raise
+
+
+def prediction_scores(data_file: str | Path, pred_file: str | Path, na_prob_file: Optional[str | Path] = None,
+                      eval_script: Optional[str] = None) -> dict[str, float]:
+    """exact_match and F1 (and the summary's other numbers) of a predictions file against a SQuAD data file, by the
+    official metric in process (evaluate_files) or by an official-style evaluation script; v2.0: "exact" read as
+    exact_match."""
+    if eval_script:
+        scores = _run_eval_script(eval_script, data_file, pred_file, na_prob_file)
+    else:
+        scores = evaluate_files(data_file, pred_file, na_prob_file)
+    result = {"exact_match": float(scores.get("exact_match", scores.get("exact", float("nan")))),
+              "F1": float(scores["f1"])}
+    result.update({k: v for k, v in scores.items() if k not in ("exact_match", "exact", "f1")
+                   and isinstance(v, (int, float))})
+    return result
+
+
+def _run_eval_script(script: str, data_file: str | Path, pred_file: str | Path,
+                     na_file: Optional[str | Path]) -> dict[str, Any]:
+    """The JSON scores an official-style evaluation script prints."""
+    cmd = [sys.executable, script, str(data_file), str(pred_file)]
+    if na_file is not None:
+        cmd += ["--na-prob-file", str(na_file)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise InputError(f"{script}: exited with {done.returncode}: {done.stderr.strip()[-300:]}")
+    try:
+        return json.loads(done.stdout[done.stdout.index("{"):])
+    except ValueError:
+        raise InputError(f"{script}: printed no JSON scores ({done.stdout.strip()[:200]!r})") from None

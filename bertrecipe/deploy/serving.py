@@ -53,9 +53,10 @@ def runner_for(path: Path, fmt: str) -> Callable[[Sequence[np.ndarray]], list[np
 
 def make_infer(run: Callable[[Sequence[np.ndarray]], list[np.ndarray]], outputs: int,
                max_seq_length: int) -> Callable[[list], list[dict[str, np.ndarray]]]:
-    """The function triton/server.py binds to the model: requests of the three int64 [B, S] inputs -> [{output__i: float32 logits}] per request.
-    Requests that the dynamic batcher gathered may differ in length: they are zero-padded (mask 0) to the
-    longest, run together, and each answer is cut back to its request's rows and length."""
+    """The function triton/server.py binds to the model: requests of the three int64 [B, S] inputs ->
+    [{output__i: float32 logits}] per request. Requests that the dynamic batcher gathered may differ in length: they
+    are zero-padded (mask 0) to the longest, run together, and each answer is cut back to its request's rows and
+    length."""
 
     def infer(requests: list) -> list[dict[str, np.ndarray]]:
         batches = []

@@ -15,6 +15,7 @@ from bertrecipe.finetuning import squad
 from bertrecipe.finetuning import squad_answers
 from conftest import TEST_DATA
 from bertrecipe.common.errors import InputError
+from bertrecipe.finetuning import question_answering
 from bertrecipe.finetuning.question_answering import answer_about_context
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,13 +33,13 @@ def encoder(tiny_bert):
     folder = tiny_bert
     tokenizer = inference.load_tokenizer(folder / "vocab.txt", do_lower_case=True)
     torch.manual_seed(0)
-    model = inference.load_qa_model(folder, None, tokenizer.vocab, 384)
+    model = question_answering.load_qa_model(folder, None, tokenizer.vocab, 384)
     return folder, tokenizer, model
 
 
 def test_answers_are_spans_of_the_context_with_an_nbest_list(encoder):
     _, tokenizer, model = encoder
-    [result] = inference.answer_questions(model, tokenizer, ["Who won Super Bowl 50?"], CONTEXT)
+    [result] = question_answering.answer_questions(model, tokenizer, ["Who won Super Bowl 50?"], CONTEXT)
     assert set(result) == {"question", "answer", "nbest", "windows"}
     assert result["windows"] == 1
     texts = [entry["text"] for entry in result["nbest"]]
@@ -53,7 +54,7 @@ def test_bf16_and_v2_give_the_same_form(encoder):
     _, tokenizer, model = encoder
     for threshold, empty in ((1e9, False), (-1e9, True)):  # null odds above the threshold: no answer
         answer = squad_answers.AnswerSettings(version_2_with_negative=True, null_score_diff_threshold=threshold)
-        results = inference.answer_questions(
+        results = question_answering.answer_questions(
             model, tokenizer, ["Who won?", "When?"], CONTEXT, answer=answer, precision="bf16"
         )
         for result in results:
@@ -81,7 +82,7 @@ def test_long_context_is_covered_by_sliding_windows(encoder):
     context = " ".join(book.split()[:3000]) + " The answer is Madrid ."
     window = squad.WindowSettings(max_seq_length=128, doc_stride=64, max_query_length=16)
     [madrid] = tokenizer.encode("madrid")  # one piece in the uncased vocab (excerpt), absent from the book
-    [result] = inference.answer_questions(PointAtWord(madrid), tokenizer, ["Where?"], context, window)
+    [result] = question_answering.answer_questions(PointAtWord(madrid), tokenizer, ["Where?"], context, window)
     pieces = len(tokenizer.encode(context))
     assert result["windows"] >= pieces // 64  # far beyond one window (NVIDIA's would truncate)
     assert result["answer"] == "Madrid"  # found in the last window
@@ -137,7 +138,7 @@ def test_context_file_and_vocab_errors_are_input_errors(encoder, tmp_path):
     with pytest.raises(InputError, match="vocab file not found"):
         inference.load_tokenizer(tmp_path / "vocab.txt", True)
     with pytest.raises(InputError, match="max_position_embeddings"):
-        inference.load_qa_model(folder, None, tokenizer.vocab, 1024)  # the config has 512 positions
+        question_answering.load_qa_model(folder, None, tokenizer.vocab, 1024)  # the config has 512 positions
 
 
 def test_predict_logits_batches_agree_with_one_pass(encoder):
@@ -146,8 +147,8 @@ def test_predict_logits_batches_agree_with_one_pass(encoder):
     examples = [squad.SquadExample("0", "who?", words, [])]
     features = squad.convert_examples_to_features(examples, tokenizer, squad.WindowSettings(64, 32, 8))
     assert len(features) > 3
-    one = inference.predict_logits(model, features, batch_size=len(features))
-    batched = inference.predict_logits(model, features, batch_size=2)
+    one = question_answering.predict_logits(model, features, batch_size=len(features))
+    batched = question_answering.predict_logits(model, features, batch_size=2)
     for a, b in zip(one, batched):
         assert a.shape == features.input_ids.shape and a.dtype == np.float32
         np.testing.assert_allclose(a, b, atol=1e-4)
@@ -156,8 +157,9 @@ def test_predict_logits_batches_agree_with_one_pass(encoder):
 def test_fp16_on_cpu_answers_like_fp32(encoder):
     # --fp16 runs on a CPU as in training (fp16 autocast); the fp32 answer must survive its rounding.
     _, tokenizer, model = encoder
-    [fp32] = inference.answer_questions(model, tokenizer, ["Who won Super Bowl 50?"], CONTEXT)
-    [fp16] = inference.answer_questions(model, tokenizer, ["Who won Super Bowl 50?"], CONTEXT, precision="fp16")
+    [fp32] = question_answering.answer_questions(model, tokenizer, ["Who won Super Bowl 50?"], CONTEXT)
+    [fp16] = question_answering.answer_questions(model, tokenizer, ["Who won Super Bowl 50?"], CONTEXT,
+                                                 precision="fp16")
     assert fp16["answer"] == fp32["answer"] and fp16["answer"] in CONTEXT
 
 
@@ -169,7 +171,7 @@ def test_an_empty_question_is_refused(encoder, question):
         inference.parse_args(["--init_checkpoint", str(folder), "--vocab_file", str(folder / "vocab.txt"),
                               "--question", question, "--context", CONTEXT])
     with pytest.raises(InputError, match="the question is"):  # the library too (the Triton client shares it)
-        inference.answer_questions(model, tokenizer, ["Who won?", question], CONTEXT)
+        question_answering.answer_questions(model, tokenizer, ["Who won?", question], CONTEXT)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from bertrecipe.finetuning.model_loading import load_tokenizer
 from bertrecipe.finetuning.staged_outputs import save_finetuned
 from bertrecipe.cli import inference
 from bertrecipe.common.errors import InputError
-from bertrecipe.cli.inference import load_qa_model
+from bertrecipe.finetuning.question_answering import load_qa_model
 from bertrecipe.deploy import model_repository
 from bertrecipe.deploy.onnx_export import check_vocab_fits, open_qa_session
 from bertrecipe.model.bert import BertForQuestionAnswering

@@ -18,7 +18,7 @@ import pytest
 
 from bertrecipe.finetuning import squad_answers
 from bertrecipe.finetuning.model_loading import load_tokenizer
-from bertrecipe.cli.inference import answer_questions, load_qa_model
+from bertrecipe.finetuning.question_answering import answer_questions, load_qa_model
 from bertrecipe.training.metric_logger import read_log
 from bertrecipe.deploy.serving import TritonQA
 from conftest import REPO_ROOT

@@ -25,9 +25,8 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, NoReturn, Optional, Sequence
+from typing import Iterator, NoReturn, Optional, Sequence
 
-import numpy as np
 import torch
 
 from bertrecipe.cli import finetuning_flags
@@ -35,16 +34,13 @@ from bertrecipe.finetuning import model_loading
 from bertrecipe.finetuning import squad
 from bertrecipe.finetuning import squad_answers
 from bertrecipe.cli import squad_flags
-from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab, check_vocab_for_model, padded_vocab_size
+from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab
 from bertrecipe.common.command_line import ArgumentParser, run_cli
-from bertrecipe.common.errors import InputError
 from bertrecipe.common.files import read_text_file
-from bertrecipe.model.bert import BertForQuestionAnswering
-from bertrecipe.deploy.onnx_export import check_vocab_fits, open_qa_session, qa_logits
+from bertrecipe.deploy.onnx_export import onnx_logits_function
 from bertrecipe.common.output_paths import refuse_input_as_output
-from bertrecipe.finetuning.timed_inference import timed_inference
-from bertrecipe.finetuning.question_answering import LogitsFunction, answer_about_context, check_question
-from bertrecipe.training.stepper import make_precision
+from bertrecipe.finetuning.question_answering import (LogitsFunction, answer_about_context, check_question,
+                                                      load_qa_model, predict_logits)
 
 
 @dataclass(frozen=True)
@@ -121,7 +117,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
 def refuse_output_onto_inputs(args: argparse.Namespace) -> None:
     """The answers go to the standard output: refused (InputError) when the shell sends it into one of the inputs
     (`> context.txt` has emptied the file already, `>> context.txt` would append to it)."""
-    inputs = [*finetuning_flags.model_inputs(args), ("--onnx_model", args.onnx_model), ("--context_file", args.context_file)]
+    inputs = [*finetuning_flags.model_inputs(args), ("--onnx_model", args.onnx_model),
+              ("--context_file", args.context_file)]
     refuse_input_as_output("/dev/stdout", "the standard output", inputs,
                            fix="send the output (>) to another file")
 
@@ -132,88 +129,17 @@ def load_tokenizer(vocab_file: Path, do_lower_case: bool, allow_vocab_mismatch: 
     return model_loading.load_tokenizer(vocab_file, do_lower_case, allow_vocab_mismatch)
 
 
-def load_qa_model(
-    init_checkpoint: Path, config_file: Optional[Path], vocab: Vocab, max_seq_length: int,
-    allow_vocab_mismatch: bool = False,
-) -> BertForQuestionAnswering:
-    """A BertForQuestionAnswering with the checkpoint's weights, in eval mode (run_squad's loading: the config
-    comes from config_file or the checkpoint and must fit the vocab and the sequence length). A checkpoint
-    without a QA head (e.g. a pre-trained one) loads with a warning: its answers are then meaningless."""
-    config, weights = model_loading.model_config(str(config_file) if config_file else None, str(init_checkpoint))
-    model = model_loading.build_model(BertForQuestionAnswering, config, weights, str(init_checkpoint), vocab,
-                                   max_seq_length, allow_vocab_mismatch)
-    if weights is not None and not any(name.startswith("qa_outputs.") for name in weights.state_dict):
-        print(f"warning: {init_checkpoint} has no QA head (qa_outputs); answers come from an untrained head",
-              file=sys.stderr)
-    return model.eval()
-
-
-def predict_logits(
-    model: BertForQuestionAnswering, features: squad.SquadFeatures, batch_size: int, precision: str = "fp32"
-) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end logits, float32 [N, L], of every window, batch_size windows at a time."""
-    device = next(model.parameters()).device
-    arrays = {"input_ids": features.input_ids, "segment_ids": features.segment_ids,
-              "input_mask": features.input_mask}
-    (start, end), _ = timed_inference(
-        model, arrays, batch_size, make_precision(device, precision == "fp16", precision == "bf16"),
-        lambda m, b: m(b["input_ids"], b["segment_ids"], b["input_mask"])[1:])
-    return start, end
-
-
-def answer_questions(
-    model: BertForQuestionAnswering,
-    tokenizer: BertTokenizer,
-    questions: Sequence[str],
-    context: str,
-    window: squad.WindowSettings = squad.WindowSettings(),
-    answer: squad_answers.AnswerSettings = squad_answers.AnswerSettings(),
-    batch_size: int = 8,
-    precision: str = "fp32",
-) -> list[dict[str, Any]]:
-    """question_answering.answer_about_context with this model's logits (predict_logits)."""
-    return answer_about_context(lambda features: predict_logits(model, features, batch_size, precision),
-                                tokenizer, questions, context, window, answer)
-
-
 def _stdin_questions() -> Iterator[str]:
     for line in sys.stdin:
         if line.strip():
             yield line.strip()
 
 
-def onnx_embedding_rows(session: Any, path: Path, vocab_size: int) -> int:
-    """The word embeddings of an exported model, found by embedding single ids (onnx_export.check_vocab_fits; its
-    weights are not parsed). When the model embeds the vocab's last id but none past the vocab padded to a
-    multiple of 8, every count in between fits alike and vocab_size is returned; otherwise the exact count."""
-    def embeds(token_id: int) -> bool:
-        try:
-            check_vocab_fits(session, path, token_id + 1)
-        except InputError:
-            return False
-        return True
-
-    padded = padded_vocab_size(vocab_size)
-    if embeds(vocab_size - 1) and not embeds(padded):
-        return vocab_size
-    low, high = 0, 1  # id low is embedded, id high not: doubled, then halved
-    while embeds(high):
-        low, high = high, high * 2
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if embeds(middle) else (low, middle)
-    return high
-
-
 def logits_function(options: InferenceOptions, vocab: Vocab) -> LogitsFunction:
     """The windows' start and end logits from the ONNX Runtime session or the PyTorch model that options name;
     either must fit the vocab (tokenization.wordpiece.check_vocab_for_model)."""
     if options.onnx_model is not None:
-        session = open_qa_session(options.onnx_model)
-        check_vocab_for_model(vocab, model_vocab_size=onnx_embedding_rows(session, options.onnx_model, len(vocab)),
-                              allow_mismatch=options.allow_vocab_mismatch)
-        return lambda features: qa_logits(session, (features.input_ids, features.segment_ids, features.input_mask),
-                                          options.batch_size)
+        return onnx_logits_function(options.onnx_model, vocab, options.batch_size, options.allow_vocab_mismatch)
     torch.manual_seed(options.seed)
     model = load_qa_model(options.init_checkpoint, options.config_file, vocab, options.window.max_seq_length,
                           options.allow_vocab_mismatch)

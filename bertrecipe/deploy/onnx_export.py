@@ -1,5 +1,5 @@
-"""Fine-tuned models as ONNX files, and a SQuAD model run on ONNX Runtime: what triton/deployer.py (the export),
-inference.py --onnx_model and benchmarks/finetune_throughput.py --onnxruntime share."""
+"""Fine-tuned models as ONNX files, and a SQuAD model run on ONNX Runtime (its logits, the vocab it fits): what
+triton/deployer.py (the export), inference.py --onnx_model and benchmarks/finetune_throughput.py --onnxruntime share."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 from bertrecipe.common.errors import InputError
+from bertrecipe.finetuning.question_answering import LogitsFunction
 from bertrecipe.deploy.serving import INPUTS, OUTPUTS
+from bertrecipe.tokenization.wordpiece import Vocab, check_vocab_for_model, padded_vocab_size
 
 
 class TritonSignature(nn.Module):
@@ -86,3 +88,37 @@ def qa_logits(session: Any, arrays: Sequence[np.ndarray], batch_size: int) -> tu
         starts.append(start)
         ends.append(end)
     return np.concatenate(starts), np.concatenate(ends)
+
+
+def onnx_embedding_rows(session: Any, path: Path, vocab_size: int) -> int:
+    """The word embeddings of an exported model, found by embedding single ids (onnx_export.check_vocab_fits; its
+    weights are not parsed). When the model embeds the vocab's last id but none past the vocab padded to a
+    multiple of 8, every count in between fits alike and vocab_size is returned; otherwise the exact count."""
+    def embeds(token_id: int) -> bool:
+        try:
+            check_vocab_fits(session, path, token_id + 1)
+        except InputError:
+            return False
+        return True
+
+    padded = padded_vocab_size(vocab_size)
+    if embeds(vocab_size - 1) and not embeds(padded):
+        return vocab_size
+    low, high = 0, 1  # id low is embedded, id high not: doubled, then halved
+    while embeds(high):
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if embeds(middle) else (low, middle)
+    return high
+
+
+def onnx_logits_function(path: Path, vocab: Vocab, batch_size: int, allow_vocab_mismatch: bool = False
+                         ) -> LogitsFunction:
+    """The windows' start and end logits from an ONNX Runtime session of a SQuAD export, which must fit the vocab
+    (tokenization.wordpiece.check_vocab_for_model)."""
+    session = open_qa_session(path)
+    check_vocab_for_model(vocab, model_vocab_size=onnx_embedding_rows(session, path, len(vocab)),
+                          allow_mismatch=allow_vocab_mismatch)
+    return lambda features: qa_logits(session, (features.input_ids, features.segment_ids, features.input_mask),
+                                      batch_size)

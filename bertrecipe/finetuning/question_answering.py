@@ -1,16 +1,22 @@
 """Answers to free questions about one context (not a SQuAD file), whatever computes the logits: the windows, the
-document-only candidates and the result objects that inference.py (a PyTorch model) and triton/client.py (a
-Triton server) both print.
+document-only candidates and the result objects that inference.py (a PyTorch model or an ONNX export) and
+triton/client.py (a Triton server) all print; and the logits of a fine-tuned PyTorch QA model (load_qa_model,
+predict_logits, answer_questions).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from bertrecipe.finetuning import squad
-from bertrecipe.finetuning import squad_answers
 from bertrecipe.common.errors import InputError
+from bertrecipe.finetuning import model_loading, squad, squad_answers
+from bertrecipe.finetuning.timed_inference import timed_inference
+from bertrecipe.model.bert import BertForQuestionAnswering
+from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab
+from bertrecipe.training.stepper import make_precision
 
 # features -> start and end logits, float32 [N, L], of every window
 LogitsFunction = Callable[[squad.SquadFeatures], tuple[np.ndarray, np.ndarray]]
@@ -66,3 +72,47 @@ def answer_about_context(
             result["null_odds"] = predictions.null_odds[str(i)]
         results.append(result)
     return results
+
+
+def load_qa_model(
+    init_checkpoint: Path, config_file: Optional[Path], vocab: Vocab, max_seq_length: int,
+    allow_vocab_mismatch: bool = False,
+) -> BertForQuestionAnswering:
+    """A BertForQuestionAnswering with the checkpoint's weights, in eval mode (run_squad's loading: the config
+    comes from config_file or the checkpoint and must fit the vocab and the sequence length). A checkpoint
+    without a QA head (e.g. a pre-trained one) loads with a warning: its answers are then meaningless."""
+    config, weights = model_loading.model_config(str(config_file) if config_file else None, str(init_checkpoint))
+    model = model_loading.build_model(BertForQuestionAnswering, config, weights, str(init_checkpoint), vocab,
+                                      max_seq_length, allow_vocab_mismatch)
+    if weights is not None and not any(name.startswith("qa_outputs.") for name in weights.state_dict):
+        print(f"warning: {init_checkpoint} has no QA head (qa_outputs); answers come from an untrained head",
+              file=sys.stderr)
+    return model.eval()
+
+
+def predict_logits(
+    model: BertForQuestionAnswering, features: squad.SquadFeatures, batch_size: int, precision: str = "fp32"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end logits, float32 [N, L], of every window, batch_size windows at a time."""
+    device = next(model.parameters()).device
+    arrays = {"input_ids": features.input_ids, "segment_ids": features.segment_ids,
+              "input_mask": features.input_mask}
+    (start, end), _ = timed_inference(
+        model, arrays, batch_size, make_precision(device, precision == "fp16", precision == "bf16"),
+        lambda m, b: m(b["input_ids"], b["segment_ids"], b["input_mask"])[1:])
+    return start, end
+
+
+def answer_questions(
+    model: BertForQuestionAnswering,
+    tokenizer: BertTokenizer,
+    questions: Sequence[str],
+    context: str,
+    window: squad.WindowSettings = squad.WindowSettings(),
+    answer: squad_answers.AnswerSettings = squad_answers.AnswerSettings(),
+    batch_size: int = 8,
+    precision: str = "fp32",
+) -> list[dict[str, Any]]:
+    """answer_about_context with this model's logits (predict_logits)."""
+    return answer_about_context(lambda features: predict_logits(model, features, batch_size, precision),
+                                tokenizer, questions, context, window, answer)

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from bertrecipe.cli import run_pretraining
+from bertrecipe.pretraining import loop
 from bertrecipe.common.command_line import run_cli
 
 
@@ -16,7 +17,7 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     record = Path(os.environ["SPY_DIR"]) / f"rank{rank}.jsonl"
     (record.parent / f"pid{rank}").write_text(str(os.getpid()))  # lets a test end a worker its launcher left
-    real_loss = run_pretraining.pretraining_loss
+    real_loss = loop.pretraining_loss
 
     def recording_loss(model, batch, **options):
         line = {"world_size": int(os.environ.get("WORLD_SIZE", "1")), "input_ids": batch["input_ids"].tolist()}
@@ -24,7 +25,7 @@ def main() -> None:
             f.write(json.dumps(line) + "\n")
         return real_loss(model, batch, **options)
 
-    run_pretraining.pretraining_loss = recording_loss
+    loop.pretraining_loss = recording_loss
     run_cli(run_pretraining.main)
 
 

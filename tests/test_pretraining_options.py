@@ -15,6 +15,7 @@ from bertrecipe.training.stepper import seed_everything
 
 from test_run_pretraining import TINY, corpus, final_record, pretrain, step_records  # noqa: F401 (corpus: fixture)
 from bertrecipe.cli import run_pretraining as run_pretraining_command
+from bertrecipe.pretraining import loop as pretraining_loop
 
 REQUIRED = ["--input_dir", "in", "--config_file", "c.json", "--output_dir", "out", "--do_train"]
 NSP_PARTS = ("bert.pooler.", "cls.seq_relationship.")
@@ -72,8 +73,8 @@ def test_no_nsp_loss_is_the_masked_lm_term_alone(run_pretraining):
     torch.set_grad_enabled(False)
     output = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                    masked_lm_labels=batch["masked_lm_labels"], next_sentence_labels=batch["next_sentence_labels"])
-    mlm_only = run_pretraining.pretraining_loss(model, batch, nsp=False)
-    both = run_pretraining.pretraining_loss(model, batch)
+    mlm_only = pretraining_loop.pretraining_loss(model, batch, nsp=False)
+    both = pretraining_loop.pretraining_loss(model, batch)
     assert torch.equal(mlm_only, output.masked_lm_loss)
     assert torch.allclose(both, output.masked_lm_loss + output.next_sentence_loss)
     assert float(output.next_sentence_loss) > 0.1  # so that the two differ

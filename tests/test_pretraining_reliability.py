@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from bertrecipe.cli import run_pretraining
+from bertrecipe.pretraining import loop, startup
 from bertrecipe.common.errors import InputError
 from bertrecipe.training.metric_logger import read_log
 from conftest import REPO_ROOT
@@ -242,7 +243,7 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint_and_says_so(worksp
 # --- Non-finite training (item 8) ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("precision", [[], ["--bf16"]])
 def test_nan_loss_is_skipped_with_a_warning_then_stops_naming_the_step(workspace, monkeypatch, capsys, precision):
-    real_loss = run_pretraining.pretraining_loss
+    real_loss = loop.pretraining_loss
     steps = []
 
     def loss_nan_from_the_third_step(model, batch, **options):
@@ -250,7 +251,7 @@ def test_nan_loss_is_skipped_with_a_warning_then_stops_naming_the_step(workspace
         loss = real_loss(model, batch, **options)
         return loss * float("nan") if len(steps) >= 3 else loss
 
-    monkeypatch.setattr(run_pretraining, "pretraining_loss", loss_nan_from_the_third_step)
+    monkeypatch.setattr(loop, "pretraining_loss", loss_nan_from_the_third_step)
     with pytest.raises(SystemExit) as stop:
         run_pretraining.main(flags(workspace, "--num_steps_per_checkpoint", 1, "--max_steps", 30, *precision))
     assert stop.value.code == 1
@@ -264,7 +265,7 @@ def test_nan_loss_is_skipped_with_a_warning_then_stops_naming_the_step(workspace
 
 
 def test_weights_that_become_infinite_are_never_checkpointed(workspace, monkeypatch, capsys):
-    real_build = run_pretraining.build_lamb
+    real_build = startup.build_lamb
 
     def optimizer_that_overflows_a_weight(*args, **kwargs):
         optimizer = real_build(*args, **kwargs)
@@ -279,7 +280,7 @@ def test_weights_that_become_infinite_are_never_checkpointed(workspace, monkeypa
         optimizer.step = step
         return optimizer
 
-    monkeypatch.setattr(run_pretraining, "build_lamb", optimizer_that_overflows_a_weight)
+    monkeypatch.setattr(startup, "build_lamb", optimizer_that_overflows_a_weight)
     with pytest.raises(SystemExit) as stop:
         run_pretraining.main(flags(workspace, "--num_steps_per_checkpoint", 1))
     assert stop.value.code == 1

@@ -9,75 +9,35 @@ process: `torchrun --nproc_per_node=8 run_pretraining.py ...`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import math
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, NoReturn, Optional
+from typing import Any, NoReturn, Optional
 
 import h5py
-import numpy as np
 import torch
-from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from bertrecipe.training import checkpointing
-from bertrecipe.pretraining import masking
-from bertrecipe.pretraining import resume_rules
-from bertrecipe.training.process_group import (
-    DistributedContext,
-    all_gather_objects,
-    all_reduce_sum,
-    any_process,
-    init_distributed,
-    shutdown,
-)
 from bertrecipe.common.atomic_files import remove_stale_temporaries
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
-from bertrecipe.training.metric_logger import MetricLogger, check_log_paths
 from bertrecipe.common.output_paths import check_writable_folder, refuse_input_as_output
-from bertrecipe.model.bert import BertConfig, BertForPreTraining
-from bertrecipe.model.weights import load_weights_into, read_config, read_weights
-from bertrecipe.training.optimization import (
-    PolyWarmUpScheduler,
-    TimeBudgetScheduler,
-    build_lamb,
-    choose_compiled_lamb,
-    weight_decay_groups,
-)
-from bertrecipe.pretraining.sample_order import check_lanes, default_lanes
+from bertrecipe.model.bert import BertConfig
+from bertrecipe.model.weights import read_config
+from bertrecipe.pretraining import masking
+from bertrecipe.pretraining.data import find_shards, inspect_shard, read_rows
+from bertrecipe.pretraining.loop import Session, evaluate, train
+from bertrecipe.pretraining.resume_rules import check_resume, find_resume_checkpoint, stream_lanes
+from bertrecipe.pretraining.startup import build_model, set_up_optimizer
 from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, check_vocab_for_model, load_vocab
-from bertrecipe.training.run_lock import RunLock, locked_output_folder
-from bertrecipe.pretraining.data import (
-    BatchPlan,
-    PretrainingData,
-    evaluation_batches,
-    find_shards,
-    inspect_shard,
-    read_rows,
-)
-from bertrecipe.training.stepper import (
-    MAX_CONSECUTIVE_NON_FINITE,
-    Precision,
-    Stepper,
-    StepResult,
-    StopSignal,
-    TrainingFailure,
-    allow_tf32,
-    outlive_job_sigterm,
-    batches_to_device,
-    make_precision,
-    seed_everything,
-    take,
-    unwrap,
-    wrap_ddp,
-)
+from bertrecipe.training import checkpointing
+from bertrecipe.training.metric_logger import MetricLogger, check_log_paths
+from bertrecipe.training.process_group import DistributedContext, any_process, init_distributed, shutdown
+from bertrecipe.training.run_lock import locked_output_folder
+from bertrecipe.training.stepper import allow_tf32, make_precision, seed_everything
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -268,104 +228,6 @@ def check_output_paths(args: argparse.Namespace, train_shards: list, eval_shards
                            inputs)
 
 
-def build_model(args: argparse.Namespace, config: BertConfig, device: torch.device) -> BertForPreTraining:
-    if args.pretrain_dropout is not None:  # the model's own copy: the checkpoint keeps the config's dropout
-        config = dataclasses.replace(config, hidden_dropout_prob=args.pretrain_dropout,
-                                     attention_probs_dropout_prob=args.pretrain_dropout)
-    model = BertForPreTraining(config)
-    model.set_checkpoint_activations(args.checkpoint_activations)
-    if args.init_checkpoint:
-        load_weights_into(model, read_weights(args.init_checkpoint), args.init_checkpoint)
-    if args.no_nsp:
-        # Frozen, so that neither LAMB nor DDP waits for gradients that never come (DDP would fail on unused
-        # parameters); they are saved as they are.
-        for param in [*model.bert.pooler.parameters(), *model.cls.seq_relationship.parameters()]:
-            param.requires_grad_(False)
-    model = model.to(device)
-    if args.compile:
-        model.compile()  # in place: parameter names, state_dict keys and checkpoints stay the same
-    return model
-
-
-def pretraining_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], nsp: bool = True) -> torch.Tensor:
-    """Masked-LM plus next-sentence cross-entropy (NVIDIA's loss), or the masked-LM term alone with nsp=False."""
-    return model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                 masked_lm_labels=batch["masked_lm_labels"],
-                 next_sentence_labels=batch["next_sentence_labels"] if nsp else None).loss
-
-
-@torch.no_grad()
-def evaluate(session: Session) -> dict[str, float]:
-    """MLPerf's metric: masked-LM accuracy over all masked tokens, and the mean masked-LM cross-entropy."""
-    args, ctx = session.args, session.ctx
-    bare = unwrap(session.model)
-    was_training = bare.training
-    bare.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, masked tokens
-    batch_size = args.eval_batch_size or args.train_batch_size // args.gradient_accumulation_steps
-    for batch in evaluation_batches(session.eval_shards, bare.config.vocab_size, batch_size, ctx.rank,
-                                    ctx.world_size):
-        batch = batches_to_device(batch, ctx.device)
-        labels = batch["masked_lm_labels"]
-        with session.precision.autocast():
-            logits = bare(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                          predict_positions=labels >= 0).prediction_logits.float()
-        targets = labels[labels >= 0]
-        sums[0] += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").double()
-        sums[1] += (logits.argmax(-1) == targets).sum()
-        sums[2] += targets.numel()
-    sums = all_reduce_sum(sums, ctx)
-    bare.train(was_training)
-    count = max(float(sums[2]), 1.0)
-    return {"eval_loss": float(sums[0]) / count, "eval_mlm_accuracy": float(sums[1]) / count}
-
-
-# Where a run without a checkpoint to continue starts; restore_state returns the same keys.
-FRESH_START: dict[str, Any] = {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None,
-                               "path": None, "skipped_steps": 0, "train_seconds": 0.0}
-
-
-def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module,
-                  optimizer: torch.optim.Optimizer, log: MetricLogger, path: Path,
-                  ckpt: dict[str, Any]) -> dict[str, Any]:
-    """Loads the checkpoint to resume from; returns where to continue (phase step, stream position, rng) and the
-    checkpoint's path, which rotation must keep."""
-    unwrap(model).load_state_dict(ckpt["model"])
-    fresh = {**FRESH_START, "path": path}
-    if "optimizer" not in ckpt:  # evaluation of a weights-only checkpoint (training refused it already)
-        log.log("PARAMETER", {"evaluated": str(path)})
-        return fresh
-    handoff = args.phase2 and not ckpt.get("phase2", False)
-    trained_without_nsp = bool((ckpt.get("args") or {}).get("no_nsp", False))
-    if trained_without_nsp != args.no_nsp:  # the optimizer holds state for other parameters
-        raise InputError(f"{path}: was trained {'with' if trained_without_nsp else 'without'} --no_nsp; continue it "
-                         f"the same way, or start from it with --init_checkpoint in a new --output_dir")
-    optimizer.load_state_dict(ckpt["optimizer"])
-    if handoff:  # phase 1 -> phase 2: same weights and moments, optimizer step and schedule start again
-        for group in optimizer.param_groups:
-            group["step"] = 0
-            group["lr"] = args.learning_rate  # phase 2 has its own peak lr
-            group.pop("initial_lr", None)
-        log.log("PARAMETER", {"phase2_start_from": str(path)})
-        return fresh
-    log.log("PARAMETER", {"resumed_from": str(path)})
-    per_rank = ckpt.get("rng_per_rank") or ([ckpt["rng"]] if ckpt.get("rng") else [])  # older: rank 0's only
-    # Each rank continues its own dropout stream; a rank that the resume added starts one of its own, drawn from
-    # (seed, rank, step), since a copy of another rank's would give both the same dropout masks.
-    if ctx.rank < len(per_rank):
-        rng = per_rank[ctx.rank]
-    else:
-        seed_everything(int(np.random.SeedSequence([args.seed, ctx.rank, int(ckpt["phase_step"])]).generate_state(1)[0]))
-        rng = checkpointing.rng_state()
-    return {**fresh, "phase_step": int(ckpt["phase_step"]), "position": int(ckpt["data"]["stream_position"]),
-            "scheduler": ckpt.get("scheduler"), "rng": rng, "scaler": ckpt.get("scaler"),
-            "skipped_steps": int(ckpt.get("skipped_steps", 0)), "train_seconds": float(ckpt.get("train_seconds", 0.0))}
-
-
-def weights_are_finite(model: torch.nn.Module) -> bool:
-    return bool(torch.stack([p.detach().isfinite().all() for p in unwrap(model).parameters()]).all())
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
     ctx = init_distributed(args.no_cuda)
@@ -395,86 +257,6 @@ def inspect_inputs(args: argparse.Namespace, config: BertConfig) -> tuple[list, 
                         for f in find_shards(args.input_dir, "training")]
     eval_shards = [inspect_shard(f, **limits) for f in find_shards(args.eval_dir)] if args.eval_dir else []
     return train_shards, eval_shards
-
-
-def find_resume_checkpoint(args: argparse.Namespace, config: BertConfig,
-                           existing: list[checkpointing.SavedCheckpoint]) -> Optional[tuple[Path, dict[str, Any]]]:
-    """The checkpoint this run continues from (None for a fresh start) among the `existing` ones
-    (checkpointing.survey's), chosen by phase (resume_rules) and checked to fit the run."""
-    if args.do_train and existing and not args.resume_from_checkpoint:
-        raise InputError(f"{args.output_dir}: holds checkpoints of another run ({existing[-1].path.name}); pass "
-                         "--resume_from_checkpoint to continue it or choose another --output_dir")
-    if not args.resume_from_checkpoint:
-        return None
-    if not existing and args.resume_step < 0:
-        if args.do_train and args.phase2:
-            raise InputError(f"{args.output_dir}: phase 2 needs the phase-1 checkpoint to resume from")
-        return None  # NVIDIA's scripts always pass --resume_from_checkpoint: the first run starts fresh
-    step = args.resume_step
-    if step < 0 and args.do_train:
-        chosen = resume_rules.choose_checkpoint(existing, args.output_dir, args.phase2, args.phase1_end_step,
-                                                args.max_steps)
-        step = chosen.step if chosen is not None else -1
-    path, ckpt = checkpointing.load_newest_checkpoint(args.output_dir, step)
-    if args.do_train:
-        resume_rules.refuse_phase_mismatch(path, ckpt, args.phase2)
-        missing = [key for key in ("optimizer", "phase_step", "data") if key not in ckpt]
-        if missing:
-            raise InputError(f"{path}: holds weights but no training state ({', '.join(missing)}), so a run cannot "
-                        "resume from it; pass it as --init_checkpoint in a new --output_dir instead")
-    saved = ckpt.get("config")
-    if isinstance(saved, dict):
-        ours = config.to_dict()
-        changed = [f"{key} {saved.get(key)} -> {ours.get(key)}" for key in sorted(set(saved) | set(ours))
-                   if saved.get(key) != ours.get(key)]
-        if changed:
-            raise InputError(f"{path}: was trained with another config than {args.config_file} "
-                             f"({'; '.join(changed)}); resume with the same --config_file or use a new --output_dir")
-    return path, ckpt
-
-
-def check_resume(args: argparse.Namespace, ctx: DistributedContext, shards: list,
-                 resume_from: Optional[tuple[Path, dict[str, Any]]],
-                 existing: list[checkpointing.SavedCheckpoint]) -> tuple[int, list[str]]:
-    """Before the first write: what is left to train (steps), and the flag changes a resume applies (one line
-    each); refuses a changed flag that cannot apply (resume_rules.RULES), a --max_steps behind the checkpoint, and a
-    run that would write over an existing checkpoint."""
-    start, changes = 0, []
-    if resume_from is not None:
-        path, ckpt = resume_from
-        if bool(ckpt.get("phase2")) == bool(args.phase2):  # continuing a phase (a hand-over starts one afresh)
-            start = int(ckpt["phase_step"])
-            changes = resume_rules.compare_flags(path, ckpt, args, [s.path.name for s in shards],
-                                                 args.train_batch_size * ctx.world_size)
-            if start > args.max_steps:
-                raise InputError(f"{path}: is at step {start} of this phase, beyond --max_steps {args.max_steps}; "
-                                 f"pass --max_steps {start} or more to go on")
-    steps_left = args.max_steps - start
-    if args.steps_this_run > 0:
-        steps_left = min(steps_left, args.steps_this_run)
-    offset = args.phase1_end_step if args.phase2 else 0
-    if steps_left > 0 and not args.skip_checkpoint:
-        resume_rules.refuse_overwrites(existing, offset + start + 1, offset + start + steps_left)
-    return steps_left, changes
-
-
-def stream_lanes(args: argparse.Namespace, ctx: DistributedContext,
-                 resume_from: Optional[tuple[Path, dict[str, Any]]]) -> int:
-    """The lane count of the sample stream: the checkpoint's when continuing a phase (its stream goes on), else
-    --data_lanes or the default; checked to split the global batch over this many processes."""
-    global_batch = args.train_batch_size * ctx.world_size
-    lanes = args.data_lanes or default_lanes(global_batch, ctx.world_size)
-    if resume_from is not None:
-        path, ckpt = resume_from
-        saved = int((ckpt.get("data") or {}).get("lanes", 0))
-        continuing = bool(ckpt.get("phase2", False)) == bool(args.phase2)
-        if continuing and saved:
-            if args.data_lanes and args.data_lanes != saved:
-                raise InputError(f"{path}: its stream has {saved} lanes, not --data_lanes {args.data_lanes}; drop "
-                                 "the flag to continue it")
-            lanes = saved
-    check_lanes(lanes, global_batch, ctx.world_size)
-    return lanes
 
 
 def masking_spec(args: argparse.Namespace, shards: list, config: BertConfig,
@@ -510,25 +292,6 @@ def open_log(args: argparse.Namespace, ctx: DistributedContext, bar_enabled: boo
                          ("training_sequences_per_second", "sequences/s"), ("e2e_train_time", "s")):
         log.metadata(metric, {"unit": unit} if unit else {})
     return log
-
-
-@dataclass
-class Session:
-    """What a run works with once its inputs are checked and its model and optimizer are set up; training and
-    the evaluation share it."""
-
-    args: argparse.Namespace
-    ctx: DistributedContext
-    config: BertConfig
-    model: torch.nn.Module  # wrapped for DDP when there is more than one process
-    optimizer: torch.optim.Optimizer
-    scheduler: Any  # PolyWarmUpScheduler, or TimeBudgetScheduler with --train_budget_minutes
-    precision: Precision
-    log: MetricLogger
-    eval_shards: list
-    bar_enabled: bool
-    start_time: float  # time.time() when the run began, for e2e_train_time
-    lock: Optional[RunLock]  # --output_dir's, held by the main process
 
 
 def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
@@ -590,310 +353,6 @@ def train_and_evaluate(session: Session, shards: list, spec: Optional[masking.Ma
     log.log([], final)
     log.close()
     return final
-
-
-def set_up_optimizer(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module,
-                     precision: Precision, log: MetricLogger, resume_from: Optional[tuple[Path, dict[str, Any]]]
-                     ) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, dict[str, Any]]:
-    """LAMB, its schedule and the loss scaler, restored from the checkpoint the run continues (see FRESH_START for
-    what the returned resume point holds); then the model wrapped for DDP."""
-    groups = weight_decay_groups(model, 0.01)
-    optimizer = build_lamb(groups, lr=args.learning_rate, compiled=choose_compiled_lamb(groups, args.compile_optimizer))
-    resume = dict(FRESH_START)
-    if resume_from is not None:
-        resume = restore_state(args, ctx, model, optimizer, log, *resume_from)
-    # Built after the restore: a phase-2 handoff has just reset the optimizer's lr and step.
-    scheduler: PolyWarmUpScheduler | TimeBudgetScheduler
-    if args.train_budget_minutes:
-        scheduler = TimeBudgetScheduler(optimizer, args.warmup_proportion, args.train_budget_minutes * 60,
-                                        resume["train_seconds"])
-    else:
-        scheduler = PolyWarmUpScheduler(optimizer, args.warmup_proportion, max(args.max_steps, 1))
-    if resume["scheduler"] is not None:
-        scheduler.load_state_dict(resume["scheduler"])
-        scheduler.set_peak_lr(args.learning_rate)  # a changed --learning_rate applies (resume_rules.RULES)
-    if resume["scaler"] is not None and precision.scaler is not None:
-        precision.scaler.load_state_dict(resume["scaler"])
-    compress = None
-    if args.allreduce_post_accumulation_fp16:
-        compress = torch.bfloat16 if args.bf16 else torch.float16
-    return wrap_ddp(model, ctx, compress), optimizer, scheduler, resume
-
-
-@dataclass
-class Phase:
-    """The training loop's state: what this run's steps are built from, and where the phase stands. phase_step
-    and position (samples of the stream consumed) are what a checkpoint records to resume exactly."""
-
-    session: Session
-    plan: BatchPlan
-    data: PretrainingData
-    batches: Iterator[dict[str, torch.Tensor]]
-    stepper: Stepper
-    stop: StopSignal
-    bar: tqdm
-    steps_left: int  # steps this run takes
-    step_offset: int  # phase 2's steps are logged and saved after phase 1's
-    keep: Optional[Path]  # the checkpoint this run resumed from, which rotation must keep
-    phase_step: int
-    position: int
-    current_step: int  # the global step being taken, for the error line
-    record_clock: float  # perf_counter() at the previous training record (evaluation time excluded)
-    clock_start: float  # perf_counter() when this run's phase began
-    seconds_before: float  # training time of the runs this one continues
-    train_seconds: float  # training time of the phase after the last step (evaluations excluded)
-    next_evaluation: float  # train_seconds of the next --eval_interval_minutes evaluation
-    evaluation_seconds: float = 0.0  # time this run spent in evaluations between steps
-    steps_since_record: int = 0
-    losses: list[float] = field(default_factory=list)  # this process's step losses since the previous record
-    step_times: list[float] = field(default_factory=list)
-    last_loss: float = float("nan")
-    result: dict[str, Any] = field(default_factory=dict)  # the newest evaluation
-    stopped_by: Optional[str] = None  # "SIGTERM" or "train_budget" when the run ended before its last step
-
-    @property
-    def global_step(self) -> int:
-        return self.phase_step + self.step_offset
-
-    @property
-    def global_batch(self) -> int:
-        """Sequences of all processes per optimizer step."""
-        return self.session.args.train_batch_size * self.session.ctx.world_size
-
-
-def train(session: Session, shards: list, spec: Optional[masking.MaskingSpec],
-          resume: dict[str, Any], steps_left: int) -> dict[str, Any]:
-    """Takes the steps of this run from the resume point on; returns the run's closing record."""
-    phase = start_phase(session, shards, spec, resume, steps_left)
-    if budget_spent(phase):
-        session.log.log("PARAMETER", {"train_budget_already_spent": phase.train_seconds / 60})
-        phase.steps_left = 0
-    try:
-        for index in range(phase.steps_left):
-            if not train_one_step(phase, last_of_run=index == phase.steps_left - 1):
-                break
-    except TrainingFailure as error:
-        phase.bar.close()
-        stop_with_error(phase, error)
-    finally:
-        phase.stop.restore()
-    phase.bar.close()
-    return closing_record(phase)
-
-
-def start_phase(session: Session, shards: list, spec: Optional[masking.MaskingSpec],
-                resume: dict[str, Any], steps_left: int) -> Phase:
-    """Opens this rank's share of the sample stream at the resume position and puts the dropout RNG where the
-    checkpoint left it."""
-    args, ctx = session.args, session.ctx
-    plan = BatchPlan(args.train_batch_size // args.gradient_accumulation_steps, args.gradient_accumulation_steps,
-                     ctx.world_size, ctx.rank)
-    data = PretrainingData(shards, args.seed, plan, args.data_lanes, session.config.vocab_size,
-                           start=resume["position"], max_steps=max(steps_left, 0), masking_spec=spec,
-                           bin_by_length=args.bin_by_length)
-    # A private generator for the loader, so that creating it draws nothing from the dropout RNG.
-    loader = DataLoader(data.reader(), batch_size=None, num_workers=args.num_workers,
-                        pin_memory=ctx.device.type == "cuda", generator=torch.Generator().manual_seed(args.seed),
-                        persistent_workers=False, worker_init_fn=outlive_job_sigterm)
-    # Before the loader starts: a SIGTERM from then on is a request to checkpoint and stop, never a crash
-    # (the workers take theirs through outlive_job_sigterm).
-    stop = StopSignal()
-    batches = data.batches(iter(loader))
-    if resume["rng"] is not None:
-        checkpointing.set_rng_state(resume["rng"])
-    loss = functools.partial(pretraining_loss, nsp=not args.no_nsp)
-    stepper = Stepper(session.model, session.optimizer, session.scheduler, session.precision, loss,
-                      skipped_steps=resume["skipped_steps"])
-    step_offset = args.phase1_end_step if args.phase2 else 0
-    bar = tqdm(total=steps_left, disable=not session.bar_enabled, desc="pre-training", unit="step",
-               dynamic_ncols=True)
-    session.model.train()
-    now, before = time.perf_counter(), resume["train_seconds"]
-    return Phase(session, plan, data, batches, stepper, stop, bar, steps_left, step_offset, keep=resume["path"],
-                 phase_step=resume["phase_step"], position=resume["position"],
-                 current_step=resume["phase_step"] + step_offset, record_clock=now, clock_start=now,
-                 seconds_before=before, train_seconds=before,
-                 next_evaluation=next_evaluation_after(before, args.eval_interval_minutes))
-
-
-def train_one_step(phase: Phase, last_of_run: bool) -> bool:
-    """One optimizer step, then whatever is due after it: the log record, an evaluation, a checkpoint. False when
-    a SIGTERM (on any process) ends the run after its checkpoint."""
-    args = phase.session.args
-    outcome = apply_step(phase)
-    phase.train_seconds = read_clock(phase)
-    if phase.phase_step % args.log_freq == 0 or last_of_run:
-        log_training_record(phase, outcome.loss)
-    if evaluation_due(phase):
-        evaluate_between_steps(phase)
-    stopping = any_process(phase.stop.requested, phase.session.ctx)
-    out_of_time = budget_spent(phase)
-    ending = stopping or out_of_time or last_of_run
-    if ending or phase.phase_step % args.num_steps_per_checkpoint == 0:
-        save(phase, periodic=not ending)
-    if (stopping and not last_of_run) or out_of_time:  # a SIGTERM during the run's last step stops nothing
-        phase.stopped_by = "SIGTERM" if stopping and not last_of_run else "train_budget"
-        phase.session.log.log("PARAMETER", {"stopped_by": phase.stopped_by, "global_step": phase.global_step})
-    return not (stopping or out_of_time)
-
-
-def read_clock(phase: Phase) -> float:
-    """Training seconds of the phase (earlier runs included, evaluations between steps not), the mean over the
-    processes when a budget or an evaluation interval depends on it, so that every process decides alike."""
-    args, ctx = phase.session.args, phase.session.ctx
-    seconds = phase.seconds_before + time.perf_counter() - phase.clock_start - phase.evaluation_seconds
-    if ctx.world_size > 1 and (args.train_budget_minutes or args.eval_interval_minutes):
-        total = all_reduce_sum(torch.tensor([seconds], dtype=torch.float64, device=ctx.device), ctx)
-        seconds = float(total[0]) / ctx.world_size
-    return seconds
-
-
-def budget_spent(phase: Phase) -> bool:
-    budget = phase.session.args.train_budget_minutes
-    return bool(budget) and phase.train_seconds >= budget * 60
-
-
-def next_evaluation_after(seconds: float, interval_minutes: float) -> float:
-    """The training second of the first --eval_interval_minutes mark after `seconds` (inf without an interval)."""
-    interval = interval_minutes * 60
-    return (math.floor(seconds / interval) + 1) * interval if interval else math.inf
-
-
-def evaluation_due(phase: Phase) -> bool:
-    args = phase.session.args
-    if not phase.session.eval_shards:
-        return False
-    if args.eval_steps and phase.phase_step % args.eval_steps == 0:
-        return True
-    return phase.train_seconds >= phase.next_evaluation
-
-
-def apply_step(phase: Phase) -> StepResult:
-    """Feeds the step's micro-batches to the stepper and advances the phase past them."""
-    tick = time.perf_counter()
-    micro = [batches_to_device(b, phase.session.ctx.device) for b in take(phase.batches, phase.plan.accumulation)]
-    phase.current_step = phase.global_step + 1
-    if isinstance(phase.session.scheduler, TimeBudgetScheduler):
-        phase.session.scheduler.elapsed_seconds = phase.train_seconds  # the clock after the previous step
-    outcome = phase.stepper.step(micro)
-    if not outcome.applied and phase.session.precision.scaler is None:
-        print(f"warning: step {phase.current_step}: the loss or gradients are not finite; step skipped "
-              f"({phase.stepper.consecutive_non_finite} in a row, stopping at {MAX_CONSECUTIVE_NON_FINITE})",
-              file=sys.stderr, flush=True)
-    phase.phase_step += 1
-    phase.position += phase.plan.samples_per_step
-    phase.step_times.append(time.perf_counter() - tick)
-    phase.losses.append(outcome.loss)
-    phase.steps_since_record += 1
-    phase.bar.update(1)
-    return outcome
-
-
-def log_training_record(phase: Phase, step_loss: float) -> None:
-    """The losses averaged over processes, the lr, and the throughput since the previous record: sequences of
-    all processes over the wall time, read once the loss all-reduce has synchronised them."""
-    session, ctx = phase.session, phase.session.ctx
-    mean = all_reduce_sum(torch.tensor([np.mean(phase.losses), step_loss], dtype=torch.float64,
-                                       device=ctx.device), ctx) / ctx.world_size
-    phase.last_loss = float(mean[1])
-    now = time.perf_counter()
-    record = {"average_loss": float(mean[0]), "step_loss": phase.last_loss,
-              "learning_rate": session.optimizer.param_groups[0]["lr"], "skipped_steps": phase.stepper.skipped_steps,
-              "training_sequences_per_second": phase.global_batch * phase.steps_since_record
-              / max(now - phase.record_clock, 1e-9)}
-    phase.steps_since_record, phase.record_clock = 0, now
-    if session.precision.scaler is not None:
-        record["loss_scale"] = session.precision.scaler.get_scale()
-    session.log.log([phase.data.epoch(phase.position), phase.global_step], record)
-    phase.bar.set_postfix(loss=f"{phase.last_loss:.4f}")
-    phase.losses.clear()
-
-
-def evaluate_between_steps(phase: Phase) -> None:
-    evaluation_start = time.perf_counter()
-    phase.result = evaluate(phase.session)
-    phase.session.log.log([phase.data.epoch(phase.position), phase.global_step],
-                          {**phase.result, "train_minutes": phase.train_seconds / 60})
-    phase.next_evaluation = next_evaluation_after(phase.train_seconds, phase.session.args.eval_interval_minutes)
-    spent = time.perf_counter() - evaluation_start  # not training time
-    phase.record_clock += spent
-    phase.evaluation_seconds += spent
-
-
-def save(phase: Phase, periodic: bool) -> None:
-    """Writes ckpt_<global step>.pt from the first process, with every rank's RNG; every rank stops if it fails."""
-    session, ctx, args = phase.session, phase.session.ctx, phase.session.args
-    # A periodic checkpoint never rotates a good one out during a run of non-finite (not fp16-overflow)
-    # steps; the SIGTERM and end-of-run ones are always written (skipped steps left the weights good).
-    if args.skip_checkpoint or (periodic and session.precision.scaler is None and phase.stepper.consecutive_non_finite):
-        return
-    if not weights_are_finite(session.model):
-        raise TrainingFailure("the weights are no longer finite numbers; no checkpoint written")
-    rng_per_rank = all_gather_objects(checkpointing.rng_state(), ctx)
-    failure = None
-    if ctx.is_main:
-        payload = checkpoint_payload(phase, rng_per_rank)
-        try:
-            if session.lock is not None and not session.lock.still_held():
-                raise InputError(f"{session.lock.path}: another run took over this --output_dir's lock; this run "
-                                 f"stops without writing ckpt_{phase.global_step}.pt")
-            checkpointing.save_checkpoint(args.output_dir, phase.global_step, payload, keep=phase.keep)
-        except InputError as error:  # e.g. disk full: every rank stops, the earlier checkpoints are intact
-            failure = error
-    if any_process(failure is not None, ctx):
-        raise failure or InputError(f"{args.output_dir}: the first process could not write the checkpoint")
-
-
-def checkpoint_payload(phase: Phase, rng_per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """The checkpoint's content (docs/interfaces.md, section 3)."""
-    session, args = phase.session, phase.session.args
-    return {
-        "model": unwrap(session.model).state_dict(),
-        "optimizer": session.optimizer.state_dict(),
-        "scheduler": session.scheduler.state_dict(),
-        "scaler": session.precision.scaler.state_dict() if session.precision.scaler is not None else None,
-        "epoch": phase.data.epoch(phase.position),
-        "data": {"stream_position": phase.position, "seed": args.seed, "lanes": phase.data.order.lanes,
-                 "files": [shard.path.name for shard in phase.data.shards], "global_batch": phase.global_batch},
-        "rng": rng_per_rank[0],
-        "rng_per_rank": rng_per_rank,  # each rank's dropout stream, so that a multi-process resume is exact
-        "phase2": bool(args.phase2),
-        "phase1_end_step": args.phase1_end_step if args.phase2 else None,
-        "phase_step": phase.phase_step,
-        "config": session.config.to_dict(),
-        "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))},
-        "skipped_steps": phase.stepper.skipped_steps,  # the log's counter goes on after a resume
-        "train_seconds": phase.train_seconds,  # a --train_budget_minutes run goes on with what is left
-    }
-
-
-def stop_with_error(phase: Phase, error: TrainingFailure) -> NoReturn:
-    """One line naming the step and the checkpoint to resume from, and exit status 1."""
-    output_dir = phase.session.args.output_dir
-    saved = checkpointing.list_checkpoints(output_dir)
-    last = f"the last good checkpoint is {saved[-1][1]}" if saved else f"no checkpoint in {output_dir}"
-    print(f"error: step {phase.current_step}: {error}; stopping, {last}", file=sys.stderr, flush=True)
-    raise SystemExit(1)
-
-
-def closing_record(phase: Phase) -> dict[str, Any]:
-    """The run's summary: times, throughput (the first two steps, which warm up, left out when there are more) and
-    the final loss, with the final evaluation when --do_eval asks for one."""
-    session = phase.session
-    if session.eval_shards and session.args.do_eval:
-        phase.result = evaluate(session)
-    timed = phase.step_times[2:] if len(phase.step_times) > 2 else phase.step_times
-    sequences = phase.global_batch * len(timed)
-    return {
-        "e2e_train_time": time.time() - session.start_time,
-        "training_sequences_per_second": sequences / sum(timed) if timed and sum(timed) > 0 else 0.0,
-        "final_loss": phase.last_loss,
-        "global_step": phase.global_step,
-        **({"stopped_by": phase.stopped_by} if phase.stopped_by else {}),
-        "raw_train_time": sum(phase.step_times),
-        "train_minutes": phase.train_seconds / 60,
-        **phase.result,
-    }
 
 
 def cli() -> NoReturn:

@@ -17,8 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from bertrecipe.training.checkpointing import SavedCheckpoint, move_aside
 from bertrecipe.common.errors import InputError
+from bertrecipe.model.bert import BertConfig
+from bertrecipe.pretraining.sample_order import check_lanes, default_lanes
+from bertrecipe.training import checkpointing
+from bertrecipe.training.checkpointing import SavedCheckpoint, move_aside
+from bertrecipe.training.process_group import DistributedContext
 
 
 @dataclass(frozen=True)
@@ -153,3 +157,86 @@ def compare_flags(path: Path, ckpt: dict[str, Any], args: argparse.Namespace, sh
                          f"{global_batch} (--train_batch_size x processes): the stream's position counts whole steps; "
                          f"keep {saved_batch} sequences per step")
     return applied
+
+
+def find_resume_checkpoint(args: argparse.Namespace, config: BertConfig,
+                           existing: list[checkpointing.SavedCheckpoint]) -> Optional[tuple[Path, dict[str, Any]]]:
+    """The checkpoint this run continues from (None for a fresh start) among the `existing` ones
+    (checkpointing.survey's), chosen by phase (resume_rules) and checked to fit the run."""
+    if args.do_train and existing and not args.resume_from_checkpoint:
+        raise InputError(f"{args.output_dir}: holds checkpoints of another run ({existing[-1].path.name}); pass "
+                         "--resume_from_checkpoint to continue it or choose another --output_dir")
+    if not args.resume_from_checkpoint:
+        return None
+    if not existing and args.resume_step < 0:
+        if args.do_train and args.phase2:
+            raise InputError(f"{args.output_dir}: phase 2 needs the phase-1 checkpoint to resume from")
+        return None  # NVIDIA's scripts always pass --resume_from_checkpoint: the first run starts fresh
+    step = args.resume_step
+    if step < 0 and args.do_train:
+        chosen = choose_checkpoint(existing, args.output_dir, args.phase2, args.phase1_end_step,
+                                                args.max_steps)
+        step = chosen.step if chosen is not None else -1
+    path, ckpt = checkpointing.load_newest_checkpoint(args.output_dir, step)
+    if args.do_train:
+        refuse_phase_mismatch(path, ckpt, args.phase2)
+        missing = [key for key in ("optimizer", "phase_step", "data") if key not in ckpt]
+        if missing:
+            raise InputError(f"{path}: holds weights but no training state ({', '.join(missing)}), so a run cannot "
+                        "resume from it; pass it as --init_checkpoint in a new --output_dir instead")
+    saved = ckpt.get("config")
+    if isinstance(saved, dict):
+        ours = config.to_dict()
+        changed = [f"{key} {saved.get(key)} -> {ours.get(key)}" for key in sorted(set(saved) | set(ours))
+                   if saved.get(key) != ours.get(key)]
+        if changed:
+            raise InputError(f"{path}: was trained with another config than {args.config_file} "
+                             f"({'; '.join(changed)}); resume with the same --config_file or use a new --output_dir")
+    return path, ckpt
+
+
+
+def check_resume(args: argparse.Namespace, ctx: DistributedContext, shards: list,
+                 resume_from: Optional[tuple[Path, dict[str, Any]]],
+                 existing: list[checkpointing.SavedCheckpoint]) -> tuple[int, list[str]]:
+    """Before the first write: what is left to train (steps), and the flag changes a resume applies (one line
+    each); refuses a changed flag that cannot apply (RULES), a --max_steps behind the checkpoint, and a
+    run that would write over an existing checkpoint."""
+    start, changes = 0, []
+    if resume_from is not None:
+        path, ckpt = resume_from
+        if bool(ckpt.get("phase2")) == bool(args.phase2):  # continuing a phase (a hand-over starts one afresh)
+            start = int(ckpt["phase_step"])
+            changes = compare_flags(path, ckpt, args, [s.path.name for s in shards],
+                                                 args.train_batch_size * ctx.world_size)
+            if start > args.max_steps:
+                raise InputError(f"{path}: is at step {start} of this phase, beyond --max_steps {args.max_steps}; "
+                                 f"pass --max_steps {start} or more to go on")
+    steps_left = args.max_steps - start
+    if args.steps_this_run > 0:
+        steps_left = min(steps_left, args.steps_this_run)
+    offset = args.phase1_end_step if args.phase2 else 0
+    if steps_left > 0 and not args.skip_checkpoint:
+        refuse_overwrites(existing, offset + start + 1, offset + start + steps_left)
+    return steps_left, changes
+
+
+
+def stream_lanes(args: argparse.Namespace, ctx: DistributedContext,
+                 resume_from: Optional[tuple[Path, dict[str, Any]]]) -> int:
+    """The lane count of the sample stream: the checkpoint's when continuing a phase (its stream goes on), else
+    --data_lanes or the default; checked to split the global batch over this many processes."""
+    global_batch = args.train_batch_size * ctx.world_size
+    lanes = args.data_lanes or default_lanes(global_batch, ctx.world_size)
+    if resume_from is not None:
+        path, ckpt = resume_from
+        saved = int((ckpt.get("data") or {}).get("lanes", 0))
+        continuing = bool(ckpt.get("phase2", False)) == bool(args.phase2)
+        if continuing and saved:
+            if args.data_lanes and args.data_lanes != saved:
+                raise InputError(f"{path}: its stream has {saved} lanes, not --data_lanes {args.data_lanes}; drop "
+                                 "the flag to continue it")
+            lanes = saved
+    check_lanes(lanes, global_batch, ctx.world_size)
+    return lanes
+

@@ -15,6 +15,7 @@ from bertrecipe.finetuning import squad
 from bertrecipe.finetuning import squad_answers
 from conftest import TEST_DATA
 from bertrecipe.common.errors import InputError
+from bertrecipe.finetuning import model_loading
 from bertrecipe.finetuning import question_answering
 from bertrecipe.finetuning.question_answering import answer_about_context
 
@@ -31,7 +32,7 @@ CONTEXT = (
 def encoder(tiny_bert):
     """The encoder folder, its tokenizer and a QA model loaded from it with a seeded (untrained) QA head."""
     folder = tiny_bert
-    tokenizer = inference.load_tokenizer(folder / "vocab.txt", do_lower_case=True)
+    tokenizer = model_loading.load_tokenizer(folder / "vocab.txt", do_lower_case=True)
     torch.manual_seed(0)
     model = question_answering.load_qa_model(folder, None, tokenizer.vocab, 384)
     return folder, tokenizer, model
@@ -136,7 +137,7 @@ def test_context_file_and_vocab_errors_are_input_errors(encoder, tmp_path):
         inference.parse_args(["--init_checkpoint", str(folder), "--vocab_file", "v", "--context_file",
                               str(tmp_path / "latin1.txt")])
     with pytest.raises(InputError, match="vocab file not found"):
-        inference.load_tokenizer(tmp_path / "vocab.txt", True)
+        model_loading.load_tokenizer(tmp_path / "vocab.txt", True)
     with pytest.raises(InputError, match="max_position_embeddings"):
         question_answering.load_qa_model(folder, None, tokenizer.vocab, 1024)  # the config has 512 positions
 

@@ -34,7 +34,7 @@ from bertrecipe.finetuning import model_loading
 from bertrecipe.finetuning import squad
 from bertrecipe.finetuning import squad_answers
 from bertrecipe.cli import squad_flags
-from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab
+from bertrecipe.tokenization.wordpiece import Vocab
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.files import read_text_file
 from bertrecipe.deploy.onnx_export import onnx_logits_function
@@ -123,12 +123,6 @@ def refuse_output_onto_inputs(args: argparse.Namespace) -> None:
                            fix="send the output (>) to another file")
 
 
-def load_tokenizer(vocab_file: Path, do_lower_case: bool, allow_vocab_mismatch: bool = False) -> BertTokenizer:
-    """The WordPiece tokenizer of a vocab.txt; a bad vocab file, or one whose casing do_lower_case contradicts, is an
-    InputError (model_loading.load_tokenizer)."""
-    return model_loading.load_tokenizer(vocab_file, do_lower_case, allow_vocab_mismatch)
-
-
 def _stdin_questions() -> Iterator[str]:
     for line in sys.stdin:
         if line.strip():
@@ -149,7 +143,8 @@ def logits_function(options: InferenceOptions, vocab: Vocab) -> LogitsFunction:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     options = parse_args(argv)
-    tokenizer = load_tokenizer(options.vocab_file, options.answer.do_lower_case, options.allow_vocab_mismatch)
+    tokenizer = model_loading.load_tokenizer(options.vocab_file, options.answer.do_lower_case,
+                                             options.allow_vocab_mismatch)
     logits = logits_function(options, tokenizer.vocab)
     if options.questions is not None:
         [result] = answer_about_context(logits, tokenizer, options.questions, options.context, options.window,

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from bertrecipe.cli import finetuning_flags
 from bertrecipe.finetuning import loop
-from bertrecipe.finetuning.model_loading import build_model, load_tokenizer, model_config
+from bertrecipe.finetuning.model_loading import build_model, config_and_weights, load_tokenizer
 from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
 from bertrecipe.finetuning.timed_inference import latency_summary, timed_inference
 from bertrecipe.finetuning import glue
@@ -201,7 +201,7 @@ def prepare(args: argparse.Namespace, ctx: DistributedContext) -> GlueRun:
     task = glue.get_task(args.task_name)
     precision = make_precision(ctx.device, args.fp16, args.bf16)
     tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
-    config, weights = model_config(args.config_file, args.init_checkpoint)
+    config, weights = config_and_weights(args.config_file, args.init_checkpoint)
     splits = read_splits(task, args, tokenizer)
     seed_everything(args.seed)  # the same new classifier on every process
     model = build_model(lambda c: BertForSequenceClassification(c, task.num_labels), config, weights,

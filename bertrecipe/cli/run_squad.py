@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from bertrecipe.cli import finetuning_flags
 from bertrecipe.finetuning import loop
-from bertrecipe.finetuning.model_loading import build_model, load_tokenizer, model_config
+from bertrecipe.finetuning.model_loading import build_model, config_and_weights, load_tokenizer
 from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
 from bertrecipe.finetuning.timed_inference import latency_summary, timed_inference
 from bertrecipe.finetuning import squad
@@ -173,7 +173,7 @@ def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: An
     from the cache the first one writes)."""
     inputs: dict[str, Any] = {"model": None, "config": None, "train": None, "predict": None}
     if args.do_train or args.do_predict:
-        config, weights = model_config(args.config_file, args.init_checkpoint)
+        config, weights = config_and_weights(args.config_file, args.init_checkpoint)
         seed_everything(args.seed)  # the same new QA head on every process
         inputs["model"] = build_model(BertForQuestionAnswering, config, weights, args.init_checkpoint,
                                       tokenizer.vocab, args.max_seq_length, args.allow_vocab_mismatch).to(ctx.device)

@@ -85,7 +85,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
     check_version_folder(args)
     tokenizer = model_loading.load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
-    config, weights = model_loading.model_config(args.config_file, args.init_checkpoint)
+    config, weights = model_loading.config_and_weights(args.config_file, args.init_checkpoint)
     torch.manual_seed(args.seed)
     if args.task == "squad":
         make: Callable = BertForQuestionAnswering

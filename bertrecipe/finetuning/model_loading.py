@@ -21,8 +21,8 @@ def load_tokenizer(vocab_file: str | Path, do_lower_case: bool, allow_vocab_mism
     return BertTokenizer(vocab, do_lower_case)
 
 
-def model_config(config_file: Optional[str],
-                 init_checkpoint: Optional[str]) -> tuple[BertConfig, Optional[LoadedWeights]]:
+def config_and_weights(config_file: Optional[str],
+                       init_checkpoint: Optional[str]) -> tuple[BertConfig, Optional[LoadedWeights]]:
     """The model's config (--config_file, else the checkpoint's own) and the checkpoint's weights (None without
     one). A config that does not fit the weights is reported when they are loaded."""
     weights = read_weights(init_checkpoint) if init_checkpoint else None

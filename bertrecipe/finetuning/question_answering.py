@@ -81,7 +81,8 @@ def load_qa_model(
     """A BertForQuestionAnswering with the checkpoint's weights, in eval mode (run_squad's loading: the config
     comes from config_file or the checkpoint and must fit the vocab and the sequence length). A checkpoint
     without a QA head (e.g. a pre-trained one) loads with a warning: its answers are then meaningless."""
-    config, weights = model_loading.model_config(str(config_file) if config_file else None, str(init_checkpoint))
+    config, weights = model_loading.config_and_weights(str(config_file) if config_file else None,
+                                                       str(init_checkpoint))
     model = model_loading.build_model(BertForQuestionAnswering, config, weights, str(init_checkpoint), vocab,
                                       max_seq_length, allow_vocab_mismatch)
     if weights is not None and not any(name.startswith("qa_outputs.") for name in weights.state_dict):

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 from bertrecipe.pretraining import sample_order
 from bertrecipe.pretraining.shard_schema import SHARD_KEYS
-from bertrecipe.pretraining.data import (BatchPlan, PretrainingData, ShardInfo,
+from bertrecipe.pretraining.data import (StepShape, PretrainingData, ShardInfo,
                               check_value_ranges, inspect_shard, make_batch)
 from bertrecipe.common.hardware import detect, host_line, host_record
 
@@ -136,28 +136,28 @@ def portion_bytes(bands: list[tuple[int, int]], portion: sample_order.Portion) -
     return sum(((portion.stop - 1) // rows - portion.start // rows + 1) * band for rows, band in bands)
 
 
-def rank_portions(plan: sample_order.StreamPlan, world: int, rank: int, per_lane: int) -> list[sample_order.Portion]:
+def rank_portions(stream: sample_order.StreamOrder, world: int, rank: int, per_lane: int) -> list[sample_order.Portion]:
     """The portions rank `rank` reads for epoch 0, in its readers' order (serial n goes to worker n % K); the
     steps run into epoch 1, whose portions keep their serial numbers but are not counted."""
-    steps = -(-plan.lane_length // per_lane)
-    lanes = sample_order.rank_lanes(plan.lanes, world, rank)
-    return list(sample_order.portions_needed(plan, lanes, per_lane, 0, steps))
+    steps = -(-stream.lane_length // per_lane)
+    lanes = sample_order.rank_lanes(stream.lanes, world, rank)
+    return list(sample_order.portions_needed(stream, lanes, per_lane, 0, steps))
 
 
 def decompression(infos: list[ShardInfo], worlds: list[int], workers: list[int], seed: int) -> list[dict]:
     """Rows of item 1: for each (W, K), bytes decompressed in epoch 0 by all ranks, by the busiest rank and worker."""
     layouts = [shard_layout(info.path) for info in infos]
     data_bytes, once = sum(l[1] for l in layouts), sum(l[2] for l in layouts)
-    whole = sample_order.StreamPlan([i.num_samples for i in infos], [i.block_rows for i in infos], seed, 1)
+    whole = sample_order.StreamOrder([i.num_samples for i in infos], [i.block_rows for i in infos], seed, 1)
     blocks = sum(portion_bytes(layouts[p.file][0], p) for p, _ in whole.lane_portions(0, 0)) / data_bytes
     rows = []
     for world in worlds:
         lanes = sample_order.default_lanes(NVIDIA_GLOBAL_BATCH, world)
-        plan = sample_order.StreamPlan([i.num_samples for i in infos], [i.block_rows for i in infos], seed, lanes)
+        stream = sample_order.StreamOrder([i.num_samples for i in infos], [i.block_rows for i in infos], seed, lanes)
         per_rank = []
         for rank in range(world):
             read = [(serial, portion_bytes(layouts[p.file][0], p))
-                    for serial, p in enumerate(rank_portions(plan, world, rank, NVIDIA_GLOBAL_BATCH // lanes))
+                    for serial, p in enumerate(rank_portions(stream, world, rank, NVIDIA_GLOBAL_BATCH // lanes))
                     if p.epoch == 0]
             per_rank.append(read)
         rank_bytes = [sum(b for _, b in read) for read in per_rank]
@@ -203,9 +203,9 @@ def child_worker_memory(folder: str, world: int, workers: int, lanes: int | None
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # 4 workers on 2 cores: on purpose
     infos = [inspect_shard(p, VOCAB, 512) for p in sorted(Path(folder).glob("*.hdf5"))]
     lanes = lanes or sample_order.default_lanes(NVIDIA_GLOBAL_BATCH, world)
-    plan = sample_order.StreamPlan([i.num_samples for i in infos], [i.block_rows for i in infos], 0, lanes)
-    steps = max(1, plan.lane_length // (NVIDIA_GLOBAL_BATCH // lanes))
-    data = PretrainingData(infos, 0, BatchPlan(NVIDIA_GLOBAL_BATCH // world, 1, world, 0), lanes, VOCAB,
+    stream = sample_order.StreamOrder([i.num_samples for i in infos], [i.block_rows for i in infos], 0, lanes)
+    steps = max(1, stream.lane_length // (NVIDIA_GLOBAL_BATCH // lanes))
+    data = PretrainingData(infos, 0, StepShape(NVIDIA_GLOBAL_BATCH // world, 1, world, 0), lanes, VOCAB,
                            max_steps=steps)
     loader = DataLoader(MeasuredReader(data), batch_size=None, num_workers=workers)
     reports = [item for item in loader if "peak_kb" in item]
@@ -244,7 +244,7 @@ def global_steps(infos: list[ShardInfo], world: int, workers: int, lanes: int, b
     micro = batch // world // accumulation
     per_rank = []
     for rank in range(world):
-        data = PretrainingData(infos, 1, BatchPlan(micro, accumulation, world, rank), lanes, VOCAB, max_steps=steps)
+        data = PretrainingData(infos, 1, StepShape(micro, accumulation, world, rank), lanes, VOCAB, max_steps=steps)
         reader = data.reader()
         items = iter(DataLoader(reader, batch_size=None, num_workers=workers)) if workers else iter(reader)
         micro_batches = [[sample_id(r) for r in b["input_ids"]] for b in data.batches(items)]
@@ -268,9 +268,9 @@ def child_new_throughput(folder: str, lanes: int, micro: int) -> dict:
     """One epoch of rank 0 of 1: PortionReader iterated in this process (a worker's work) + batches (the main
     process's work); then the reader alone, to split the time between the two."""
     infos = [inspect_shard(p, VOCAB, 512) for p in sorted(Path(folder).glob("*.hdf5"))]
-    plan = sample_order.StreamPlan([i.num_samples for i in infos], [i.block_rows for i in infos], 0, lanes)
-    steps = plan.lane_length * lanes // micro
-    data = PretrainingData(infos, 0, BatchPlan(micro, 1, 1, 0), lanes, VOCAB, max_steps=steps)
+    stream = sample_order.StreamOrder([i.num_samples for i in infos], [i.block_rows for i in infos], 0, lanes)
+    steps = stream.lane_length * lanes // micro
+    data = PretrainingData(infos, 0, StepShape(micro, 1, 1, 0), lanes, VOCAB, max_steps=steps)
     start_kb, began, samples = _reset_peak(), time.perf_counter(), 0
     for batch in data.batches(iter(data.reader())):
         samples += len(batch["input_ids"])

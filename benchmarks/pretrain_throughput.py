@@ -30,7 +30,7 @@ from bertrecipe.model.bert import BertConfig
 from model_throughput import MASKED_PER_SEQ, make_batch, peer_step, time_steps
 from bertrecipe.dataprep.sharding import split_sentences
 from bertrecipe.dataprep.text_formatting import book_text
-from bertrecipe.pretraining.data import BatchPlan, PretrainingData, find_shards, inspect_shard
+from bertrecipe.pretraining.data import StepShape, PretrainingData, find_shards, inspect_shard
 from bertrecipe.common.hardware import detect, host_line, host_record, pick_precisions
 
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -58,7 +58,7 @@ def real_token_fraction(folder: Path) -> float:
 def loader_throughput(folder: Path, micro_batch: int = 64, batches: int = 400) -> float:
     """Sequences per second from HDF5 on disk to batch tensors, one worker (this process)."""
     shards = [inspect_shard(p, 30522, 512) for p in find_shards(folder, "training")]
-    data = PretrainingData(shards, 1, BatchPlan(micro_batch, 1, 1, 0), 1, 30522)
+    data = PretrainingData(shards, 1, StepShape(micro_batch, 1, 1, 0), 1, 30522)
     start = time.perf_counter()
     for i, _ in enumerate(data.batches(iter(data.reader()))):
         if i + 1 == batches:

@@ -4,7 +4,7 @@ on 127.0.0.1, train exactly like one process with the same global batch, and a r
 dropout off and fp32, so that the only differences between layouts are fp32 summation orders.
 
 Every run goes through tests/pretraining_spy.py (run_pretraining.py with its loss function recording the input_ids
-of each micro-batch), so what each rank trained on is compared sample by sample with the stream plan's pure
+of each micro-batch), so what each rank trained on is compared sample by sample with the stream order's pure
 functions (sample_order.py, no loader code) and between layouts, and the first step's loss is recomputed here
 from those samples and a freshly built model."""
 import json
@@ -91,21 +91,21 @@ class Workspace:
         assert len(self.sample_of_row) == sum(SIZES)  # no two samples alike
 
     def planned_steps(self, lanes, first, last):
-        """Per step in [first, last), the (file, row) of its samples in micro-batch order, from the stream plan's
+        """Per step in [first, last), the (file, row) of its samples in micro-batch order, from the stream order's
         pure functions (sample_order.py; no loader code): step s takes lane indices [s*G/C, (s+1)*G/C) of every
         lane, lane after lane; a lane index is a row of the portion (a block's run within the lane) holding it,
         in the portion's shuffled order."""
         shards = [inspect_shard(self.data / name, VOCAB, CONFIG["max_position_embeddings"]) for name in self.names]
         assert [s.block_rows for s in shards] == [CHUNK_ROWS] * len(shards)
-        plan = sample_order.StreamPlan([s.num_samples for s in shards], [s.block_rows for s in shards], SEED, lanes)
+        stream = sample_order.StreamOrder([s.num_samples for s in shards], [s.block_rows for s in shards], SEED, lanes)
         per_lane = GLOBAL_BATCH // lanes
         steps = []
         for step in range(first, last):
             samples = []
             for lane in range(lanes):
                 wanted = range(step * per_lane, (step + 1) * per_lane)
-                for portion, begins in sample_order.lane_portion_stream(plan, lane, wanted.start):
-                    order = plan.portion_order(portion)
+                for portion, begins in sample_order.lane_portion_stream(stream, lane, wanted.start):
+                    order = stream.portion_order(portion)
                     samples += [(self.names[portion.file], portion.start + int(order[i - begins]))
                                 for i in wanted if begins <= i < begins + len(order)]
                     if begins + len(order) >= wanted.stop:

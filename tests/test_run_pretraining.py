@@ -430,9 +430,9 @@ def test_bad_shards_are_clear_errors(corpus, tmp_path, case, fragments):
         # The bad id sits in the row lane 0 trains on in step 2 (seed 42, 8 lanes of 2 rows): a check per batch
         # instead of one of each portion as it is read would train step 1 and leave ckpt_1.pt.
         write_shard(shard)
-        plan = sample_order.StreamPlan([16], [inspect_shard(shard, TINY["vocab_size"], 128).block_rows], 42, 8)
-        portion, _ = next(plan.lane_portions(0, 0))
-        write_shard(shard, bad_id=40000, bad_row=portion.start + int(plan.portion_order(portion)[1]))
+        stream = sample_order.StreamOrder([16], [inspect_shard(shard, TINY["vocab_size"], 128).block_rows], 42, 8)
+        portion, _ = next(stream.lane_portions(0, 0))
+        write_shard(shard, bad_id=40000, bad_row=portion.start + int(stream.portion_order(portion)[1]))
         extra = ["--num_workers", "1"] if case.endswith("worker") else []
     elif case == "too_long_for_positions":
         write_shard(shard, seq_override=256)

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 from bertrecipe.pretraining import masking
 from bertrecipe.pretraining import sample_order
 from bertrecipe.common.errors import InputError
-from bertrecipe.pretraining.data import BatchPlan, PretrainingData, inspect_shard
+from bertrecipe.pretraining.data import StepShape, PretrainingData, inspect_shard
 
 VOCAB = 5000
 
@@ -37,7 +37,7 @@ def global_steps(infos, world, workers, accumulation, micro, lanes, steps, start
     """Every step's micro-batches (lists of sample ids), ranks in order, as the real loader delivers them."""
     per_rank = []
     for rank in range(world):
-        data = PretrainingData(infos, seed, BatchPlan(micro, accumulation, world, rank), lanes, VOCAB, start=start,
+        data = PretrainingData(infos, seed, StepShape(micro, accumulation, world, rank), lanes, VOCAB, start=start,
                                max_steps=steps)
         loader = DataLoader(data.reader(), batch_size=None, num_workers=workers)
         batches = [b["input_ids"][:, 0].tolist() for b in data.batches(iter(loader))]
@@ -51,10 +51,10 @@ def shards(tmp_path_factory):
 
 
 def test_every_row_of_an_epoch_is_in_exactly_one_lane_and_rank():
-    plan = sample_order.StreamPlan([37, 100, 5, 64], [16, 16, 5, 16], seed=1, lanes=8)
+    stream = sample_order.StreamOrder([37, 100, 5, 64], [16, 16, 5, 16], seed=1, lanes=8)
     rows = []
     for lane in range(8):
-        for portion, _ in plan.lane_portions(lane, epoch=0):
+        for portion, _ in stream.lane_portions(lane, epoch=0):
             rows += [(portion.file, r) for r in range(portion.start, portion.stop)]
     assert len(rows) == len(set(rows)) == 8 * (206 // 8)  # the last 206 mod 8 rows wait for the next epoch
 
@@ -63,18 +63,18 @@ def test_every_row_of_an_epoch_is_in_exactly_one_lane_and_rank():
 @pytest.mark.parametrize("workers", [1, 2, 3, 4])
 def test_ranks_and_workers_read_disjoint_portions_whose_union_is_the_stream(world, workers):
     lanes = 8 * 3 * 5 * 7  # divisible by every world size here
-    plan = sample_order.StreamPlan([3000, 700, 40, 2600], [64, 64, 40, 64], seed=5, lanes=lanes)
+    stream = sample_order.StreamOrder([3000, 700, 40, 2600], [64, 64, 40, 64], seed=5, lanes=lanes)
     seen = []
     for rank in range(world):
         lane_range = sample_order.rank_lanes(lanes, world, rank)
-        portions = list(sample_order.portions_needed(plan, lane_range, per_lane=1, first_index=0,
-                                                     steps=plan.lane_length))
+        portions = list(sample_order.portions_needed(stream, lane_range, per_lane=1, first_index=0,
+                                                     steps=stream.lane_length))
         for worker in range(workers):  # what PortionReader's worker reads: every workers-th portion
             seen += [(p.epoch, p.file, r) for p in portions[worker::workers] for r in range(p.start, p.stop)]
-    assert len(seen) == len(set(seen)) == lanes * plan.lane_length  # no row twice, none missing
+    assert len(seen) == len(set(seen)) == lanes * stream.lane_length  # no row twice, none missing
 
 
-def portions_by_walking_requests(plan, lane_range, per_lane, first_index, steps):
+def portions_by_walking_requests(stream, lane_range, per_lane, first_index, steps):
     """The plain reference: walk every (lane, index, count) request of every step and hand out a lane's next
     portion whenever a request reaches past what that lane was given."""
     given, streams, out = {}, {}, []
@@ -82,7 +82,7 @@ def portions_by_walking_requests(plan, lane_range, per_lane, first_index, steps)
         for lane in lane_range:
             index = first_index + step * per_lane
             if lane not in streams:
-                streams[lane], given[lane] = sample_order.lane_portion_stream(plan, lane, index), index
+                streams[lane], given[lane] = sample_order.lane_portion_stream(stream, lane, index), index
             while given[lane] < index + per_lane:
                 portion, begins = next(streams[lane])
                 given[lane] = begins + portion.stop - portion.start
@@ -99,21 +99,21 @@ def test_portions_come_in_the_order_the_steps_first_need_them(case):
     if sum(sizes) < lanes:
         sizes.append(lanes)
         blocks.append(3)
-    plan = sample_order.StreamPlan(sizes, blocks, seed=case, lanes=lanes)
+    stream = sample_order.StreamOrder(sizes, blocks, seed=case, lanes=lanes)
     world = int(rng.choice([w for w in (1, 2, 3, 4) if lanes % w == 0]))
     lane_range = sample_order.rank_lanes(lanes, world, int(rng.integers(0, world)))
-    per_lane, first_index = int(rng.integers(1, 40)), int(rng.integers(0, 3 * plan.lane_length))
-    steps = int(rng.integers(1, 4 * plan.lane_length // per_lane + 3))  # across several epochs
-    got = list(sample_order.portions_needed(plan, lane_range, per_lane, first_index, steps))
-    assert got == portions_by_walking_requests(plan, lane_range, per_lane, first_index, steps)
+    per_lane, first_index = int(rng.integers(1, 40)), int(rng.integers(0, 3 * stream.lane_length))
+    steps = int(rng.integers(1, 4 * stream.lane_length // per_lane + 3))  # across several epochs
+    got = list(sample_order.portions_needed(stream, lane_range, per_lane, first_index, steps))
+    assert got == portions_by_walking_requests(stream, lane_range, per_lane, first_index, steps)
 
 
 def test_each_chunk_is_decompressed_about_once_per_epoch_across_ranks():
     sizes, chunk = [4096] * 64, 64  # 64 shards of 4096 rows in chunks of 64 rows, 512 ranks
-    plan = sample_order.StreamPlan(sizes, [chunk] * 64, seed=0, lanes=512)
+    stream = sample_order.StreamOrder(sizes, [chunk] * 64, seed=0, lanes=512)
     touched = 0
     for lane in range(512):
-        for portion, _ in plan.lane_portions(lane, 0):
+        for portion, _ in stream.lane_portions(lane, 0):
             touched += (portion.stop - 1) // chunk - portion.start // chunk + 1
     assert touched <= 1.2 * sum(sizes) / chunk
 
@@ -150,8 +150,8 @@ def test_fewer_shards_than_ranks_still_splits_the_reading(tmp_path):
 
 
 def test_memory_is_bounded_by_the_block_not_the_shard():
-    plan = sample_order.StreamPlan([1_000_000, 250_000], [4875, 4875], seed=0, lanes=64)
-    longest = max(p.stop - p.start for lane in range(64) for p, _ in plan.lane_portions(lane, 0))
+    stream = sample_order.StreamOrder([1_000_000, 250_000], [4875, 4875], seed=0, lanes=64)
+    longest = max(p.stop - p.start for lane in range(64) for p, _ in stream.lane_portions(lane, 0))
     assert longest <= 4875
 
 
@@ -174,7 +174,7 @@ def test_default_lanes_divide_the_batch_and_suit_the_processes():
 def test_a_shard_that_shrank_since_the_start_is_one_line(tmp_path):
     infos = write_shards(tmp_path, [64, 64])
     write_shards(tmp_path, [64, 10])  # rewritten shorter while the run goes on
-    data = PretrainingData(infos, 0, BatchPlan(8, 1, 1, 0), 8, VOCAB, max_steps=16)
+    data = PretrainingData(infos, 0, StepShape(8, 1, 1, 0), 8, VOCAB, max_steps=16)
     with pytest.raises(InputError, match="tiny_training_1.hdf5: holds fewer rows"):
         list(data.batches(iter(data.reader())))
 
@@ -187,7 +187,7 @@ def dynamic_steps(infos, world, workers, steps=12, start=0):
     """(rank, input_ids, labels) of every sample each rank trains on, with dynamic masking."""
     out = []
     for rank in range(world):
-        data = PretrainingData(infos, 7, BatchPlan(2, 8 // world, world, rank), 8, VOCAB, start=start,
+        data = PretrainingData(infos, 7, StepShape(2, 8 // world, world, rank), 8, VOCAB, start=start,
                                max_steps=steps, masking_spec=SPEC)
         for batch in data.batches(iter(DataLoader(data.reader(), batch_size=None, num_workers=workers))):
             out += [(rank, b.tolist(), l.tolist()) for b, l in zip(batch["input_ids"], batch["masked_lm_labels"])]
@@ -276,7 +276,7 @@ def test_a_shard_truncated_mid_run_is_one_line_naming_it(tmp_path):
     infos = write_shards(tmp_path, [64, 64])
     path = infos[1].path
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # a copy that stopped half way
-    data = PretrainingData(infos, 0, BatchPlan(8, 1, 1, 0), 8, VOCAB, max_steps=16)
+    data = PretrainingData(infos, 0, StepShape(8, 1, 1, 0), 8, VOCAB, max_steps=16)
     with pytest.raises(InputError, match="tiny_training_1.hdf5: cannot read rows"):
         list(data.batches(iter(data.reader())))
 
@@ -289,7 +289,7 @@ def test_binning_by_length_keeps_each_steps_samples_and_groups_like_lengths(tmp_
             f["input_mask"][...] = (np.arange(8) < rng.integers(2, 9, (64, 1))).astype(np.int8)
 
     def steps(bin_by_length):
-        data = PretrainingData(infos, 0, BatchPlan(4, 4, 1, 0), 8, VOCAB, max_steps=6, bin_by_length=bin_by_length)
+        data = PretrainingData(infos, 0, StepShape(4, 4, 1, 0), 8, VOCAB, max_steps=6, bin_by_length=bin_by_length)
         micro = list(data.batches(iter(data.reader())))
         return [micro[s * 4:(s + 1) * 4] for s in range(6)]
 
@@ -318,8 +318,8 @@ def test_blocks_follow_the_chunks_of_input_ids_as_nvidias_shards_are_chunked(tmp
             f.create_dataset(key, shape=(137000, *tail), dtype=dtype, compression="gzip")
         chunk = f["input_ids"].chunks[0]
     info = inspect_shard(path, 30522, 512)
-    plan = sample_order.StreamPlan([info.num_samples], [info.block_rows], seed=0, lanes=1)
-    touched = sum((p.stop - 1) // chunk - p.start // chunk + 1 for p, _ in plan.lane_portions(0, 0))
+    stream = sample_order.StreamOrder([info.num_samples], [info.block_rows], seed=0, lanes=1)
+    touched = sum((p.stop - 1) // chunk - p.start // chunk + 1 for p, _ in stream.lane_portions(0, 0))
     assert touched == -(-137000 // chunk)  # every input_ids chunk decompressed once
 
 
@@ -362,7 +362,7 @@ def test_a_binned_samples_loss_does_not_depend_on_its_batch_mates(tmp_path):
     model.eval()
 
     def per_sample_losses(bin_by_length):
-        data = PretrainingData(infos, 0, BatchPlan(4, 4, 1, 0), 8, VOCAB, max_steps=3, bin_by_length=bin_by_length)
+        data = PretrainingData(infos, 0, StepShape(4, 4, 1, 0), 8, VOCAB, max_steps=3, bin_by_length=bin_by_length)
         losses, groups = {}, set()
         for batch in data.batches(iter(data.reader())):
             groups.add(frozenset(batch["input_ids"][:, 0].tolist()))

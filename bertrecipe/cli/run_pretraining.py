@@ -29,7 +29,7 @@ from bertrecipe.model.bert import BertConfig
 from bertrecipe.model.weights import read_config
 from bertrecipe.pretraining import masking
 from bertrecipe.pretraining.data import find_shards, inspect_shard, read_rows
-from bertrecipe.pretraining.loop import Session, evaluate, train
+from bertrecipe.pretraining.loop import TrainingSetup, evaluate, train
 from bertrecipe.pretraining.resume_rules import check_resume, find_resume_checkpoint, stream_lanes
 from bertrecipe.pretraining.startup import build_model, set_up_optimizer
 from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, check_vocab_for_model, load_vocab
@@ -323,9 +323,9 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
             if ctx.is_main:
                 print(f"resume: {change}", file=sys.stderr, flush=True)
         ddp_model, optimizer, scheduler, resume = set_up_optimizer(args, ctx, model, precision, log, resume_from)
-        session = Session(args, ctx, config, ddp_model, optimizer, scheduler, precision, log, eval_shards,
+        setup = TrainingSetup(args, ctx, config, ddp_model, optimizer, scheduler, precision, log, eval_shards,
                           bar_enabled, start_time, lock)
-        final = train_and_evaluate(session, train_shards, spec, resume, steps_left)
+        final = train_and_evaluate(setup, train_shards, spec, resume, steps_left)
     if final.get("stopped_by") == "SIGTERM":
         if ctx.is_main:
             print(f"stopped by SIGTERM at step {final['global_step']} before the end of the phase; checkpoint "
@@ -334,22 +334,22 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
         raise SystemExit(128 + signal.SIGTERM)
 
 
-def train_and_evaluate(session: Session, shards: list, spec: Optional[masking.MaskingSpec],
+def train_and_evaluate(setup: TrainingSetup, shards: list, spec: Optional[masking.MaskingSpec],
                        resume: dict[str, Any], steps_left: int) -> dict[str, Any]:
     """Trains the steps left (saying so when there are none), evaluates as asked, logs the closing record."""
-    args, log = session.args, session.log
+    args, log = setup.args, setup.log
     final: dict[str, Any] = {}
     if args.do_train and steps_left <= 0:
         where = resume["path"] or args.output_dir
         message = (f"{where}: phase {2 if args.phase2 else 1} is at step {resume['phase_step']} of --max_steps "
                    f"{args.max_steps}: nothing left to train")
         log.log("PARAMETER", {"nothing_left_to_train": message}, echo=False)
-        if session.ctx.is_main:
+        if setup.ctx.is_main:
             print(message, file=sys.stderr, flush=True)
     elif args.do_train:
-        final.update(train(session, shards, spec, resume, steps_left))
-    if args.do_eval and session.eval_shards and "eval_mlm_accuracy" not in final:
-        final.update(evaluate(session))
+        final.update(train(setup, shards, spec, resume, steps_left))
+    if args.do_eval and setup.eval_shards and "eval_mlm_accuracy" not in final:
+        final.update(evaluate(setup))
     log.log([], final)
     log.close()
     return final

@@ -201,7 +201,7 @@ def make_batch(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.
 
 
 @dataclass(frozen=True)
-class BatchPlan:
+class StepShape:
     micro_batch: int
     accumulation: int
     world_size: int
@@ -218,17 +218,17 @@ class PretrainingData:
     portion read by one of them), `batches(items)` turns the reader's output, in order, into micro-batches of
     int64 tensors: input_ids, segment_ids, input_mask [B, S], masked_lm_labels [B, S], next_sentence_labels [B]."""
 
-    def __init__(self, shards: list[ShardInfo], seed: int, plan: BatchPlan, lanes: int, vocab_size: int,
+    def __init__(self, shards: list[ShardInfo], seed: int, shape: StepShape, lanes: int, vocab_size: int,
                  start: int = 0, max_steps: Optional[int] = None,
                  masking_spec: Optional[masking.MaskingSpec] = None, bin_by_length: bool = False) -> None:
-        sample_order.check_lanes(lanes, plan.samples_per_step, plan.world_size)
-        self.order = sample_order.StreamPlan([s.num_samples for s in shards], [s.block_rows for s in shards],
+        sample_order.check_lanes(lanes, shape.samples_per_step, shape.world_size)
+        self.stream = sample_order.StreamOrder([s.num_samples for s in shards], [s.block_rows for s in shards],
                                              seed, lanes)
         self.shards = shards
-        self.plan = plan
+        self.shape = shape
         self.vocab_size = vocab_size
-        self.lane_range = sample_order.rank_lanes(lanes, plan.world_size, plan.rank)
-        self.per_lane = plan.samples_per_step // lanes
+        self.lane_range = sample_order.rank_lanes(lanes, shape.world_size, shape.rank)
+        self.per_lane = shape.samples_per_step // lanes
         self.first_index = start // lanes
         self.max_steps = max_steps
         self.seed = seed
@@ -237,10 +237,10 @@ class PretrainingData:
         self.first_sample = np.concatenate([[0], np.cumsum([s.num_samples for s in shards])[:-1]]).astype(np.int64)
 
     def epoch(self, position: int) -> int:
-        return position // self.order.lanes // self.order.lane_length
+        return position // self.stream.lanes // self.stream.lane_length
 
     def portions(self) -> Iterator[sample_order.Portion]:
-        return sample_order.portions_needed(self.order, self.lane_range, self.per_lane, self.first_index,
+        return sample_order.portions_needed(self.stream, self.lane_range, self.per_lane, self.first_index,
                                             self.max_steps)
 
     def reader(self) -> "PortionReader":
@@ -251,8 +251,8 @@ class PretrainingData:
         expected = self.portions()
         lanes: dict[int, tuple[int, dict[str, np.ndarray]]] = {}  # lane -> (first lane index, rows)
         taken: list[dict[str, np.ndarray]] = []
-        held, wanted = 0, self.plan.micro_batch * self.plan.accumulation  # rows in taken; rows a step takes
-        requests = sample_order.lane_requests(self.order, self.lane_range, self.per_lane, self.first_index,
+        held, wanted = 0, self.shape.micro_batch * self.shape.accumulation  # rows in taken; rows a step takes
+        requests = sample_order.lane_requests(self.stream, self.lane_range, self.per_lane, self.first_index,
                                               self.max_steps)
         for lane, index, count in requests:
             while count:
@@ -276,7 +276,7 @@ class PretrainingData:
         lane's first portion) where the plan says it begins."""
         if previous is not None:
             return previous[0] + len(previous[1]["input_ids"])
-        _, begins = next(sample_order.lane_portion_stream(self.order, lane, index))
+        _, begins = next(sample_order.lane_portion_stream(self.stream, lane, index))
         return begins
 
     def _cut(self, taken: list[dict[str, np.ndarray]]) -> Iterator[dict[str, torch.Tensor]]:
@@ -284,7 +284,7 @@ class PretrainingData:
         if self.bin_by_length:  # micro-batches of like lengths: attention stops at each one's longest sample
             by_length = np.argsort(np.count_nonzero(rows["input_mask"], axis=1), kind="stable")
             rows = {k: v[by_length] for k, v in rows.items()}
-        size = self.plan.micro_batch
+        size = self.shape.micro_batch
         for first in range(0, len(rows["input_ids"]), size):
             picked = np.arange(first, first + size)
             if "masked_lm_labels" in rows:  # masked afresh by the reader
@@ -316,7 +316,7 @@ class PortionReader(IterableDataset):
     def _read(self, files: "_OpenFiles", portion: sample_order.Portion) -> dict[str, Any]:
         info = self.data.shards[portion.file]
         arrays = read_rows(info, files.get(info.path), portion.start, portion.stop, self.data.vocab_size)
-        order = self.data.order.portion_order(portion)
+        order = self.data.stream.portion_order(portion)
         arrays = {k: v[order] for k, v in arrays.items()}
         if self.data.masking_spec is not None:
             arrays = self._remask(arrays, portion, order)

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import BertConfig
 from bertrecipe.pretraining import masking
-from bertrecipe.pretraining.data import BatchPlan, PretrainingData, evaluation_batches
+from bertrecipe.pretraining.data import StepShape, PretrainingData, evaluation_batches
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.optimization import TimeBudgetScheduler
@@ -40,7 +40,7 @@ from bertrecipe.training.stepper import (
 
 
 @dataclass
-class Session:
+class TrainingSetup:
     """What a run works with once its inputs are checked and its model and optimizer are set up; training and
     the evaluation share it."""
 
@@ -60,12 +60,12 @@ class Session:
 
 
 @dataclass
-class Phase:
+class LoopState:
     """The training loop's state: what this run's steps are built from, and where the phase stands. phase_step
     and position (samples of the stream consumed) are what a checkpoint records to resume exactly."""
 
-    session: Session
-    plan: BatchPlan
+    setup: TrainingSetup
+    shape: StepShape
     data: PretrainingData
     batches: Iterator[dict[str, torch.Tensor]]
     stepper: Stepper
@@ -97,39 +97,39 @@ class Phase:
     @property
     def global_batch(self) -> int:
         """Sequences of all processes per optimizer step."""
-        return self.session.args.train_batch_size * self.session.ctx.world_size
+        return self.setup.args.train_batch_size * self.setup.ctx.world_size
 
 
 
-def train(session: Session, shards: list, spec: Optional[masking.MaskingSpec],
+def train(setup: TrainingSetup, shards: list, spec: Optional[masking.MaskingSpec],
           resume: dict[str, Any], steps_left: int) -> dict[str, Any]:
     """Takes the steps of this run from the resume point on; returns the run's closing record."""
-    phase = start_phase(session, shards, spec, resume, steps_left)
-    if budget_spent(phase):
-        session.log.log("PARAMETER", {"train_budget_already_spent": phase.train_seconds / 60})
-        phase.steps_left = 0
+    state = start_loop(setup, shards, spec, resume, steps_left)
+    if budget_spent(state):
+        setup.log.log("PARAMETER", {"train_budget_already_spent": state.train_seconds / 60})
+        state.steps_left = 0
     try:
-        for index in range(phase.steps_left):
-            if not train_one_step(phase, last_of_run=index == phase.steps_left - 1):
+        for index in range(state.steps_left):
+            if not train_one_step(state, last_of_run=index == state.steps_left - 1):
                 break
     except TrainingFailure as error:
-        phase.bar.close()
-        stop_with_error(phase, error)
+        state.bar.close()
+        stop_with_error(state, error)
     finally:
-        phase.stop.restore()
-    phase.bar.close()
-    return closing_record(phase)
+        state.stop.restore()
+    state.bar.close()
+    return closing_record(state)
 
 
 
-def start_phase(session: Session, shards: list, spec: Optional[masking.MaskingSpec],
-                resume: dict[str, Any], steps_left: int) -> Phase:
+def start_loop(setup: TrainingSetup, shards: list, spec: Optional[masking.MaskingSpec],
+                resume: dict[str, Any], steps_left: int) -> LoopState:
     """Opens this rank's share of the sample stream at the resume position and puts the dropout RNG where the
     checkpoint left it."""
-    args, ctx = session.args, session.ctx
-    plan = BatchPlan(args.train_batch_size // args.gradient_accumulation_steps, args.gradient_accumulation_steps,
+    args, ctx = setup.args, setup.ctx
+    shape = StepShape(args.train_batch_size // args.gradient_accumulation_steps, args.gradient_accumulation_steps,
                      ctx.world_size, ctx.rank)
-    data = PretrainingData(shards, args.seed, plan, args.data_lanes, session.config.vocab_size,
+    data = PretrainingData(shards, args.seed, shape, args.data_lanes, setup.config.vocab_size,
                            start=resume["position"], max_steps=max(steps_left, 0), masking_spec=spec,
                            bin_by_length=args.bin_by_length)
     # A private generator for the loader, so that creating it draws nothing from the dropout RNG.
@@ -143,14 +143,14 @@ def start_phase(session: Session, shards: list, spec: Optional[masking.MaskingSp
     if resume["rng"] is not None:
         checkpointing.set_rng_state(resume["rng"])
     loss = functools.partial(pretraining_loss, nsp=not args.no_nsp)
-    stepper = Stepper(session.model, session.optimizer, session.scheduler, session.precision, loss,
+    stepper = Stepper(setup.model, setup.optimizer, setup.scheduler, setup.precision, loss,
                       skipped_steps=resume["skipped_steps"])
     step_offset = args.phase1_end_step if args.phase2 else 0
-    bar = tqdm(total=steps_left, disable=not session.bar_enabled, desc="pre-training", unit="step",
+    bar = tqdm(total=steps_left, disable=not setup.bar_enabled, desc="pre-training", unit="step",
                dynamic_ncols=True)
-    session.model.train()
+    setup.model.train()
     now, before = time.perf_counter(), resume["train_seconds"]
-    return Phase(session, plan, data, batches, stepper, stop, bar, steps_left, step_offset, keep=resume["path"],
+    return LoopState(setup, shape, data, batches, stepper, stop, bar, steps_left, step_offset, keep=resume["path"],
                  phase_step=resume["phase_step"], position=resume["position"],
                  current_step=resume["phase_step"] + step_offset, record_clock=now, clock_start=now,
                  seconds_before=before, train_seconds=before,
@@ -158,33 +158,33 @@ def start_phase(session: Session, shards: list, spec: Optional[masking.MaskingSp
 
 
 
-def train_one_step(phase: Phase, last_of_run: bool) -> bool:
+def train_one_step(state: LoopState, last_of_run: bool) -> bool:
     """One optimizer step, then whatever is due after it: the log record, an evaluation, a checkpoint. False when
     a SIGTERM (on any process) ends the run after its checkpoint."""
-    args = phase.session.args
-    outcome = apply_step(phase)
-    phase.train_seconds = read_clock(phase)
-    if phase.phase_step % args.log_freq == 0 or last_of_run:
-        log_training_record(phase, outcome.loss)
-    if evaluation_due(phase):
-        evaluate_between_steps(phase)
-    stopping = any_process(phase.stop.requested, phase.session.ctx)
-    out_of_time = budget_spent(phase)
+    args = state.setup.args
+    outcome = apply_step(state)
+    state.train_seconds = read_clock(state)
+    if state.phase_step % args.log_freq == 0 or last_of_run:
+        log_training_record(state, outcome.loss)
+    if evaluation_due(state):
+        evaluate_between_steps(state)
+    stopping = any_process(state.stop.requested, state.setup.ctx)
+    out_of_time = budget_spent(state)
     ending = stopping or out_of_time or last_of_run
-    if ending or phase.phase_step % args.num_steps_per_checkpoint == 0:
-        save(phase, periodic=not ending)
+    if ending or state.phase_step % args.num_steps_per_checkpoint == 0:
+        save(state, periodic=not ending)
     if (stopping and not last_of_run) or out_of_time:  # a SIGTERM during the run's last step stops nothing
-        phase.stopped_by = "SIGTERM" if stopping and not last_of_run else "train_budget"
-        phase.session.log.log("PARAMETER", {"stopped_by": phase.stopped_by, "global_step": phase.global_step})
+        state.stopped_by = "SIGTERM" if stopping and not last_of_run else "train_budget"
+        state.setup.log.log("PARAMETER", {"stopped_by": state.stopped_by, "global_step": state.global_step})
     return not (stopping or out_of_time)
 
 
 
-def read_clock(phase: Phase) -> float:
+def read_clock(state: LoopState) -> float:
     """Training seconds of the phase (earlier runs included, evaluations between steps not), the mean over the
     processes when a budget or an evaluation interval depends on it, so that every process decides alike."""
-    args, ctx = phase.session.args, phase.session.ctx
-    seconds = phase.seconds_before + time.perf_counter() - phase.clock_start - phase.evaluation_seconds
+    args, ctx = state.setup.args, state.setup.ctx
+    seconds = state.seconds_before + time.perf_counter() - state.clock_start - state.evaluation_seconds
     if ctx.world_size > 1 and (args.train_budget_minutes or args.eval_interval_minutes):
         total = all_reduce_sum(torch.tensor([seconds], dtype=torch.float64, device=ctx.device), ctx)
         seconds = float(total[0]) / ctx.world_size
@@ -192,9 +192,9 @@ def read_clock(phase: Phase) -> float:
 
 
 
-def budget_spent(phase: Phase) -> bool:
-    budget = phase.session.args.train_budget_minutes
-    return bool(budget) and phase.train_seconds >= budget * 60
+def budget_spent(state: LoopState) -> bool:
+    budget = state.setup.args.train_budget_minutes
+    return bool(budget) and state.train_seconds >= budget * 60
 
 
 
@@ -205,89 +205,89 @@ def next_evaluation_after(seconds: float, interval_minutes: float) -> float:
 
 
 
-def evaluation_due(phase: Phase) -> bool:
-    args = phase.session.args
-    if not phase.session.eval_shards:
+def evaluation_due(state: LoopState) -> bool:
+    args = state.setup.args
+    if not state.setup.eval_shards:
         return False
-    if args.eval_steps and phase.phase_step % args.eval_steps == 0:
+    if args.eval_steps and state.phase_step % args.eval_steps == 0:
         return True
-    return phase.train_seconds >= phase.next_evaluation
+    return state.train_seconds >= state.next_evaluation
 
 
 
-def apply_step(phase: Phase) -> StepResult:
+def apply_step(state: LoopState) -> StepResult:
     """Feeds the step's micro-batches to the stepper and advances the phase past them."""
     tick = time.perf_counter()
-    micro = [batches_to_device(b, phase.session.ctx.device) for b in take(phase.batches, phase.plan.accumulation)]
-    phase.current_step = phase.global_step + 1
-    if isinstance(phase.session.scheduler, TimeBudgetScheduler):
-        phase.session.scheduler.elapsed_seconds = phase.train_seconds  # the clock after the previous step
-    outcome = phase.stepper.step(micro)
-    if not outcome.applied and phase.session.precision.scaler is None:
-        print(f"warning: step {phase.current_step}: the loss or gradients are not finite; step skipped "
-              f"({phase.stepper.consecutive_non_finite} in a row, stopping at {MAX_CONSECUTIVE_NON_FINITE})",
+    micro = [batches_to_device(b, state.setup.ctx.device) for b in take(state.batches, state.shape.accumulation)]
+    state.current_step = state.global_step + 1
+    if isinstance(state.setup.scheduler, TimeBudgetScheduler):
+        state.setup.scheduler.elapsed_seconds = state.train_seconds  # the clock after the previous step
+    outcome = state.stepper.step(micro)
+    if not outcome.applied and state.setup.precision.scaler is None:
+        print(f"warning: step {state.current_step}: the loss or gradients are not finite; step skipped "
+              f"({state.stepper.consecutive_non_finite} in a row, stopping at {MAX_CONSECUTIVE_NON_FINITE})",
               file=sys.stderr, flush=True)
-    phase.phase_step += 1
-    phase.position += phase.plan.samples_per_step
-    phase.step_times.append(time.perf_counter() - tick)
-    phase.losses.append(outcome.loss)
-    phase.steps_since_record += 1
-    phase.bar.update(1)
+    state.phase_step += 1
+    state.position += state.shape.samples_per_step
+    state.step_times.append(time.perf_counter() - tick)
+    state.losses.append(outcome.loss)
+    state.steps_since_record += 1
+    state.bar.update(1)
     return outcome
 
 
 
-def log_training_record(phase: Phase, step_loss: float) -> None:
+def log_training_record(state: LoopState, step_loss: float) -> None:
     """The losses averaged over processes, the lr, and the throughput since the previous record: sequences of
     all processes over the wall time, read once the loss all-reduce has synchronised them."""
-    session, ctx = phase.session, phase.session.ctx
-    mean = all_reduce_sum(torch.tensor([np.mean(phase.losses), step_loss], dtype=torch.float64,
+    setup, ctx = state.setup, state.setup.ctx
+    mean = all_reduce_sum(torch.tensor([np.mean(state.losses), step_loss], dtype=torch.float64,
                                        device=ctx.device), ctx) / ctx.world_size
-    phase.last_loss = float(mean[1])
+    state.last_loss = float(mean[1])
     now = time.perf_counter()
-    record = {"average_loss": float(mean[0]), "step_loss": phase.last_loss,
-              "learning_rate": session.optimizer.param_groups[0]["lr"], "skipped_steps": phase.stepper.skipped_steps,
-              "training_sequences_per_second": phase.global_batch * phase.steps_since_record
-              / max(now - phase.record_clock, 1e-9)}
-    phase.steps_since_record, phase.record_clock = 0, now
-    if session.precision.scaler is not None:
-        record["loss_scale"] = session.precision.scaler.get_scale()
-    session.log.log([phase.data.epoch(phase.position), phase.global_step], record)
-    phase.bar.set_postfix(loss=f"{phase.last_loss:.4f}")
-    phase.losses.clear()
+    record = {"average_loss": float(mean[0]), "step_loss": state.last_loss,
+              "learning_rate": setup.optimizer.param_groups[0]["lr"], "skipped_steps": state.stepper.skipped_steps,
+              "training_sequences_per_second": state.global_batch * state.steps_since_record
+              / max(now - state.record_clock, 1e-9)}
+    state.steps_since_record, state.record_clock = 0, now
+    if setup.precision.scaler is not None:
+        record["loss_scale"] = setup.precision.scaler.get_scale()
+    setup.log.log([state.data.epoch(state.position), state.global_step], record)
+    state.bar.set_postfix(loss=f"{state.last_loss:.4f}")
+    state.losses.clear()
 
 
 
-def evaluate_between_steps(phase: Phase) -> None:
+def evaluate_between_steps(state: LoopState) -> None:
     evaluation_start = time.perf_counter()
-    phase.result = evaluate(phase.session)
-    phase.session.log.log([phase.data.epoch(phase.position), phase.global_step],
-                          {**phase.result, "train_minutes": phase.train_seconds / 60})
-    phase.next_evaluation = next_evaluation_after(phase.train_seconds, phase.session.args.eval_interval_minutes)
+    state.result = evaluate(state.setup)
+    state.setup.log.log([state.data.epoch(state.position), state.global_step],
+                          {**state.result, "train_minutes": state.train_seconds / 60})
+    state.next_evaluation = next_evaluation_after(state.train_seconds, state.setup.args.eval_interval_minutes)
     spent = time.perf_counter() - evaluation_start  # not training time
-    phase.record_clock += spent
-    phase.evaluation_seconds += spent
+    state.record_clock += spent
+    state.evaluation_seconds += spent
 
 
 
-def save(phase: Phase, periodic: bool) -> None:
+def save(state: LoopState, periodic: bool) -> None:
     """Writes ckpt_<global step>.pt from the first process, with every rank's RNG; every rank stops if it fails."""
-    session, ctx, args = phase.session, phase.session.ctx, phase.session.args
+    setup, ctx, args = state.setup, state.setup.ctx, state.setup.args
     # A periodic checkpoint never rotates a good one out during a run of non-finite (not fp16-overflow)
     # steps; the SIGTERM and end-of-run ones are always written (skipped steps left the weights good).
-    if args.skip_checkpoint or (periodic and session.precision.scaler is None and phase.stepper.consecutive_non_finite):
+    if args.skip_checkpoint or (periodic and setup.precision.scaler is None and state.stepper.consecutive_non_finite):
         return
-    if not weights_are_finite(session.model):
+    if not weights_are_finite(setup.model):
         raise TrainingFailure("the weights are no longer finite numbers; no checkpoint written")
     rng_per_rank = all_gather_objects(checkpointing.rng_state(), ctx)
     failure = None
     if ctx.is_main:
-        payload = checkpoint_payload(phase, rng_per_rank)
+        payload = checkpoint_payload(state, rng_per_rank)
         try:
-            if session.lock is not None and not session.lock.still_held():
-                raise InputError(f"{session.lock.path}: another run took over this --output_dir's lock; this run "
-                                 f"stops without writing ckpt_{phase.global_step}.pt")
-            checkpointing.save_checkpoint(args.output_dir, phase.global_step, payload, keep=phase.keep)
+            if setup.lock is not None and not setup.lock.still_held():
+                raise InputError(f"{setup.lock.path}: another run took over this --output_dir's lock; this run "
+                                 f"stops without writing ckpt_{state.global_step}.pt")
+            checkpointing.save_checkpoint(args.output_dir, state.global_step, payload, keep=state.keep)
         except InputError as error:  # e.g. disk full: every rank stops, the earlier checkpoints are intact
             failure = error
     if any_process(failure is not None, ctx):
@@ -295,57 +295,57 @@ def save(phase: Phase, periodic: bool) -> None:
 
 
 
-def checkpoint_payload(phase: Phase, rng_per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+def checkpoint_payload(state: LoopState, rng_per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     """The checkpoint's content (docs/interfaces.md, section 3)."""
-    session, args = phase.session, phase.session.args
+    setup, args = state.setup, state.setup.args
     return {
-        "model": unwrap(session.model).state_dict(),
-        "optimizer": session.optimizer.state_dict(),
-        "scheduler": session.scheduler.state_dict(),
-        "scaler": session.precision.scaler.state_dict() if session.precision.scaler is not None else None,
-        "epoch": phase.data.epoch(phase.position),
-        "data": {"stream_position": phase.position, "seed": args.seed, "lanes": phase.data.order.lanes,
-                 "files": [shard.path.name for shard in phase.data.shards], "global_batch": phase.global_batch},
+        "model": unwrap(setup.model).state_dict(),
+        "optimizer": setup.optimizer.state_dict(),
+        "scheduler": setup.scheduler.state_dict(),
+        "scaler": setup.precision.scaler.state_dict() if setup.precision.scaler is not None else None,
+        "epoch": state.data.epoch(state.position),
+        "data": {"stream_position": state.position, "seed": args.seed, "lanes": state.data.stream.lanes,
+                 "files": [shard.path.name for shard in state.data.shards], "global_batch": state.global_batch},
         "rng": rng_per_rank[0],
         "rng_per_rank": rng_per_rank,  # each rank's dropout stream, so that a multi-process resume is exact
         "phase2": bool(args.phase2),
         "phase1_end_step": args.phase1_end_step if args.phase2 else None,
-        "phase_step": phase.phase_step,
-        "config": session.config.to_dict(),
+        "phase_step": state.phase_step,
+        "config": setup.config.to_dict(),
         "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))},
-        "skipped_steps": phase.stepper.skipped_steps,  # the log's counter goes on after a resume
-        "train_seconds": phase.train_seconds,  # a --train_budget_minutes run goes on with what is left
+        "skipped_steps": state.stepper.skipped_steps,  # the log's counter goes on after a resume
+        "train_seconds": state.train_seconds,  # a --train_budget_minutes run goes on with what is left
     }
 
 
 
-def stop_with_error(phase: Phase, error: TrainingFailure) -> NoReturn:
+def stop_with_error(state: LoopState, error: TrainingFailure) -> NoReturn:
     """One line naming the step and the checkpoint to resume from, and exit status 1."""
-    output_dir = phase.session.args.output_dir
+    output_dir = state.setup.args.output_dir
     saved = checkpointing.list_checkpoints(output_dir)
     last = f"the last good checkpoint is {saved[-1][1]}" if saved else f"no checkpoint in {output_dir}"
-    print(f"error: step {phase.current_step}: {error}; stopping, {last}", file=sys.stderr, flush=True)
+    print(f"error: step {state.current_step}: {error}; stopping, {last}", file=sys.stderr, flush=True)
     raise SystemExit(1)
 
 
 
-def closing_record(phase: Phase) -> dict[str, Any]:
+def closing_record(state: LoopState) -> dict[str, Any]:
     """The run's summary: times, throughput (the first two steps, which warm up, left out when there are more) and
     the final loss, with the final evaluation when --do_eval asks for one."""
-    session = phase.session
-    if session.eval_shards and session.args.do_eval:
-        phase.result = evaluate(session)
-    timed = phase.step_times[2:] if len(phase.step_times) > 2 else phase.step_times
-    sequences = phase.global_batch * len(timed)
+    setup = state.setup
+    if setup.eval_shards and setup.args.do_eval:
+        state.result = evaluate(setup)
+    timed = state.step_times[2:] if len(state.step_times) > 2 else state.step_times
+    sequences = state.global_batch * len(timed)
     return {
-        "e2e_train_time": time.time() - session.start_time,
+        "e2e_train_time": time.time() - setup.start_time,
         "training_sequences_per_second": sequences / sum(timed) if timed and sum(timed) > 0 else 0.0,
-        "final_loss": phase.last_loss,
-        "global_step": phase.global_step,
-        **({"stopped_by": phase.stopped_by} if phase.stopped_by else {}),
-        "raw_train_time": sum(phase.step_times),
-        "train_minutes": phase.train_seconds / 60,
-        **phase.result,
+        "final_loss": state.last_loss,
+        "global_step": state.global_step,
+        **({"stopped_by": state.stopped_by} if state.stopped_by else {}),
+        "raw_train_time": sum(state.step_times),
+        "train_minutes": state.train_seconds / 60,
+        **state.result,
     }
 
 
@@ -359,19 +359,19 @@ def pretraining_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], nsp
 
 
 @torch.no_grad()
-def evaluate(session: Session) -> dict[str, float]:
+def evaluate(setup: TrainingSetup) -> dict[str, float]:
     """MLPerf's metric: masked-LM accuracy over all masked tokens, and the mean masked-LM cross-entropy."""
-    args, ctx = session.args, session.ctx
-    bare = unwrap(session.model)
+    args, ctx = setup.args, setup.ctx
+    bare = unwrap(setup.model)
     was_training = bare.training
     bare.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, masked tokens
     batch_size = args.eval_batch_size or args.train_batch_size // args.gradient_accumulation_steps
-    for batch in evaluation_batches(session.eval_shards, bare.config.vocab_size, batch_size, ctx.rank,
+    for batch in evaluation_batches(setup.eval_shards, bare.config.vocab_size, batch_size, ctx.rank,
                                     ctx.world_size):
         batch = batches_to_device(batch, ctx.device)
         labels = batch["masked_lm_labels"]
-        with session.precision.autocast():
+        with setup.precision.autocast():
             logits = bare(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                           predict_positions=labels >= 0).prediction_logits.float()
         targets = labels[labels >= 0]

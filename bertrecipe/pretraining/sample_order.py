@@ -66,7 +66,7 @@ def check_lanes(lanes: int, global_batch: int, world_size: int) -> None:
                          f"divides {lanes}")
 
 
-class StreamPlan:
+class StreamOrder:
     """The stream of a run: shard sizes, their block size, seed and lane count (see the module docstring)."""
 
     def __init__(self, sizes: list[int], block_rows: list[int], seed: int, lanes: int) -> None:
@@ -87,7 +87,7 @@ class StreamPlan:
             raise InputError(f"the shards hold {sum(sizes)} samples, fewer than the {lanes} data lanes; use more "
                              "data or a smaller global batch")
 
-    @lru_cache(maxsize=4)  # noqa: B019 - a few epochs' orders, alive as long as the plan
+    @lru_cache(maxsize=4)  # noqa: B019 - a few epochs' orders, alive as long as the stream order
     def _epoch_layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """The epoch's block order and, for each block in that order, where its rows end in the row sequence."""
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.block_start))
@@ -121,7 +121,7 @@ def rank_lanes(lanes: int, world_size: int, rank: int) -> range:
     return range(rank * per_rank, (rank + 1) * per_rank)
 
 
-def lane_requests(plan: StreamPlan, lane_range: range, per_lane: int, first_index: int,
+def lane_requests(stream: StreamOrder, lane_range: range, per_lane: int, first_index: int,
                   steps: int | None) -> Iterator[tuple[int, int, int]]:
     """(lane, lane index, count) runs that the steps from lane index `first_index` (stream position // C) on
     take, step by step, lane after lane: each step takes `per_lane` = G / C consecutive samples of every lane.
@@ -131,32 +131,32 @@ def lane_requests(plan: StreamPlan, lane_range: range, per_lane: int, first_inde
         for lane in lane_range:
             index, left = first_index + step * per_lane, per_lane
             while left:
-                count = min(left, plan.lane_length - index % plan.lane_length)
+                count = min(left, stream.lane_length - index % stream.lane_length)
                 yield lane, index, count
                 index += count
                 left -= count
         step += 1
 
 
-def lane_portion_stream(plan: StreamPlan, lane: int, start_index: int) -> Iterator[tuple[Portion, int]]:
+def lane_portion_stream(stream: StreamOrder, lane: int, start_index: int) -> Iterator[tuple[Portion, int]]:
     """The portions of `lane`, from the one holding lane index `start_index` on, across epochs, each with the
     lane index where it begins."""
-    epoch, offset = divmod(start_index, plan.lane_length)
+    epoch, offset = divmod(start_index, stream.lane_length)
     while True:
-        for portion, begins in plan.lane_portions(lane, epoch):
+        for portion, begins in stream.lane_portions(lane, epoch):
             if begins + portion.stop - portion.start > offset:
-                yield portion, epoch * plan.lane_length + begins
+                yield portion, epoch * stream.lane_length + begins
         epoch, offset = epoch + 1, 0
 
 
-def portions_needed(plan: StreamPlan, lane_range: range, per_lane: int, first_index: int,
+def portions_needed(stream: StreamOrder, lane_range: range, per_lane: int, first_index: int,
                     steps: int | None) -> Iterator[Portion]:
     """Every portion this rank reads, in the order it first needs them (the order its readers deliver them): by
     the step that first takes one of its rows, then lane after lane, then along the lane. The lanes' portion
     streams are merged on that key, so the cost grows with the portions, not with the steps x lanes."""
 
     def keyed(position: int, lane: int) -> Iterator[tuple[int, int, int, Portion]]:
-        for portion, begins in lane_portion_stream(plan, lane, first_index):
+        for portion, begins in lane_portion_stream(stream, lane, first_index):
             step = max(0, begins - first_index) // per_lane
             if steps is not None and step >= steps:
                 return

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import ContextManager, Optional, Sequence
 
 from bertrecipe.common.errors import InputError
+from bertrecipe.finetuning.loop import LoopSettings
 from bertrecipe.common.output_paths import check_writable, check_writable_folder, refuse_input_as_output
 from bertrecipe.model.weights import CONFIG_FILES, HF_WEIGHT_FILES
 from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH
@@ -74,6 +75,16 @@ def check_common_arguments(args: argparse.Namespace) -> None:
     check_writable_folder(args.output_dir, "--output_dir")
     check_log_paths(args.json_summary)
     allow_tf32(args.tf32)
+
+
+def loop_settings(args: argparse.Namespace, progress_bar: bool, trim_padding: bool = False) -> LoopSettings:
+    """The fine-tuning loop's settings from the common flags (checked): --train_batch_size is split into
+    --gradient_accumulation_steps micro-batches."""
+    return LoopSettings(micro_batch_size=args.train_batch_size // args.gradient_accumulation_steps,
+                        accumulation=args.gradient_accumulation_steps, epochs=args.num_train_epochs,
+                        max_steps=args.max_steps, learning_rate=args.learning_rate,
+                        warmup_proportion=args.warmup_proportion, seed=args.seed, log_freq=args.log_freq,
+                        progress_bar=progress_bar, num_workers=args.num_workers, trim_padding=trim_padding)
 
 
 Paths = list[tuple[str, Optional[str | Path]]]  # (flag or description, path or None)

@@ -33,9 +33,8 @@ from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.model.bert import BertConfig, BertForSequenceClassification
-from bertrecipe.training.optimization import LinearWarmUpScheduler, build_adamw
 from bertrecipe.training.process_group import DistributedContext, barrier, init_distributed, shutdown
-from bertrecipe.training.stepper import Precision, make_precision, seed_everything, wrap_ddp
+from bertrecipe.training.stepper import Precision, make_precision, seed_everything
 
 MODES = ("train", "eval", "prediction")
 OUTPUTS = (*MODEL_FILES, "results.json", "eval_predictions.tsv", "eval_mismatched_predictions.tsv",
@@ -225,15 +224,11 @@ def open_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> Me
 
 def train(state: GlueRun, log: MetricLogger) -> dict[str, Any]:
     args, ctx, features = state.args, state.ctx, state.splits["train"]
-    settings = loop.LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
-                                 args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps,
-                                 args.seed, args.log_freq, state.bar, args.num_workers, trim_padding=True)
-    total_steps = loop.planned_steps(len(features), settings, ctx)
-    optimizer = build_adamw(state.model, args.learning_rate)
-    scheduler = LinearWarmUpScheduler(optimizer, args.warmup_proportion, total_steps)
-    results = loop.train_loop(wrap_ddp(state.model, ctx), optimizer, scheduler, state.precision,
-                              feature_arrays(features), classification_loss, settings, total_steps, ctx, log)
-    return {**results, "train_examples": len(features), "train_steps": total_steps}
+    settings = finetuning_flags.loop_settings(args, state.bar, trim_padding=True)
+    results = loop.train(state.model, feature_arrays(features), classification_loss, settings, state.precision, ctx,
+                         log)
+    return {**results, "train_examples": len(features),
+            "train_steps": loop.optimizer_steps(len(features), settings, ctx)}
 
 
 def evaluate(state: GlueRun, stage: StagedOutputs) -> dict[str, Any]:

@@ -34,10 +34,9 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable_folder
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.model.bert import BertForQuestionAnswering
-from bertrecipe.training.optimization import LinearWarmUpScheduler, build_adamw
 from bertrecipe.training.process_group import DistributedContext, barrier, init_distributed, shutdown
 from bertrecipe.cli.squad_flags import evaluate, features_for
-from bertrecipe.training.stepper import Precision, make_precision, seed_everything, wrap_ddp
+from bertrecipe.training.stepper import Precision, make_precision, seed_everything
 
 OUTPUTS = (*MODEL_FILES, "predictions.json", "nbest_predictions.json", "null_odds.json")
 
@@ -236,15 +235,10 @@ def train(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Mod
     barrier(ctx)  # the first process has written the feature cache
     if features is None:
         _, features = features_for(args, tokenizer, args.train_file, is_training=True)
-    settings = loop.LoopSettings(args.train_batch_size // args.gradient_accumulation_steps,
-                                 args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps,
-                                 args.seed, args.log_freq, bar, args.num_workers)
-    total_steps = loop.planned_steps(len(features), settings, ctx)
-    optimizer = build_adamw(model, args.learning_rate)
-    scheduler = LinearWarmUpScheduler(optimizer, args.warmup_proportion, total_steps)
-    results = loop.train_loop(wrap_ddp(model, ctx), optimizer, scheduler, precision, qa_arrays(features, True),
-                              qa_loss, settings, total_steps, ctx, log)
-    return {**results, "train_features": len(features), "train_steps": total_steps}
+    settings = finetuning_flags.loop_settings(args, bar)
+    results = loop.train(model, qa_arrays(features, True), qa_loss, settings, precision, ctx, log)
+    return {**results, "train_features": len(features),
+            "train_steps": loop.optimizer_steps(len(features), settings, ctx)}
 
 
 def cli() -> NoReturn:

@@ -1,5 +1,6 @@
-"""The fine-tuning loop that run_squad.py and run_glue.py share on top of training.Stepper: epochs over in-memory
-feature arrays, shuffled, split across processes and grouped into optimizer steps, with the loss logged."""
+"""The fine-tuning loop that run_squad.py and run_glue.py share on top of training.Stepper: LoopSettings and train,
+which runs AdamW under a linear warm-up over epochs of in-memory feature arrays, shuffled, split across processes
+and grouped into optimizer steps, with the loss logged."""
 from __future__ import annotations
 
 import math
@@ -16,7 +17,8 @@ from tqdm import tqdm
 from bertrecipe.common.errors import InputError
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.process_group import DistributedContext, all_reduce_sum
-from bertrecipe.training.stepper import Precision, Stepper, batches_to_device, take
+from bertrecipe.training.optimization import LinearWarmUpScheduler, build_adamw
+from bertrecipe.training.stepper import Precision, Stepper, batches_to_device, take, wrap_ddp
 
 Arrays = dict[str, np.ndarray]
 Batch = dict[str, torch.Tensor]
@@ -24,10 +26,14 @@ Batch = dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class LoopSettings:
+    """What a fine-tuning run's loop is asked to do (the common flags of run_squad.py and run_glue.py)."""
+
     micro_batch_size: int  # per process
     accumulation: int
     epochs: float
     max_steps: int  # > 0 overrides epochs
+    learning_rate: float  # AdamW's peak, reached after the warm-up
+    warmup_proportion: float  # of the optimizer steps, then a linear decay to 0
     seed: int
     log_freq: int = 50
     progress_bar: bool = True
@@ -35,48 +41,19 @@ class LoopSettings:
     trim_padding: bool = False  # see as_tensors
 
 
-SEQUENCE_KEYS = ("input_ids", "segment_ids", "input_mask")
+def train(model: nn.Module, arrays: Arrays, compute_loss: Callable[[nn.Module, Batch], torch.Tensor],
+          settings: LoopSettings, precision: Precision, ctx: DistributedContext, log: MetricLogger) -> dict[str, float]:
+    """Fine-tunes `model` (on ctx.device, not yet wrapped for DDP) on the rows of `arrays`: optimizer_steps AdamW
+    steps of compute_loss(model, batch) under a linear warm-up and decay. Returns e2e_train_time,
+    training_sequences_per_second (all processes) and final_loss (the last step's, averaged over processes)."""
+    total_steps = optimizer_steps(len(next(iter(arrays.values()))), settings, ctx)
+    optimizer = build_adamw(model, settings.learning_rate)
+    scheduler = LinearWarmUpScheduler(optimizer, settings.warmup_proportion, total_steps)
+    return _run_steps(wrap_ddp(model, ctx), optimizer, scheduler, precision, arrays, compute_loss, settings,
+                      total_steps, ctx, log)
 
 
-def as_tensors(arrays: Arrays, rows: np.ndarray, trim: bool = False) -> Batch:
-    """Rows of the feature arrays as tensors: integers as int64 (embedding indexes, labels), floats as they are.
-    trim: cut the sequence columns after the longest real sequence of these rows (padding is masked out, so
-    the outputs at real positions do not change; short GLUE sentences then cost far less)."""
-    width = int(arrays["input_mask"][rows].sum(1).max()) if trim and len(rows) else None
-    batch = {}
-    for key, values in arrays.items():
-        values = values[rows]
-        if width is not None and key in SEQUENCE_KEYS:
-            values = values[:, :width]
-        tensor = torch.from_numpy(np.ascontiguousarray(values))
-        batch[key] = tensor.long() if values.dtype.kind in "iub" else tensor
-    return batch
-
-
-class _Rows(Dataset):
-    """Micro-batches given as lists of row indexes, turned into tensors (in a worker when num_workers > 0)."""
-
-    def __init__(self, arrays: Arrays, batches: Sequence[np.ndarray], trim: bool) -> None:
-        self.arrays, self.batches, self.trim = arrays, batches, trim
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __getitem__(self, index: int) -> Batch:
-        return as_tensors(self.arrays, self.batches[index], self.trim)
-
-
-def epoch_micro_batches(n: int, micro_batch_size: int, seed: int, epoch: int,
-                        ctx: DistributedContext) -> list[np.ndarray]:
-    """This process's micro-batches of one epoch: a seeded shuffle of all n rows, wrapped around so that every
-    process gets the same count (DDP needs the same number of steps everywhere), dealt out round-robin."""
-    order = np.random.default_rng([seed, epoch]).permutation(n)
-    order = np.resize(order, math.ceil(n / ctx.world_size) * ctx.world_size)
-    mine = order[ctx.rank :: ctx.world_size]
-    return [mine[i : i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
-
-
-def planned_steps(n: int, settings: LoopSettings, ctx: DistributedContext) -> int:
+def optimizer_steps(n: int, settings: LoopSettings, ctx: DistributedContext) -> int:
     """Optimizer steps of the run: max_steps when > 0, else the epochs' worth (a last partial step counts)."""
     if settings.max_steps > 0:
         return settings.max_steps
@@ -84,7 +61,7 @@ def planned_steps(n: int, settings: LoopSettings, ctx: DistributedContext) -> in
     return max(1, math.ceil(math.ceil(micro_batches / settings.accumulation) * settings.epochs))
 
 
-def train_loop(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, precision: Precision,
+def _run_steps(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, precision: Precision,
                arrays: Arrays, compute_loss: Callable[[nn.Module, Batch], torch.Tensor], settings: LoopSettings,
                total_steps: int, ctx: DistributedContext, log: MetricLogger) -> dict[str, float]:
     """Runs total_steps optimizer steps over shuffled epochs of `arrays`; returns e2e_train_time,
@@ -112,7 +89,7 @@ def train_loop(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
 
 
 class _Progress:
-    """train_loop's counts, progress bar and log records: the loss (averaged over processes), learning rate,
+    """_run_steps' counts, progress bar and log records: the loss (averaged over processes), learning rate,
     skipped steps and throughput every log_freq optimizer steps and at the last one."""
 
     def __init__(self, total_steps: int, settings: LoopSettings, ctx: DistributedContext, log: MetricLogger,
@@ -153,3 +130,44 @@ class _Progress:
         elapsed = time.perf_counter() - self.start
         return {"e2e_train_time": elapsed, "training_sequences_per_second": self.sequences / elapsed,
                 "final_loss": self.final_loss}
+
+
+def epoch_micro_batches(n: int, micro_batch_size: int, seed: int, epoch: int,
+                        ctx: DistributedContext) -> list[np.ndarray]:
+    """This process's micro-batches of one epoch: a seeded shuffle of all n rows, wrapped around so that every
+    process gets the same count (DDP needs the same number of steps everywhere), dealt out round-robin."""
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+    order = np.resize(order, math.ceil(n / ctx.world_size) * ctx.world_size)
+    mine = order[ctx.rank :: ctx.world_size]
+    return [mine[i : i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
+
+
+class _Rows(Dataset):
+    """Micro-batches given as lists of row indexes, turned into tensors (in a worker when num_workers > 0)."""
+
+    def __init__(self, arrays: Arrays, batches: Sequence[np.ndarray], trim: bool) -> None:
+        self.arrays, self.batches, self.trim = arrays, batches, trim
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> Batch:
+        return as_tensors(self.arrays, self.batches[index], self.trim)
+
+
+SEQUENCE_KEYS = ("input_ids", "segment_ids", "input_mask")
+
+
+def as_tensors(arrays: Arrays, rows: np.ndarray, trim: bool = False) -> Batch:
+    """Rows of the feature arrays as tensors: integers as int64 (embedding indexes, labels), floats as they are.
+    trim: cut the sequence columns after the longest real sequence of these rows (padding is masked out, so
+    the outputs at real positions do not change; short GLUE sentences then cost far less)."""
+    width = int(arrays["input_mask"][rows].sum(1).max()) if trim and len(rows) else None
+    batch = {}
+    for key, values in arrays.items():
+        values = values[rows]
+        if width is not None and key in SEQUENCE_KEYS:
+            values = values[:, :width]
+        tensor = torch.from_numpy(np.ascontiguousarray(values))
+        batch[key] = tensor.long() if values.dtype.kind in "iub" else tensor
+    return batch

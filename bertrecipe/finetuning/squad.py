@@ -340,7 +340,7 @@ def _max_context_window(spans: list[tuple[int, int]], n_pieces: int) -> np.ndarr
 
 
 @dataclass
-class _WindowPlan:
+class _WindowLayout:
     """One example before its windows are laid out: its query and document pieces, the word of every document
     piece, the windows (start, length) over the document, and the gold piece span (training, answerable)."""
 
@@ -361,19 +361,19 @@ def convert_examples_to_features(
     """Windows of every example, in example order (the windows of one example are consecutive)."""
     if settings.doc_stride < 1 or settings.max_query_length < 0:
         raise InputError(f"doc_stride ({settings.doc_stride}) must be >= 1 and max_query_length >= 0")
-    plans = _plan_windows(examples, tokenizer, settings, is_training)
-    out = _empty_features(sum(len(plan.spans) for plan in plans), settings.max_seq_length)
+    layouts = _window_layouts(examples, tokenizer, settings, is_training)
+    out = _empty_features(sum(len(layout.spans) for layout in layouts), settings.max_seq_length)
     cls_id, sep_id = tokenizer.vocab.id("[CLS]"), tokenizer.vocab.id("[SEP]")
     row = 0
-    for plan in plans:
-        row = _lay_out_windows(out, row, plan, cls_id, sep_id)
+    for layout in layouts:
+        row = _lay_out_windows(out, row, layout, cls_id, sep_id)
     return out
 
 
-def _plan_windows(
+def _window_layouts(
     examples: Sequence[SquadExample], tokenizer: BertTokenizer, settings: WindowSettings, is_training: bool
-) -> list[_WindowPlan]:
-    """The plan of every example; raises InputError when a query leaves no room for the document."""
+) -> list[_WindowLayout]:
+    """The window layout of every example; raises InputError when a query leaves no room for the document."""
     seq_len = settings.max_seq_length
     documents = _DocumentPieces(examples, tokenizer)
     # Questions and training answers tokenized in bulk; "\n" is whitespace to BERT and the line separator here.
@@ -381,7 +381,7 @@ def _plan_windows(
     if is_training:
         answer_texts = [e.answers[0].text.replace("\n", " ") if e.answers else "" for e in examples]
         a_ids, a_offsets = tokenizer.encode_lines(answer_texts)
-    plans = []
+    layouts = []
     for i, example in enumerate(examples):
         query = q_ids[q_offsets[i] : q_offsets[i + 1]][: settings.max_query_length]
         pieces, piece_word, word_start = documents.of(example)
@@ -398,8 +398,8 @@ def _plan_windows(
             start = int(word_start[answer.start_word])
             end = int(word_start[answer.end_word + 1]) - 1
             gold = _improve_answer_span(pieces, start, end, a_ids[a_offsets[i] : a_offsets[i + 1]])
-        plans.append(_WindowPlan(i, query, pieces, piece_word, spans, gold))
-    return plans
+        layouts.append(_WindowLayout(i, query, pieces, piece_word, spans, gold))
+    return layouts
 
 
 def _empty_features(n: int, seq_len: int) -> SquadFeatures:
@@ -416,26 +416,26 @@ def _empty_features(n: int, seq_len: int) -> SquadFeatures:
     )
 
 
-def _lay_out_windows(out: SquadFeatures, row: int, plan: _WindowPlan, cls_id: int, sep_id: int) -> int:
-    """Writes the windows of `plan` as `[CLS] query [SEP] doc [SEP]` from row `row` on; returns the next row."""
-    if not plan.spans:  # a context without any word piece has no window
+def _lay_out_windows(out: SquadFeatures, row: int, layout: _WindowLayout, cls_id: int, sep_id: int) -> int:
+    """Writes the windows of `layout` as `[CLS] query [SEP] doc [SEP]` from row `row` on; returns the next row."""
+    if not layout.spans:  # a context without any word piece has no window
         return row
-    best_window = _max_context_window(plan.spans, len(plan.pieces))
-    doc_offset = len(plan.query) + 2  # [CLS] query [SEP]
-    gold = plan.gold
-    for k, (start, length) in enumerate(plan.spans):
+    best_window = _max_context_window(layout.spans, len(layout.pieces))
+    doc_offset = len(layout.query) + 2  # [CLS] query [SEP]
+    gold = layout.gold
+    for k, (start, length) in enumerate(layout.spans):
         end = doc_offset + length
         doc = slice(start, start + length)
         out.input_ids[row, 0] = cls_id
-        out.input_ids[row, 1 : doc_offset - 1] = plan.query
+        out.input_ids[row, 1 : doc_offset - 1] = layout.query
         out.input_ids[row, doc_offset - 1] = sep_id
-        out.input_ids[row, doc_offset:end] = plan.pieces[doc]
+        out.input_ids[row, doc_offset:end] = layout.pieces[doc]
         out.input_ids[row, end] = sep_id
         out.input_mask[row, : end + 1] = 1
         out.segment_ids[row, doc_offset : end + 1] = 1
-        out.token_to_orig[row, doc_offset:end] = plan.piece_word[doc]
+        out.token_to_orig[row, doc_offset:end] = layout.piece_word[doc]
         out.token_is_max_context[row, doc_offset:end] = best_window[doc] == k
-        out.example_index[row] = plan.example_index
+        out.example_index[row] = layout.example_index
         if gold is not None and start <= gold[0] and gold[1] <= start + length - 1:
             out.start_positions[row] = gold[0] - start + doc_offset
             out.end_positions[row] = gold[1] - start + doc_offset

@@ -163,7 +163,7 @@ def test_existing_shards_stay_when_sharding_fails(tmp_path, monkeypatch):
 def test_a_part_cut_short_under_a_write_out_task_is_one_clear_error(tmp_path):
     part = tmp_path / "part-000000"
     part.write_bytes(b"One.\n\nTwo.\n\n")
-    sharding._save_plan(str(part), np.array([0, 0]), np.array([6, 6]))  # two articles of 6 bytes for shard 0
+    sharding._save_assignment(str(part), np.array([0, 0]), np.array([6, 6]))  # two articles of 6 bytes for shard 0
     part.write_bytes(b"One.\n\nTw")  # shorter than its index says
     with pytest.raises(DataError, match=r"part-000000: ends at byte 8, before the article its index puts at 6\.\.12"):
         sharding.write_shards((str(part),), 0, (str(tmp_path / "c_training_0.txt"),))
@@ -190,7 +190,7 @@ def test_sharding_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path, 
     one = shard_corpus(ShardingConfig(output_dir=tmp_path / "one", **cfg))
     monkeypatch.setattr(sharding, "SEGMENT_BYTES", 37)  # ranges that cut lines and multi-byte characters
     assert len(sharding.segment_tasks([source])) > 50
-    with engine.session(engine.EngineConfig("local", n_processes=2)) as run:
+    with engine.open_runner(engine.EngineConfig("local", n_processes=2)) as run:
         many = shard_corpus(ShardingConfig(output_dir=tmp_path / "many", **cfg), run=run)
     assert (many.articles, many.sentences) == (one.articles, one.sentences)
     assert _shard_bytes(tmp_path / "many") == _shard_bytes(tmp_path / "one")  # no scratch folder left either
@@ -220,7 +220,7 @@ def test_formatting_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path
     tasks = text_formatting.format_tasks("bookscorpus", text_formatting.book_groups(books))
     assert len(tasks) == 4
     many = tmp_path / "out" / "many.txt"
-    with engine.session(engine.EngineConfig("local", n_processes=2)) as run:
+    with engine.open_runner(engine.EngineConfig("local", n_processes=2)) as run:
         assert text_formatting.format_corpus(tasks, many, run) == 6
     assert many.read_text(encoding="utf-8") == one.read_text(encoding="utf-8") == reference
     assert sorted(p.name for p in many.parent.iterdir()) == ["many.txt"]  # no part or scratch folder left
@@ -266,7 +266,7 @@ def test_a_failing_formatting_task_leaves_no_output_and_no_scratch(tmp_path, mon
     (books / "b2.txt").write_bytes(b"bad \xff byte")
     monkeypatch.setattr(text_formatting, "BOOKS_PER_TASK", 1)
     out = tmp_path / "new" / "formatted.txt"
-    with engine.session(engine.EngineConfig("local", n_processes=2)) as run, \
+    with engine.open_runner(engine.EngineConfig("local", n_processes=2)) as run, \
             pytest.raises(DataError, match=r"b2\.txt.*not UTF-8"):
         text_formatting.format_corpus(text_formatting.format_tasks("bookscorpus", text_formatting.book_groups(books)),
                                       out, run)
@@ -280,7 +280,7 @@ def test_a_failing_segmentation_task_on_processes_is_one_error_and_leaves_nothin
     source.write_bytes(good + b"bad \xff byte.\n\n" + good)  # a task in the middle fails, others run on
     monkeypatch.setattr(sharding, "SEGMENT_BYTES", 64)
     cfg = ShardingConfig((source,), tmp_path / "out", "c", 4, 1, 0.1)
-    with engine.session(engine.EngineConfig("local", n_processes=2)) as run, \
+    with engine.open_runner(engine.EngineConfig("local", n_processes=2)) as run, \
             pytest.raises(DataError, match="formatted.txt.*not UTF-8"):
         shard_corpus(cfg, run=run)
     assert not (tmp_path / "out").exists()  # no shard, temporary, part or scratch folder

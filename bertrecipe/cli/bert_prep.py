@@ -137,7 +137,7 @@ def do_text_formatting(cfg: PrepConfig) -> None:
     corpora = corpus_members(cfg.dataset)
     sources = {corpus: _format_sources(cfg, corpus) for corpus in corpora}  # all checked before any write
     used: set[str] = set()
-    with engine.session(cfg.engine) as run:  # a Dask scheduler answers before the first write
+    with engine.open_runner(cfg.engine) as run:  # a Dask scheduler answers before the first write
         for corpus in corpora:
             output = layout.formatted_text(cfg.root, corpus)
             tasks = text_formatting.format_tasks(corpus, sources[corpus])
@@ -154,7 +154,7 @@ def do_sharding(cfg: PrepConfig) -> None:
     out = layout.sharded_dir(cfg.root, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set) / cfg.dataset
     scfg = ShardingConfig(inputs, out, cfg.dataset, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set)
     used: set[str] = set()
-    with engine.session(cfg.engine) as run, tqdm(desc=f"shard {cfg.dataset}", unit="article", disable=None) as bar:
+    with engine.open_runner(cfg.engine) as run, tqdm(desc=f"shard {cfg.dataset}", unit="article", disable=None) as bar:
         result = shard_corpus(scfg, bar.update, _runner(cfg, run, len(segment_tasks(inputs)), used))
     for split, counts in result.sentences.items():
         if counts:
@@ -225,7 +225,7 @@ def do_create_hdf5_files(cfg: PrepConfig) -> None:
         print(f"shards are in {jobs[0].output_file.parent.parent}")
         return
     # The engine is reached (a Dask scheduler answers) before the first folder is made.
-    with engine.session(cfg.engine) as run, \
+    with engine.open_runner(cfg.engine) as run, \
             tqdm(total=len(todo), desc="hdf5 shards", unit="shard", disable=None) as bar:
         _prepare_hdf5_dirs(jobs)
         # Each shard depends only on its text and the seed: the engine and worker count cannot change the output.

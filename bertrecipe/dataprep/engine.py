@@ -244,7 +244,7 @@ def in_order(run: Runner | None, function: Callable, tasks: Sequence[tuple]) -> 
 
 
 @contextmanager
-def session(cfg: EngineConfig) -> Iterator[Runner]:
+def open_runner(cfg: EngineConfig) -> Iterator[Runner]:
     """Yields run(function, tasks, on_done) -> the Dask worker addresses used (none locally). Connecting happens
     here, so that callers can check the engine before their first write; everything is released on exit."""
     validate_engine(cfg)

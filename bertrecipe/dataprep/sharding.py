@@ -7,14 +7,14 @@ Three steps, the costly ones as tasks for data/engine.py (local processes or Das
 2. Balancing, here, from the indexes only (no text passes through this process): each article goes to the shard
    of its split with the fewest sentences so far, which keeps shards within one article of each other. It reads
    each index as soon as its part and those before it are written, while the rest are segmented, and saves beside
-   the part its plan: where each article goes and where it lies, ordered by shard.
-3. Write-out: each task writes a contiguous range of at most FAN_OUT shards, reading from each part's plan only
+   the part its assignment (`<part>.plan.npy`): where each article goes and where it lies, ordered by shard.
+3. Write-out: each task writes a contiguous range of at most FAN_OUT shards, reading from each part's assignment only
    the rows of its shards (a memory map and a binary search) and their articles, in corpus order, so a shard's
    articles keep their order. The shards are then renamed into place.
 
 The output is the same bytes whatever the engine and worker count. Open files stay bounded whatever the shard
 count (thousands of shards used to hit the open-file limit): a write-out task holds its shards and one part open.
-Memory is bounded by one part's index and plan (~100 bytes per article of SEGMENT_BYTES of text), not the corpus.
+Memory is bounded by one part's index and assignment (~100 bytes per article of SEGMENT_BYTES of text), not the corpus.
 The parts take as much free space again as the corpus while the shards are written.
 
 Sentence segmenter: blingfire, chosen over pysbd, syntok and sentencex on the Wikipedia sample (see the report
@@ -111,7 +111,7 @@ def _index_of(part: str) -> str:
     return part + ".index.npy"  # (sentence count, byte length) of each article of the part
 
 
-def _plan_of(part: str) -> str:
+def _assignment_of(part: str) -> str:
     # [3, articles]: shard (an index into the training, then the test shards), byte offset and length of each
     # article of the part, ordered by shard and, within a shard, by corpus order
     return part + ".plan.npy"
@@ -211,7 +211,7 @@ def _segmented_in_order(jobs: Sequence[tuple], on_article: Callable[[], None] | 
 def _balance(parts: Iterator[str], paths: dict[str, list[Path]], fraction: float
              ) -> tuple[dict[str, list[int]], int]:
     """Assign each article of the parts, in corpus order, to the shard of its split with the fewest sentences so
-    far (the lowest index on a tie), from the parts' indexes; each part's plan is saved beside it. Sentences per
+    far (the lowest index on a tie), from the parts' indexes; each part's assignment is saved beside it. Sentences per
     shard, articles."""
     sentences = {split: [0] * len(paths[split]) for split in SPLITS}
     heaps = {split: [(0, i) for i in range(len(paths[split]))] for split in SPLITS}
@@ -227,15 +227,15 @@ def _balance(parts: Iterator[str], paths: dict[str, list[Path]], fraction: float
             sentences[split][shard] += n_sentences
             shards.append(first[split] + shard)
             n_articles += 1
-        _save_plan(part, np.array(shards, dtype=np.int64), index[:, 1])
+        _save_assignment(part, np.array(shards, dtype=np.int64), index[:, 1])
     return sentences, n_articles
 
 
-def _save_plan(part: str, shards: np.ndarray, lengths: np.ndarray) -> None:
-    """The part's plan (_plan_of), ordered so that a write-out task reads its own rows only."""
+def _save_assignment(part: str, shards: np.ndarray, lengths: np.ndarray) -> None:
+    """The part's assignment (_assignment_of), ordered so that a write-out task reads its own rows only."""
     order = np.argsort(shards, kind="stable")  # stable: a shard's articles stay in corpus order
     offsets = np.cumsum(lengths) - lengths
-    np.save(_plan_of(part), np.stack((shards[order], offsets[order], lengths[order])))
+    np.save(_assignment_of(part), np.stack((shards[order], offsets[order], lengths[order])))
 
 
 def _write_out_width(n_shards: int) -> int:
@@ -260,11 +260,11 @@ def write_shards(parts: Sequence[str], first: int, shards: Sequence[str]) -> Non
     with ExitStack() as stack:
         files = [stack.enter_context(open(path, "wb")) for path in shards]
         for part in parts:
-            plan = np.load(_plan_of(part), mmap_mode="r")  # only the pages of this task's rows are read
-            lo, hi = np.searchsorted(plan[0], (first, first + len(files)))
+            assignment = np.load(_assignment_of(part), mmap_mode="r")  # only the pages of this task's rows are read
+            lo, hi = np.searchsorted(assignment[0], (first, first + len(files)))
             if lo == hi:
                 continue
-            mine = plan[:, lo:hi].tolist()
+            mine = assignment[:, lo:hi].tolist()
             with open(part, "rb", buffering=0) as text:
                 for shard, offset, length in zip(*mine):
                     data = os.pread(text.fileno(), length, offset)

@@ -40,12 +40,12 @@ def train_vocab(inputs: Sequence[Path], output: Path, vocab_size: int, do_lower_
     base = base_tokens(inputs, _tokenizer(do_lower_case))
     if not base:
         raise DataError(inputs[0], "no text to train a vocab on; run --action text_formatting on a corpus with text")
-    tokens, unplanned = _train(inputs, do_lower_case, vocab_size, min_frequency, base)
-    if unplanned:  # a `##` piece the scan could not foresee (see base_tokens): plan it too and train again
-        base = _canonical(base + unplanned)
-        tokens, unplanned = _train(inputs, do_lower_case, vocab_size, min_frequency, base)
-        if unplanned:
-            raise RuntimeError(f"the trainer added {unplanned} to a vocab that had them planned")
+    tokens, unforeseen = _train(inputs, do_lower_case, vocab_size, min_frequency, base)
+    if unforeseen:  # a `##` piece the scan could not foresee (see base_tokens): add it to base and train again
+        base = _canonical(base + unforeseen)
+        tokens, unforeseen = _train(inputs, do_lower_case, vocab_size, min_frequency, base)
+        if unforeseen:
+            raise RuntimeError(f"the trainer added {unforeseen} to a vocab whose base had them")
     try:
         with atomic_output(output) as tmp:
             tmp.write_text("".join(token + "\n" for token in tokens), encoding="utf-8")
@@ -67,13 +67,13 @@ def _train(inputs: Sequence[Path], do_lower_case: bool, vocab_size: int, min_fre
     tokenizer = _tokenizer(do_lower_case)
     # The trainer puts special tokens first, in the order given: the base tokens' ids are ours. With no
     # alphabet of its own (limit 0) it adds only `##` pieces that base lacks, after them.
-    planned = list(SPECIAL_TOKENS) + base
+    given = list(SPECIAL_TOKENS) + base
     tokenizer.train([str(p) for p in inputs], vocab_size=vocab_size, min_frequency=min_frequency,
-                    special_tokens=planned, limit_alphabet=0, wordpieces_prefix=PREFIX, show_progress=False)
+                    special_tokens=given, limit_alphabet=0, wordpieces_prefix=PREFIX, show_progress=False)
     tokens = [token for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])]
     # Merges join two pieces, so a token of one character (after the prefix) can only be an added base token.
-    unplanned = [t for t in tokens[len(planned):] if len(t.removeprefix(PREFIX)) == 1]
-    return tokens, unplanned
+    unforeseen = [t for t in tokens[len(given):] if len(t.removeprefix(PREFIX)) == 1]
+    return tokens, unforeseen
 
 
 def _canonical(base: list[str]) -> list[str]:

@@ -533,6 +533,23 @@ def test_failed_out_file_write_keeps_the_old_file_and_leaves_no_temporary(tmp_pa
     assert out.read_text() == "old scores" and sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+def test_cli_reads_the_data_file_once(tmp_path, monkeypatch, capsys):
+    """Its check and its scoring see one read of the file (squad.one_read_per_file), as run_squad.py's do."""
+    import builtins
+
+    _, data, pred = write_v2_fixture(tmp_path, {"a": "Paris", "b": "", "c": "2", "d": "x", "e": ""})
+    real_open, opened = builtins.open, []
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, (str, Path)) and Path(file).resolve() == data.resolve():
+            opened.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    evaluate_squad.main([str(data), str(pred)])
+    assert len(opened) == 1
+
+
 @pytest.mark.parametrize("target", ["pred.json", "data.json", "na.json"])
 def test_cli_out_file_onto_an_input_is_one_line_and_the_input_is_kept(tmp_path, target):
     _, data, pred = write_v2_fixture(tmp_path, {"a": "Paris", "b": "", "c": "2", "d": "x", "e": ""})

@@ -101,6 +101,42 @@ def test_squad_client_predictions_onto_the_predict_file_are_refused(vocab, predi
     assert questions.read_bytes() == before and os.listdir(out) == ["predictions.json"]
 
 
+def test_squad_client_reads_the_predict_file_once(vocab, predict_file, tmp_path, monkeypatch, capsys):
+    """Its examples, feature-cache key and scoring see one read of the file (squad.one_read_per_file), as
+    run_squad.py's do; a stand-in answers for the server."""
+    import builtins
+    from pathlib import Path
+
+    import numpy as np
+
+    from bertrecipe.cli import triton_squad_client
+
+    class StandIn:
+        @classmethod
+        def from_args(cls, args):
+            return cls()
+
+        def logits(self, features, batch_size):
+            return np.zeros(features.input_ids.shape, np.float32), np.zeros(features.input_ids.shape, np.float32)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(triton_squad_client, "check_server", lambda args: None)
+    monkeypatch.setattr(triton_squad_client, "TritonQA", StandIn)
+    real_open, opened = builtins.open, []
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, (str, Path)) and Path(file).resolve() == Path(predict_file).resolve():
+            opened.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    scores = triton_squad_client.main(["--predict_file", predict_file, "--vocab_file", vocab, "--do_lower_case",
+                                       "--output_dir", str(tmp_path / "out"), "--max_seq_length", "128"])
+    assert len(opened) == 1 and "exact_match" in scores and "F1" in scores
+
+
 def test_perf_client_with_unreachable_server_names_the_url(vocab, tmp_path):
     url = f"127.0.0.1:{closed_port()}"
     line = one_line_error("run_perf_client.py", "--vocab_file", vocab, "--do_lower_case", "--seq_length", "64",

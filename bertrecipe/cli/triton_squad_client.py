@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn, Optional, Sequence
 
-from bertrecipe.finetuning import squad_answers
+from bertrecipe.finetuning import squad, squad_answers
 from bertrecipe.cli import squad_flags
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
@@ -45,6 +45,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     args = parse_args(argv)
+    with squad.one_read_per_file():  # the predict file is read once: examples, feature-cache key and scoring
+        return predict_and_score(args)
+
+
+def predict_and_score(args: argparse.Namespace) -> dict[str, Any]:
+    """Writes the predictions of --predict_file's windows as the server answers them, scores them, prints and
+    returns the scores."""
     check_writable_folder(args.output_dir, "--output_dir")  # the folder itself is made by the first write
     names = ["predictions.json", "nbest_predictions.json"] + ["null_odds.json"] * args.version_2_with_negative
     inputs = [("--predict_file", args.predict_file), ("--vocab_file", args.vocab_file),

@@ -225,8 +225,8 @@ def open_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> Me
 def train(state: GlueRun, log: MetricLogger) -> dict[str, Any]:
     args, ctx, features = state.args, state.ctx, state.splits["train"]
     settings = finetuning_flags.loop_settings(args, state.bar, trim_padding=True)
-    results = loop.train(state.model, feature_arrays(features), classification_loss, settings, state.precision, ctx,
-                         log)
+    results = loop.train_loop(state.model, feature_arrays(features), classification_loss, settings, state.precision,
+                              ctx, log)
     return {**results, "train_examples": len(features),
             "train_steps": loop.optimizer_steps(len(features), settings, ctx)}
 

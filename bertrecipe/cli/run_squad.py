@@ -236,7 +236,7 @@ def train(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Mod
     if features is None:
         _, features = features_for(args, tokenizer, args.train_file, is_training=True)
     settings = finetuning_flags.loop_settings(args, bar)
-    results = loop.train(model, qa_arrays(features, True), qa_loss, settings, precision, ctx, log)
+    results = loop.train_loop(model, qa_arrays(features, True), qa_loss, settings, precision, ctx, log)
     return {**results, "train_features": len(features),
             "train_steps": loop.optimizer_steps(len(features), settings, ctx)}
 

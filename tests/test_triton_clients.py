@@ -112,10 +112,6 @@ def test_squad_client_reads_the_predict_file_once(vocab, predict_file, tmp_path,
     from bertrecipe.cli import triton_squad_client
 
     class StandIn:
-        @classmethod
-        def from_args(cls, args):
-            return cls()
-
         def logits(self, features, batch_size):
             return np.zeros(features.input_ids.shape, np.float32), np.zeros(features.input_ids.shape, np.float32)
 
@@ -123,7 +119,7 @@ def test_squad_client_reads_the_predict_file_once(vocab, predict_file, tmp_path,
             pass
 
     monkeypatch.setattr(triton_squad_client, "check_server", lambda args: None)
-    monkeypatch.setattr(triton_squad_client, "TritonQA", StandIn)
+    monkeypatch.setattr(triton_squad_client, "client_from_args", lambda args: StandIn())
     real_open, opened = builtins.open, []
 
     def counting_open(file, *args, **kwargs):

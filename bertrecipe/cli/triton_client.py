@@ -19,7 +19,7 @@ from bertrecipe.common.files import read_text_file
 from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
 from bertrecipe.finetuning.model_loading import load_tokenizer
 from bertrecipe.finetuning.question_answering import answer_about_context, check_question
-from bertrecipe.deploy.serving import TritonQA, add_server_arguments
+from bertrecipe.cli.triton_flags import add_server_arguments, client_from_args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -38,7 +38,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     check_question(args.question)
     context = args.context if args.context is not None else read_text_file(args.context_file, "--context_file")
     tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
-    qa = TritonQA.from_args(args)
+    qa = client_from_args(args)
     try:
         qa.check_ready()
         [result] = answer_about_context(lambda features: qa.logits(features, args.batch_size), tokenizer,

@@ -24,7 +24,8 @@ from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
 from bertrecipe.finetuning.model_loading import load_tokenizer
-from bertrecipe.deploy.serving import TritonQA, add_server_arguments, check_server, sample_inputs
+from bertrecipe.cli.triton_flags import add_server_arguments, check_server, client_from_args
+from bertrecipe.deploy.serving import TritonQA, sample_inputs
 
 FIELDS = ("batch_size", "concurrency", "requests", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms",
           "sequences_per_second")
@@ -147,7 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict[str, float]]:
     rows = []
     for concurrency in args.concurrency:
         for batch_size in args.batch_sizes:
-            row = measure(lambda: TritonQA.from_args(args), arrays, batch_size, concurrency, args.requests,
+            row = measure(lambda: client_from_args(args), arrays, batch_size, concurrency, args.requests,
                           args.max_seconds)
             print(", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
                   flush=True)

@@ -22,7 +22,7 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
 from bertrecipe.finetuning.model_loading import load_tokenizer
 from bertrecipe.common.output_paths import check_writable_folder, refuse_input_as_output
-from bertrecipe.deploy.serving import TritonQA, add_server_arguments, check_server
+from bertrecipe.cli.triton_flags import add_server_arguments, check_server, client_from_args
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -62,7 +62,7 @@ def predict_and_score(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
     check_server(args)  # a dead server is reported before the features, which take a minute on a full dev set
     examples, features = squad_flags.features_for(args, tokenizer, args.predict_file, is_training=False)
-    qa = TritonQA.from_args(args)
+    qa = client_from_args(args)
     began = time.perf_counter()
     try:
         start, end = qa.logits(features, args.batch_size)

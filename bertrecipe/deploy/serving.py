@@ -1,6 +1,6 @@
 """What the Triton scripts (triton/*.py) share: the model's tensor names, a runner for an exported model file, the
-function the server binds to it (make_infer), the client of a Triton server (TritonQA) with its flags, and real
-SQuAD windows to send.
+function the server binds to it (make_infer), the client of a Triton server (TritonQA; its flags are
+cli/triton_flags.py's), and real SQuAD windows to send.
 
 Imports only numpy at top level (onnxruntime, torch, tritonclient or the tokenizer's stack when used), so that
 triton/server.py runs in the server environment (.venv-triton, triton/requirements-server.txt), which has no
@@ -8,7 +8,6 @@ tokenizers package and not the training stack.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
@@ -102,27 +101,6 @@ def sample_inputs(tokenizer: Any, predict_file: Optional[str], window: squad.Win
                                                               features.input_mask))
 
 
-def add_server_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags shared by the Triton clients."""
-    p.add_argument("--url", default="127.0.0.1:8000", help="host:port of Triton's HTTP (8000) or gRPC (8001) port")
-    p.add_argument("--protocol", choices=("http", "grpc"), default="http")
-    p.add_argument("--model_name", default="bert")
-    p.add_argument("--model_version", default="", help="default: the server's choice")
-    p.add_argument("--batch_size", type=int, default=8, help="windows per request (<= the model's max_batch_size)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
-
-
-def check_server(args: argparse.Namespace) -> None:
-    """InputError, naming the URL, unless the server of add_server_arguments' flags has the model ready. Its
-    client is closed at once: clients report a dead server before long preparations, without an idle
-    connection meanwhile."""
-    probe = TritonQA.from_args(args)
-    try:
-        probe.check_ready()
-    finally:
-        probe.close()
-
-
 class TritonQA:
     """Start and end logits of SQuAD windows from a Triton model, batch_size windows per request."""
 
@@ -150,11 +128,6 @@ class TritonQA:
                 self.client = client_module.InferenceServerClient(url)
         except InferenceServerException as error:
             raise InputError(f"--url {url}: {error.message()}") from None
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> TritonQA:
-        """The client that add_server_arguments' flags describe."""
-        return cls(args.url, args.model_name, args.protocol, args.model_version, args.timeout)
 
     def unreachable(self, error: BaseException) -> Optional[InputError]:
         """The one-line report for a connection failure (refused, unknown host, timed out), else None: errors

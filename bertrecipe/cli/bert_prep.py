@@ -4,7 +4,7 @@
   --dataset wikicorpus_en | bookscorpus | books_wiki_en_corpus | python_docs | google_pretrained_weights |
             squad | mrpc | sst-2 | cola | sts-b | rte | glue | all
 
-Everything lives under $BERT_PREP_WORKING_DIR (default `data/` in the checkout); see data/layout.py.
+Everything lives under $BERT_PREP_WORKING_DIR (default `data/` in the checkout); see bertrecipe/dataprep/layout.py.
 """
 from __future__ import annotations
 
@@ -280,8 +280,8 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
 
 
 def _add_engine_args(p: ArgumentParser) -> None:
-    g = p.add_argument_group("where text_formatting, sharding and create_hdf5_files run (see data/engine.py; "
-                                 "the output is the same on all)")
+    g = p.add_argument_group("where text_formatting, sharding and create_hdf5_files run (see "
+                                 "bertrecipe/dataprep/engine.py; the output is the same on all)")
     g.add_argument("--engine", choices=engine.ENGINES, default=None,
                    help="local: --n_processes processes (default); dask: a running Dask cluster (implied by "
                         "--scheduler/--scheduler_file); slurm: Dask workers in Slurm jobs (dask-jobqueue)")

@@ -2,9 +2,9 @@
 
     python data/build_default_corpus.py [--n_processes 2] [--vocab_size 8192]
 
-Text that ships with the Python interpreter (data/default_corpus.py) -> formatted text -> an uncased WordPiece
-vocab trained on it -> 2 training + 1 test text shards -> phase-1 (128/20) and phase-2 (512/80) HDF5 shards,
-all under $BERT_PREP_WORKING_DIR (default `data/`). Prints where each product went.
+Text that ships with the Python interpreter (bertrecipe/dataprep/default_corpus.py) -> formatted text -> an uncased
+WordPiece vocab trained on it -> 2 training + 1 test text shards -> phase-1 (128/20) and phase-2 (512/80) HDF5
+shards, all under $BERT_PREP_WORKING_DIR (default `data/`). Prints where each product went.
 """
 from __future__ import annotations
 

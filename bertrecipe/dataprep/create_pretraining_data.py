@@ -151,5 +151,5 @@ def create_shard(cfg: ShardConfig, progress: bool | None = None) -> ShardResult:
 
 
 def shard_task(cfg: ShardConfig) -> int:
-    """One shard as a task of data/engine.py (local processes or Dask workers): the number of instances."""
+    """One shard as a task of dataprep/engine.py (local processes or Dask workers): the number of instances."""
     return create_shard(cfg, progress=False).instances

@@ -1,6 +1,6 @@
 """Formatted text (one article per line) -> training and test text shards of one sentence per line.
 
-Three steps, the costly ones as tasks for data/engine.py (local processes or Dask workers):
+Three steps, the costly ones as tasks for dataprep/engine.py (local processes or Dask workers):
 1. Segmentation: each task takes the articles that start in one SEGMENT_BYTES range of a formatted file, splits
    them into sentences and writes them to a part file in a scratch folder beside the shards, with an index of
    each article's sentence count and byte length.
@@ -165,7 +165,7 @@ def _check_counts(cfg: ShardingConfig, n_articles: int) -> None:
 def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = None, run: Runner | None = None
                  ) -> ShardingResult:
     """Write all shards (in a scratch folder, renamed into place at the end). Refuses fewer articles than shards.
-    run is data/engine.py's runner for the segmentation and write-out tasks; None runs them here, one after the
+    run is dataprep/engine.py's runner for the segmentation and write-out tasks; None runs them here, one after the
     other (bertPrep passes None for a corpus of one segmentation task: its text is too small to be worth
     starting workers for either step)."""
     _check(cfg)
@@ -199,7 +199,7 @@ def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = No
 def _segmented_in_order(jobs: Sequence[tuple], on_article: Callable[[], None] | None, run: Runner | None
                         ) -> Iterator[str]:
     """The parts of the segmentation jobs, in order, each as soon as it and those before it are written: with an
-    engine, balancing the first parts overlaps segmenting the rest (data/engine.py's in_order)."""
+    engine, balancing the first parts overlaps segmenting the rest (dataprep/engine.py's in_order)."""
     task = partial(segment_range, on_article=on_article) if run is None else segment_range
     with closing(in_order(run, task, jobs)) as counts:
         for job, count in zip(jobs, counts):

@@ -6,7 +6,7 @@ uses; 6x faster than walking a mwparserfromhell tree on the sample dump, and cle
 references, templates, files, categories, headings and comments and keeps the visible text. Books: plain UTF-8 files (CRLF or LF,
 optional BOM), one book per line.
 
-Formatting is split into tasks for data/engine.py (local processes or Dask workers): one per dump file (Wikipedia
+Formatting is split into tasks for dataprep/engine.py (local processes or Dask workers): one per dump file (Wikipedia
 ships its dump whole or in parts, pages-articles1..27, which run in parallel) and one per group of up to
 BOOKS_PER_TASK books. Each task writes its articles to a part file in a scratch folder beside the output; the
 parts are joined in task order as they arrive, so the output is the same bytes whatever the engine and worker count.
@@ -186,7 +186,7 @@ def format_part(corpus: str, sources: tuple[str, ...], part: str,
 
 def format_corpus(tasks: Sequence[tuple[str, tuple[str, ...]]], output: Path, run: Runner | None = None,
                   on_articles: Callable[[int], None] | None = None, source: Path | str | None = None) -> int:
-    """Run the tasks (run: data/engine.py's runner; None runs them here, one after the other) and join their
+    """Run the tasks (run: dataprep/engine.py's runner; None runs them here, one after the other) and join their
     parts into output atomically, each as soon as it and those before it are written; the article count. A
     failure leaves no output, part or folder behind."""
     each = (lambda: on_articles(1)) if on_articles is not None and run is None else None

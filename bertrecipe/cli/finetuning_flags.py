@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import ContextManager, Optional, Sequence
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.finetuning.loop import LoopSettings
 from bertrecipe.common.output_paths import check_writable, check_writable_folder, refuse_input_as_output
+from bertrecipe.finetuning.loop import LoopSettings
 from bertrecipe.model.weights import CONFIG_FILES, HF_WEIGHT_FILES
 from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH
 from bertrecipe.training.metric_logger import check_log_paths

@@ -149,7 +149,7 @@ def decompression(infos: list[ShardInfo], worlds: list[int], workers: list[int],
     layouts = [shard_layout(info.path) for info in infos]
     data_bytes, once = sum(l[1] for l in layouts), sum(l[2] for l in layouts)
     whole = sample_order.StreamOrder([i.num_samples for i in infos], [i.block_rows for i in infos], seed, 1)
-    blocks = sum(portion_bytes(layouts[p.file][0], p) for p, _ in whole.lane_portions(0, 0)) / data_bytes
+    blocks = sum(portion_bytes(layouts[p.file][0], p) for p in whole.lane_portions(0, 0)) / data_bytes
     rows = []
     for world in worlds:
         lanes = sample_order.default_lanes(NVIDIA_GLOBAL_BATCH, world)
@@ -190,10 +190,10 @@ class MeasuredReader(IterableDataset):
     def __init__(self, data: PretrainingData) -> None:
         self.reader = data.reader()
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Any]:
         start, portions, largest = _reset_peak(), 0, 0
         for item in self.reader:
-            portions, largest = portions + 1, max(largest, len(item["input_ids"]))
+            portions, largest = portions + 1, max(largest, len(item.rows["input_ids"]))
             yield item
         yield {"peak_kb": _status_kb("VmHWM") - start, "portions": portions, "largest_rows": largest}
 
@@ -208,7 +208,7 @@ def child_worker_memory(folder: str, world: int, workers: int, lanes: int | None
     data = PretrainingData(infos, 0, StepShape(NVIDIA_GLOBAL_BATCH // world, 1, world, 0), lanes, VOCAB,
                            max_steps=steps)
     loader = DataLoader(MeasuredReader(data), batch_size=None, num_workers=workers)
-    reports = [item for item in loader if "peak_kb" in item]
+    reports = [item for item in loader if isinstance(item, dict)]  # the rest: PortionRows
     return {"peak_mb": max(r["peak_kb"] for r in reports) / 1024,
             "largest_portion_mb": max(r["largest_rows"] for r in reports) * ROW_BYTES / MiB,
             "block_rows": max(i.block_rows for i in infos), "lanes": lanes}
@@ -278,7 +278,7 @@ def child_new_throughput(folder: str, lanes: int, micro: int) -> dict:
     peak_mb = (_status_kb("VmHWM") - start_kb) / 1024
     began, read = time.perf_counter(), 0
     for item in data.reader():  # each item dropped once counted, as a worker hands it on: holding the epoch's
-        read += len(item["input_ids"])  # items would time the page faults of 440 MiB of new memory too
+        read += len(item.rows["input_ids"])  # items would time the page faults of 440 MiB of new memory too
     reader = time.perf_counter() - began
     items = list(data.reader())
     began = time.perf_counter()

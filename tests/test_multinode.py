@@ -104,8 +104,8 @@ class Workspace:
             samples = []
             for lane in range(lanes):
                 wanted = range(step * per_lane, (step + 1) * per_lane)
-                for portion, begins in sample_order.lane_portion_stream(stream, lane, wanted.start):
-                    order = stream.portion_order(portion)
+                for portion in sample_order.lane_portion_stream(stream, lane, wanted.start):
+                    begins, order = portion.lane_index, stream.portion_order(portion)
                     samples += [(self.names[portion.file], portion.start + int(order[i - begins]))
                                 for i in wanted if begins <= i < begins + len(order)]
                     if begins + len(order) >= wanted.stop:

@@ -15,7 +15,8 @@ from bertrecipe.training.stepper import seed_everything
 
 from test_run_pretraining import TINY, corpus, final_record, pretrain, step_records  # noqa: F401 (corpus: fixture)
 from bertrecipe.cli import run_pretraining as run_pretraining_command
-from bertrecipe.pretraining import loop as pretraining_loop
+from bertrecipe.pretraining.data import BertPretrainingCriterion
+from bertrecipe.pretraining.startup import build_model
 
 REQUIRED = ["--input_dir", "in", "--config_file", "c.json", "--output_dir", "out", "--do_train"]
 NSP_PARTS = ("bert.pooler.", "cls.seq_relationship.")
@@ -73,8 +74,8 @@ def test_no_nsp_loss_is_the_masked_lm_term_alone(run_pretraining):
     torch.set_grad_enabled(False)
     output = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                    masked_lm_labels=batch["masked_lm_labels"], next_sentence_labels=batch["next_sentence_labels"])
-    mlm_only = pretraining_loop.pretraining_loss(model, batch, nsp=False)
-    both = pretraining_loop.pretraining_loss(model, batch)
+    mlm_only = BertPretrainingCriterion(nsp=False)(model, batch)
+    both = BertPretrainingCriterion()(model, batch)
     assert torch.equal(mlm_only, output.masked_lm_loss)
     assert torch.allclose(both, output.masked_lm_loss + output.next_sentence_loss)
     assert float(output.next_sentence_loss) > 0.1  # so that the two differ
@@ -119,13 +120,13 @@ def test_resume_refuses_a_change_of_no_nsp(corpus, tmp_path):
 def test_pretrain_dropout_replaces_the_configs_dropout_in_the_model_only(run_pretraining):
     args = run_pretraining.parse_args(REQUIRED + ["--pretrain_dropout", "0"])
     config = BertConfig(**TINY)
-    model = run_pretraining.build_model(args, config, torch.device("cpu")).train()
+    model = build_model(args, config, torch.device("cpu")).train()
     batch = tiny_batch(config)
     first, second = (model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                            masked_lm_labels=batch["masked_lm_labels"]).loss for _ in range(2))
     assert torch.equal(first, second)  # no dropout left in training mode
     assert config.hidden_dropout_prob == TINY["hidden_dropout_prob"]  # the run's (and checkpoint's) config
-    default = run_pretraining.build_model(run_pretraining.parse_args(REQUIRED), config, torch.device("cpu")).train()
+    default = build_model(run_pretraining.parse_args(REQUIRED), config, torch.device("cpu")).train()
     first, second = (default(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                              masked_lm_labels=batch["masked_lm_labels"]).loss for _ in range(2))
     assert not torch.equal(first, second)
@@ -233,9 +234,8 @@ def test_compiled_and_eager_models_give_the_same_loss_and_gradients():
 
 def test_compile_flag_compiles_the_model_in_place(run_pretraining):
     config = BertConfig(**TINY)
-    compiled = run_pretraining.build_model(run_pretraining.parse_args(REQUIRED + ["--compile"]), config,
-                                           torch.device("cpu"))
-    eager = run_pretraining.build_model(run_pretraining.parse_args(REQUIRED), config, torch.device("cpu"))
+    compiled = build_model(run_pretraining.parse_args(REQUIRED + ["--compile"]), config, torch.device("cpu"))
+    eager = build_model(run_pretraining.parse_args(REQUIRED), config, torch.device("cpu"))
     assert isinstance(compiled, BertForPreTraining) and compiled._compiled_call_impl is not None
     assert eager._compiled_call_impl is None
 

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from bertrecipe.cli import run_pretraining
-from bertrecipe.pretraining import loop, startup
+from bertrecipe.pretraining import startup
+from bertrecipe.pretraining.data import BertPretrainingCriterion
 from bertrecipe.common.errors import InputError
 from bertrecipe.training.metric_logger import read_log
 from conftest import REPO_ROOT
@@ -243,15 +244,15 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint_and_says_so(worksp
 # --- Non-finite training (item 8) ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("precision", [[], ["--bf16"]])
 def test_nan_loss_is_skipped_with_a_warning_then_stops_naming_the_step(workspace, monkeypatch, capsys, precision):
-    real_loss = loop.pretraining_loss
+    real_loss = BertPretrainingCriterion.__call__
     steps = []
 
-    def loss_nan_from_the_third_step(model, batch, **options):
+    def loss_nan_from_the_third_step(criterion, model, batch):
         steps.append(1)
-        loss = real_loss(model, batch, **options)
+        loss = real_loss(criterion, model, batch)
         return loss * float("nan") if len(steps) >= 3 else loss
 
-    monkeypatch.setattr(loop, "pretraining_loss", loss_nan_from_the_third_step)
+    monkeypatch.setattr(BertPretrainingCriterion, "__call__", loss_nan_from_the_third_step)
     with pytest.raises(SystemExit) as stop:
         run_pretraining.main(flags(workspace, "--num_steps_per_checkpoint", 1, "--max_steps", 30, *precision))
     assert stop.value.code == 1

@@ -431,7 +431,7 @@ def test_bad_shards_are_clear_errors(corpus, tmp_path, case, fragments):
         # instead of one of each portion as it is read would train step 1 and leave ckpt_1.pt.
         write_shard(shard)
         stream = sample_order.StreamOrder([16], [inspect_shard(shard, TINY["vocab_size"], 128).block_rows], 42, 8)
-        portion, _ = next(stream.lane_portions(0, 0))
+        portion = next(stream.lane_portions(0, 0))
         write_shard(shard, bad_id=40000, bad_row=portion.start + int(stream.portion_order(portion)[1]))
         extra = ["--num_workers", "1"] if case.endswith("worker") else []
     elif case == "too_long_for_positions":

@@ -54,7 +54,7 @@ def test_every_row_of_an_epoch_is_in_exactly_one_lane_and_rank():
     stream = sample_order.StreamOrder([37, 100, 5, 64], [16, 16, 5, 16], seed=1, lanes=8)
     rows = []
     for lane in range(8):
-        for portion, _ in stream.lane_portions(lane, epoch=0):
+        for portion in stream.lane_portions(lane, epoch=0):
             rows += [(portion.file, r) for r in range(portion.start, portion.stop)]
     assert len(rows) == len(set(rows)) == 8 * (206 // 8)  # the last 206 mod 8 rows wait for the next epoch
 
@@ -84,8 +84,8 @@ def portions_by_walking_requests(stream, lane_range, per_lane, first_index, step
             if lane not in streams:
                 streams[lane], given[lane] = sample_order.lane_portion_stream(stream, lane, index), index
             while given[lane] < index + per_lane:
-                portion, begins = next(streams[lane])
-                given[lane] = begins + portion.stop - portion.start
+                portion = next(streams[lane])
+                given[lane] = portion.lane_index + portion.stop - portion.start
                 out.append(portion)
     return out
 
@@ -113,7 +113,7 @@ def test_each_chunk_is_decompressed_about_once_per_epoch_across_ranks():
     stream = sample_order.StreamOrder(sizes, [chunk] * 64, seed=0, lanes=512)
     touched = 0
     for lane in range(512):
-        for portion, _ in stream.lane_portions(lane, 0):
+        for portion in stream.lane_portions(lane, 0):
             touched += (portion.stop - 1) // chunk - portion.start // chunk + 1
     assert touched <= 1.2 * sum(sizes) / chunk
 
@@ -143,6 +143,32 @@ def test_resume_on_another_number_of_processes_continues_the_stream(shards):
     assert resumed == reference[13:]
 
 
+def test_the_stream_keeps_its_position_in_its_state_and_a_resume_goes_on_from_it(shards):
+    """PretrainingData's state_dict() is the checkpoint's "data": after k steps handed out it holds position k * G,
+    and load_state_dict() goes on with step k + 1 on another number of processes."""
+    reference = global_steps(shards, world=1, workers=0, accumulation=8, micro=2, lanes=8, steps=20)
+    data = PretrainingData(shards, 3, StepShape(2, 8, 1, 0), 8, VOCAB)
+    micro_batches = data.batches(iter(data.reader()))
+    for _ in range(13 * 8):  # 13 steps of 8 micro-batches
+        next(micro_batches)
+    state = data.state_dict()
+    assert state == {"stream_position": 13 * 16, "seed": 3, "lanes": 8,
+                     "files": [info.path.name for info in shards], "global_batch": 16}
+    assert data.epoch() == 13 * 2 // 25  # an epoch is 25 lane indexes; a step takes 2
+    per_rank = []
+    for rank in range(2):
+        resumed = PretrainingData(shards, 3, StepShape(2, 4, 2, rank), 8, VOCAB, max_steps=7)
+        resumed.load_state_dict(state)
+        loader = DataLoader(resumed.reader(), batch_size=None, num_workers=1)
+        batches = [b["input_ids"][:, 0].tolist() for b in resumed.batches(iter(loader))]
+        per_rank.append([batches[s * 4:(s + 1) * 4] for s in range(7)])
+        assert resumed.state_dict()["stream_position"] == 20 * 16
+    assert [per_rank[0][s] + per_rank[1][s] for s in range(7)] == reference[13:]
+    for key, other in (("seed", 4), ("lanes", 4), ("global_batch", 32), ("files", ["other.hdf5"])):
+        with pytest.raises(ValueError, match=f"sample stream has {key}"):
+            PretrainingData(shards, 3, StepShape(2, 8, 1, 0), 8, VOCAB).load_state_dict({**state, key: other})
+
+
 def test_fewer_shards_than_ranks_still_splits_the_reading(tmp_path):
     infos = write_shards(tmp_path, [300, 260])
     reference = global_steps(infos, world=1, workers=0, accumulation=8, micro=1, lanes=8, steps=5)
@@ -151,7 +177,7 @@ def test_fewer_shards_than_ranks_still_splits_the_reading(tmp_path):
 
 def test_memory_is_bounded_by_the_block_not_the_shard():
     stream = sample_order.StreamOrder([1_000_000, 250_000], [4875, 4875], seed=0, lanes=64)
-    longest = max(p.stop - p.start for lane in range(64) for p, _ in stream.lane_portions(lane, 0))
+    longest = max(p.stop - p.start for lane in range(64) for p in stream.lane_portions(lane, 0))
     assert longest <= 4875
 
 
@@ -319,7 +345,7 @@ def test_blocks_follow_the_chunks_of_input_ids_as_nvidias_shards_are_chunked(tmp
         chunk = f["input_ids"].chunks[0]
     info = inspect_shard(path, 30522, 512)
     stream = sample_order.StreamOrder([info.num_samples], [info.block_rows], seed=0, lanes=1)
-    touched = sum((p.stop - 1) // chunk - p.start // chunk + 1 for p, _ in stream.lane_portions(0, 0))
+    touched = sum((p.stop - 1) // chunk - p.start // chunk + 1 for p in stream.lane_portions(0, 0))
     assert touched == -(-137000 // chunk)  # every input_ids chunk decompressed once
 
 

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
-import h5py
 import torch
 from tqdm import tqdm
 
@@ -28,11 +27,11 @@ from bertrecipe.common.output_paths import check_writable_folder, refuse_input_a
 from bertrecipe.model.bert import BertConfig
 from bertrecipe.model.weights import read_config
 from bertrecipe.pretraining import masking
-from bertrecipe.pretraining.data import find_shards, inspect_shard, read_rows
-from bertrecipe.pretraining.loop import TrainingSetup, evaluate, train
+from bertrecipe.pretraining.data import BertPretrainingCriterion, ShardInfo, find_shards, inspect_shard
+from bertrecipe.pretraining.loop import LoopSettings, TrainingSetup, evaluate, train_loop
 from bertrecipe.pretraining.resume_rules import check_resume, find_resume_checkpoint, stream_lanes
-from bertrecipe.pretraining.startup import build_model, set_up_optimizer
-from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, check_vocab_for_model, load_vocab
+from bertrecipe.pretraining.startup import ResumePoint, build_model, masking_spec, sample_stream, set_up_optimizer
+from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import MetricLogger, check_log_paths
 from bertrecipe.training.process_group import DistributedContext, any_process, init_distributed, shutdown
@@ -259,31 +258,6 @@ def inspect_inputs(args: argparse.Namespace, config: BertConfig) -> tuple[list, 
     return train_shards, eval_shards
 
 
-def masking_spec(args: argparse.Namespace, shards: list, config: BertConfig,
-                 warn: bool = True) -> Optional[masking.MaskingSpec]:
-    """What --dynamic_masking needs: the special and mask ids, from --vocab_file or read off the first shard."""
-    if not args.dynamic_masking:
-        return None
-    wanted = round(args.max_seq_length * args.masked_lm_prob)
-    if warn and wanted > args.max_predictions_per_seq:
-        print(f"warning: --max_predictions_per_seq {args.max_predictions_per_seq} caps --masked_lm_prob "
-              f"{args.masked_lm_prob} at {args.max_predictions_per_seq / args.max_seq_length:.3f} of a full "
-              f"{args.max_seq_length}-token sequence; pass --max_predictions_per_seq {wanted} for the full rate",
-              file=sys.stderr, flush=True)
-    try:
-        if args.vocab_file:
-            vocab = load_vocab(args.vocab_file)
-            check_vocab_for_model(vocab, model_vocab_size=config.vocab_size, allow_mismatch=args.allow_vocab_mismatch)
-            tokens = vocab.tokens
-            return masking.spec_from_vocab(tokens, args.masked_lm_prob, args.max_predictions_per_seq,
-                                           args.whole_word_masking)
-        with h5py.File(shards[0].path, "r") as f:  # its first rows show the special ids: no need to read it whole
-            rows = read_rows(shards[0], f, 0, min(shards[0].num_samples, 4096), config.vocab_size)
-        return masking.spec_from_shard(rows, config.vocab_size, args.masked_lm_prob, args.max_predictions_per_seq)
-    except ValueError as error:
-        raise InputError(f"{args.vocab_file or shards[0].path}: cannot set up --dynamic_masking ({error})") from None
-
-
 def open_log(args: argparse.Namespace, ctx: DistributedContext, bar_enabled: bool) -> MetricLogger:
     log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar_enabled else print,
                        tensorboard_dir=Path(args.output_dir) / "tensorboard")
@@ -316,16 +290,16 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
         model = build_model(args, config, ctx.device)  # reads --init_checkpoint
         if ctx.is_main:
             remove_stale_temporaries(args.output_dir, checkpointing.CHECKPOINT_NAME)
-        bar_enabled = ctx.is_main and not args.disable_progress_bar
-        log = open_log(args, ctx, bar_enabled)
+        settings = loop_settings(args, ctx)
+        log = open_log(args, ctx, settings.progress_bar)
         for change in changes:
             log.log("PARAMETER", {"resume_applies": change}, echo=False)
             if ctx.is_main:
                 print(f"resume: {change}", file=sys.stderr, flush=True)
         ddp_model, optimizer, scheduler, resume = set_up_optimizer(args, ctx, model, precision, log, resume_from)
-        setup = TrainingSetup(args, ctx, config, ddp_model, optimizer, scheduler, precision, log, eval_shards,
-                          bar_enabled, start_time, lock)
-        final = train_and_evaluate(setup, train_shards, spec, resume, steps_left)
+        setup = TrainingSetup(ctx, config, ddp_model, optimizer, scheduler, precision, log, eval_shards, lock,
+                              start_time)
+        final = train_and_evaluate(args, setup, settings, train_shards, spec, resume, steps_left)
     if final.get("stopped_by") == "SIGTERM":
         if ctx.is_main:
             print(f"stopped by SIGTERM at step {final['global_step']} before the end of the phase; checkpoint "
@@ -334,24 +308,38 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
         raise SystemExit(128 + signal.SIGTERM)
 
 
-def train_and_evaluate(setup: TrainingSetup, shards: list, spec: Optional[masking.MaskingSpec],
-                       resume: dict[str, Any], steps_left: int) -> dict[str, Any]:
+def loop_settings(args: argparse.Namespace, ctx: DistributedContext) -> LoopSettings:
+    """The loop's settings from the flags; the checkpoints record every flag that is a plain value."""
+    flags = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}
+    return LoopSettings(
+        output_dir=args.output_dir, flags=flags, num_workers=args.num_workers, log_freq=args.log_freq,
+        num_steps_per_checkpoint=args.num_steps_per_checkpoint, skip_checkpoint=args.skip_checkpoint,
+        phase2=args.phase2, phase1_end_step=args.phase1_end_step, do_eval=args.do_eval, eval_steps=args.eval_steps,
+        eval_batch_size=args.eval_batch_size or args.train_batch_size // args.gradient_accumulation_steps,
+        eval_interval_minutes=args.eval_interval_minutes, train_budget_minutes=args.train_budget_minutes,
+        progress_bar=ctx.is_main and not args.disable_progress_bar)
+
+
+def train_and_evaluate(args: argparse.Namespace, setup: TrainingSetup, settings: LoopSettings,
+                       shards: list[ShardInfo], spec: Optional[masking.MaskingSpec], resume: ResumePoint,
+                       steps_left: int) -> dict[str, Any]:
     """Trains the steps left (saying so when there are none), evaluates as asked, logs the closing record."""
-    args, log = setup.args, setup.log
     final: dict[str, Any] = {}
     if args.do_train and steps_left <= 0:
-        where = resume["path"] or args.output_dir
-        message = (f"{where}: phase {2 if args.phase2 else 1} is at step {resume['phase_step']} of --max_steps "
+        where = resume.path or args.output_dir
+        message = (f"{where}: phase {2 if args.phase2 else 1} is at step {resume.phase_step} of --max_steps "
                    f"{args.max_steps}: nothing left to train")
-        log.log("PARAMETER", {"nothing_left_to_train": message}, echo=False)
+        setup.log.log("PARAMETER", {"nothing_left_to_train": message}, echo=False)
         if setup.ctx.is_main:
             print(message, file=sys.stderr, flush=True)
     elif args.do_train:
-        final.update(train(setup, shards, spec, resume, steps_left))
+        data = sample_stream(args, setup.ctx, shards, spec, resume, steps_left, setup.config.vocab_size)
+        criterion = BertPretrainingCriterion(nsp=not args.no_nsp)
+        final.update(train_loop(setup, data, criterion, settings, resume, steps_left))
     if args.do_eval and setup.eval_shards and "eval_mlm_accuracy" not in final:
-        final.update(evaluate(setup))
-    log.log([], final)
-    log.close()
+        final.update(evaluate(setup, settings.eval_batch_size))
+    setup.log.log([], final)
+    setup.log.close()
     return final
 
 

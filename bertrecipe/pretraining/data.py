@@ -9,13 +9,16 @@ order, one shard at a time.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 import h5py
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch import nn
 from torch.utils.data import IterableDataset, get_worker_info
 
 from bertrecipe.pretraining import masking
@@ -24,7 +27,6 @@ from bertrecipe.pretraining.shard_schema import SHARD_KEYS
 from bertrecipe.common.errors import InputError
 from bertrecipe.pretraining.hdf5_chunks import ChunkLayout, RowSource
 
-BATCH_KEYS = ("input_ids", "segment_ids", "input_mask", "masked_lm_labels", "next_sentence_labels")
 DEFAULT_BLOCK_ROWS = 256  # for unchunked (uncompressed) shards, where any row range reads only itself
 OPEN_FILES_PER_READER = 4
 
@@ -183,9 +185,14 @@ def read_rows(info: ShardInfo, f: h5py.File | RowSource, start: int, stop: int, 
     return arrays
 
 
+# --- The batch: what the model is fed, and the loss it is trained on ------------------------------------------
+BATCH_KEYS = ("input_ids", "segment_ids", "input_mask", "masked_lm_labels", "next_sentence_labels")
+
+
 def make_batch(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-    """Rows of a loaded shard as model inputs; labels are masking.IGNORE_INDEX except at the masked positions
-    (masking.masked_positions)."""
+    """Rows of a loaded shard as a batch (BATCH_KEYS, int64): input_ids, segment_ids, input_mask [B, S],
+    masked_lm_labels [B, S] (masking.IGNORE_INDEX except at the masked positions: masking.masked_positions),
+    next_sentence_labels [B]."""
     ids = arrays["masked_lm_ids"][rows].astype(np.int64)
     input_ids = arrays["input_ids"][rows].astype(np.int64)
     valid, row_index, columns = masking.masked_positions(arrays["masked_lm_positions"][rows])
@@ -200,8 +207,33 @@ def make_batch(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.
     }
 
 
+class BertPretrainingCriterion:
+    """NVIDIA's pre-training loss of a batch (BATCH_KEYS): the masked-LM cross-entropy over the positions whose
+    label is not masking.IGNORE_INDEX, plus the next-sentence cross-entropy unless nsp is False (--no_nsp: the
+    masked-LM term alone). criterion(model, batch) runs a BertForPreTraining (its MLM head only at the labelled
+    positions) and returns the scalar loss; it is the Stepper's compute_loss."""
+
+    def __init__(self, nsp: bool = True) -> None:
+        self.nsp = nsp
+
+    def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        labels = batch["masked_lm_labels"]
+        predicted = labels != masking.IGNORE_INDEX
+        output = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"], predict_positions=predicted)
+        # In fp32 whatever the autocast: a softmax over the vocab in fp16 or bf16 loses the loss's precision.
+        loss = F.cross_entropy(output.prediction_logits.float(), labels[predicted], ignore_index=masking.IGNORE_INDEX)
+        if self.nsp:
+            loss = loss + F.cross_entropy(output.seq_relationship_logits.float(),
+                                          batch["next_sentence_labels"].view(-1).long())
+        return loss
+
+
+# --- The training stream: this rank's share, read by portions, cut into micro-batches ---------------------------
 @dataclass(frozen=True)
 class StepShape:
+    """How an optimizer step is cut: micro-batches of micro_batch samples, `accumulation` of them a process,
+    on world_size processes; `rank` is this process."""
+
     micro_batch: int
     accumulation: int
     world_size: int
@@ -209,78 +241,89 @@ class StepShape:
 
     @property
     def samples_per_step(self) -> int:
+        """The global batch: samples of all processes per optimizer step."""
         return self.micro_batch * self.accumulation * self.world_size
 
 
+class PortionRows(NamedTuple):
+    """What the reader delivers: a portion of the stream (sample_order.Portion: which lane, which lane indexes)
+    and its rows in shuffled order (numpy arrays; tensors once through a DataLoader)."""
+
+    portion: sample_order.Portion
+    rows: dict[str, Any]
+
+
 class PretrainingData:
-    """This rank's share of the stream (sample_order.py) from stream position `start` on: `reader()` is the
-    IterableDataset that reads the portions of shards the rank needs (spread over DataLoader workers, each
-    portion read by one of them), `batches(items)` turns the reader's output, in order, into micro-batches of
-    int64 tensors: input_ids, segment_ids, input_mask [B, S], masked_lm_labels [B, S], next_sentence_labels [B]."""
+    """This rank's share of the stream (sample_order.py) from stream position `start` on, for `max_steps` steps
+    (None: without end). `reader()` is the IterableDataset that reads the portions of shards the rank needs
+    (spread over DataLoader workers, each portion read by one of them); `batches(delivered)` cuts what it
+    delivers, in order, into micro-batches (BATCH_KEYS, int64 tensors). Both follow one walk of the stream,
+    portions(). Stateful: state_dict() is the checkpoint's "data", load_state_dict() goes on from one."""
 
     def __init__(self, shards: list[ShardInfo], seed: int, shape: StepShape, lanes: int, vocab_size: int,
                  start: int = 0, max_steps: Optional[int] = None,
                  masking_spec: Optional[masking.MaskingSpec] = None, bin_by_length: bool = False) -> None:
         sample_order.check_lanes(lanes, shape.samples_per_step, shape.world_size)
         self.stream = sample_order.StreamOrder([s.num_samples for s in shards], [s.block_rows for s in shards],
-                                             seed, lanes)
+                                               seed, lanes)
         self.shards = shards
         self.shape = shape
         self.vocab_size = vocab_size
         self.lane_range = sample_order.rank_lanes(lanes, shape.world_size, shape.rank)
         self.per_lane = shape.samples_per_step // lanes
-        self.first_index = start // lanes
         self.max_steps = max_steps
         self.seed = seed
         self.masking_spec = masking_spec  # None: the shards' own (static) masks
         self.bin_by_length = bin_by_length
         self.first_sample = np.concatenate([[0], np.cumsum([s.num_samples for s in shards])[:-1]]).astype(np.int64)
+        self.start = self.position = start  # samples of all ranks: where reading starts, and what was handed out
 
-    def epoch(self, position: int) -> int:
-        return position // self.stream.lanes // self.stream.lane_length
+    def state_dict(self) -> dict[str, Any]:
+        """The stream's checkpoint state: its position (whole steps handed out) and what the position counts."""
+        return {"stream_position": self.position, "seed": self.seed, "lanes": self.stream.lanes,
+                "files": [shard.path.name for shard in self.shards], "global_batch": self.shape.samples_per_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Goes on from a checkpoint's position (before reading starts). ValueError for the state of another
+        stream; resume_rules refuses those first, naming the flags."""
+        ours = self.state_dict()
+        for key in ("seed", "lanes", "files", "global_batch"):
+            if state.get(key) is not None and state[key] != ours[key]:
+                raise ValueError(f"the checkpoint's sample stream has {key} {state[key]!r}, this one {ours[key]!r}")
+        self.start = self.position = int(state["stream_position"])
+
+    def epoch(self) -> int:
+        """The epoch the stream position lies in."""
+        return self.position // self.stream.lanes // self.stream.lane_length
 
     def portions(self) -> Iterator[sample_order.Portion]:
-        return sample_order.portions_needed(self.stream, self.lane_range, self.per_lane, self.first_index,
-                                            self.max_steps)
+        """The walk: this rank's portions in the order its steps first need them."""
+        return sample_order.portions_needed(self.stream, self.lane_range, self.per_lane,
+                                            self.start // self.stream.lanes, self.max_steps)
 
     def reader(self) -> "PortionReader":
         return PortionReader(self)
 
-    def batches(self, items: Iterator[dict[str, Any]]) -> Iterator[dict[str, torch.Tensor]]:
-        """Micro-batches of this rank, from the reader's items in the order it yields them."""
-        expected = self.portions()
-        lanes: dict[int, tuple[int, dict[str, np.ndarray]]] = {}  # lane -> (first lane index, rows)
-        taken: list[dict[str, np.ndarray]] = []
-        held, wanted = 0, self.shape.micro_batch * self.shape.accumulation  # rows in taken; rows a step takes
-        requests = sample_order.lane_requests(self.stream, self.lane_range, self.per_lane, self.first_index,
-                                              self.max_steps)
-        for lane, index, count in requests:
-            while count:
-                begins, rows = lanes.get(lane, (0, None))
-                available = 0 if rows is None else begins + len(rows["input_ids"]) - index
-                if available <= 0:  # the lane's portion is used up (or none yet): the next one is the reader's next
-                    portion, item = next(expected), next(items)
-                    if tuple(int(k) for k in item["key"]) != portion.key:  # reader and plan disagree: a bug
-                        raise RuntimeError(f"pre-training reader out of step: got {item['key']}, want {portion.key}")
-                    lanes[lane] = (self._begins(lane, portion, index, lanes.get(lane)), _numpy(item))
-                    continue
-                take = min(count, available)
-                taken.append({k: v[index - begins: index - begins + take] for k, v in rows.items()})
-                index, count, held = index + take, count - take, held + take
-            if held == wanted:  # a running count: summing the pieces was quadratic in the lanes
-                yield from self._cut(taken)
-                taken, held = [], 0
+    def batches(self, delivered: Iterator[PortionRows]) -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's micro-batches, step after step, from the reader's portions in the order it delivers them.
+        Step s takes lane indexes [i + s * per_lane, i + (s + 1) * per_lane) of each of the rank's lanes, lane
+        after lane (i: the start's lane index); it pulls the next portion only when a lane holds too few."""
+        lanes = {lane: _LaneRows() for lane in self.lane_range}
+        first_index, step = self.start // self.stream.lanes, 0
+        while self.max_steps is None or step < self.max_steps:
+            index, pieces = first_index + step * self.per_lane, []
+            for lane in self.lane_range:
+                while lanes[lane].end < index + self.per_lane:
+                    portion, rows = next(delivered)
+                    lanes[portion.lane].add(portion, _numpy(rows))
+                pieces += lanes[lane].take(index, self.per_lane)
+            step += 1
+            self.position = self.start + step * self.shape.samples_per_step  # handed out from here on
+            yield from self._cut(pieces)
 
-    def _begins(self, lane: int, portion: sample_order.Portion, index: int, previous: Optional[tuple]) -> int:
-        """The lane index of a portion's first row: where the previous portion ended, or (after a resume, at the
-        lane's first portion) where the plan says it begins."""
-        if previous is not None:
-            return previous[0] + len(previous[1]["input_ids"])
-        _, begins = next(sample_order.lane_portion_stream(self.stream, lane, index))
-        return begins
-
-    def _cut(self, taken: list[dict[str, np.ndarray]]) -> Iterator[dict[str, torch.Tensor]]:
-        rows = {k: np.concatenate([t[k] for t in taken]) for k in taken[0]}
+    def _cut(self, pieces: list[dict[str, np.ndarray]]) -> Iterator[dict[str, torch.Tensor]]:
+        """A step's rows (this rank's) as its micro-batches."""
+        rows = {k: np.concatenate([piece[k] for piece in pieces]) for k in pieces[0]}
         if self.bin_by_length:  # micro-batches of like lengths: attention stops at each one's longest sample
             by_length = np.argsort(np.count_nonzero(rows["input_mask"], axis=1), kind="stable")
             rows = {k: v[by_length] for k, v in rows.items()}
@@ -294,33 +337,60 @@ class PretrainingData:
             yield {k: torch.from_numpy(v) for k, v in batch.items()}
 
 
+class _LaneRows:
+    """The rows a lane was delivered and has not handed out yet: its portions, in lane order."""
+
+    def __init__(self) -> None:
+        self.portions: deque[tuple[int, dict[str, np.ndarray]]] = deque()  # (first lane index, rows)
+        self.end = 0  # the lane index after the last row delivered
+
+    def add(self, portion: sample_order.Portion, rows: dict[str, np.ndarray]) -> None:
+        self.portions.append((portion.lane_index, rows))
+        self.end = portion.lane_end
+
+    def take(self, index: int, count: int) -> list[dict[str, np.ndarray]]:
+        """Lane indexes [index, index + count) (all delivered), in pieces of one portion each; what is taken
+        is let go."""
+        pieces = []
+        while count:
+            begins, rows = self.portions[0]
+            offset = index - begins
+            size = min(count, len(rows["input_ids"]) - offset)
+            pieces.append({k: v[offset:offset + size] for k, v in rows.items()})
+            index, count = index + size, count - size
+            if offset + size == len(rows["input_ids"]):
+                self.portions.popleft()
+        return pieces
+
+
 class PortionReader(IterableDataset):
-    """Reads this rank's portions in the order PretrainingData needs them; DataLoader worker w of K reads the
-    portions n with n % K == w, which the DataLoader hands back in order, so the result does not depend on K.
-    Each item: the portion's key and its rows in shuffled order (arrays of the shard's dtypes)."""
+    """Reads this rank's portions (PretrainingData.portions()) and delivers each as PortionRows; DataLoader worker
+    w of K reads the portions n with n % K == w, which the DataLoader hands back in order, so what is delivered
+    does not depend on K."""
 
     def __init__(self, data: PretrainingData) -> None:
         self.data = data
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[PortionRows]:
         worker = get_worker_info()
         workers, worker_id = (worker.num_workers, worker.id) if worker else (1, 0)
         files = _OpenFiles(OPEN_FILES_PER_READER)
         try:
             for serial, portion in enumerate(self.data.portions()):
                 if serial % workers == worker_id:
-                    yield self._read(files, portion)
+                    yield PortionRows(portion, self._read(files, portion))
         finally:
             files.close()
 
-    def _read(self, files: "_OpenFiles", portion: sample_order.Portion) -> dict[str, Any]:
+    def _read(self, files: "_OpenFiles", portion: sample_order.Portion) -> dict[str, np.ndarray]:
+        """The portion's rows, range-checked, in its shuffled order (masked afresh with --dynamic_masking)."""
         info = self.data.shards[portion.file]
         arrays = read_rows(info, files.get(info.path), portion.start, portion.stop, self.data.vocab_size)
         order = self.data.stream.portion_order(portion)
         arrays = {k: v[order] for k, v in arrays.items()}
         if self.data.masking_spec is not None:
             arrays = self._remask(arrays, portion, order)
-        return {"key": np.array(portion.key, dtype=np.int64), **arrays}
+        return arrays
 
     def _remask(self, arrays: dict[str, np.ndarray], portion: sample_order.Portion,
                 order: np.ndarray) -> dict[str, np.ndarray]:
@@ -363,11 +433,12 @@ class _OpenFiles:
         self.files.clear()
 
 
-def _numpy(item: dict[str, Any]) -> dict[str, np.ndarray]:
-    """The rows of a reader item (the DataLoader turned its arrays into tensors)."""
-    return {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in item.items() if k != "key"}
+def _numpy(rows: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Delivered rows as numpy arrays (the DataLoader turned them into tensors)."""
+    return {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in rows.items()}
 
 
+# --- Held-out evaluation -----------------------------------------------------------------------------------------
 def evaluation_batches(shards: list[ShardInfo], vocab_size: int, batch_size: int, rank: int, world_size: int,
                        ) -> Iterator[dict[str, torch.Tensor]]:
     """Every sample of the evaluation shards once, in order, in batches of batch_size (the last may be shorter).

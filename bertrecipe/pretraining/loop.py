@@ -1,8 +1,15 @@
-"""The pre-training loop: the steps of a run from its resume point on, with the log records, evaluations and
-checkpoints due after each step."""
+"""The pre-training loop, as fine-tuning has its own (finetuning/loop.py: LoopSettings, train_loop): the steps of
+a run from its resume point on, each followed by what is due after it (the log record, an evaluation, a
+checkpoint), then the run's closing record. The command (cli/run_pretraining.py) checks the flags and inputs,
+sets up the model and optimizer (startup.py) and calls train_loop with:
+
+- a TrainingSetup: the model, LAMB, its schedule, precision, the process group, the log, --output_dir's lock;
+- the sample stream, data.PretrainingData (stateful: a checkpoint keeps its state_dict());
+- the loss, data.BertPretrainingCriterion, handed to the Stepper (training/stepper.py) that takes each step;
+- LoopSettings: how often to log, evaluate and checkpoint.
+"""
 from __future__ import annotations
 
-import functools
 import math
 import sys
 import time
@@ -10,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, NoReturn, Optional
 
-import argparse
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
@@ -18,8 +24,8 @@ from tqdm import tqdm
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import BertConfig
-from bertrecipe.pretraining import masking
-from bertrecipe.pretraining.data import StepShape, PretrainingData, evaluation_batches
+from bertrecipe.pretraining.data import BertPretrainingCriterion, PretrainingData, ShardInfo, evaluation_batches
+from bertrecipe.pretraining.startup import ResumePoint
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.optimization import TimeBudgetScheduler
@@ -39,46 +45,65 @@ from bertrecipe.training.stepper import (
 )
 
 
+@dataclass(frozen=True)
+class LoopSettings:
+    """How the loop runs: run_pretraining's flags of the same names (the defaults are its defaults)."""
+
+    output_dir: str
+    eval_batch_size: int  # --eval_batch_size, or the training micro-batch
+    flags: dict[str, Any] = field(default_factory=dict)  # every flag, as each checkpoint records them ("args")
+    num_workers: int = 0  # DataLoader workers per process
+    log_freq: int = 1
+    num_steps_per_checkpoint: int = 100
+    skip_checkpoint: bool = False
+    phase2: bool = False
+    phase1_end_step: int = 7038  # with phase2: phase 2's steps are logged and saved after phase 1's
+    do_eval: bool = False  # evaluate at the end (with eval_shards)
+    eval_steps: int = 0  # also evaluate every N steps
+    eval_interval_minutes: float = 0.0  # also evaluate every N minutes of training time
+    train_budget_minutes: float = 0.0  # stop with a checkpoint once the phase has trained this long
+    progress_bar: bool = True
+
+    @property
+    def step_offset(self) -> int:
+        """Global step = phase step + step_offset."""
+        return self.phase1_end_step if self.phase2 else 0
+
+
 @dataclass
 class TrainingSetup:
-    """What a run works with once its inputs are checked and its model and optimizer are set up; training and
-    the evaluation share it."""
+    """What the loop trains and evaluates with, set up by the command once every input is checked."""
 
-    args: argparse.Namespace
     ctx: DistributedContext
-    config: BertConfig
+    config: BertConfig  # the config file's, which checkpoints keep (whatever --pretrain_dropout the model has)
     model: torch.nn.Module  # wrapped for DDP when there is more than one process
     optimizer: torch.optim.Optimizer
     scheduler: Any  # PolyWarmUpScheduler, or TimeBudgetScheduler with --train_budget_minutes
     precision: Precision
     log: MetricLogger
-    eval_shards: list
-    bar_enabled: bool
-    start_time: float  # time.time() when the run began, for e2e_train_time
+    eval_shards: list[ShardInfo]
     lock: Optional[RunLock]  # --output_dir's, held by the main process
-
+    start_time: float  # time.time() when the run began, for e2e_train_time
 
 
 @dataclass
 class LoopState:
-    """The training loop's state: what this run's steps are built from, and where the phase stands. phase_step
-    and position (samples of the stream consumed) are what a checkpoint records to resume exactly."""
+    """Where the loop stands: what its steps are built from, the phase's step and clocks, and what the next
+    records report. The phase step and the data's state are what a checkpoint keeps to resume exactly."""
 
     setup: TrainingSetup
-    shape: StepShape
+    settings: LoopSettings
     data: PretrainingData
-    batches: Iterator[dict[str, torch.Tensor]]
+    batches: Iterator[dict[str, torch.Tensor]]  # the data's micro-batches, through the DataLoader
     stepper: Stepper
     stop: StopSignal
     bar: tqdm
     steps_left: int  # steps this run takes
-    step_offset: int  # phase 2's steps are logged and saved after phase 1's
     keep: Optional[Path]  # the checkpoint this run resumed from, which rotation must keep
     phase_step: int
-    position: int
     current_step: int  # the global step being taken, for the error line
     record_clock: float  # perf_counter() at the previous training record (evaluation time excluded)
-    clock_start: float  # perf_counter() when this run's phase began
+    clock_start: float  # perf_counter() when this run's part of the phase began
     seconds_before: float  # training time of the runs this one continues
     train_seconds: float  # training time of the phase after the last step (evaluations excluded)
     next_evaluation: float  # train_seconds of the next --eval_interval_minutes evaluation
@@ -92,19 +117,20 @@ class LoopState:
 
     @property
     def global_step(self) -> int:
-        return self.phase_step + self.step_offset
+        return self.phase_step + self.settings.step_offset
 
     @property
     def global_batch(self) -> int:
         """Sequences of all processes per optimizer step."""
-        return self.setup.args.train_batch_size * self.setup.ctx.world_size
+        return self.data.shape.samples_per_step
 
 
-
-def train(setup: TrainingSetup, shards: list, spec: Optional[masking.MaskingSpec],
-          resume: dict[str, Any], steps_left: int) -> dict[str, Any]:
-    """Takes the steps of this run from the resume point on; returns the run's closing record."""
-    state = start_loop(setup, shards, spec, resume, steps_left)
+def train_loop(setup: TrainingSetup, data: PretrainingData, criterion: BertPretrainingCriterion,
+               settings: LoopSettings, resume: ResumePoint, steps: int) -> dict[str, Any]:
+    """Takes `steps` optimizer steps over `data` (at its resume position) from `resume` on, stopping early on a
+    SIGTERM or a spent --train_budget_minutes; returns the run's closing record (closing_record). A step that
+    cannot go on (TrainingFailure) ends the process with one line and exit status 1."""
+    state = start_loop(setup, data, criterion, settings, resume, steps)
     if budget_spent(state):
         setup.log.log("PARAMETER", {"train_budget_already_spent": state.train_seconds / 60})
         state.steps_left = 0
@@ -121,57 +147,46 @@ def train(setup: TrainingSetup, shards: list, spec: Optional[masking.MaskingSpec
     return closing_record(state)
 
 
-
-def start_loop(setup: TrainingSetup, shards: list, spec: Optional[masking.MaskingSpec],
-                resume: dict[str, Any], steps_left: int) -> LoopState:
-    """Opens this rank's share of the sample stream at the resume position and puts the dropout RNG where the
-    checkpoint left it."""
-    args, ctx = setup.args, setup.ctx
-    shape = StepShape(args.train_batch_size // args.gradient_accumulation_steps, args.gradient_accumulation_steps,
-                     ctx.world_size, ctx.rank)
-    data = PretrainingData(shards, args.seed, shape, args.data_lanes, setup.config.vocab_size,
-                           start=resume["position"], max_steps=max(steps_left, 0), masking_spec=spec,
-                           bin_by_length=args.bin_by_length)
+def start_loop(setup: TrainingSetup, data: PretrainingData, criterion: BertPretrainingCriterion,
+               settings: LoopSettings, resume: ResumePoint, steps: int) -> LoopState:
+    """Starts the loader over this rank's share of the stream and puts the dropout RNG where the checkpoint left
+    it."""
+    ctx = setup.ctx
     # A private generator for the loader, so that creating it draws nothing from the dropout RNG.
-    loader = DataLoader(data.reader(), batch_size=None, num_workers=args.num_workers,
-                        pin_memory=ctx.device.type == "cuda", generator=torch.Generator().manual_seed(args.seed),
+    loader = DataLoader(data.reader(), batch_size=None, num_workers=settings.num_workers,
+                        pin_memory=ctx.device.type == "cuda", generator=torch.Generator().manual_seed(data.seed),
                         persistent_workers=False, worker_init_fn=outlive_job_sigterm)
     # Before the loader starts: a SIGTERM from then on is a request to checkpoint and stop, never a crash
     # (the workers take theirs through outlive_job_sigterm).
     stop = StopSignal()
     batches = data.batches(iter(loader))
-    if resume["rng"] is not None:
-        checkpointing.set_rng_state(resume["rng"])
-    loss = functools.partial(pretraining_loss, nsp=not args.no_nsp)
-    stepper = Stepper(setup.model, setup.optimizer, setup.scheduler, setup.precision, loss,
-                      skipped_steps=resume["skipped_steps"])
-    step_offset = args.phase1_end_step if args.phase2 else 0
-    bar = tqdm(total=steps_left, disable=not setup.bar_enabled, desc="pre-training", unit="step",
-               dynamic_ncols=True)
+    if resume.rng is not None:
+        checkpointing.set_rng_state(resume.rng)
+    stepper = Stepper(setup.model, setup.optimizer, setup.scheduler, setup.precision, criterion,
+                      skipped_steps=resume.skipped_steps)
+    bar = tqdm(total=steps, disable=not settings.progress_bar, desc="pre-training", unit="step", dynamic_ncols=True)
     setup.model.train()
-    now, before = time.perf_counter(), resume["train_seconds"]
-    return LoopState(setup, shape, data, batches, stepper, stop, bar, steps_left, step_offset, keep=resume["path"],
-                 phase_step=resume["phase_step"], position=resume["position"],
-                 current_step=resume["phase_step"] + step_offset, record_clock=now, clock_start=now,
-                 seconds_before=before, train_seconds=before,
-                 next_evaluation=next_evaluation_after(before, args.eval_interval_minutes))
-
+    now, before = time.perf_counter(), resume.train_seconds
+    return LoopState(setup, settings, data, batches, stepper, stop, bar, steps, keep=resume.path,
+                     phase_step=resume.phase_step, current_step=resume.phase_step + settings.step_offset,
+                     record_clock=now, clock_start=now, seconds_before=before, train_seconds=before,
+                     next_evaluation=next_evaluation_after(before, settings.eval_interval_minutes))
 
 
 def train_one_step(state: LoopState, last_of_run: bool) -> bool:
     """One optimizer step, then whatever is due after it: the log record, an evaluation, a checkpoint. False when
-    a SIGTERM (on any process) ends the run after its checkpoint."""
-    args = state.setup.args
+    a SIGTERM (on any process) or the spent budget ends the run after its checkpoint."""
+    settings = state.settings
     outcome = apply_step(state)
     state.train_seconds = read_clock(state)
-    if state.phase_step % args.log_freq == 0 or last_of_run:
+    if state.phase_step % settings.log_freq == 0 or last_of_run:
         log_training_record(state, outcome.loss)
     if evaluation_due(state):
         evaluate_between_steps(state)
     stopping = any_process(state.stop.requested, state.setup.ctx)
     out_of_time = budget_spent(state)
     ending = stopping or out_of_time or last_of_run
-    if ending or state.phase_step % args.num_steps_per_checkpoint == 0:
+    if ending or state.phase_step % settings.num_steps_per_checkpoint == 0:
         save(state, periodic=not ending)
     if (stopping and not last_of_run) or out_of_time:  # a SIGTERM during the run's last step stops nothing
         state.stopped_by = "SIGTERM" if stopping and not last_of_run else "train_budget"
@@ -179,46 +194,10 @@ def train_one_step(state: LoopState, last_of_run: bool) -> bool:
     return not (stopping or out_of_time)
 
 
-
-def read_clock(state: LoopState) -> float:
-    """Training seconds of the phase (earlier runs included, evaluations between steps not), the mean over the
-    processes when a budget or an evaluation interval depends on it, so that every process decides alike."""
-    args, ctx = state.setup.args, state.setup.ctx
-    seconds = state.seconds_before + time.perf_counter() - state.clock_start - state.evaluation_seconds
-    if ctx.world_size > 1 and (args.train_budget_minutes or args.eval_interval_minutes):
-        total = all_reduce_sum(torch.tensor([seconds], dtype=torch.float64, device=ctx.device), ctx)
-        seconds = float(total[0]) / ctx.world_size
-    return seconds
-
-
-
-def budget_spent(state: LoopState) -> bool:
-    budget = state.setup.args.train_budget_minutes
-    return bool(budget) and state.train_seconds >= budget * 60
-
-
-
-def next_evaluation_after(seconds: float, interval_minutes: float) -> float:
-    """The training second of the first --eval_interval_minutes mark after `seconds` (inf without an interval)."""
-    interval = interval_minutes * 60
-    return (math.floor(seconds / interval) + 1) * interval if interval else math.inf
-
-
-
-def evaluation_due(state: LoopState) -> bool:
-    args = state.setup.args
-    if not state.setup.eval_shards:
-        return False
-    if args.eval_steps and state.phase_step % args.eval_steps == 0:
-        return True
-    return state.train_seconds >= state.next_evaluation
-
-
-
 def apply_step(state: LoopState) -> StepResult:
-    """Feeds the step's micro-batches to the stepper and advances the phase past them."""
+    """Feeds the step's micro-batches to the stepper (forward, loss, backward, optimizer step)."""
     tick = time.perf_counter()
-    micro = [batches_to_device(b, state.setup.ctx.device) for b in take(state.batches, state.shape.accumulation)]
+    micro = [batches_to_device(b, state.setup.ctx.device) for b in take(state.batches, state.data.shape.accumulation)]
     state.current_step = state.global_step + 1
     if isinstance(state.setup.scheduler, TimeBudgetScheduler):
         state.setup.scheduler.elapsed_seconds = state.train_seconds  # the clock after the previous step
@@ -228,13 +207,41 @@ def apply_step(state: LoopState) -> StepResult:
               f"({state.stepper.consecutive_non_finite} in a row, stopping at {MAX_CONSECUTIVE_NON_FINITE})",
               file=sys.stderr, flush=True)
     state.phase_step += 1
-    state.position += state.shape.samples_per_step
     state.step_times.append(time.perf_counter() - tick)
     state.losses.append(outcome.loss)
     state.steps_since_record += 1
     state.bar.update(1)
     return outcome
 
+
+def read_clock(state: LoopState) -> float:
+    """Training seconds of the phase (earlier runs included, evaluations between steps not), the mean over the
+    processes when a budget or an evaluation interval depends on it, so that every process decides alike."""
+    settings, ctx = state.settings, state.setup.ctx
+    seconds = state.seconds_before + time.perf_counter() - state.clock_start - state.evaluation_seconds
+    if ctx.world_size > 1 and (settings.train_budget_minutes or settings.eval_interval_minutes):
+        total = all_reduce_sum(torch.tensor([seconds], dtype=torch.float64, device=ctx.device), ctx)
+        seconds = float(total[0]) / ctx.world_size
+    return seconds
+
+
+def budget_spent(state: LoopState) -> bool:
+    budget = state.settings.train_budget_minutes
+    return bool(budget) and state.train_seconds >= budget * 60
+
+
+def next_evaluation_after(seconds: float, interval_minutes: float) -> float:
+    """The training second of the first --eval_interval_minutes mark after `seconds` (inf without an interval)."""
+    interval = interval_minutes * 60
+    return (math.floor(seconds / interval) + 1) * interval if interval else math.inf
+
+
+def evaluation_due(state: LoopState) -> bool:
+    if not state.setup.eval_shards:
+        return False
+    if state.settings.eval_steps and state.phase_step % state.settings.eval_steps == 0:
+        return True
+    return state.train_seconds >= state.next_evaluation
 
 
 def log_training_record(state: LoopState, step_loss: float) -> None:
@@ -252,30 +259,29 @@ def log_training_record(state: LoopState, step_loss: float) -> None:
     state.steps_since_record, state.record_clock = 0, now
     if setup.precision.scaler is not None:
         record["loss_scale"] = setup.precision.scaler.get_scale()
-    setup.log.log([state.data.epoch(state.position), state.global_step], record)
+    setup.log.log([state.data.epoch(), state.global_step], record)
     state.bar.set_postfix(loss=f"{state.last_loss:.4f}")
     state.losses.clear()
 
 
-
 def evaluate_between_steps(state: LoopState) -> None:
     evaluation_start = time.perf_counter()
-    state.result = evaluate(state.setup)
-    state.setup.log.log([state.data.epoch(state.position), state.global_step],
-                          {**state.result, "train_minutes": state.train_seconds / 60})
-    state.next_evaluation = next_evaluation_after(state.train_seconds, state.setup.args.eval_interval_minutes)
+    state.result = evaluate(state.setup, state.settings.eval_batch_size)
+    state.setup.log.log([state.data.epoch(), state.global_step],
+                        {**state.result, "train_minutes": state.train_seconds / 60})
+    state.next_evaluation = next_evaluation_after(state.train_seconds, state.settings.eval_interval_minutes)
     spent = time.perf_counter() - evaluation_start  # not training time
     state.record_clock += spent
     state.evaluation_seconds += spent
 
 
-
 def save(state: LoopState, periodic: bool) -> None:
     """Writes ckpt_<global step>.pt from the first process, with every rank's RNG; every rank stops if it fails."""
-    setup, ctx, args = state.setup, state.setup.ctx, state.setup.args
+    setup, ctx, output_dir = state.setup, state.setup.ctx, state.settings.output_dir
     # A periodic checkpoint never rotates a good one out during a run of non-finite (not fp16-overflow)
     # steps; the SIGTERM and end-of-run ones are always written (skipped steps left the weights good).
-    if args.skip_checkpoint or (periodic and setup.precision.scaler is None and state.stepper.consecutive_non_finite):
+    if state.settings.skip_checkpoint or (
+            periodic and setup.precision.scaler is None and state.stepper.consecutive_non_finite):
         return
     if not weights_are_finite(setup.model):
         raise TrainingFailure("the weights are no longer finite numbers; no checkpoint written")
@@ -287,54 +293,50 @@ def save(state: LoopState, periodic: bool) -> None:
             if setup.lock is not None and not setup.lock.still_held():
                 raise InputError(f"{setup.lock.path}: another run took over this --output_dir's lock; this run "
                                  f"stops without writing ckpt_{state.global_step}.pt")
-            checkpointing.save_checkpoint(args.output_dir, state.global_step, payload, keep=state.keep)
+            checkpointing.save_checkpoint(output_dir, state.global_step, payload, keep=state.keep)
         except InputError as error:  # e.g. disk full: every rank stops, the earlier checkpoints are intact
             failure = error
     if any_process(failure is not None, ctx):
-        raise failure or InputError(f"{args.output_dir}: the first process could not write the checkpoint")
-
+        raise failure or InputError(f"{output_dir}: the first process could not write the checkpoint")
 
 
 def checkpoint_payload(state: LoopState, rng_per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """The checkpoint's content (docs/interfaces.md, section 3)."""
-    setup, args = state.setup, state.setup.args
+    """The checkpoint's content (docs/interfaces.md, section 3): each component's state_dict and the loop's."""
+    setup, settings = state.setup, state.settings
     return {
         "model": unwrap(setup.model).state_dict(),
         "optimizer": setup.optimizer.state_dict(),
         "scheduler": setup.scheduler.state_dict(),
         "scaler": setup.precision.scaler.state_dict() if setup.precision.scaler is not None else None,
-        "epoch": state.data.epoch(state.position),
-        "data": {"stream_position": state.position, "seed": args.seed, "lanes": state.data.stream.lanes,
-                 "files": [shard.path.name for shard in state.data.shards], "global_batch": state.global_batch},
+        "epoch": state.data.epoch(),
+        "data": state.data.state_dict(),
         "rng": rng_per_rank[0],
         "rng_per_rank": rng_per_rank,  # each rank's dropout stream, so that a multi-process resume is exact
-        "phase2": bool(args.phase2),
-        "phase1_end_step": args.phase1_end_step if args.phase2 else None,
+        "phase2": settings.phase2,
+        "phase1_end_step": settings.phase1_end_step if settings.phase2 else None,
         "phase_step": state.phase_step,
         "config": setup.config.to_dict(),
-        "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))},
+        "args": dict(settings.flags),
         "skipped_steps": state.stepper.skipped_steps,  # the log's counter goes on after a resume
         "train_seconds": state.train_seconds,  # a --train_budget_minutes run goes on with what is left
     }
 
 
-
 def stop_with_error(state: LoopState, error: TrainingFailure) -> NoReturn:
     """One line naming the step and the checkpoint to resume from, and exit status 1."""
-    output_dir = state.setup.args.output_dir
+    output_dir = state.settings.output_dir
     saved = checkpointing.list_checkpoints(output_dir)
     last = f"the last good checkpoint is {saved[-1][1]}" if saved else f"no checkpoint in {output_dir}"
     print(f"error: step {state.current_step}: {error}; stopping, {last}", file=sys.stderr, flush=True)
     raise SystemExit(1)
 
 
-
 def closing_record(state: LoopState) -> dict[str, Any]:
     """The run's summary: times, throughput (the first two steps, which warm up, left out when there are more) and
     the final loss, with the final evaluation when --do_eval asks for one."""
     setup = state.setup
-    if setup.eval_shards and setup.args.do_eval:
-        state.result = evaluate(setup)
+    if setup.eval_shards and state.settings.do_eval:
+        state.result = evaluate(setup, state.settings.eval_batch_size)
     timed = state.step_times[2:] if len(state.step_times) > 2 else state.step_times
     sequences = state.global_batch * len(timed)
     return {
@@ -349,24 +351,15 @@ def closing_record(state: LoopState) -> dict[str, Any]:
     }
 
 
-
-def pretraining_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], nsp: bool = True) -> torch.Tensor:
-    """Masked-LM plus next-sentence cross-entropy (NVIDIA's loss), or the masked-LM term alone with nsp=False."""
-    return model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                 masked_lm_labels=batch["masked_lm_labels"],
-                 next_sentence_labels=batch["next_sentence_labels"] if nsp else None).loss
-
-
-
 @torch.no_grad()
-def evaluate(setup: TrainingSetup) -> dict[str, float]:
-    """MLPerf's metric: masked-LM accuracy over all masked tokens, and the mean masked-LM cross-entropy."""
-    args, ctx = setup.args, setup.ctx
+def evaluate(setup: TrainingSetup, batch_size: int) -> dict[str, float]:
+    """MLPerf's metric over setup.eval_shards: masked-LM accuracy over all masked tokens, and the mean masked-LM
+    cross-entropy (eval_mlm_accuracy, eval_loss), each rank reading its share."""
+    ctx = setup.ctx
     bare = unwrap(setup.model)
     was_training = bare.training
     bare.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, masked tokens
-    batch_size = args.eval_batch_size or args.train_batch_size // args.gradient_accumulation_steps
     for batch in evaluation_batches(setup.eval_shards, bare.config.vocab_size, batch_size, ctx.rank,
                                     ctx.world_size):
         batch = batches_to_device(batch, ctx.device)
@@ -384,7 +377,5 @@ def evaluate(setup: TrainingSetup) -> dict[str, float]:
     return {"eval_loss": float(sums[0]) / count, "eval_mlm_accuracy": float(sums[1]) / count}
 
 
-
 def weights_are_finite(model: torch.nn.Module) -> bool:
     return bool(torch.stack([p.detach().isfinite().all() for p in unwrap(model).parameters()]).all())
-

@@ -34,18 +34,21 @@ DEFAULT_MAX_LANES = 64
 
 @dataclass(frozen=True)
 class Portion:
-    """Rows [start, stop) of shard `file`, read by one lane in epoch `epoch`; `order` is their shuffled order
-    (indexes into that range). `key` names it uniquely within a run."""
+    """Rows [start, stop) of shard `file`: the run of block `block` that lane `lane` reads in epoch `epoch`. Its
+    first row is lane index `lane_index` of the lane (lane indexes count on from epoch to epoch)."""
 
     epoch: int
     block: int
     file: int
     start: int
     stop: int
+    lane: int
+    lane_index: int
 
     @property
-    def key(self) -> tuple[int, int, int]:
-        return (self.epoch, self.block, self.start)
+    def lane_end(self) -> int:
+        """The lane index after its last row."""
+        return self.lane_index + self.stop - self.start
 
 
 def default_lanes(global_batch: int, world_size: int, max_lanes: int = DEFAULT_MAX_LANES) -> int:
@@ -89,24 +92,24 @@ class StreamOrder:
 
     @lru_cache(maxsize=4)  # noqa: B019 - a few epochs' orders, alive as long as the stream order
     def _epoch_layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """The epoch's block order and, for each block in that order, where its rows end in the row sequence."""
-        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.block_start))
-        ends = np.cumsum(self.block_stop[order] - self.block_start[order])
-        return order, ends
+        """The epoch's blocks in their drawn order and, for each, where its rows end in the row sequence."""
+        blocks = np.random.default_rng([self.seed, epoch]).permutation(len(self.block_start))
+        ends = np.cumsum(self.block_stop[blocks] - self.block_start[blocks])
+        return blocks, ends
 
-    def lane_portions(self, lane: int, epoch: int) -> Iterator[tuple[Portion, int]]:
-        """The portions lane `lane` reads in epoch `epoch`, in order, each with its first lane index."""
-        order, ends = self._epoch_layout(epoch)
+    def lane_portions(self, lane: int, epoch: int) -> Iterator[Portion]:
+        """The portions lane `lane` reads in epoch `epoch`, in order."""
+        blocks, ends = self._epoch_layout(epoch)
         first, last = lane * self.lane_length, (lane + 1) * self.lane_length
         slot = int(np.searchsorted(ends, first, side="right"))
         position = first
         while position < last:
-            block = int(order[slot])
+            block = int(blocks[slot])
             block_first_row = int(ends[slot]) - int(self.block_stop[block] - self.block_start[block])
             take_to = min(int(ends[slot]), last)
             start = int(self.block_start[block]) + position - block_first_row
-            yield (Portion(epoch, block, int(self.block_file[block]), start, start + take_to - position),
-                   position - first)
+            yield Portion(epoch, block, int(self.block_file[block]), start, start + take_to - position, lane,
+                          epoch * self.lane_length + position - first)
             position = take_to
             slot += 1
 
@@ -121,46 +124,30 @@ def rank_lanes(lanes: int, world_size: int, rank: int) -> range:
     return range(rank * per_rank, (rank + 1) * per_rank)
 
 
-def lane_requests(stream: StreamOrder, lane_range: range, per_lane: int, first_index: int,
-                  steps: int | None) -> Iterator[tuple[int, int, int]]:
-    """(lane, lane index, count) runs that the steps from lane index `first_index` (stream position // C) on
-    take, step by step, lane after lane: each step takes `per_lane` = G / C consecutive samples of every lane.
-    Runs never cross an epoch end."""
-    step = 0
-    while steps is None or step < steps:
-        for lane in lane_range:
-            index, left = first_index + step * per_lane, per_lane
-            while left:
-                count = min(left, stream.lane_length - index % stream.lane_length)
-                yield lane, index, count
-                index += count
-                left -= count
-        step += 1
-
-
-def lane_portion_stream(stream: StreamOrder, lane: int, start_index: int) -> Iterator[tuple[Portion, int]]:
-    """The portions of `lane`, from the one holding lane index `start_index` on, across epochs, each with the
-    lane index where it begins."""
-    epoch, offset = divmod(start_index, stream.lane_length)
+def lane_portion_stream(stream: StreamOrder, lane: int, start_index: int) -> Iterator[Portion]:
+    """The portions of `lane`, from the one holding lane index `start_index` on, across epochs."""
+    epoch = start_index // stream.lane_length
     while True:
-        for portion, begins in stream.lane_portions(lane, epoch):
-            if begins + portion.stop - portion.start > offset:
-                yield portion, epoch * stream.lane_length + begins
-        epoch, offset = epoch + 1, 0
+        for portion in stream.lane_portions(lane, epoch):
+            if portion.lane_end > start_index:
+                yield portion
+        epoch += 1
 
 
 def portions_needed(stream: StreamOrder, lane_range: range, per_lane: int, first_index: int,
                     steps: int | None) -> Iterator[Portion]:
-    """Every portion this rank reads, in the order it first needs them (the order its readers deliver them): by
-    the step that first takes one of its rows, then lane after lane, then along the lane. The lanes' portion
-    streams are merged on that key, so the cost grows with the portions, not with the steps x lanes."""
+    """Every portion a rank reads, in the order its steps first need them: step s takes lane indexes
+    [first_index + s * per_lane, first_index + (s + 1) * per_lane) of each lane of `lane_range`, lane after lane,
+    so the portions come by that step, then lane after lane, then along the lane. The one walk of the stream that
+    the reader and the batcher both follow (data.py). The lanes' portion streams are merged on that key, so the
+    cost grows with the portions, not with the steps x lanes."""
 
     def keyed(position: int, lane: int) -> Iterator[tuple[int, int, int, Portion]]:
-        for portion, begins in lane_portion_stream(stream, lane, first_index):
-            step = max(0, begins - first_index) // per_lane
+        for portion in lane_portion_stream(stream, lane, first_index):
+            step = max(0, portion.lane_index - first_index) // per_lane
             if steps is not None and step >= steps:
                 return
-            yield step, position, begins, portion
+            yield step, position, portion.lane_index, portion
 
     for *_, portion in heapq.merge(*(keyed(position, lane) for position, lane in enumerate(lane_range))):
         yield portion

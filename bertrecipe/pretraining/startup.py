@@ -1,18 +1,26 @@
-"""What a pre-training run trains, set up before its first step: the model, LAMB with its schedule and loss
-scaler, restored from the checkpoint the run continues, and the model wrapped for DDP."""
+"""What a pre-training run trains, set up before its first step from the parsed flags (run_pretraining's `args`):
+the model, LAMB with its schedule and loss scaler, restored from the checkpoint the run continues, and the model
+wrapped for DDP; the ResumePoint the loop goes on from; and this process's share of the sample stream, at that
+point, with what --dynamic_masking needs."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import h5py
 import numpy as np
 import torch
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import BertConfig, BertForPreTraining
 from bertrecipe.model.weights import load_weights_into, read_weights
+from bertrecipe.pretraining import masking
+from bertrecipe.pretraining.data import PretrainingData, ShardInfo, StepShape, read_rows
+from bertrecipe.tokenization.wordpiece import check_vocab_for_model, load_vocab
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.optimization import (
@@ -27,6 +35,8 @@ from bertrecipe.training.stepper import Precision, seed_everything, unwrap, wrap
 
 
 def build_model(args: argparse.Namespace, config: BertConfig, device: torch.device) -> BertForPreTraining:
+    """The model the flags ask for (args: run_pretraining's), on `device`: --init_checkpoint's weights, the
+    --pretrain_dropout, the NSP head frozen with --no_nsp, compiled with --compile."""
     if args.pretrain_dropout is not None:  # the model's own copy: the checkpoint keeps the config's dropout
         config = dataclasses.replace(config, hidden_dropout_prob=args.pretrain_dropout,
                                      attention_probs_dropout_prob=args.pretrain_dropout)
@@ -45,20 +55,28 @@ def build_model(args: argparse.Namespace, config: BertConfig, device: torch.devi
     return model
 
 
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where the run's phase goes on from: its start (the defaults) or a checkpoint's training state."""
 
-# Where a run without a checkpoint to continue starts; restore_state returns the same keys.
-FRESH_START: dict[str, Any] = {"phase_step": 0, "position": 0, "scheduler": None, "rng": None, "scaler": None,
-                               "path": None, "skipped_steps": 0, "train_seconds": 0.0}
-
+    path: Optional[Path] = None  # the checkpoint, which rotation must keep
+    phase_step: int = 0
+    data: Optional[dict[str, Any]] = None  # the sample stream's state (PretrainingData.load_state_dict)
+    scheduler: Optional[dict[str, Any]] = None
+    scaler: Optional[dict[str, Any]] = None
+    rng: Optional[dict[str, Any]] = None  # this rank's generators
+    skipped_steps: int = 0
+    train_seconds: float = 0.0  # the phase's training time so far
 
 
 def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module,
                   optimizer: torch.optim.Optimizer, log: MetricLogger, path: Path,
-                  ckpt: dict[str, Any]) -> dict[str, Any]:
-    """Loads the checkpoint to resume from; returns where to continue (phase step, stream position, rng) and the
-    checkpoint's path, which rotation must keep."""
+                  ckpt: dict[str, Any]) -> ResumePoint:
+    """Loads the checkpoint `ckpt` (read from `path`) into the model and optimizer; returns where the phase goes
+    on: the checkpoint's state when the run continues its phase, the phase's start (with the path) when phase 2
+    begins from it or when it is only evaluated."""
     unwrap(model).load_state_dict(ckpt["model"])
-    fresh = {**FRESH_START, "path": path}
+    fresh = ResumePoint(path=path)
     if "optimizer" not in ckpt:  # evaluation of a weights-only checkpoint (training refused it already)
         log.log("PARAMETER", {"evaluated": str(path)})
         return fresh
@@ -84,36 +102,71 @@ def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torc
     else:
         seed_everything(int(np.random.SeedSequence([args.seed, ctx.rank, int(ckpt["phase_step"])]).generate_state(1)[0]))
         rng = checkpointing.rng_state()
-    return {**fresh, "phase_step": int(ckpt["phase_step"]), "position": int(ckpt["data"]["stream_position"]),
-            "scheduler": ckpt.get("scheduler"), "rng": rng, "scaler": ckpt.get("scaler"),
-            "skipped_steps": int(ckpt.get("skipped_steps", 0)), "train_seconds": float(ckpt.get("train_seconds", 0.0))}
-
+    return ResumePoint(path, int(ckpt["phase_step"]), ckpt["data"], ckpt.get("scheduler"), ckpt.get("scaler"), rng,
+                       int(ckpt.get("skipped_steps", 0)), float(ckpt.get("train_seconds", 0.0)))
 
 
 def set_up_optimizer(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module,
                      precision: Precision, log: MetricLogger, resume_from: Optional[tuple[Path, dict[str, Any]]]
-                     ) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, dict[str, Any]]:
-    """LAMB, its schedule and the loss scaler, restored from the checkpoint the run continues (see FRESH_START for
-    what the returned resume point holds); then the model wrapped for DDP."""
+                     ) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, ResumePoint]:
+    """LAMB, its schedule and the loss scaler, restored from the checkpoint `resume_from` (path, content) when the
+    run has one; then the model wrapped for DDP. Returns those and where the phase goes on."""
     groups = weight_decay_groups(model, 0.01)
     optimizer = build_lamb(groups, lr=args.learning_rate, compiled=choose_compiled_lamb(groups, args.compile_optimizer))
-    resume = dict(FRESH_START)
+    resume = ResumePoint()
     if resume_from is not None:
         resume = restore_state(args, ctx, model, optimizer, log, *resume_from)
     # Built after the restore: a phase-2 handoff has just reset the optimizer's lr and step.
     scheduler: PolyWarmUpScheduler | TimeBudgetScheduler
     if args.train_budget_minutes:
         scheduler = TimeBudgetScheduler(optimizer, args.warmup_proportion, args.train_budget_minutes * 60,
-                                        resume["train_seconds"])
+                                        resume.train_seconds)
     else:
         scheduler = PolyWarmUpScheduler(optimizer, args.warmup_proportion, max(args.max_steps, 1))
-    if resume["scheduler"] is not None:
-        scheduler.load_state_dict(resume["scheduler"])
+    if resume.scheduler is not None:
+        scheduler.load_state_dict(resume.scheduler)
         scheduler.set_peak_lr(args.learning_rate)  # a changed --learning_rate applies (resume_rules.RULES)
-    if resume["scaler"] is not None and precision.scaler is not None:
-        precision.scaler.load_state_dict(resume["scaler"])
+    if resume.scaler is not None and precision.scaler is not None:
+        precision.scaler.load_state_dict(resume.scaler)
     compress = None
     if args.allreduce_post_accumulation_fp16:
         compress = torch.bfloat16 if args.bf16 else torch.float16
     return wrap_ddp(model, ctx, compress), optimizer, scheduler, resume
 
+
+def masking_spec(args: argparse.Namespace, shards: list, config: BertConfig,
+                 warn: bool = True) -> Optional[masking.MaskingSpec]:
+    """What --dynamic_masking needs: the special and mask ids, from --vocab_file or read off the first shard."""
+    if not args.dynamic_masking:
+        return None
+    wanted = round(args.max_seq_length * args.masked_lm_prob)
+    if warn and wanted > args.max_predictions_per_seq:
+        print(f"warning: --max_predictions_per_seq {args.max_predictions_per_seq} caps --masked_lm_prob "
+              f"{args.masked_lm_prob} at {args.max_predictions_per_seq / args.max_seq_length:.3f} of a full "
+              f"{args.max_seq_length}-token sequence; pass --max_predictions_per_seq {wanted} for the full rate",
+              file=sys.stderr, flush=True)
+    try:
+        if args.vocab_file:
+            vocab = load_vocab(args.vocab_file)
+            check_vocab_for_model(vocab, model_vocab_size=config.vocab_size, allow_mismatch=args.allow_vocab_mismatch)
+            tokens = vocab.tokens
+            return masking.spec_from_vocab(tokens, args.masked_lm_prob, args.max_predictions_per_seq,
+                                           args.whole_word_masking)
+        with h5py.File(shards[0].path, "r") as f:  # its first rows show the special ids: no need to read it whole
+            rows = read_rows(shards[0], f, 0, min(shards[0].num_samples, 4096), config.vocab_size)
+        return masking.spec_from_shard(rows, config.vocab_size, args.masked_lm_prob, args.max_predictions_per_seq)
+    except ValueError as error:
+        raise InputError(f"{args.vocab_file or shards[0].path}: cannot set up --dynamic_masking ({error})") from None
+
+
+def sample_stream(args: argparse.Namespace, ctx: DistributedContext, shards: list[ShardInfo],
+                  spec: Optional[masking.MaskingSpec], resume: ResumePoint, steps: int,
+                  vocab_size: int) -> PretrainingData:
+    """This process's share of the training stream for `steps` steps, at the position the run resumes from."""
+    shape = StepShape(args.train_batch_size // args.gradient_accumulation_steps, args.gradient_accumulation_steps,
+                      ctx.world_size, ctx.rank)
+    data = PretrainingData(shards, args.seed, shape, args.data_lanes, vocab_size, max_steps=steps,
+                           masking_spec=spec, bin_by_length=args.bin_by_length)
+    if resume.data is not None:
+        data.load_state_dict(resume.data)
+    return data

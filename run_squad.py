@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Fine-tuning BERT for SQuAD v1.1 / v2.0 question answering, prediction and evaluation.
 
-The command is bertrecipe/cli/run_squad.py (also the console script after `pip install -e .`); `--help` lists
-its flags."""
+The command is bertrecipe/cli/run_squad.py (also the console script after `pip install -e .`); `--help` lists its
+flags."""
 from bertrecipe.cli.run_squad import cli
 
 if __name__ == "__main__":

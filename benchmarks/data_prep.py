@@ -89,7 +89,8 @@ def run_benchmark(repeats: int) -> None:
                 runs.append(r)
             best = min(runs, key=lambda r: r["seconds"])
             size = (folder / "all.hdf5").stat().st_size / 1e6
-            print(f"[{compression:4s}] 1 process: {mb / best['seconds']:.2f} MB/s ({mb / best['seconds'] / GOOGLE_MB_S:.1f}x "
+            rate = mb / best["seconds"]
+            print(f"[{compression:4s}] 1 process: {rate:.2f} MB/s ({rate / GOOGLE_MB_S:.1f}x "
                   f"Google's 0.27), {best['instances'] / best['seconds']:,.0f} instances/s, {best['instances']} "
                   f"instances in {best['seconds']:.2f} s (+{best['wall'] - best['seconds']:.2f} s start-up), "
                   f"peak RSS {best['peak_mb']:.0f} MB, shard {size:.0f} MB")
@@ -183,7 +184,7 @@ def compare_segmenters() -> None:
         agreement = ""
         if reference is not None:
             tp = fp = fn = 0
-            for a, ref in zip(sample, reference):
+            for a, ref in zip(sample, reference, strict=True):
                 got = boundaries(segment(a))
                 tp, fp, fn = tp + len(got & ref), fp + len(got - ref), fn + len(ref - got)
             agreement = f", boundaries vs syntok P {tp / (tp + fp):.3f} R {tp / (tp + fn):.3f}"

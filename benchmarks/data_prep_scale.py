@@ -339,7 +339,7 @@ def show_goals(results: dict[float, tuple[float, list[Stage], dict, dict]]) -> N
     small, large = min(results), max(results)
     print("\ngoals:")
     if small != large:
-        for a, b in zip(results[small][1], results[large][1]):
+        for a, b in zip(results[small][1], results[large][1], strict=True):
             ratio = b.tree_rss_mb / a.tree_rss_mb
             print(f"  peak RSS {a.name} ({a.processes} proc): {a.tree_rss_mb:.0f} MB at {small:g} GB, "
                   f"{b.tree_rss_mb:.0f} MB at {large:g} GB, {ratio:.3f}x: {verdict(abs(ratio - 1) <= 0.10)}")

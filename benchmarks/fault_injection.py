@@ -384,7 +384,7 @@ def differences(a: Any, b: Any, path: str = "") -> list[str]:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         if len(a) != len(b):
             return [path]
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")]
     return [] if type(a) is type(b) and a == b else [path]
 
 
@@ -544,7 +544,7 @@ def read_lines(text: str) -> dict[str, Any]:
 def check_launch(launch: Launch, out: Path, settings: Settings, text: str) -> None:
     """What every launch must leave: checkpoints that load; a restart never refused; the exit status that is
     guaranteed; after a SIGTERM during training, the stop line and its checkpoint."""
-    for step, path in sorted(checkpoints(out).items()):
+    for _, path in sorted(checkpoints(out).items()):
         try:
             torch.load(path, weights_only=True, map_location="cpu")
         except Exception as error:  # a half-written file under a checkpoint's name
@@ -683,7 +683,7 @@ def summary(campaign: Campaign) -> dict[str, Any]:
         "half_written_left_by_sigkill": sum(bool(launch.temporaries_left) for launch in faults),
         "before_first_checkpoint": sum(launch.resumed_from == 0 and launch.newest_after == 0 for launch in faults),
         "during_final_checkpoint": sum(launch.fault.final for launch in faults),
-        "launcher_exit_codes": {f"{sig}": dict(Counter(str(l.exit_code) for l in faults if l.fault.signal == sig))
+        "launcher_exit_codes": {f"{sig}": dict(Counter(str(f.exit_code) for f in faults if f.fault.signal == sig))
                                 for sig in SIGNALS},
         "sigterm_stop_lines": sum("stopped_by_sigterm" in launch.lines for launch in faults),
         "ctrl_c_lines": sum("ctrl_c" in launch.lines for launch in faults),
@@ -698,7 +698,7 @@ def summary(campaign: Campaign) -> dict[str, Any]:
         "bit_exact": campaign.bit_exact,
         "differences": campaign.differences[:20],
         "record_mismatches": campaign.record_mismatches[:20],
-        "problems": campaign.problems + [f"launch {l.index}: {p}" for l in campaign.launches for p in l.problems],
+        "problems": campaign.problems + [f"launch {run.index}: {p}" for run in campaign.launches for p in run.problems],
         "reference_seconds": campaign.reference_seconds,
         "faulted_seconds": campaign.seconds,
         "seed": campaign.seed,

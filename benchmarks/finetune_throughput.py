@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-
-from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
-from bertrecipe.deploy.onnx_export import TritonSignature, export_onnx, open_qa_session, qa_logits
-from bertrecipe.training.optimization import build_adamw
-from bertrecipe.common.hardware import Host, detect, host_line, host_record, pick_precisions
 from gemm_peak import Peak, forward_flops, fraction_of_peak, gemm_peak, peak_line  # benchmarks/, beside this file
+
+from bertrecipe.common.hardware import Host, detect, host_line, host_record, pick_precisions
+from bertrecipe.deploy.onnx_export import TritonSignature, export_onnx, open_qa_session, qa_logits
+from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
+from bertrecipe.training.optimization import build_adamw
 
 Batch = tuple[torch.Tensor, ...]
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"

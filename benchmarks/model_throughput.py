@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from gemm_peak import SQUARE, gemm_gflops  # benchmarks/, beside this file
 
+from bertrecipe.common.hardware import detect, host_line, host_record, pick_precisions
 from bertrecipe.model.bert import BertConfig, BertForPreTraining
 from bertrecipe.training.optimization import Lamb, weight_decay_groups
-from bertrecipe.common.hardware import detect, host_line, host_record, pick_precisions
-from gemm_peak import SQUARE, gemm_gflops  # benchmarks/, beside this file
 
 MASKED_PER_SEQ = {128: 20, 512: 80}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import shlex
@@ -53,17 +54,17 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-
-from bertrecipe.training.checkpointing import list_checkpoints
-from bertrecipe.dataprep import layout
-from bertrecipe.tokenization.wordpiece import load_vocab
-from bertrecipe.dataprep.vocab_training import vocab_path
 from bertrecipe.common.hardware import detect, host_line, host_record, pick_precisions, recipe_device
-from bertrecipe.pretraining.masking import recover_original_tokens
-from bertrecipe.training.metric_logger import read_log
+from bertrecipe.dataprep import layout
+from bertrecipe.dataprep.vocab_training import vocab_path
 from bertrecipe.model.bert import BertConfig
 from bertrecipe.pretraining.data import make_batch
+from bertrecipe.pretraining.masking import recover_original_tokens
+from bertrecipe.tokenization.wordpiece import load_vocab
+from bertrecipe.training.checkpointing import list_checkpoints
+from bertrecipe.training.metric_logger import read_log
+
+REPO = Path(__file__).resolve().parents[1]
 
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 
@@ -222,7 +223,7 @@ def most_frequent_by_key(keys: np.ndarray, values: np.ndarray) -> dict[int, int]
     pairs, counts = np.unique(np.stack([keys, values], axis=1), axis=0, return_counts=True)
     pairs = pairs[np.lexsort((pairs[:, 1], -counts, pairs[:, 0]))]  # by key, then count down, then value
     first = np.r_[True, pairs[1:, 0] != pairs[:-1, 0]]
-    return dict(zip(pairs[first, 0].tolist(), pairs[first, 1].tolist()))
+    return dict(zip(pairs[first, 0].tolist(), pairs[first, 1].tolist(), strict=True))
 
 
 def neighbour_baseline(train_original: np.ndarray, train_mask: np.ndarray, heldout_inputs: np.ndarray,
@@ -241,7 +242,7 @@ def neighbour_baseline(train_original: np.ndarray, train_mask: np.ndarray, heldo
     rows, positions = np.nonzero(labels >= 0)
     before = heldout_inputs[rows, positions - 1].astype(np.int64).tolist()
     after = heldout_inputs[rows, np.minimum(positions + 1, heldout_inputs.shape[1] - 1)].astype(np.int64).tolist()
-    guesses = [by_pair.get(a * width + b, by_left.get(a, fallback)) for a, b in zip(before, after)]
+    guesses = [by_pair.get(a * width + b, by_left.get(a, fallback)) for a, b in zip(before, after, strict=True)]
     return float(np.mean(np.array(guesses) == labels[rows, positions]))
 
 
@@ -560,7 +561,7 @@ def sst2_subset(source: Path, folder: Path, rows: int) -> Path:
     """A GLUE folder with the header and the first `rows` examples of train.tsv, and the whole dev.tsv."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(source / "train.tsv", encoding="utf-8") as f:
-        lines = [line for _, line in zip(range(rows + 1), f)]
+        lines = list(itertools.islice(f, rows + 1))  # the header and `rows` rows
     (folder / "train.tsv").write_text("".join(lines), encoding="utf-8")
     shutil.copyfile(source / "dev.tsv", folder / "dev.tsv")
     return folder
@@ -611,7 +612,7 @@ def plot_curves(results: dict[str, dict[str, Any]], budget: float, baselines: di
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, result in results.items():
         if result["curve"]:
-            minutes, accuracy = zip(*result["curve"])
+            minutes, accuracy = zip(*result["curve"], strict=True)
             ax.plot(minutes, [100 * a for a in accuracy], marker="o", markersize=3, label=run_label(name))
     peer = results.get("peer", {}).get("curve")
     if peer:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """One command from nothing to pre-training shards, with no download: the embedded default corpus.
 
-The command is bertrecipe/cli/build_default_corpus.py (also the console script after `pip install -e .`); `--help` lists
-its flags."""
+The command is bertrecipe/cli/build_default_corpus.py (also the console script after `pip install -e .`); `--help`
+lists its flags."""
 from bertrecipe.cli.build_default_corpus import cli
 
 if __name__ == "__main__":

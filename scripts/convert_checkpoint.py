@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Converts BERT weights between our checkpoints, NVIDIA's checkpoints and Hugging Face directories.
 
-The command is bertrecipe/cli/convert_checkpoint.py (also the console script after `pip install -e .`); `--help` lists
-its flags."""
+The command is bertrecipe/cli/convert_checkpoint.py (also the console script after `pip install -e .`); `--help`
+lists its flags."""
 from bertrecipe.cli.convert_checkpoint import cli
 
 if __name__ == "__main__":

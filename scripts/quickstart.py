@@ -16,19 +16,19 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
 import torch
 
 from bertrecipe.common.atomic_files import write_atomic
-from bertrecipe.dataprep import layout
-from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
-from bertrecipe.dataprep.vocab_training import vocab_path
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.hardware import detect, recipe_device
-from bertrecipe.training.metric_logger import read_log
+from bertrecipe.dataprep import layout
+from bertrecipe.dataprep.vocab_training import vocab_path
 from bertrecipe.model.bert import BertConfig, BertForPreTraining
+from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
+from bertrecipe.training.metric_logger import read_log
+
+REPO = Path(__file__).resolve().parents[1]
 
 CORPUS = "python_docs"
 VOCAB_SIZE = 8192

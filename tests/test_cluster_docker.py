@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_shell_scripts import shell_scripts
 
 from conftest import REPO_ROOT
-from test_shell_scripts import shell_scripts
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 
@@ -41,7 +41,8 @@ def pins(path: Path) -> dict[str, str]:
 
 
 def test_every_requirement_is_pinned():
-    for name in ("requirements.txt", "requirements-deploy.txt", "requirements-test.txt", "triton/requirements-server.txt"):
+    for name in ("requirements.txt", "requirements-deploy.txt", "requirements-test.txt",
+                 "triton/requirements-server.txt"):
         assert pins(REPO_ROOT / name), name  # the parser above fails on anything but name==version
 
 

@@ -11,11 +11,11 @@ import safetensors.torch
 import torch
 import transformers
 
+from bertrecipe.cli import convert_checkpoint
+from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import BertConfig, BertForPreTraining, BertForQuestionAnswering
 from bertrecipe.model.weights import export_huggingface, read_weights
-from bertrecipe.common.errors import InputError
 from conftest import REPO_ROOT
-from bertrecipe.cli import convert_checkpoint
 
 SCRIPT = REPO_ROOT / "scripts" / "convert_checkpoint.py"
 TINY = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,

@@ -318,7 +318,8 @@ def test_prep_sub_makes_the_shards_of_a_local_run(workdir, tmp_path, vocab_file)
     (fake / "srun").write_text('#!/bin/bash\nwhile [[ "${1:-}" == --* ]]; do shift; done\nexec "$@"\n')
     (fake / "srun").chmod(0o755)
     run = _prep_sub({"PATH": f"{fake}:{os.environ['PATH']}", "BERT_PREP_WORKING_DIR": str(workdir),
-                     "PYTHON": PYTHON, "SCHEDULER_PORT": "0", "INTERFACE": "lo", "HTTP_HOST": "127.0.0.1", "WORKERS_PER_NODE": "2",
+                     "PYTHON": PYTHON, "SCHEDULER_PORT": "0", "INTERFACE": "lo", "HTTP_HOST": "127.0.0.1",
+                     "WORKERS_PER_NODE": "2",
                      "SCHEDULER_TIMEOUT": "60", "SLURM_JOB_ID": "5", "ACTIONS": "sharding create_hdf5_files"},
                     *FLAGS, "--vocab_file", str(vocab_file), timeout=180)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bertrecipe.dataprep import download
 from bertrecipe.common.errors import DataError
+from bertrecipe.dataprep import download
 
 
 class RangeHandler(http.server.SimpleHTTPRequestHandler):

@@ -15,14 +15,13 @@ import h5py
 import numpy as np
 import pytest
 
-from bertrecipe.dataprep import documents
-from bertrecipe.dataprep import instances
+from bertrecipe.dataprep import documents, instances
 from bertrecipe.dataprep.create_pretraining_data import ShardConfig, create_shard, shard_attributes
 from bertrecipe.dataprep.documents import tokenize_documents
 from bertrecipe.dataprep.instances import MaskingConfig, SpecialIds, truncate_spans
 from bertrecipe.dataprep.shard_writer import write_shard, write_shard_blocks
-from bertrecipe.pretraining.shard_schema import SHARD_ARRAYS
 from bertrecipe.dataprep.sharding import split_sentences
+from bertrecipe.pretraining.shard_schema import SHARD_ARRAYS
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
 from conftest import TEST_DATA
 
@@ -223,7 +222,7 @@ def test_eighty_ten_ten_split(arrays, reference):
     ref_shown = [r["input"][p] for r in reference for p in r["positions"]]
     ref_orig = [lbl for r in reference for lbl in r["labels"]]
     ref_mask = statistics.mean(s == 103 for s in ref_shown)
-    ref_kept = statistics.mean(s == o for s, o in zip(ref_shown, ref_orig))
+    ref_kept = statistics.mean(s == o for s, o in zip(ref_shown, ref_orig, strict=True))
     assert abs(as_mask - 0.8) < 0.01 and abs(as_mask - ref_mask) < 0.015
     assert abs(kept - 0.1) < 0.01 and abs(kept - ref_kept) < 0.015
     assert abs(1 - as_mask - kept - 0.1) < 0.01
@@ -435,7 +434,7 @@ def test_blocks_of_any_size_write_the_same_shard(compression, tmp_path):
     arrays = {k: gen.integers(0, 120, (rows, *shapes[k])).astype(dtype) for k, (dtype, _) in SHARD_ARRAYS.items()}
     write_shard(tmp_path / "whole.hdf5", arrays, {"random_seed": 5}, compression)
     cuts = [0, 1, 1, 999, 2048, 2049, rows]  # an empty block, one row, blocks across chunk boundaries
-    blocks = ({k: v[lo:hi] for k, v in arrays.items()} for lo, hi in zip(cuts, cuts[1:]))
+    blocks = ({k: v[lo:hi] for k, v in arrays.items()} for lo, hi in itertools.pairwise(cuts))
     write_shard_blocks(tmp_path / "blocks.hdf5", rows, shapes, blocks, {"random_seed": 5}, compression)
     _same_shards(tmp_path / "whole.hdf5", tmp_path / "blocks.hdf5")
     with h5py.File(tmp_path / "blocks.hdf5", "r") as f:  # and both hold the arrays written (h5py reads them)

@@ -13,12 +13,12 @@ import pytest
 from bertrecipe.cli import bert_prep as bertPrep
 from bertrecipe.cli import build_default_corpus
 from bertrecipe.cli import create_pretraining_data as cpd
-from bertrecipe.dataprep import layout
 from bertrecipe.common.command_line import run_cli
 from bertrecipe.common.errors import DataError
+from bertrecipe.dataprep import layout
 from bertrecipe.dataprep.sharding import ShardingConfig, shard_corpus
-from bertrecipe.dataprep.vocab_training import train_vocab
 from bertrecipe.dataprep.text_formatting import book_groups, format_corpus, format_tasks
+from bertrecipe.dataprep.vocab_training import train_vocab
 from conftest import write_formatted
 
 DEAD_PID = 999_999_999  # above every kernel's pid_max: the run that left such a temporary is surely gone

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from bertrecipe.cli import bert_prep as bertPrep
-from bertrecipe.dataprep import layout
 from bertrecipe.common.errors import DataError
+from bertrecipe.dataprep import layout
 from bertrecipe.dataprep.sharding import ShardingConfig, shard_corpus, split_sentences
 from bertrecipe.dataprep.text_formatting import book_groups, book_text, format_corpus, format_tasks, wiki_articles
-from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
 from bertrecipe.dataprep.vocab_training import train_vocab
+from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
 from conftest import write_formatted
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,7 +113,7 @@ def test_shards_are_balanced_and_hold_every_article_once(tmp_path):
     result = shard_corpus(cfg)
     assert result.articles == 200
     seen: list[int] = []
-    for split, paths in result.paths.items():
+    for paths in result.paths.values():
         for path in paths:
             for doc in (d for d in path.read_text(encoding="utf-8").split("\n\n") if d.strip()):
                 ids = {int(m) for m in re.findall(r"Article (\d+) ", doc)}
@@ -334,7 +334,8 @@ def _bad_cases(tmp_path: Path, good_vocab: Path) -> dict[str, tuple[Path, Path, 
         "directory with no text": (no_text_dir, good_vocab, [], "no_text: directory holds no .txt files"),
         "non-UTF-8": (latin1, good_vocab, [], "latin1.txt: not UTF-8 text (invalid byte at offset 3)"),
         "missing vocab": (text, tmp_path / "nope.txt", [], "nope.txt: vocab file not found"),
-        "vocab without specials": (text, bad_vocab, [], "bad_vocab.txt: vocab lacks the special token(s) [CLS] [SEP] [MASK]"),
+        "vocab without specials": (text, bad_vocab, [],
+                                   "bad_vocab.txt: vocab lacks the special token(s) [CLS] [SEP] [MASK]"),
         "vocab without [UNK]": (text, no_unk_vocab, [], "no_unk_vocab.txt: vocab lacks the special token(s) [UNK]"),
         "max_seq_length below 8": (text, good_vocab, ["--max_seq_length", "7"], "--max_seq_length: must be at least 8"),
     }

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertrecipe.dataprep import sharding
 from bertrecipe.common.errors import DataError
+from bertrecipe.dataprep import sharding
 from bertrecipe.dataprep.sharding import ShardingConfig, shard_corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,7 +33,8 @@ def _limited(soft: int):
 
 
 def _shard_in_child(source: Path, out: Path, n_training: int, n_test: int, fraction: float, soft_limit: int) -> None:
-    code = ("import sys; from pathlib import Path; from bertrecipe.dataprep.sharding import ShardingConfig, shard_corpus; "
+    code = ("import sys; from pathlib import Path; "
+            "from bertrecipe.dataprep.sharding import ShardingConfig, shard_corpus; "
             "shard_corpus(ShardingConfig((Path(sys.argv[1]),), Path(sys.argv[2]), 'c', int(sys.argv[3]), "
             "int(sys.argv[4]), float(sys.argv[5])))")
     run = subprocess.run([sys.executable, "-c", code, str(source), str(out), str(n_training), str(n_test),
@@ -200,8 +201,7 @@ def test_sharding_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path, 
 
 
 def test_formatting_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path, monkeypatch):
-    from bertrecipe.dataprep import engine
-    from bertrecipe.dataprep import text_formatting
+    from bertrecipe.dataprep import engine, text_formatting
     books = tmp_path / "books"
     # Sorted as paths are sorted (by parts), not as strings: a/z.txt, a b/x.txt, a-1.txt, a.txt, ...
     names = ["a.txt", "a-1.txt", "a b/x.txt", "a/z.txt", "b/c/d.txt", "b/c.txt", "notes.md", "e.txt"]
@@ -257,8 +257,7 @@ def test_joining_the_parts_falls_back_to_copying_where_the_kernel_cannot(tmp_pat
 
 
 def test_a_failing_formatting_task_leaves_no_output_and_no_scratch(tmp_path, monkeypatch):
-    from bertrecipe.dataprep import engine
-    from bertrecipe.dataprep import text_formatting
+    from bertrecipe.dataprep import engine, text_formatting
     books = tmp_path / "books"
     books.mkdir()
     for i in range(4):

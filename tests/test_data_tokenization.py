@@ -206,7 +206,7 @@ def test_long_word_limit_is_googles_200_characters(lower, uncased_vocab_path, ca
             assert lines[0].isascii() and not lines[1].isascii()
             accent = "e" if lower else "É"  # in both vocabs
             want = [["the", *pieces, "end"], [accent, *pieces, accent]]
-            for text, expected in zip(lines, want):
+            for text, expected in zip(lines, want, strict=True):
                 assert tokenizer.tokenize(text) == expected == ref_tokenize(text, vocab_set, lower), (text, size)
             ids, offsets = BertTokenizer(vocab, do_lower_case=lower).encode_text("\n".join(lines))
             for i, expected in enumerate(want):

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from bertrecipe.cli import evaluate_squad
+from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import squad_metrics as ev
 from conftest import TEST_DATA
-from bertrecipe.common.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 EXCERPT = TEST_DATA / "squad"  # a few dev articles of each version and three systems' predictions on them
@@ -189,7 +189,7 @@ def test_crafted_data_set_v1_and_v2_with_na_probs():
     expected = ref_evaluate(only_answerable, preds, False)
     assert ev.evaluate_v1(as_dataset(only_answerable), preds) == pytest.approx(expected)
     assert ev.evaluate_v2(data, preds) == pytest.approx(ref_evaluate(questions, preds, True))
-    na = {qid: p for qid, p in zip(preds, np.random.default_rng(0).uniform(size=len(preds)).tolist())}
+    na = {qid: p for qid, p in zip(preds, np.random.default_rng(0).uniform(size=len(preds)).tolist(), strict=True)}
     for thresh in (1.0, 0.5):
         got = ev.evaluate_v2(data, preds, na, thresh)
         assert got == pytest.approx(ref_evaluate(questions, preds, True, na, thresh))
@@ -313,7 +313,7 @@ def test_missing_predictions_v2_are_left_out_with_one_message_each(capsys, with_
     preds = {qid: text for qid, text in MIXED_PREDS.items() if qid not in DROPPED}
     na = None
     if with_na_probs:
-        na = dict(zip(MIXED_PREDS, np.random.default_rng(1).uniform(size=len(MIXED_PREDS)).tolist()))
+        na = dict(zip(MIXED_PREDS, np.random.default_rng(1).uniform(size=len(MIXED_PREDS)).tolist(), strict=True))
     got = ev.evaluate_v2(as_articles(MIXED), preds, na)
     assert got == pytest.approx(ref_evaluate(MIXED, preds, True, na), abs=1e-12)
     assert (got["total"], got["HasAns_total"], got["NoAns_total"]) == (len(MIXED) - 5, len(CRAFTED) - 4, 2)

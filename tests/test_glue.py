@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertrecipe.finetuning import glue
-from conftest import TEST_DATA
-from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
 from bertrecipe.common.errors import InputError
+from bertrecipe.finetuning import glue
+from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
+from conftest import TEST_DATA
 
 # Official example counts of the GLUE train/dev sets.
 OFFICIAL_COUNTS = {
@@ -238,7 +238,7 @@ def test_test_split_features_have_no_labels(tmp_path, tokenizer):
 def ref_pearson(x, y):
     n = len(x)
     mx, my = sum(x) / n, sum(y) / n
-    cov = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    cov = sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True))
     return cov / math.sqrt(sum((a - mx) ** 2 for a in x) * sum((b - my) ** 2 for b in y))
 
 
@@ -248,10 +248,10 @@ def ref_ranks(x):
 
 
 def ref_mcc_binary(preds, labels):
-    tp = sum(p == 1 and y == 1 for p, y in zip(preds, labels))
-    tn = sum(p == 0 and y == 0 for p, y in zip(preds, labels))
-    fp = sum(p == 1 and y == 0 for p, y in zip(preds, labels))
-    fn = sum(p == 0 and y == 1 for p, y in zip(preds, labels))
+    tp = sum(p == 1 and y == 1 for p, y in zip(preds, labels, strict=True))
+    tn = sum(p == 0 and y == 0 for p, y in zip(preds, labels, strict=True))
+    fp = sum(p == 1 and y == 0 for p, y in zip(preds, labels, strict=True))
+    fn = sum(p == 0 and y == 1 for p, y in zip(preds, labels, strict=True))
     denominator = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
     return 0.0 if denominator == 0 else (tp * tn - fp * fn) / denominator
 
@@ -271,7 +271,7 @@ def ref_mcc_multiclass(preds, labels):
 
 def test_metrics_equal_plain_references():
     rng = np.random.default_rng(0)
-    for trial in range(20):
+    for _ in range(20):
         n = int(rng.integers(5, 80))
         labels = rng.integers(0, 2, n)
         preds = np.where(rng.uniform(size=n) < 0.7, labels, 1 - labels)

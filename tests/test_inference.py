@@ -11,13 +11,10 @@ import pytest
 import torch
 
 from bertrecipe.cli import inference
-from bertrecipe.finetuning import squad
-from bertrecipe.finetuning import squad_answers
-from conftest import TEST_DATA
 from bertrecipe.common.errors import InputError
-from bertrecipe.finetuning import model_loading
-from bertrecipe.finetuning import question_answering
+from bertrecipe.finetuning import model_loading, question_answering, squad, squad_answers
 from bertrecipe.finetuning.question_answering import answer_about_context
+from conftest import TEST_DATA
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,7 +147,7 @@ def test_predict_logits_batches_agree_with_one_pass(encoder):
     assert len(features) > 3
     one = question_answering.predict_logits(model, features, batch_size=len(features))
     batched = question_answering.predict_logits(model, features, batch_size=2)
-    for a, b in zip(one, batched):
+    for a, b in zip(one, batched, strict=True):
         assert a.shape == features.input_ids.shape and a.dtype == np.float32
         np.testing.assert_allclose(a, b, atol=1e-4)
 

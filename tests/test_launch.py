@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from test_metric_logger import permissions_are_ignored
 
 from bertrecipe.cli import launch
 from bertrecipe.common.errors import InputError
-from test_metric_logger import permissions_are_ignored
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 NOISE = ("Traceback", "ChildFailedError", "SignalException", "failed (exitcode", "FAILED")
@@ -131,7 +131,8 @@ def test_ctrl_c_reaches_every_worker_once_and_the_launch_exits_130(worker, tmp_p
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130
     # Found in the text, not line by line: the two workers' writes to the shared stderr may interleave.
-    assert sorted(re.findall(r"interrupted \(Ctrl-C\) \d", stderr)) == ["interrupted (Ctrl-C) 0", "interrupted (Ctrl-C) 1"]
+    interrupted = sorted(re.findall(r"interrupted \(Ctrl-C\) \d", stderr))
+    assert interrupted == ["interrupted (Ctrl-C) 0", "interrupted (Ctrl-C) 1"]
     assert_quiet(stderr)
 
 
@@ -181,7 +182,8 @@ def test_the_log_is_appended_after_a_line_naming_the_run_never_truncated(worker,
     assert result.returncode == 0, result.stderr
     lines = (out / "logfile.txt").read_text().splitlines()
     assert lines[:2] == ["exact_match: 81.2 F1: 88.6", "last line cut off"]
-    assert lines[2].startswith("===== run started ") and lines[2].endswith(f"worker.py write {out}/dllogger.json 0 =====")
+    assert lines[2].startswith("===== run started ")
+    assert lines[2].endswith(f"worker.py write {out}/dllogger.json 0 =====")
     # Held until the JSON was written, then all of it, stdout and stderr, whole lines.
     assert sorted(lines[3:]) == ["a warning", "checking the arguments", "training"]
 
@@ -222,7 +224,8 @@ def test_an_unusable_log_file_is_refused_before_anything_runs(tmp_path, case, ca
     assert stop.value.code == 2
     error = capsys.readouterr().err
     assert error.startswith(f"error: {path}: --log_file ") and error.count("\n") == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "locked"] and not list((tmp_path / "locked").iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "locked"]
+    assert not list((tmp_path / "locked").iterdir())
 
 
 def test_own_options_come_first_in_either_spelling():

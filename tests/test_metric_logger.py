@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.training.metric_logger import MetricLogger, check_log_paths, read_log
 from bertrecipe.common.output_paths import check_writable_file
+from bertrecipe.training.metric_logger import MetricLogger, check_log_paths, read_log
 
 
 def test_records_follow_the_dllogger_layout(tmp_path):

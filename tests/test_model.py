@@ -168,7 +168,7 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients():
         loss = model(*batch[:3], masked_lm_labels=batch[3], next_sentence_labels=batch[4]).loss
         loss.backward()
         grads.append([p.grad.clone() for p in model.parameters()])
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=True):
         assert torch.equal(a, b)
 
 
@@ -277,7 +277,7 @@ def test_export_then_read_back_gives_identical_weights(pair, tmp_path):
     assert weights.source_format == "ours" and weights.config.vocab_size == ours.config.vocab_size
     fresh = BertForPreTraining(weights.config)
     assert load_weights_into(fresh, weights) == []
-    for (name, a), b in zip(ours.state_dict().items(), fresh.state_dict().values()):
+    for (name, a), b in zip(ours.state_dict().items(), fresh.state_dict().values(), strict=True):
         if name.startswith(("bert.embeddings.word", "cls.predictions.decoder", "cls.predictions.bias")):
             a, b = a[: ours.config.vocab_size], b[: ours.config.vocab_size]
         assert torch.equal(a, b), name
@@ -289,8 +289,8 @@ def test_nvidia_checkpoint_names_load(pair, tmp_path):
     assert "bert.encoder.layer.0.intermediate.dense_act.weight" in nvidia
     assert "cls.predictions.transform.dense_act.weight" in nvidia and "bert.pooler.dense_act.bias" in nvidia
     # Older NVIDIA checkpoints name LayerNorm parameters gamma/beta and carry a DDP "module." prefix.
-    legacy = {"module." + k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-              for k, v in nvidia.items()}
+    legacy = {"module." + k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"):
+              v for k, v in nvidia.items()}
     save_torch_atomic({"model": legacy, "epoch": 3, "files": ["a.hdf5"]}, tmp_path / "ckpt_100.pt")
     weights = read_weights(tmp_path / "ckpt_100.pt")
     assert weights.source_format == "nvidia" and weights.config is None
@@ -359,7 +359,8 @@ def test_encoder_only_model_loads_a_huggingface_encoder_without_heads(tiny_bert)
     state = {k.removeprefix("bert."): v for k, v in weights.state_dict.items()}
     embeddings = state["embeddings.word_embeddings.weight"]
     padding = weights.config.padded_vocab_size - weights.config.vocab_size  # rows our embedding adds
-    state["embeddings.word_embeddings.weight"] = torch.cat([embeddings, embeddings.new_zeros(padding, weights.config.hidden_size)])
+    zeros = embeddings.new_zeros(padding, weights.config.hidden_size)
+    state["embeddings.word_embeddings.weight"] = torch.cat([embeddings, zeros])
     result = encoder.load_state_dict(state, strict=True)
     assert not result.missing_keys and not result.unexpected_keys
 

@@ -7,7 +7,14 @@ import torch
 from torch import nn
 
 from bertrecipe.model.bert import BertConfig, BertForPreTraining
-from bertrecipe.training.optimization import Lamb, LinearWarmUpScheduler, PolyWarmUpScheduler, build_adamw, build_lamb, weight_decay_groups
+from bertrecipe.training.optimization import (
+    Lamb,
+    LinearWarmUpScheduler,
+    PolyWarmUpScheduler,
+    build_adamw,
+    build_lamb,
+    weight_decay_groups,
+)
 
 
 def reference_lamb_step(groups, states, step, lr, betas=(0.9, 0.999), eps=1e-6, max_grad_norm=1.0):
@@ -54,7 +61,7 @@ def test_lamb_equals_per_tensor_reference_over_many_steps(compiled):
         grads = [torch.randn(p.shape, generator=g) * (3.0 if step % 2 else 0.05) for p in ours_decay + ours_plain]
         clipped_steps += math.sqrt(sum(float((x * x).sum()) for x in grads)) > 1.0
         with torch.no_grad():
-            for p, q, grad in zip(ours_decay + ours_plain, ref_decay + ref_plain, grads):
+            for p, q, grad in zip(ours_decay + ours_plain, ref_decay + ref_plain, grads, strict=True):
                 p.grad, q.grad = grad.clone(), grad.clone()
             lr = 0.01 * (1 - step / 30)  # a changing lr, as under a schedule
             for group in optimizer.param_groups:
@@ -62,7 +69,7 @@ def test_lamb_equals_per_tensor_reference_over_many_steps(compiled):
             optimizer.step()
             reference_lamb_step(ref_groups, states, step, lr=lr)
     assert 5 < clipped_steps < 25  # both regimes, with and without clipping, were exercised
-    for p, q in zip(ours_decay + ours_plain, ref_decay + ref_plain):
+    for p, q in zip(ours_decay + ours_plain, ref_decay + ref_plain, strict=True):
         assert (p - q).abs().max().item() < 1e-6
     assert optimizer.param_groups[0]["step"] == 25
 
@@ -84,7 +91,7 @@ def test_lamb_state_dict_round_trip_continues_identically():
     grads = [[torch.randn_like(p) for p in a.parameters()] for _ in range(6)]
 
     def apply(model, opt, step_grads):
-        for p, grad in zip(model.parameters(), step_grads):
+        for p, grad in zip(model.parameters(), step_grads, strict=True):
             p.grad = grad.clone()
         opt.step()
 
@@ -96,7 +103,7 @@ def test_lamb_state_dict_round_trip_continues_identically():
     for step_grads in grads[3:]:
         apply(a, opt_a, step_grads)
         apply(b, opt_b, step_grads)
-    for p, q in zip(a.parameters(), b.parameters()):
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(p, q)
 
 

@@ -4,11 +4,11 @@ import cycle; the root commands are thin and are also console scripts; no path o
 triton/__init__.py."""
 import ast
 import subprocess
-import tomllib
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from conftest import REPO_ROOT
 

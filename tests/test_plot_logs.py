@@ -9,11 +9,11 @@ import sys
 import matplotlib
 import matplotlib.axes
 import pytest
+from test_run_glue import GLUE_EXCERPTS, glue, subset
 
+from bertrecipe.cli import plot_logs
 from bertrecipe.training.metric_logger import read_log
 from conftest import REPO_ROOT, TEST_DATA
-from test_run_glue import GLUE_EXCERPTS, glue, subset
-from bertrecipe.cli import plot_logs
 
 matplotlib.use("Agg")
 
@@ -127,7 +127,7 @@ def test_throughput_panel_draws_each_phase_against_the_global_step(logs):
     assert throughput.get_xlabel() == "global step"
     curves = [line for line in throughput.get_lines() if line.get_linestyle() != "--"]
     assert len(curves) == 2
-    for line, path in zip(curves, paths):
+    for line, path in zip(curves, paths, strict=True):
         records = training_records(path)
         assert list(line.get_xdata()) == [step for step, _ in records]
         assert list(line.get_ydata()) == [data["training_sequences_per_second"] for _, data in records]

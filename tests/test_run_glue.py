@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from bertrecipe.cli import run_glue
-from bertrecipe.finetuning import staged_outputs
-from conftest import REPO_ROOT, TEST_DATA
 from bertrecipe.common.errors import InputError
+from bertrecipe.finetuning import staged_outputs
 from bertrecipe.training.metric_logger import read_log
+from conftest import REPO_ROOT, TEST_DATA
 
 GLUE_EXCERPTS = TEST_DATA / "glue"  # 40 train and 40 dev rows per task (see its README)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores: one thread per process avoids oversubscription
@@ -218,7 +218,7 @@ def mnli_file(path: Path, pairs: list[tuple[str, str]], labels: list[str]) -> No
     header = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
               "sentence2_parse\tsentence1\tsentence2\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label")
     rows = [f"{i}\t{i}\t{i}e\tfiction\t( a )\t( b )\t(ROOT a)\t(ROOT b)\t{a}\t{b}\t" + "\t".join([label] * 6)
-            for i, ((a, b), label) in enumerate(zip(pairs, labels))]
+            for i, ((a, b), label) in enumerate(zip(pairs, labels, strict=True))]
     path.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8")
 
 

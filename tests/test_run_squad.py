@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_run_glue import snapshot, tiny_model_files
 
 from bertrecipe.cli import run_squad
+from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import squad as squad_lib
 from bertrecipe.tokenization.wordpiece import load_vocab
-from conftest import TEST_DATA
-from bertrecipe.common.errors import InputError
 from bertrecipe.training.metric_logger import read_log
-from test_run_glue import snapshot, tiny_model_files
+from conftest import TEST_DATA
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXCERPT = TEST_DATA / "squad"  # a few real dev articles of each version (README.md there)
@@ -128,8 +128,8 @@ def test_features_are_cached_once_per_file_and_setting(trained, files):
 def test_squad_v2_prediction_writes_null_odds_and_v2_metrics(trained, files, tiny_bert):
     predict = squad_subset(EXCERPT / "dev-v2.0.json", files["root"] / "v2.json", ["Normans"], 2)
     out = files["root"] / "v2"
-    squad(tiny_bert / "vocab.txt", out, "--init_checkpoint", str(trained), "--predict_file", str(predict), "--do_predict",
-          "--do_eval", "--version_2_with_negative", "--skip_cache")
+    squad(tiny_bert / "vocab.txt", out, "--init_checkpoint", str(trained), "--predict_file", str(predict),
+          "--do_predict", "--do_eval", "--version_2_with_negative", "--skip_cache")
     null_odds = json.loads((out / "null_odds.json").read_text())
     assert set(null_odds) == set(json.loads((out / "predictions.json").read_text()))
     final = read_log(out / "dllogger.json")[-1]["data"]

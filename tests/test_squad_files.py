@@ -5,10 +5,10 @@ import zipfile
 import numpy as np
 import pytest
 
-from bertrecipe.finetuning import squad
-from conftest import TEST_DATA
-from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
 from bertrecipe.common.errors import InputError
+from bertrecipe.finetuning import squad
+from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
+from conftest import TEST_DATA
 
 EXCERPT = TEST_DATA / "squad"  # a few real dev articles of each version (README.md there)
 

@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 from transformers.models.bert.tokenization_bert_legacy import BasicTokenizer
 
-from bertrecipe.finetuning import squad
-from bertrecipe.finetuning import squad_answers
-from conftest import TEST_DATA
+from bertrecipe.finetuning import squad, squad_answers
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
+from conftest import TEST_DATA
 
 EXCERPT = TEST_DATA / "squad"  # 90 dev-v1.1 and 92 dev-v2.0 questions of a few real articles
 
@@ -103,7 +102,7 @@ def reference_predictions(examples, features, start_logits, end_logits, vocab, n
         exps = [math.exp(x - max(scores)) for x in scores]
         entries = [
             {"text": t, "probability": x / sum(exps), "start_logit": s, "end_logit": e}
-            for (t, s, e), x in zip(nbest, exps)
+            for (t, s, e), x in zip(nbest, exps, strict=True)
         ]
         nbests[example.qas_id] = entries
         if v2:

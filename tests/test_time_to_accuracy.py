@@ -5,11 +5,8 @@ import math
 import numpy as np
 import pytest
 import torch
+
 from benchmarks import time_to_accuracy as tta
-
-
-
-
 
 
 def test_planned_steps_fill_the_budget_at_the_calibrated_speed():
@@ -46,7 +43,7 @@ def reference_accuracy(logits, positions, ids):
     """Plain Python: a row's masked positions end at its first 0; count argmax hits at those positions."""
     correct = total = 0
     for row in range(len(positions)):
-        for position, token in zip(positions[row], ids[row]):
+        for position, token in zip(positions[row], ids[row], strict=True):
             if position == 0:
                 break
             scores = logits[row][position]
@@ -158,7 +155,7 @@ def test_ablation_lines_give_each_leave_one_out_against_best_in_points():
 def reference_neighbour_guess(train_rows, mask_rows, specials, before, after):
     """Plain Python: count (left, right) -> centre and left -> centre over the training rows, then answer."""
     pair_counts, left_counts, totals = {}, {}, {}
-    for row, mask in zip(train_rows, mask_rows):
+    for row, mask in zip(train_rows, mask_rows, strict=True):
         for i in range(1, len(row) - 1):
             if mask[i + 1] != 1 or row[i] in specials:
                 continue
@@ -193,7 +190,7 @@ def test_neighbour_baseline_equals_a_plain_python_count_model():
         for position in rng.choice(np.arange(1, 9), size=2, replace=False):
             labels[row, position] = rng.integers(4, 12)
     expected = [reference_neighbour_guess(train.tolist(), mask.tolist(), specials, heldout[r, p - 1], heldout[r, p + 1])
-                == labels[r, p] for r, p in zip(*np.nonzero(labels >= 0))]
+                == labels[r, p] for r, p in zip(*np.nonzero(labels >= 0), strict=True)]
     assert tta.neighbour_baseline(train, mask, heldout, labels, specials) == pytest.approx(np.mean(expected))
 
 

@@ -10,12 +10,10 @@ import threading
 
 import pytest
 
+from bertrecipe.cli import triton_perf_client as run_perf_client
 from bertrecipe.common.errors import InputError
 from bertrecipe.deploy.serving import TritonQA
 from conftest import REPO_ROOT, TEST_DATA
-from bertrecipe.cli import triton_perf_client as run_perf_client
-
-
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TRITON = REPO_ROOT / "triton"

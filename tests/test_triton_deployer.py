@@ -14,21 +14,19 @@ import numpy as np
 import pytest
 import torch
 
-from bertrecipe.finetuning import squad
-from bertrecipe.finetuning.model_loading import load_tokenizer
-from bertrecipe.finetuning.staged_outputs import save_finetuned
 from bertrecipe.cli import inference
+from bertrecipe.cli import triton_deployer as deployer
 from bertrecipe.common.errors import InputError
-from bertrecipe.finetuning.question_answering import load_qa_model
 from bertrecipe.deploy import model_repository
 from bertrecipe.deploy.onnx_export import check_vocab_fits, open_qa_session
+from bertrecipe.deploy.serving import INPUTS, SAMPLE_CONTEXT, make_infer, runner_for
+from bertrecipe.finetuning import squad
+from bertrecipe.finetuning.model_loading import load_tokenizer
+from bertrecipe.finetuning.question_answering import load_qa_model
+from bertrecipe.finetuning.staged_outputs import save_finetuned
 from bertrecipe.model.bert import BertForQuestionAnswering
 from bertrecipe.model.weights import load_weights_into, read_weights
-from bertrecipe.deploy.serving import INPUTS, SAMPLE_CONTEXT, make_infer, runner_for
 from conftest import REPO_ROOT, TEST_DATA
-from bertrecipe.cli import triton_deployer as deployer
-
-
 
 SEQ = 128
 WINDOW = squad.WindowSettings(SEQ, 64, 32)
@@ -103,11 +101,11 @@ def test_onnx_runtime_equals_pytorch_on_squad_windows_at_other_batch_sizes_and_l
     worst = 0.0
     for rows, length in ((slice(0, 13), SEQ), (slice(13, 14), SEQ), (slice(20, 25), 96)):
         arrays = [np.ascontiguousarray(a[rows, :length], dtype=np.int64) for a in (ids, segments, mask)]
-        got = session.run(["output__0", "output__1"], dict(zip(INPUTS, arrays)))
+        got = session.run(["output__0", "output__1"], dict(zip(INPUTS, arrays, strict=True)))
         expected = pytorch_logits(setup["model"], arrays)
         assert got[0].shape == expected[0].shape == (arrays[0].shape[0], length)
         real = arrays[2].astype(bool)  # PyTorch skips padded positions (model.BertModel.skip_padding); the export not
-        worst = max(worst, *(float(np.abs(g[real] - e[real]).max()) for g, e in zip(got, expected)))
+        worst = max(worst, *(float(np.abs(g[real] - e[real]).max()) for g, e in zip(got, expected, strict=True)))
     print(f"ONNX Runtime vs PyTorch, max abs difference: {worst:.3g}")
     assert worst < 1e-4
 
@@ -250,7 +248,7 @@ def test_torchscript_export_equals_pytorch_and_targets_libtorch(setup):
     expected = pytorch_logits(setup["model"], arrays)
     real = arrays[2].astype(bool)  # as for ONNX: padded positions differ (PyTorch skips them); some rows have them
     assert real.all(axis=1).any() and not real.all()
-    assert max(float(np.abs(g[real] - e[real]).max()) for g, e in zip(got, expected)) < 1e-4
+    assert max(float(np.abs(g[real] - e[real]).max()) for g, e in zip(got, expected, strict=True)) < 1e-4
     config = parse_config(repository / "bert_ts" / "config.pbtxt")
     assert (config.platform, config.max_batch_size) == ("pytorch_libtorch", 8)
     assert not config.HasField("dynamic_batching")
@@ -286,7 +284,8 @@ def test_a_difference_above_the_tolerance_is_refused_and_nothing_is_written(setu
 @pytest.mark.slow
 def test_importing_triton_from_the_repository_root_never_yields_this_folder(tmp_path):
     # torch imports `triton` (OpenAI's compiler) when it can; the repository's triton/ must not stand in for it.
-    probe = "import torch._dynamo, importlib.util, sys\ntry:\n import triton\n print(triton.MARK)\nexcept ImportError:\n print('absent')"
+    probe = ("import torch._dynamo, importlib.util, sys\n"
+             "try:\n import triton\n print(triton.MARK)\nexcept ImportError:\n print('absent')")
     env = {**os.environ, "PYTHONPATH": ""}
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
@@ -304,10 +303,10 @@ def test_server_function_pads_gathered_requests_of_different_lengths_and_cuts_an
     run = runner_for(onnx_repo / "bert" / "1" / "model.onnx", "onnx")
     infer = make_infer(run, outputs=2, max_seq_length=SEQ)
     ids, segments, mask = feature_arrays(setup)
-    requests = [dict(zip(INPUTS, (a[rows, :length].astype(np.int64) for a in (ids, segments, mask))))
+    requests = [dict(zip(INPUTS, (a[rows, :length].astype(np.int64) for a in (ids, segments, mask)), strict=True))
                 for rows, length in ((slice(0, 3), SEQ), (slice(3, 4), 90))]
     answers = infer(requests)
-    for request, answer in zip(requests, answers):
+    for request, answer in zip(requests, answers, strict=True):
         alone = run([request[name] for name in INPUTS])
         assert answer["output__0"].shape == request["input__0"].shape
         assert max(float(np.abs(answer[f"output__{i}"] - alone[i]).max()) for i in range(2)) < 1e-4
@@ -330,7 +329,7 @@ def test_inference_on_the_deployed_onnx_model_answers_as_pytorch(setup, onnx_rep
     assert expected["windows"] == got["windows"] > 1  # several windows, in batches of 3
     assert got["answer"] == expected["answer"]
     assert [e["text"] for e in got["nbest"]] == [e["text"] for e in expected["nbest"]]
-    for ours, theirs in zip(got["nbest"], expected["nbest"]):
+    for ours, theirs in zip(got["nbest"], expected["nbest"], strict=True):
         assert ours["probability"] == pytest.approx(theirs["probability"], abs=1e-5)
 
 

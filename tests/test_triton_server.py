@@ -15,19 +15,16 @@ import time
 from pathlib import Path
 
 import pytest
+from test_triton_deployer import SEQ, WINDOW, copy_squad_excerpt, deploy, make_qa_checkpoint
 
+from bertrecipe.cli import triton_perf_client as run_perf_client
+from bertrecipe.cli import triton_squad_client as run_squad_client
+from bertrecipe.deploy.serving import TritonQA
 from bertrecipe.finetuning import squad_answers
 from bertrecipe.finetuning.model_loading import load_tokenizer
 from bertrecipe.finetuning.question_answering import answer_questions, load_qa_model
 from bertrecipe.training.metric_logger import read_log
-from bertrecipe.deploy.serving import TritonQA
 from conftest import REPO_ROOT
-from test_triton_deployer import SEQ, WINDOW, copy_squad_excerpt, deploy, make_qa_checkpoint
-from bertrecipe.cli import triton_perf_client as run_perf_client
-from bertrecipe.cli import triton_squad_client as run_squad_client
-
-
-
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 SERVER = REPO_ROOT / "triton" / "server.py"

@@ -12,18 +12,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_run_glue import WORDS, snapshot, tiny_args, tiny_sst2
+from test_run_squad import QUESTIONS, tiny_squad_args, tiny_squad_file
 
-from bertrecipe.cli import inference
-from bertrecipe.cli import run_glue
-from bertrecipe.cli import run_squad
-from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, check_vocab_for_model, load_vocab, vocab_casing
+from bertrecipe.cli import inference, run_glue, run_squad
+from bertrecipe.cli import triton_deployer as deployer
 from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning.staged_outputs import save_finetuned
 from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
+from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, check_vocab_for_model, load_vocab, vocab_casing
 from conftest import REPO_ROOT, VOCAB_EXCERPT
-from test_run_glue import WORDS, snapshot, tiny_args, tiny_sst2
-from test_run_squad import QUESTIONS, tiny_squad_args, tiny_squad_file
-from bertrecipe.cli import triton_deployer as deployer
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from test_metric_logger import permissions_are_ignored
 
 from bertrecipe.training.metric_logger import read_log
 from conftest import REPO_ROOT
-from test_metric_logger import permissions_are_ignored
 
 SCRIPTS = REPO_ROOT / "scripts"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHON": sys.executable}

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """SQuAD prediction through a Triton server: a SQuAD JSON file -> predictions.json -> exact match and F1.
 
-The command is bertrecipe/cli/triton_squad_client.py (also the console script after `pip install -e .`); `--help` lists
-its flags."""
+The command is bertrecipe/cli/triton_squad_client.py (also the console script after `pip install -e .`); `--help`
+lists its flags."""
 from bertrecipe.cli.triton_squad_client import cli
 
 if __name__ == "__main__":

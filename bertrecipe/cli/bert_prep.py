@@ -8,31 +8,27 @@ Everything lives under $BERT_PREP_WORKING_DIR (default `data/` in the checkout);
 """
 from __future__ import annotations
 
-from typing import NoReturn
-
 import argparse
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from tqdm import tqdm
 
-# tqdm's default lock is a multiprocessing semaphore that spawn workers leak warnings about; threads suffice.
-tqdm.set_lock(threading.RLock())
-
 from bertrecipe.common.atomic_files import remove_stale_temporaries_of
-from bertrecipe.dataprep import download
-from bertrecipe.dataprep import engine
-from bertrecipe.dataprep import layout
-from bertrecipe.dataprep import text_formatting
-from bertrecipe.dataprep.create_pretraining_data import ShardConfig, check_paths, shard_attributes, shard_task, validate
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import DataError
+from bertrecipe.dataprep import download, engine, layout, text_formatting
+from bertrecipe.dataprep.create_pretraining_data import ShardConfig, check_paths, shard_attributes, shard_task, validate
 from bertrecipe.dataprep.outputs import inside, refuse_input_as_output
-from bertrecipe.dataprep.sharding import ShardingConfig, segment_tasks, shard_corpus
 from bertrecipe.dataprep.shard_writer import is_complete
-from bertrecipe.tokenization.wordpiece import load_vocab
+from bertrecipe.dataprep.sharding import ShardingConfig, segment_tasks, shard_corpus
 from bertrecipe.dataprep.vocab_training import train_vocab, vocab_path
+from bertrecipe.tokenization.wordpiece import load_vocab
+
+# tqdm's default lock is a multiprocessing semaphore that spawn workers leak warnings about; threads suffice.
+tqdm.set_lock(threading.RLock())
 
 ACTIONS = ("download", "text_formatting", "sharding", "create_hdf5_files", "create_vocab")
 TEXT_CORPORA = ("wikicorpus_en", "bookscorpus", "python_docs")

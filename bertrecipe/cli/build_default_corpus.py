@@ -8,13 +8,12 @@ shards, all under $BERT_PREP_WORKING_DIR (default `data/`). Prints where each pr
 """
 from __future__ import annotations
 
+import time
 from typing import NoReturn
 
-import time
-
 from bertrecipe.cli import bert_prep as bertPrep
-from bertrecipe.dataprep import layout
 from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.dataprep import layout
 from bertrecipe.dataprep.vocab_training import vocab_path
 
 CORPUS = "python_docs"

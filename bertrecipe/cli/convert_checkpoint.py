@@ -17,14 +17,13 @@ Examples:
 """
 from __future__ import annotations
 
-from typing import NoReturn
-
 import argparse
 from pathlib import Path
+from typing import NoReturn
 
-from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, check_vocab_for_model, load_vocab
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
+from bertrecipe.common.output_paths import check_writable, refuse_input_as_output
 from bertrecipe.model.weights import (
     check_export_target,
     export_huggingface,
@@ -35,7 +34,7 @@ from bertrecipe.model.weights import (
     read_weights,
     save_torch_atomic,
 )
-from bertrecipe.common.output_paths import check_writable, refuse_input_as_output
+from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, check_vocab_for_model, load_vocab
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

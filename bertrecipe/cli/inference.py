@@ -29,18 +29,20 @@ from typing import Iterator, NoReturn, Optional, Sequence
 
 import torch
 
-from bertrecipe.cli import finetuning_flags
-from bertrecipe.finetuning import model_loading
-from bertrecipe.finetuning import squad
-from bertrecipe.finetuning import squad_answers
-from bertrecipe.cli import squad_flags
-from bertrecipe.tokenization.wordpiece import Vocab
+from bertrecipe.cli import finetuning_flags, squad_flags
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.files import read_text_file
-from bertrecipe.deploy.onnx_export import onnx_logits_function
 from bertrecipe.common.output_paths import refuse_input_as_output
-from bertrecipe.finetuning.question_answering import (LogitsFunction, answer_about_context, check_question,
-                                                      load_qa_model, predict_logits)
+from bertrecipe.deploy.onnx_export import onnx_logits_function
+from bertrecipe.finetuning import model_loading, squad, squad_answers
+from bertrecipe.finetuning.question_answering import (
+    LogitsFunction,
+    answer_about_context,
+    check_question,
+    load_qa_model,
+    predict_logits,
+)
+from bertrecipe.tokenization.wordpiece import Vocab
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,9 @@ marked on every panel. The final summaries' throughputs are written in the title
 """
 from __future__ import annotations
 
-from typing import NoReturn
-
 import argparse
 from pathlib import Path
+from typing import NoReturn
 
 from bertrecipe.common.atomic_files import write_atomic
 from bertrecipe.common.command_line import ArgumentParser, run_cli
@@ -68,11 +67,11 @@ def figure(paths: list[Path]):
     if any(key in data for _, data in logs for key in EVAL_KEYS):
         labels.append("evaluation")
     fig, axes = plt.subplots(len(labels), 1, figsize=(9, 3.2 * len(labels)), sharex=True, squeeze=False)
-    panel = dict(zip(labels, axes[:, 0]))
+    panel = dict(zip(labels, axes[:, 0], strict=True))
 
     def draw(axis_label: str, key: str, data: dict, **style) -> None:
         if axis_label in panel and key in data:
-            steps, values = zip(*data[key])
+            steps, values = zip(*data[key], strict=True)
             panel[axis_label].plot(steps, values, **style)
 
     for index, (path, data) in enumerate(logs):

@@ -24,15 +24,14 @@ import torch
 from tqdm import tqdm
 
 from bertrecipe.cli import finetuning_flags
-from bertrecipe.finetuning import loop
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.errors import InputError
+from bertrecipe.finetuning import glue, loop
 from bertrecipe.finetuning.model_loading import build_model, config_and_weights, load_tokenizer
 from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
 from bertrecipe.finetuning.timed_inference import latency_summary, timed_inference
-from bertrecipe.finetuning import glue
-from bertrecipe.common.command_line import ArgumentParser, run_cli
-from bertrecipe.common.errors import InputError
-from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.model.bert import BertConfig, BertForSequenceClassification
+from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.process_group import DistributedContext, barrier, init_distributed, shutdown
 from bertrecipe.training.stepper import Precision, make_precision, seed_everything
 

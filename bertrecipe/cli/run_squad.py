@@ -21,21 +21,18 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bertrecipe.cli import finetuning_flags
-from bertrecipe.finetuning import loop
-from bertrecipe.finetuning.model_loading import build_model, config_and_weights, load_tokenizer
-from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
-from bertrecipe.finetuning.timed_inference import latency_summary, timed_inference
-from bertrecipe.finetuning import squad
-from bertrecipe.finetuning import squad_answers
-from bertrecipe.cli import squad_flags
+from bertrecipe.cli import finetuning_flags, squad_flags
+from bertrecipe.cli.squad_flags import evaluate, features_for
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable_folder
-from bertrecipe.training.metric_logger import MetricLogger
+from bertrecipe.finetuning import loop, squad, squad_answers
+from bertrecipe.finetuning.model_loading import build_model, config_and_weights, load_tokenizer
+from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
+from bertrecipe.finetuning.timed_inference import latency_summary, timed_inference
 from bertrecipe.model.bert import BertForQuestionAnswering
+from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.process_group import DistributedContext, barrier, init_distributed, shutdown
-from bertrecipe.cli.squad_flags import evaluate, features_for
 from bertrecipe.training.stepper import Precision, make_precision, seed_everything
 
 OUTPUTS = (*MODEL_FILES, "predictions.json", "nbest_predictions.json", "null_odds.json")

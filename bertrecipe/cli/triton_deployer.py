@@ -20,16 +20,16 @@ from typing import Callable, NoReturn, Optional, Sequence
 
 import torch
 
-from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
-from bertrecipe.finetuning import model_loading
 from bertrecipe.cli import squad_flags
+from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
-from bertrecipe.model.bert import BertForQuestionAnswering, BertForSequenceClassification
+from bertrecipe.common.output_paths import inside
 from bertrecipe.deploy.model_repository import PLATFORMS, TritonSettings, deploy
 from bertrecipe.deploy.onnx_export import TritonSignature
-from bertrecipe.common.output_paths import inside
 from bertrecipe.deploy.serving import sample_inputs
+from bertrecipe.finetuning import model_loading
+from bertrecipe.model.bert import BertForQuestionAnswering, BertForSequenceClassification
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

@@ -19,13 +19,13 @@ from typing import Callable, NoReturn, Optional, Sequence
 
 import numpy as np
 
-from bertrecipe.finetuning import squad
+from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
+from bertrecipe.cli.triton_flags import add_server_arguments, check_server, client_from_args
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
-from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
-from bertrecipe.finetuning.model_loading import load_tokenizer
-from bertrecipe.cli.triton_flags import add_server_arguments, check_server, client_from_args
 from bertrecipe.deploy.serving import TritonQA, sample_inputs
+from bertrecipe.finetuning import squad
+from bertrecipe.finetuning.model_loading import load_tokenizer
 
 FIELDS = ("batch_size", "concurrency", "requests", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms",
           "sequences_per_second")

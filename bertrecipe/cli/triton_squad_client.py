@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn, Optional, Sequence
 
-from bertrecipe.finetuning import squad, squad_answers
 from bertrecipe.cli import squad_flags
+from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
+from bertrecipe.cli.triton_flags import add_server_arguments, check_server, client_from_args
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
-from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
-from bertrecipe.finetuning.model_loading import load_tokenizer
 from bertrecipe.common.output_paths import check_writable_folder, refuse_input_as_output
-from bertrecipe.cli.triton_flags import add_server_arguments, check_server, client_from_args
+from bertrecipe.finetuning import squad, squad_answers
+from bertrecipe.finetuning.model_loading import load_tokenizer
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

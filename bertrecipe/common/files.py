@@ -7,7 +7,6 @@ from typing import Any, Callable, Mapping, Optional
 
 from bertrecipe.common.errors import InputError
 
-
 # How read_text_file words each failure, after "<path>: "; a caller may reword some for its file (same fields).
 READ_PROBLEMS = {
     "missing": "{what} not found",

@@ -14,10 +14,16 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from bertrecipe.dataprep.documents import input_files, input_paths, read_text, tokenize_documents
 from bertrecipe.common.errors import DataError
-from bertrecipe.dataprep.instances import (MaskingConfig, SpecialIds, instance_blocks, instance_row_shapes, pair_spans,
-                            truncate_spans)
+from bertrecipe.dataprep.documents import input_files, input_paths, read_text, tokenize_documents
+from bertrecipe.dataprep.instances import (
+    MaskingConfig,
+    SpecialIds,
+    instance_blocks,
+    instance_row_shapes,
+    pair_spans,
+    truncate_spans,
+)
 from bertrecipe.dataprep.outputs import check_writable, refuse_input_as_output
 from bertrecipe.dataprep.shard_writer import write_shard_blocks
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab

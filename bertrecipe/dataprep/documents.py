@@ -8,10 +8,9 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from bertrecipe.common.files import read_text_file
-
-from bertrecipe.tokenization.ascii_wordpiece import non_ascii_lines
 from bertrecipe.common.errors import DataError
+from bertrecipe.common.files import read_text_file
+from bertrecipe.tokenization.ascii_wordpiece import non_ascii_lines
 from bertrecipe.tokenization.wordpiece import BertTokenizer
 
 # Tokenize in slices of about this many characters: bounds the temporaries (a 4M-character slice peaked at
@@ -110,7 +109,7 @@ def _blank_lines(chunk: str, counts: np.ndarray) -> np.ndarray:
     blank = np.zeros(len(counts), bool)
     if where.size:
         blank[where] = [not data[s:e].decode("utf-8").strip()
-                        for s, e in zip(starts[where].tolist(), ends[where].tolist())]
+                        for s, e in zip(starts[where].tolist(), ends[where].tolist(), strict=True)]
     return blank
 
 

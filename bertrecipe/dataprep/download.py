@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Callable
 
 from bertrecipe.common.atomic_files import atomic_output, scratch_folder
-from bertrecipe.common.files import read_text_file
-
 from bertrecipe.common.errors import DataError
+from bertrecipe.common.files import read_text_file
 
 TIMEOUT = 15  # seconds without a byte: offline or a dead mirror fails fast, with the URL in the message
 CHUNK = 1 << 20
@@ -176,8 +175,8 @@ def _download_mrpc(folder: Path, urls: dict[str, str]) -> None:
         fetch(url, folder / "raw" / name)
     if all((folder / name).is_file() for name in ("train.tsv", "dev.tsv", "test.tsv")):
         return  # a run killed between the three renames left some missing: those are written again
-    dev_ids = {tuple(line.split("\t")[:2]) for line in (folder / "raw" / "dev_ids.tsv").read_text("utf-8-sig").split("\n")
-               if line.strip()}
+    dev_lines = (folder / "raw" / "dev_ids.tsv").read_text("utf-8-sig").split("\n")
+    dev_ids = {tuple(line.split("\t")[:2]) for line in dev_lines if line.strip()}
     lines = (folder / "raw" / "msr_paraphrase_train.txt").read_text("utf-8-sig").split("\n")
     header, rows = lines[0], [line for line in lines[1:] if line.strip()]
     test = [line for line in (folder / "raw" / "msr_paraphrase_test.txt").read_text("utf-8-sig").split("\n")[1:]

@@ -234,7 +234,7 @@ def in_order(run: Runner | None, function: Callable, tasks: Sequence[tuple]) -> 
     try:
         for index in range(len(tasks)):
             with ready:
-                ready.wait_for(lambda: index in results or failure or over.is_set())
+                ready.wait_for(lambda index=index: index in results or failure or over.is_set())
                 if index not in results:
                     raise failure[0] if failure else RuntimeError(f"the engine ended without task {index}")
                 result = results.pop(index)

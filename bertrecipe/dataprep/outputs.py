@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from bertrecipe.common.output_paths import check_writable as _check_writable
-from bertrecipe.common.output_paths import inside, refuse_input_as_output as _refuse_input_as_output, same_file
-
 from bertrecipe.common.errors import DataError
+from bertrecipe.common.output_paths import check_writable as _check_writable
+from bertrecipe.common.output_paths import inside, same_file
+from bertrecipe.common.output_paths import refuse_input_as_output as _refuse_input_as_output
 
 __all__ = ["check_writable", "inside", "refuse_input_as_output", "same_file"]
 

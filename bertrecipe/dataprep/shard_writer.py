@@ -9,7 +9,6 @@ import h5py
 import numpy as np
 
 from bertrecipe.common.atomic_files import atomic_output
-
 from bertrecipe.common.errors import DataError
 from bertrecipe.pretraining.shard_schema import FORMAT_VERSION, SHARD_ARRAYS
 

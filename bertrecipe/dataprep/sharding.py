@@ -36,9 +36,8 @@ import blingfire
 import numpy as np
 
 from bertrecipe.common.atomic_files import make_dirs, remove_empty_dirs, remove_stale_temporaries_of, scratch_folder
-
-from bertrecipe.dataprep.engine import Runner, in_order
 from bertrecipe.common.errors import DataError
+from bertrecipe.dataprep.engine import Runner, in_order
 from bertrecipe.dataprep.layout import SPLITS
 from bertrecipe.dataprep.outputs import refuse_input_as_output
 
@@ -177,7 +176,7 @@ def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = No
         remove_stale_temporaries_of(targets)  # a killed run's, from before the scratch folder (one listing)
         with scratch_folder(cfg.output_dir / cfg.corpus) as scratch:
             parts = [str(scratch / f"part-{i:06d}") for i in range(len(tasks))]
-            jobs = [(*task, part) for task, part in zip(tasks, parts)]
+            jobs = [(*task, part) for task, part in zip(tasks, parts, strict=True)]
             fraction = cfg.fraction_test_set if cfg.n_test_shards > 0 else 0.0
             # Closed (its tasks waited for) before the scratch folder goes, should balancing fail.
             with closing(_segmented_in_order(jobs, on_article, run)) as ready:
@@ -185,7 +184,7 @@ def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = No
             _check_counts(cfg, n_articles)  # before any shard is written
             staged = [str(scratch / path.name) for path in targets]
             _write_out(parts, staged, run)
-            for source, target in zip(staged, targets):
+            for source, target in zip(staged, targets, strict=True):
                 os.replace(source, target)
     except BaseException as err:
         remove_empty_dirs(created)
@@ -202,7 +201,7 @@ def _segmented_in_order(jobs: Sequence[tuple], on_article: Callable[[], None] | 
     engine, balancing the first parts overlaps segmenting the rest (dataprep/engine.py's in_order)."""
     task = partial(segment_range, on_article=on_article) if run is None else segment_range
     with closing(in_order(run, task, jobs)) as counts:
-        for job, count in zip(jobs, counts):
+        for job, count in zip(jobs, counts, strict=True):
             for _ in range(count if run is not None and on_article is not None else 0):
                 on_article()  # here, the bar moved article by article already
             yield job[-1]
@@ -266,7 +265,7 @@ def write_shards(parts: Sequence[str], first: int, shards: Sequence[str]) -> Non
                 continue
             mine = assignment[:, lo:hi].tolist()
             with open(part, "rb", buffering=0) as text:
-                for shard, offset, length in zip(*mine):
+                for shard, offset, length in zip(*mine, strict=True):
                     data = os.pread(text.fileno(), length, offset)
                     if len(data) != length:  # another process cut the scratch folder's part short
                         raise DataError(part, f"ends at byte {offset + len(data)}, before the article its index "

@@ -3,8 +3,8 @@
 Wikipedia: the pages-articles XML dump (bz2 or plain) is streamed page by page; the wikitext of each
 main-namespace, non-redirect page goes through wikiextractor (the maintained extractor NVIDIA's recipe also
 uses; 6x faster than walking a mwparserfromhell tree on the sample dump, and cleaner), which removes tables,
-references, templates, files, categories, headings and comments and keeps the visible text. Books: plain UTF-8 files (CRLF or LF,
-optional BOM), one book per line.
+references, templates, files, categories, headings and comments and keeps the visible text. Books: plain UTF-8
+files (CRLF or LF, optional BOM), one book per line.
 
 Formatting is split into tasks for dataprep/engine.py (local processes or Dask workers): one per dump file (Wikipedia
 ships its dump whole or in parts, pages-articles1..27, which run in parallel) and one per group of up to
@@ -29,10 +29,9 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Sequence, TextIO
 from wikiextractor.extract import Extractor
 
 from bertrecipe.common.atomic_files import atomic_output, scratch_folder
-from bertrecipe.common.files import read_text_file
-
-from bertrecipe.dataprep.engine import Runner, in_order
 from bertrecipe.common.errors import DataError
+from bertrecipe.common.files import read_text_file
+from bertrecipe.dataprep.engine import Runner, in_order
 
 BOOKS_PER_TASK = 256  # books formatted by one task: enough work to amortise a Dask round trip
 
@@ -195,9 +194,9 @@ def format_corpus(tasks: Sequence[tuple[str, tuple[str, ...]]], output: Path, ru
     try:
         with atomic_output(output) as tmp, scratch_folder(output) as scratch:
             parts = [str(scratch / f"part-{i:06d}.txt") for i in range(len(tasks))]
-            jobs = [(corpus, sources, part) for (corpus, sources), part in zip(tasks, parts)]
+            jobs = [(corpus, sources, part) for (corpus, sources), part in zip(tasks, parts, strict=True)]
             with open(tmp, "wb") as out, closing(in_order(run, task, jobs)) as counts:
-                for part, count in zip(parts, counts):
+                for part, count in zip(parts, counts, strict=True):
                     total += count
                     if on_articles is not None and run is not None:  # here, the bar moved article by article
                         on_articles(count)

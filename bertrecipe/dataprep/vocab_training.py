@@ -16,7 +16,6 @@ import numpy as np
 from tokenizers.implementations import BertWordPieceTokenizer
 
 from bertrecipe.common.atomic_files import atomic_output
-
 from bertrecipe.common.errors import DataError
 from bertrecipe.dataprep.outputs import check_writable, refuse_input_as_output
 from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, load_vocab

@@ -76,12 +76,13 @@ def max_difference(module: nn.Module, run: Callable[[Sequence[np.ndarray]], list
         with torch.no_grad():
             expected = [t.numpy() for t in module(*(torch.from_numpy(a) for a in arrays))]
         got = run(arrays)
-        worst = max(worst, *(float(np.abs(g - e).max()) for g, e in zip(got, expected)))
+        worst = max(worst, *(float(np.abs(g - e).max()) for g, e in zip(got, expected, strict=True)))
     return worst
 
 
 def deploy(module: nn.Module, inputs: tuple[np.ndarray, ...], repository: Path, name: str, version: int, fmt: str,
-           task: str, num_labels: int, settings: TritonSettings, tolerance: float, opset: int = 17) -> tuple[Path, float]:
+           task: str, num_labels: int, settings: TritonSettings, tolerance: float,
+           opset: int = 17) -> tuple[Path, float]:
     """Exports `module` (a TritonSignature in eval mode), checks it, writes the model repository entry.
     Returns (model folder, max abs difference). Raises InputError above the tolerance, writing nothing."""
     platform, filename = PLATFORMS[fmt]

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.finetuning.question_answering import LogitsFunction
 from bertrecipe.deploy.serving import INPUTS, OUTPUTS
+from bertrecipe.finetuning.question_answering import LogitsFunction
 from bertrecipe.tokenization.wordpiece import Vocab, check_vocab_for_model, padded_vocab_size
 
 
@@ -71,7 +71,7 @@ def check_vocab_fits(session: Any, path: Path, vocab_size: int) -> None:
     quiet = onnxruntime.RunOptions()
     quiet.log_severity_level = 4  # the failure becomes our one line, not also ORT's own log line
     try:
-        session.run(list(OUTPUTS), dict(zip(INPUTS, (ids, np.zeros_like(ids), np.ones_like(ids)))), quiet)
+        session.run(list(OUTPUTS), dict(zip(INPUTS, (ids, np.zeros_like(ids), np.ones_like(ids)), strict=True)), quiet)
     except Exception as error:  # ORT's own exception types
         raise InputError(f"{path}: the model cannot embed id {vocab_size - 1} of a {vocab_size}-token vocab file: "
                          f"not this model's vocab ({str(error).splitlines()[0]})") from None
@@ -84,7 +84,7 @@ def qa_logits(session: Any, arrays: Sequence[np.ndarray], batch_size: int) -> tu
     starts, ends = [], []
     for first in range(0, len(ids), batch_size):
         rows = slice(first, first + batch_size)
-        start, end = session.run(list(OUTPUTS), dict(zip(INPUTS, (ids[rows], segments[rows], mask[rows]))))
+        start, end = session.run(list(OUTPUTS), dict(zip(INPUTS, (ids[rows], segments[rows], mask[rows]), strict=True)))
         starts.append(start)
         ends.append(end)
     return np.concatenate(starts), np.concatenate(ends)

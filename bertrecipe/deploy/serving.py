@@ -39,7 +39,7 @@ def runner_for(path: Path, fmt: str) -> Callable[[Sequence[np.ndarray]], list[np
         import onnxruntime
 
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        return lambda arrays: session.run(None, dict(zip(INPUTS, arrays)))
+        return lambda arrays: session.run(None, dict(zip(INPUTS, arrays, strict=True)))
     import torch
 
     loaded = torch.jit.load(str(path))
@@ -162,7 +162,7 @@ class TritonQA:
     def infer(self, arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """One request: three int [B, L] arrays -> (start, end) float32 [B, L]."""
         inputs = []
-        for name, array in zip(INPUTS, arrays):
+        for name, array in zip(INPUTS, arrays, strict=True):
             tensor = self.module.InferInput(name, list(array.shape), "INT64")
             tensor.set_data_from_numpy(np.ascontiguousarray(array, dtype=np.int64))
             inputs.append(tensor)

@@ -13,8 +13,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from bertrecipe.tokenization.wordpiece import BertTokenizer
 from bertrecipe.common.errors import InputError
+from bertrecipe.tokenization.wordpiece import BertTokenizer
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from tqdm import tqdm
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.training.metric_logger import MetricLogger
-from bertrecipe.training.process_group import DistributedContext, all_reduce_sum
 from bertrecipe.training.optimization import LinearWarmUpScheduler, build_adamw
+from bertrecipe.training.process_group import DistributedContext, all_reduce_sum
 from bertrecipe.training.stepper import Precision, Stepper, batches_to_device, take, wrap_ddp
 
 Arrays = dict[str, np.ndarray]

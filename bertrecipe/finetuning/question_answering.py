@@ -22,6 +22,10 @@ from bertrecipe.training.stepper import make_precision
 LogitsFunction = Callable[[squad.SquadFeatures], tuple[np.ndarray, np.ndarray]]
 
 
+# The defaults of NVIDIA's flags (both frozen dataclasses, so one instance serves every call).
+DEFAULT_WINDOW = squad.WindowSettings()
+DEFAULT_ANSWER = squad_answers.AnswerSettings()
+
 def check_question(question: str, flag: str = "--question") -> None:
     """InputError for an empty or whitespace-only question: the model would answer "[CLS] [SEP] context [SEP]",
     an answer to nothing (SQuAD files refuse such questions too)."""
@@ -43,8 +47,8 @@ def answer_about_context(
     tokenizer: Any,
     questions: Sequence[str],
     context: str,
-    window: squad.WindowSettings = squad.WindowSettings(),
-    answer: squad_answers.AnswerSettings = squad_answers.AnswerSettings(),
+    window: squad.WindowSettings = DEFAULT_WINDOW,
+    answer: squad_answers.AnswerSettings = DEFAULT_ANSWER,
 ) -> list[dict[str, Any]]:
     """One result per question: {"question", "answer", "nbest", "windows"} (+ "null_odds" for SQuAD 2.0),
     the context covered by sliding windows, candidates taken from the document only. An empty question is an
@@ -109,8 +113,8 @@ def answer_questions(
     tokenizer: BertTokenizer,
     questions: Sequence[str],
     context: str,
-    window: squad.WindowSettings = squad.WindowSettings(),
-    answer: squad_answers.AnswerSettings = squad_answers.AnswerSettings(),
+    window: squad.WindowSettings = DEFAULT_WINDOW,
+    answer: squad_answers.AnswerSettings = DEFAULT_ANSWER,
     batch_size: int = 8,
     precision: str = "fp32",
 ) -> list[dict[str, Any]]:

@@ -27,9 +27,9 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from bertrecipe.common.atomic_files import write_atomic
-from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.files import parse_json_text, read_json_text
+from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab
 
 logger = logging.getLogger(__name__)
 

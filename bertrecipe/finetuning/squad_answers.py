@@ -15,10 +15,11 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from bertrecipe.tokenization.basic_tokenizer import basic_tokenize
-from bertrecipe.tokenization.wordpiece import Vocab
 from bertrecipe.common.atomic_files import write_atomic
 from bertrecipe.finetuning.squad import SquadExample, SquadFeatures
+from bertrecipe.tokenization.basic_tokenizer import basic_tokenize
+from bertrecipe.tokenization.wordpiece import Vocab
+
 
 @dataclass(frozen=True)
 class AnswerSettings:
@@ -140,7 +141,7 @@ class _AnswerFinder:
         s_logits = self.start_logits[row].astype(np.float64)
         e_logits = self.end_logits[row].astype(np.float64)
         spans = []
-        for s, e in zip(*np.nonzero(valid)):
+        for s, e in zip(*np.nonzero(valid), strict=True):
             start, end = int(starts[s, 0]), int(ends[0, e])
             spans.append(_Span(s_logits[start] + e_logits[end], row, start, end, s_logits[start], e_logits[end]))
         return spans
@@ -199,7 +200,7 @@ def extract_answers(
         probabilities = _softmax([s + e for _, s, e in nbest])
         entries = [
             {"text": text, "probability": p, "start_logit": s, "end_logit": e}
-            for (text, s, e), p in zip(nbest, probabilities)
+            for (text, s, e), p in zip(nbest, probabilities, strict=True)
         ]
         result.nbest[example.qas_id] = entries
         answer, null_odds = _choose_answer(entries, null, settings)

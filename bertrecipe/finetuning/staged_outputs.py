@@ -16,7 +16,6 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import BertConfig
 from bertrecipe.training.stepper import unwrap
 
-
 MODEL_FILES = ("pytorch_model.bin", "bert_config.json")
 
 

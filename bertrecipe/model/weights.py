@@ -22,7 +22,13 @@ from torch import Tensor, nn
 
 from bertrecipe.common.atomic_files import write_atomic
 from bertrecipe.common.errors import InputError
-from bertrecipe.model.bert import BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertModel
+from bertrecipe.model.bert import (
+    BertConfig,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertModel,
+)
 
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 CONFIG_FILES = ("config.json", "bert_config.json")

@@ -144,7 +144,7 @@ class AsciiWordPiece:
             hard_offsets = np.zeros(hard.size + 1, np.int64)
             np.cumsum(counts[hard], out=hard_offsets[1:])
             flat[spread(starts[:-1][hard] - old_starts[-1], hard_offsets)] = hard_ids
-            row.update(zip(missing, range(len(old_starts) - 1, len(old_starts) - 1 + len(missing))))
+            row.update(zip(missing, range(len(old_starts) - 1, len(old_starts) - 1 + len(missing)), strict=True))
             self._table = (np.concatenate((old_starts[:-1], starts)), np.concatenate((old_flat, flat)))
         if missing is words:
             return np.arange(first_row, first_row + len(words)), *self._table

@@ -21,9 +21,9 @@ from typing import Optional, Sequence
 import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-from bertrecipe.tokenization.basic_tokenizer import clean_text
-from bertrecipe.tokenization.ascii_wordpiece import AsciiWordPiece, non_ascii_lines, spread
 from bertrecipe.common.errors import DataError
+from bertrecipe.tokenization.ascii_wordpiece import AsciiWordPiece, non_ascii_lines, spread
+from bertrecipe.tokenization.basic_tokenizer import clean_text
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # Google's WordpieceTokenizer(max_input_chars_per_word=200): a longer word becomes [UNK], a shorter one is split.
@@ -73,7 +73,7 @@ def load_vocab(path: str | Path) -> Vocab:
     tokens = tuple([line.strip() for line in lines])
     if not tokens:
         raise DataError(path, "vocab file is empty")
-    ids = dict(zip(tokens, range(len(tokens))))  # a repeated token keeps its last line, as Google's load_vocab
+    ids = {token: index for index, token in enumerate(tokens)}  # a repeated token keeps its last line, as Google's
     missing = [token for token in SPECIAL_TOKENS if token not in ids]
     if missing:
         raise DataError(path, f"vocab lacks the special token(s) {' '.join(missing)}")
@@ -206,10 +206,11 @@ class BertTokenizer:
         bad, starts, ends = non_ascii_lines(raw)
         # The non-ASCII lines become empty lines of the ASCII text (UTF-8 keeps every ASCII byte as is).
         keep = np.ones(len(raw), bool)
-        for start, end in zip(starts[bad].tolist(), ends[bad].tolist()):
+        for start, end in zip(starts[bad].tolist(), ends[bad].tolist(), strict=True):
             keep[start:end] = False
         ascii_ids, ascii_offsets = self._ascii.encode_bytes(raw[keep].tobytes())
-        lines = [raw[s:e].tobytes().decode("utf-8") for s, e in zip(starts[bad].tolist(), ends[bad].tolist())]
+        spans = zip(starts[bad].tolist(), ends[bad].tolist(), strict=True)
+        lines = [raw[s:e].tobytes().decode("utf-8") for s, e in spans]
         return _fill_lines(ascii_ids, ascii_offsets, bad, *self._encode_unicode(lines))
 
     def encode_lines(self, lines: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -150,7 +150,7 @@ class Lamb(torch.optim.Optimizer):
                 device = params[0].device
                 scalars = [torch.tensor(x, dtype=torch.float32, device=device) for x in (group["lr"], step_size, eps)]
                 update = _compiled_update()
-                for w, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+                for w, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs, strict=True):
                     update(w.view(-1), g.reshape(-1), m.view(-1), v.view(-1), clip, *scalars,
                            beta1, beta2, group["weight_decay"])
             else:
@@ -214,7 +214,8 @@ def choose_compiled_lamb(param_groups: list[dict[str, Any]], requested: Optional
     return problem is None
 
 
-def build_lamb(param_groups: list[dict[str, Any]], lr: float, compiled: bool = False, **kwargs: Any) -> torch.optim.Optimizer:
+def build_lamb(param_groups: list[dict[str, Any]], lr: float, compiled: bool = False,
+               **kwargs: Any) -> torch.optim.Optimizer:
     """apex's FusedLAMB where apex is importable and the parameters live on CUDA, our LAMB otherwise."""
     on_cuda = any(p.is_cuda for g in param_groups for p in g["params"])
     if on_cuda:
@@ -257,7 +258,7 @@ class _WarmUpScheduler:
 
     def _apply(self) -> None:
         scale = self.factor(self.progress())
-        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs):
+        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             group["lr"] = base_lr * scale
 
     def step(self) -> None:

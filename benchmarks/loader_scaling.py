@@ -39,9 +39,8 @@ from torch.utils.data import DataLoader, IterableDataset
 REPO = Path(__file__).resolve().parents[1]
 
 from bertrecipe.pretraining import sample_order
-from bertrecipe.pretraining.shard_schema import SHARD_KEYS
-from bertrecipe.pretraining.data import (StepShape, PretrainingData, ShardInfo,
-                              check_value_ranges, inspect_shard, make_batch)
+from bertrecipe.pretraining.shard_schema import SHARD_KEYS, ShardInfo, inspect_shard
+from bertrecipe.pretraining.data import PretrainingData, StepShape, check_value_ranges, make_batch
 from bertrecipe.common.hardware import detect, host_line, host_record
 
 VOCAB, SEQ, PREDICTIONS = 30522, 128, 20

@@ -30,7 +30,8 @@ from bertrecipe.model.bert import BertConfig
 from model_throughput import MASKED_PER_SEQ, make_batch, peer_step, time_steps
 from bertrecipe.dataprep.sharding import split_sentences
 from bertrecipe.dataprep.text_formatting import book_text
-from bertrecipe.pretraining.data import StepShape, PretrainingData, find_shards, inspect_shard
+from bertrecipe.pretraining.data import PretrainingData, StepShape
+from bertrecipe.pretraining.shard_schema import find_shards, inspect_shard
 from bertrecipe.common.hardware import detect, host_line, host_record, pick_precisions
 
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))

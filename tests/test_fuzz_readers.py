@@ -33,8 +33,8 @@ from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, BertTokenizer, loa
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import ACTIVATIONS, BertConfig, BertModel, ConfigError
 from bertrecipe.model.weights import LoadedWeights, WeightsError, read_config, read_weights
-from bertrecipe.pretraining.shard_schema import SHARD_KEYS
-from bertrecipe.pretraining.data import inspect_shard, make_batch, read_rows
+from bertrecipe.pretraining.shard_schema import SHARD_KEYS, inspect_shard
+from bertrecipe.pretraining.data import make_batch, read_rows
 
 FAST_EXAMPLES = 50
 INTEGRATION_EXAMPLES = 1000
@@ -202,7 +202,7 @@ def shard_case(draw: st.DrawFn) -> Case:
     description = [f"{n} rows of {seq} tokens, {preds} predictions"]
     for _ in range(draw(st.integers(0, 2))):
         description.append(_mutate_shard(draw, rng, arrays, attrs))
-    # gzip-chunked as NVIDIA's shards (read through hdf5_chunks), with or without HDF5's byte shuffle, or contiguous
+    # gzip-chunked as NVIDIA's shards (read through data.RowSource), with or without HDF5's byte shuffle, or contiguous
     storage = draw(st.sampled_from([{}, {"compression": "gzip"}, {"compression": "gzip", "shuffle": True}]))
     description.append(str(storage or "contiguous"))
     buffer = io.BytesIO()

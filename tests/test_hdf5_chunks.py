@@ -1,4 +1,4 @@
-"""hdf5_chunks: rows of deflated HDF5 datasets read outside HDF5's filter pipeline, checked against h5py (HDF5's
+"""pretraining/data.py's chunk reading (ChunkLayout, RowSource): rows of deflated HDF5 datasets read outside HDF5's filter pipeline, checked against h5py (HDF5's
 own pipeline) on every layout it takes, and h5py's reading kept for the layouts it does not."""
 import os
 import zlib
@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
-from bertrecipe.pretraining.hdf5_chunks import ChunkLayout, RowSource
+from bertrecipe.pretraining.data import ChunkLayout, RowSource
 
 LAYOUTS = [  # (shape, chunks, dtype, shuffle)
     ((1000, 128), None, "i4", False),  # h5py's own chunk shape, as NVIDIA's shards: split across columns
@@ -182,8 +182,8 @@ def test_a_layout_is_kept_across_reopening_and_a_rewritten_file_is_refused(shard
 
 
 def test_without_isal_chunk_lookups_or_pread_h5py_reads_everything(shard, monkeypatch):
-    from bertrecipe.pretraining import hdf5_chunks
-    monkeypatch.setattr(hdf5_chunks, "_CAN_READ_CHUNKS", False)  # no isal wheel, HDF5 before 1.10.5, or Windows
+    from bertrecipe.pretraining import data
+    monkeypatch.setattr(data, "_CAN_READ_CHUNKS", False)  # no isal wheel, HDF5 before 1.10.5, or Windows
     with h5py.File(shard, "r") as f:
         assert ChunkLayout.of(f["x"].id) is None
         want = f["x"][30:270]

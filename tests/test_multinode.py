@@ -26,7 +26,7 @@ import torch
 from bertrecipe.pretraining import sample_order
 from bertrecipe.training.metric_logger import read_log
 from bertrecipe.model.bert import BertConfig, BertForPreTraining
-from bertrecipe.pretraining.data import inspect_shard
+from bertrecipe.pretraining.shard_schema import inspect_shard
 from conftest import REPO_ROOT
 
 VOCAB, SEQ, PREDS = 128, 16, 3

@@ -17,7 +17,7 @@ import torch
 from bertrecipe.training.metric_logger import read_log
 from bertrecipe.model.bert import BertConfig, BertForPreTraining
 from bertrecipe.pretraining import sample_order
-from bertrecipe.pretraining.data import inspect_shard
+from bertrecipe.pretraining.shard_schema import inspect_shard
 from conftest import REPO_ROOT, TEST_DATA, VOCAB_EXCERPT
 
 # The model's vocab is the one the shards are tokenized with (tests/data's excerpt of BERT's uncased vocab).

@@ -10,7 +10,8 @@ from torch.utils.data import DataLoader
 from bertrecipe.pretraining import masking
 from bertrecipe.pretraining import sample_order
 from bertrecipe.common.errors import InputError
-from bertrecipe.pretraining.data import StepShape, PretrainingData, inspect_shard
+from bertrecipe.pretraining.data import PretrainingData, StepShape
+from bertrecipe.pretraining.shard_schema import inspect_shard
 
 VOCAB = 5000
 

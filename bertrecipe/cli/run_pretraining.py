@@ -27,9 +27,10 @@ from bertrecipe.common.output_paths import check_writable_folder, refuse_input_a
 from bertrecipe.model.bert import BertConfig
 from bertrecipe.model.weights import read_config
 from bertrecipe.pretraining import masking
-from bertrecipe.pretraining.data import BertPretrainingCriterion, ShardInfo, find_shards, inspect_shard
+from bertrecipe.pretraining.data import BertPretrainingCriterion
 from bertrecipe.pretraining.loop import LoopSettings, TrainingSetup, evaluate, train_loop
 from bertrecipe.pretraining.resume_rules import check_resume, find_resume_checkpoint, stream_lanes
+from bertrecipe.pretraining.shard_schema import ShardInfo, find_shards, inspect_shard
 from bertrecipe.pretraining.startup import ResumePoint, build_model, masking_spec, sample_stream, set_up_optimizer
 from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH
 from bertrecipe.training import checkpointing

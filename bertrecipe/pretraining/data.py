@@ -1,16 +1,22 @@
-"""Pre-training batches from HDF5 shards (docs: the shard format of Google's and NVIDIA's create_pretraining_data).
+"""Pre-training batches from HDF5 shards, and the loss they are trained on.
 
-Training reads the stream that sample_order.py plans: each rank reads only the portions of shards (runs of
-whole HDF5 chunks) that its own samples live in, each portion by one of its DataLoader workers, and builds its
-micro-batches in the main process; the samples of every optimizer step depend on (seed, lanes, global batch)
-only, so 2 processes with accumulation 2 see exactly what 1 process with accumulation 4 sees, and a position
-in the stream is one integer, which makes resuming exact. Held-out evaluation reads every sample once, in
-order, one shard at a time.
+One batch's way through this file: PretrainingData.portions() is the walk of this rank's share of the stream
+(sample_order.portions_needed: which rows, in which order); PortionReader reads each portion's rows (read_rows,
+value-checked; gzip chunks inflated by ISA-L through RowSource, at the end of the file) in a DataLoader worker
+and delivers them as PortionRows; PretrainingData.batches() files them under their lanes and cuts each step into
+micro-batches (make_batch: BATCH_KEYS); BertPretrainingCriterion turns a micro-batch and the model into the loss.
+
+The samples of every optimizer step depend on (seed, lanes, global batch) only, so 2 processes with accumulation
+2 see exactly what 1 process with accumulation 4 sees, and a position in the stream is one integer, which makes
+resuming exact. Held-out evaluation reads every sample once, in order, a block at a time.
 """
 from __future__ import annotations
 
+import math
+import os
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Optional
 
@@ -18,131 +24,23 @@ import h5py
 import numpy as np
 import torch
 import torch.nn.functional as F
+from h5py import h5d, h5z
 from torch import nn
 from torch.utils.data import IterableDataset, get_worker_info
 
-from bertrecipe.pretraining import masking
-from bertrecipe.pretraining import sample_order
-from bertrecipe.pretraining.shard_schema import SHARD_KEYS
 from bertrecipe.common.errors import InputError
-from bertrecipe.pretraining.hdf5_chunks import ChunkLayout, RowSource
+from bertrecipe.pretraining import masking, sample_order
+from bertrecipe.pretraining.shard_schema import SHARD_KEYS, ShardInfo
 
-DEFAULT_BLOCK_ROWS = 256  # for unchunked (uncompressed) shards, where any row range reads only itself
+try:
+    from isal import isal_zlib
+except ImportError:  # a platform without isal's wheels: h5py inflates as fast as zlib would here
+    isal_zlib = None
+
 OPEN_FILES_PER_READER = 4
 
 
-@dataclass(frozen=True)
-class ShardInfo:
-    path: Path
-    num_samples: int
-    seq_length: int
-    max_predictions: int
-    type_vocab_size: int = 2  # segment ids must lie below it (BERT: 0 and 1)
-    block_rows: int = DEFAULT_BLOCK_ROWS  # rows of the HDF5 chunks: reading fewer decompresses as much
-
-
-def find_shards(directory: str | Path, name_must_contain: str = "") -> list[Path]:
-    """Sorted `*.hdf5` files of `directory` whose name contains `name_must_contain`."""
-    folder = Path(directory)
-    if not folder.is_dir():
-        raise InputError(f"{folder}: input directory does not exist; check --input_dir / --eval_dir")
-    if name_must_contain and not any(folder.glob(f"*{name_must_contain}*.hdf5")) and (folder / name_must_contain).is_dir():
-        folder = folder / name_must_contain  # bertPrep's layout: <corpus>/training/<corpus>_training_<i>.hdf5
-    files = sorted(p for p in folder.iterdir() if p.suffix == ".hdf5" and name_must_contain in p.name and p.is_file())
-    if not files:
-        what = f"*.hdf5 files with '{name_must_contain}' in their name" if name_must_contain else "*.hdf5 files"
-        raise InputError(f"{folder}: holds no {what}; point the flag at the folder of shards that data/bertPrep.py or "
-                         "create_pretraining_data.py wrote")
-    return files
-
-
-def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_length: Optional[int] = None,
-                  max_predictions: Optional[int] = None, type_vocab_size: int = 2) -> ShardInfo:
-    """Checks keys, dtypes and shapes (and the writer's attributes when present) without reading the data."""
-    shapes, attrs, chunks = _read_layout(path)
-    n, seq, preds = _check_shapes(path, shapes)
-    if seq > max_positions:
-        raise InputError(f"{path}: sequences of {seq} tokens exceed the model's max_position_embeddings "
-                         f"{max_positions}; use a config with more positions or shorter shards")
-    if max_seq_length is not None and seq != max_seq_length:
-        raise InputError(f"{path}: sequences have {seq} tokens but --max_seq_length is {max_seq_length}; pass "
-                         f"--max_seq_length {seq} or the shards of that length")
-    if max_predictions is not None and preds != max_predictions:
-        raise InputError(f"{path}: {preds} masked positions per sequence but --max_predictions_per_seq is "
-                         f"{max_predictions}; pass --max_predictions_per_seq {preds} or matching shards")
-    _check_vocab_size(path, attrs, vocab_size)
-    return ShardInfo(path, n, seq, preds, type_vocab_size, block_rows_for(n, chunks))
-
-
-def _read_layout(path: Path) -> tuple[dict[str, tuple], dict, list[tuple[int, int]]]:
-    """Each key's shape, the file's attributes and the chunking (rows, bytes a row) of the chunked keys."""
-    try:
-        with h5py.File(path, "r") as f:
-            missing = [k for k in SHARD_KEYS if k not in f]
-            if missing:
-                raise InputError(f"{path}: shard lacks the key(s) {', '.join(missing)}; not a pre-training shard of "
-                                 "create_pretraining_data.py: rewrite it")
-            not_arrays = [k for k in SHARD_KEYS if not isinstance(f[k], h5py.Dataset) or f[k].shape is None]
-            if not_arrays:  # a group, or a dataset with no dataspace (h5py.Empty): no shape to check
-                raise InputError(f"{path}: not an array: {', '.join(not_arrays)}; rewrite the shard")
-            for key in SHARD_KEYS:
-                if f[key].dtype.kind not in "iu":
-                    raise InputError(f"{path}: {key} has dtype {f[key].dtype}, expected integers; rewrite the shard")
-            chunks = [(f[k].chunks[0], f[k].dtype.itemsize * int(np.prod(f[k].shape[1:])))
-                      for k in SHARD_KEYS if f[k].chunks]
-            return {k: f[k].shape for k in SHARD_KEYS}, dict(f.attrs), chunks
-    except InputError:
-        raise
-    except (OSError, KeyError, RuntimeError, ValueError) as error:  # h5py's errors for damaged metadata
-        raise InputError(f"{path}: not a readable HDF5 file ({error}); rewrite it or move it out of the folder"
-                         ) from None
-
-
-def _check_shapes(path: Path, shapes: dict[str, tuple]) -> tuple[int, int, int]:
-    """Samples, sequence length and masked positions a sample, once the keys' shapes agree."""
-    if len(shapes["input_ids"]) != 2:
-        raise InputError(f"{path}: input_ids has shape {shapes['input_ids']}, expected [N, max_seq_length]; "
-                         "rewrite the shard")
-    n, seq = shapes["input_ids"]
-    for key in ("input_mask", "segment_ids"):
-        if shapes[key] != shapes["input_ids"]:
-            raise InputError(f"{path}: {key} has shape {shapes[key]}, input_ids {shapes['input_ids']}; rewrite the shard")
-    preds = shapes["masked_lm_positions"]
-    if len(preds) != 2 or preds[0] != n or shapes["masked_lm_ids"] != preds:
-        raise InputError(f"{path}: masked_lm_positions/ids have shapes {preds}/{shapes['masked_lm_ids']}"
-                         f" for {n} samples; rewrite the shard")
-    if shapes["next_sentence_labels"] not in ((n,), (n, 1)):
-        raise InputError(f"{path}: next_sentence_labels has shape {shapes['next_sentence_labels']}, expected ({n},); "
-                         "rewrite the shard")
-    return int(n), int(seq), int(preds[1])
-
-
-def _check_vocab_size(path: Path, attrs: dict, vocab_size: int) -> None:
-    try:
-        written_vocab = int(attrs.get("vocab_size", 0))
-    except (TypeError, ValueError, OverflowError):  # a string, an array, NaN, h5py.Empty
-        raise InputError(f"{path}: attribute vocab_size is {attrs['vocab_size']!r}, not a number; rewrite the shard"
-                         ) from None
-    if written_vocab > vocab_size:
-        raise InputError(f"{path}: written for a vocab of {written_vocab} tokens, the model has {vocab_size}; use the "
-                         "config (vocab_size) the shards were made for")
-
-
-def block_rows_for(rows: int, chunks: list[tuple[int, int]]) -> int:
-    """The block size (rows) that decompresses the fewest bytes when every block of a shard is read once: one of
-    the keys' chunk row counts. `chunks`: (chunk rows, bytes of a whole row) of each chunked key. Keys are
-    chunked apart (h5py sizes each key's chunks by its own row width), so no one block size fits them all."""
-    if not chunks:
-        return DEFAULT_BLOCK_ROWS  # contiguous: a row range reads only itself
-
-    def decompressed(block: int) -> int:
-        starts = np.arange(0, rows, block)
-        stops = np.minimum(starts + block, rows)
-        return sum(width * c * int(((stops - 1) // c - starts // c + 1).sum()) for c, width in chunks)
-
-    return min(sorted({c for c, _ in chunks}), key=decompressed)
-
-
+# --- Reading rows: a shard's rows [start, stop), every value checked --------------------------------------------------
 def check_value_ranges(path: Path, arrays: dict[str, np.ndarray], vocab_size: int, type_vocab_size: int,
                        first_row: int = 0) -> None:
     """InputError naming the file, key, row and value of the first value a model could not take: a token id
@@ -185,7 +83,7 @@ def read_rows(info: ShardInfo, f: h5py.File | RowSource, start: int, stop: int, 
     return arrays
 
 
-# --- The batch: what the model is fed, and the loss it is trained on ------------------------------------------
+# --- The batch: what the model is fed, and the loss it is trained on --------------------------------------------------
 BATCH_KEYS = ("input_ids", "segment_ids", "input_mask", "masked_lm_labels", "next_sentence_labels")
 
 
@@ -228,7 +126,7 @@ class BertPretrainingCriterion:
         return loss
 
 
-# --- The training stream: this rank's share, read by portions, cut into micro-batches ---------------------------
+# --- The training stream: this rank's share, read by portions, cut into micro-batches ---------------------------------
 @dataclass(frozen=True)
 class StepShape:
     """How an optimizer step is cut: micro-batches of micro_batch samples, `accumulation` of them a process,
@@ -438,7 +336,7 @@ def _numpy(rows: dict[str, Any]) -> dict[str, np.ndarray]:
     return {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in rows.items()}
 
 
-# --- Held-out evaluation -----------------------------------------------------------------------------------------
+# --- Held-out evaluation ----------------------------------------------------------------------------------------------
 def evaluation_batches(shards: list[ShardInfo], vocab_size: int, batch_size: int, rank: int, world_size: int,
                        ) -> Iterator[dict[str, torch.Tensor]]:
     """Every sample of the evaluation shards once, in order, in batches of batch_size (the last may be shorter).
@@ -481,3 +379,153 @@ def _rows_in_order(shards: list[ShardInfo], first: np.ndarray, start: int, stop:
             position = int(first[file]) + end
     finally:
         files.close()
+
+
+# --- Rows of gzip-chunked datasets, inflated by ISA-L instead of HDF5's zlib filter -----------------------------------
+# Shards written by NVIDIA's and Google's create_pretraining_data are gzip-chunked (h5py's default chunks, often
+# split across columns too); inflating them is most of what a pre-training reader does. HDF5 runs zlib's inflate
+# chunk by chunk; ISA-L's (the `isal` package) is about 1.7x faster on these chunks and gives the same bytes. So a
+# dataset whose chunks are only deflated (with or without HDF5's byte shuffle before it) is read here: HDF5 says
+# where each chunk lies (H5Dget_chunk_info_by_coord), its stored bytes are read from the file directly, inflated,
+# unshuffled and copied into place. Any other layout (contiguous, lzf, checksums, chunks never written) is read
+# by h5py as before.
+_SUPPORTED_FILTERS = {h5z.FILTER_SHUFFLE, h5z.FILTER_DEFLATE}
+# Chunk lookups need HDF5 1.10.5 or later; os.pread is POSIX (on Windows h5py reads everything).
+_CAN_READ_CHUNKS = isal_zlib is not None and hasattr(h5d.DatasetID, "get_chunk_info_by_coord") \
+    and hasattr(os, "pread")
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """The shape, chunks and filters of one deflated dataset: how to find and decode its chunks. Chunks are looked
+    up one at a time as a read needs them (~6 us each): a worker touches a few blocks of many shards."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    chunk_shape: tuple[int, ...]
+    filters: tuple[int, ...]  # in the order they were applied when writing
+
+    @cached_property
+    def chunk_bytes(self) -> int:
+        return math.prod(self.chunk_shape) * self.dtype.itemsize  # edge chunks are stored whole
+
+    @cached_property
+    def columns(self) -> int:
+        """Chunks across a row."""
+        return -(-self.shape[1] // self.chunk_shape[1]) if len(self.shape) == 2 else 1
+
+    @classmethod
+    def of(cls, dataset: h5d.DatasetID) -> Optional["ChunkLayout"]:
+        """The layout of a dataset this module reads, or None (h5py reads it)."""
+        if not _CAN_READ_CHUNKS:
+            return None
+        dtype, plist = dataset.dtype, dataset.get_create_plist()
+        if plist.get_layout() != h5d.CHUNKED or len(dataset.shape) not in (1, 2) or dtype.kind not in "iuf" \
+                or not dtype.isnative:
+            return None
+        filters = tuple(plist.get_filter(i)[0] for i in range(plist.get_nfilters()))
+        if h5z.FILTER_DEFLATE not in filters or not set(filters) <= _SUPPORTED_FILTERS:
+            return None
+        layout = cls(dataset.shape, dtype, plist.get_chunk(), filters)
+        bands = -(-layout.shape[0] // layout.chunk_shape[0])
+        # Chunks never written read as the fill value: h5py's job.
+        return layout if dataset.get_num_chunks() == bands * layout.columns else None
+
+    def read(self, dataset: h5d.DatasetID, fd: int, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) (0 <= start <= stop <= rows): each chunk they touch inflated once."""
+        out = np.empty((stop - start, *self.shape[1:]), self.dtype)
+        rows, cols = self.chunk_shape[0], (self.chunk_shape[1] if len(self.shape) == 2 else 1)
+        width = self.shape[1] if len(self.shape) == 2 else 1
+        flat = out.reshape(stop - start, width)
+        for band in range(start // rows, (stop - 1) // rows + 1 if stop > start else 0):
+            first, last = max(start, band * rows), min(stop, (band + 1) * rows)
+            for column in range(self.columns):
+                chunk = self._chunk(dataset, fd, band, column).reshape(rows, cols)
+                left, right = column * cols, min(width, (column + 1) * cols)
+                flat[first - start:last - start, left:right] = chunk[first - band * rows:last - band * rows,
+                                                                     :right - left]
+        return out
+
+    def _chunk(self, dataset: h5d.DatasetID, fd: int, band: int, column: int) -> np.ndarray:
+        """One chunk's values (chunk shape, flattened), edge chunks padded as HDF5 stores them."""
+        corner = (band * self.chunk_shape[0],) + ((column * self.chunk_shape[1],) if len(self.shape) == 2 else ())
+        stored = dataset.get_chunk_info_by_coord(corner)
+        address, size, skipped = stored.byte_offset, stored.size, stored.filter_mask  # skipped: bit i = filter i
+        if address is None:  # the file changed since its layout was read
+            raise OSError(f"no chunk at {corner}: the dataset is not laid out as when the run started")
+        data = os.pread(fd, size, address)
+        if len(data) != size:
+            raise OSError(f"the file ends inside the chunk at byte {address} (truncated)")
+        for position in reversed(range(len(self.filters))):
+            if skipped >> position & 1:
+                continue
+            if self.filters[position] == h5z.FILTER_DEFLATE:
+                data = _inflate(data, address, self.chunk_bytes)
+            else:
+                data = _unshuffle(data, self.dtype.itemsize)
+        if len(data) != self.chunk_bytes:
+            raise OSError(f"the chunk at byte {address} holds {len(data)} bytes, not a whole chunk (damaged)")
+        return np.frombuffer(data, self.dtype)
+
+
+def _inflate(data: bytes, address: int, expected: int) -> bytes:
+    try:
+        return isal_zlib.decompress(data, bufsize=expected)
+    except isal_zlib.error as error:
+        raise OSError(f"the chunk at byte {address} does not inflate ({error}; damaged)") from None
+
+
+def _unshuffle(data: bytes, itemsize: int) -> bytes:
+    """HDF5's shuffle filter stores byte k of every value together; whole values are put back."""
+    if itemsize == 1:
+        return data
+    return np.frombuffer(data, np.uint8).reshape(itemsize, -1).T.tobytes()
+
+
+class RowSource:
+    """An open HDF5 file whose datasets are read by row range: deflated ones through ChunkLayout, the others by
+    h5py. `layouts`, which a reader shares between the files it opens and reopens, keeps each dataset's layout
+    by (path, key): reopening a shard then costs the file open only."""
+
+    def __init__(self, path: str | Path, h5file: Optional[h5py.File] = None,
+                 layouts: Optional[dict[tuple[Path, str], Optional[ChunkLayout]]] = None) -> None:
+        self.path = Path(path)
+        self.h5 = h5file if h5file is not None else h5py.File(path, "r")
+        self._owns_h5 = h5file is None
+        self._fd: Optional[int] = None
+        self._owns_fd = False
+        self._datasets: dict[str, h5d.DatasetID] = {}
+        self._layouts = {} if layouts is None else layouts
+
+    def rows(self, key: str, start: int, stop: int) -> np.ndarray:
+        """dataset[start:stop] for 0 <= start."""
+        if (self.path, key) not in self._layouts:
+            self._layouts[self.path, key] = ChunkLayout.of(self._dataset(key))
+        layout = self._layouts[self.path, key]
+        if layout is None:
+            return h5py.Dataset(self._dataset(key))[start:stop]  # the dataset opened above, not a second lookup
+        stop = max(start, min(stop, layout.shape[0]))  # as h5py's slicing
+        return layout.read(self._dataset(key), self._descriptor(), start, stop)
+
+    def _descriptor(self) -> int:
+        """HDF5's own descriptor of the file where it has one (pread leaves its offset alone): the chunks are read
+        from the very file HDF5 located them in, even if the path was replaced since, and no second open."""
+        if self._fd is None:
+            if self.h5.driver == "sec2":
+                self._fd = self.h5.id.get_vfd_handle()
+            else:
+                self._fd, self._owns_fd = os.open(self.path, os.O_RDONLY), True
+        return self._fd
+
+    def _dataset(self, key: str) -> h5d.DatasetID:
+        if key not in self._datasets:
+            self._datasets[key] = h5d.open(self.h5.id, key.encode())
+        return self._datasets[key]
+
+    def close(self) -> None:
+        self._datasets.clear()
+        if self._owns_fd:
+            os.close(self._fd)
+        self._fd, self._owns_fd = None, False
+        if self._owns_h5:
+            self.h5.close()

@@ -24,7 +24,8 @@ from tqdm import tqdm
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import BertConfig
-from bertrecipe.pretraining.data import BertPretrainingCriterion, PretrainingData, ShardInfo, evaluation_batches
+from bertrecipe.pretraining.data import BertPretrainingCriterion, PretrainingData, evaluation_batches
+from bertrecipe.pretraining.shard_schema import ShardInfo
 from bertrecipe.pretraining.startup import ResumePoint
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import MetricLogger

@@ -19,7 +19,8 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import BertConfig, BertForPreTraining
 from bertrecipe.model.weights import load_weights_into, read_weights
 from bertrecipe.pretraining import masking
-from bertrecipe.pretraining.data import PretrainingData, ShardInfo, StepShape, read_rows
+from bertrecipe.pretraining.data import PretrainingData, StepShape, read_rows
+from bertrecipe.pretraining.shard_schema import ShardInfo
 from bertrecipe.tokenization.wordpiece import check_vocab_for_model, load_vocab
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import MetricLogger

@@ -229,6 +229,7 @@ def check_output_paths(args: argparse.Namespace, train_shards: list, eval_shards
 
 
 def main(argv: Optional[list[str]] = None) -> None:
+    """Parses the flags (argv: sys.argv's when None) and runs; Ctrl-C ends it with one line and exit 130."""
     args = parse_args(argv)
     ctx = init_distributed(args.no_cuda)
     try:
@@ -244,7 +245,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         shutdown(ctx)
 
 
-def inspect_inputs(args: argparse.Namespace, config: BertConfig) -> tuple[list, list]:
+def inspect_inputs(args: argparse.Namespace, config: BertConfig) -> tuple[list[ShardInfo], list[ShardInfo]]:
     """The training and held-out shards, their keys, shapes and attributes checked against the flags and config."""
     limits = {"vocab_size": config.vocab_size, "max_positions": config.max_position_embeddings,
               "type_vocab_size": config.type_vocab_size}
@@ -260,6 +261,7 @@ def inspect_inputs(args: argparse.Namespace, config: BertConfig) -> tuple[list, 
 
 
 def open_log(args: argparse.Namespace, ctx: DistributedContext, bar_enabled: bool) -> MetricLogger:
+    """The DLLogger log (--json-summary, and TensorBoard in --output_dir), opened with the flags' record."""
     log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar_enabled else print,
                        tensorboard_dir=Path(args.output_dir) / "tensorboard")
     log.log("PARAMETER", {k: v for k, v in vars(args).items() if not k.startswith("_")}, echo=False)
@@ -270,6 +272,8 @@ def open_log(args: argparse.Namespace, ctx: DistributedContext, bar_enabled: boo
 
 
 def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
+    """The command once the flags parse: inputs and resume point checked, model and optimizer set up, then
+    pretraining.loop.train_loop and the evaluation; exit 143 when a SIGTERM stopped the run before its end."""
     start_time = time.time()
     # Every input is checked before the first write: a refused run leaves --output_dir as it was.
     config = read_config(args.config_file)

@@ -59,8 +59,8 @@ def check_value_ranges(path: Path, arrays: dict[str, np.ndarray], vocab_size: in
         if not values.size or (values.min() >= 0 and values.max() < end):
             continue
         bad = np.argwhere((values < 0) | (values >= end))[0]
-        raise InputError(f"{path}: {key} row {first_row + int(bad[0])} holds {int(values[tuple(bad)])}, outside {allowed}; "
-                         "the shard was written for another vocab or config, or is damaged")
+        raise InputError(f"{path}: {key} row {first_row + int(bad[0])} holds {int(values[tuple(bad)])}, outside "
+                         f"{allowed}; the shard was written for another vocab or config, or is damaged")
 
 
 def read_rows(info: ShardInfo, f: h5py.File | RowSource, start: int, stop: int, vocab_size: int
@@ -200,6 +200,7 @@ class PretrainingData:
                                             self.start // self.stream.lanes, self.max_steps)
 
     def reader(self) -> "PortionReader":
+        """The IterableDataset for the DataLoader, whose workers read the portions."""
         return PortionReader(self)
 
     def batches(self, delivered: Iterator[PortionRows]) -> Iterator[dict[str, torch.Tensor]]:
@@ -243,6 +244,7 @@ class _LaneRows:
         self.end = 0  # the lane index after the last row delivered
 
     def add(self, portion: sample_order.Portion, rows: dict[str, np.ndarray]) -> None:
+        """The lane's next portion and its rows (the walk delivers each lane's portions in lane order)."""
         self.portions.append((portion.lane_index, rows))
         self.end = portion.lane_end
 

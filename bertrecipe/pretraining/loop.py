@@ -118,6 +118,7 @@ class LoopState:
 
     @property
     def global_step(self) -> int:
+        """The step the log and the checkpoint's name count: phase 2's after phase 1's."""
         return self.phase_step + self.settings.step_offset
 
     @property
@@ -227,6 +228,7 @@ def read_clock(state: LoopState) -> float:
 
 
 def budget_spent(state: LoopState) -> bool:
+    """True once the phase has trained --train_budget_minutes (never without a budget)."""
     budget = state.settings.train_budget_minutes
     return bool(budget) and state.train_seconds >= budget * 60
 
@@ -238,6 +240,7 @@ def next_evaluation_after(seconds: float, interval_minutes: float) -> float:
 
 
 def evaluation_due(state: LoopState) -> bool:
+    """True after a step that --eval_steps or --eval_interval_minutes asks an evaluation of (with eval shards)."""
     if not state.setup.eval_shards:
         return False
     if state.settings.eval_steps and state.phase_step % state.settings.eval_steps == 0:
@@ -266,6 +269,7 @@ def log_training_record(state: LoopState, step_loss: float) -> None:
 
 
 def evaluate_between_steps(state: LoopState) -> None:
+    """Evaluates and logs the result; its time counts neither as training time nor in the throughput."""
     evaluation_start = time.perf_counter()
     state.result = evaluate(state.setup, state.settings.eval_batch_size)
     state.setup.log.log([state.data.epoch(), state.global_step],
@@ -379,4 +383,5 @@ def evaluate(setup: TrainingSetup, batch_size: int) -> dict[str, float]:
 
 
 def weights_are_finite(model: torch.nn.Module) -> bool:
+    """True when no parameter holds a NaN or an infinity."""
     return bool(torch.stack([p.detach().isfinite().all() for p in unwrap(model).parameters()]).all())

@@ -59,6 +59,7 @@ def default_lanes(global_batch: int, world_size: int, max_lanes: int = DEFAULT_M
 
 
 def check_lanes(lanes: int, global_batch: int, world_size: int) -> None:
+    """InputError unless the lanes divide the global batch and are a multiple of the processes."""
     if lanes < 1 or global_batch % lanes:
         raise InputError(f"the sample stream's {lanes} lanes (--data_lanes, or kept in the checkpoint) must divide the "
                          f"global batch of {global_batch} samples (--train_batch_size x processes); keep the "
@@ -74,7 +75,7 @@ class StreamOrder:
 
     def __init__(self, sizes: list[int], block_rows: list[int], seed: int, lanes: int) -> None:
         starts, files = [], []
-        for file, (size, rows) in enumerate(zip(sizes, block_rows)):
+        for file, (size, rows) in enumerate(zip(sizes, block_rows, strict=True)):
             for start in range(0, size, max(rows, 1)):
                 starts.append(start)
                 files.append(file)
@@ -120,6 +121,7 @@ class StreamOrder:
 
 
 def rank_lanes(lanes: int, world_size: int, rank: int) -> range:
+    """The lanes rank `rank` of `world_size` reads: a contiguous run of lanes / world_size."""
     per_rank = lanes // world_size
     return range(rank * per_rank, (rank + 1) * per_rank)
 

@@ -44,7 +44,8 @@ def find_shards(directory: str | Path, name_must_contain: str = "") -> list[Path
     folder = Path(directory)
     if not folder.is_dir():
         raise InputError(f"{folder}: input directory does not exist; check --input_dir / --eval_dir")
-    if name_must_contain and not any(folder.glob(f"*{name_must_contain}*.hdf5")) and (folder / name_must_contain).is_dir():
+    if (name_must_contain and not any(folder.glob(f"*{name_must_contain}*.hdf5"))
+            and (folder / name_must_contain).is_dir()):
         folder = folder / name_must_contain  # bertPrep's layout: <corpus>/training/<corpus>_training_<i>.hdf5
     files = sorted(p for p in folder.iterdir() if p.suffix == ".hdf5" and name_must_contain in p.name and p.is_file())
     if not files:
@@ -104,7 +105,8 @@ def _check_shapes(path: Path, shapes: dict[str, tuple]) -> tuple[int, int, int]:
     n, seq = shapes["input_ids"]
     for key in ("input_mask", "segment_ids"):
         if shapes[key] != shapes["input_ids"]:
-            raise InputError(f"{path}: {key} has shape {shapes[key]}, input_ids {shapes['input_ids']}; rewrite the shard")
+            raise InputError(f"{path}: {key} has shape {shapes[key]}, input_ids {shapes['input_ids']}; rewrite the "
+                             "shard")
     preds = shapes["masked_lm_positions"]
     if len(preds) != 2 or preds[0] != n or shapes["masked_lm_ids"] != preds:
         raise InputError(f"{path}: masked_lm_positions/ids have shapes {preds}/{shapes['masked_lm_ids']}"

@@ -101,7 +101,8 @@ def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torc
     if ctx.rank < len(per_rank):
         rng = per_rank[ctx.rank]
     else:
-        seed_everything(int(np.random.SeedSequence([args.seed, ctx.rank, int(ckpt["phase_step"])]).generate_state(1)[0]))
+        seed = np.random.SeedSequence([args.seed, ctx.rank, int(ckpt["phase_step"])]).generate_state(1)[0]
+        seed_everything(int(seed))
         rng = checkpointing.rng_state()
     return ResumePoint(path, int(ckpt["phase_step"]), ckpt["data"], ckpt.get("scheduler"), ckpt.get("scaler"), rng,
                        int(ckpt.get("skipped_steps", 0)), float(ckpt.get("train_seconds", 0.0)))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates or reuses .venv (and, on Linux, the Triton server's .venv-triton), installs the pinned requirements when
-# they changed, and runs the test suite. Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/test_model.py -x`;
-# `--fast` (first) leaves out the tests marked slow or integration, for day-to-day work.
+# they changed, lints the tree with ruff and runs the test suite. Extra arguments go to pytest, e.g.
+# `bash scripts/test.sh tests/test_model.py -x`; `--fast` (first) leaves out the tests marked slow or integration,
+# for day-to-day work.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/ensure_venv.sh
@@ -13,6 +14,9 @@ if [ "$(uname -s)" = Linux ]; then
 else
   echo "not on Linux: no .venv-triton, tests/test_triton_server.py's server tests are skipped" >&2
 fi
+# The linter first (pyproject.toml [tool.ruff]: import order, unused names, imports after code, pyflakes, bugbear):
+# a second's work, and a finding fails the run as a failing test does.
+.venv/bin/ruff check --quiet .
 if [ "${1:-}" = --fast ]; then
   shift
   set -- -m "not slow and not integration" "$@"

@@ -36,13 +36,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-REPO = Path(__file__).resolve().parents[1]
-
-from bertrecipe.pretraining import sample_order
-from bertrecipe.pretraining.shard_schema import SHARD_KEYS, ShardInfo, inspect_shard
-from bertrecipe.pretraining.data import PretrainingData, StepShape, check_value_ranges, make_batch
 from bertrecipe.common.hardware import detect, host_line, host_record
+from bertrecipe.pretraining import sample_order
+from bertrecipe.pretraining.data import PretrainingData, StepShape, check_value_ranges, make_batch
+from bertrecipe.pretraining.shard_schema import SHARD_KEYS, ShardInfo, inspect_shard
 
+REPO = Path(__file__).resolve().parents[1]
 VOCAB, SEQ, PREDICTIONS = 30522, 128, 20
 CLS, SEP, MASK = 101, 102, 103
 ROW_BYTES = SEQ * (4 + 1 + 1) + PREDICTIONS * (4 + 4) + 1  # uncompressed bytes of one sample
@@ -123,7 +122,7 @@ def shard_layout(path: Path) -> tuple[list[tuple[int, int]], int, int]:
         for key in SHARD_KEYS:
             d = f[key]
             chunks = d.chunks or (1, *d.shape[1:])  # contiguous: a read touches exactly its rows
-            across = math.prod(math.ceil(s / c) for s, c in zip(d.shape[1:], chunks[1:]))
+            across = math.prod(math.ceil(s / c) for s, c in zip(d.shape[1:], chunks[1:], strict=True))
             band = across * math.prod(chunks) * d.dtype.itemsize
             bands.append((chunks[0], band))
             data_bytes += math.prod(d.shape) * d.dtype.itemsize
@@ -146,7 +145,7 @@ def rank_portions(stream: sample_order.StreamOrder, world: int, rank: int, per_l
 def decompression(infos: list[ShardInfo], worlds: list[int], workers: list[int], seed: int) -> list[dict]:
     """Rows of item 1: for each (W, K), bytes decompressed in epoch 0 by all ranks, by the busiest rank and worker."""
     layouts = [shard_layout(info.path) for info in infos]
-    data_bytes, once = sum(l[1] for l in layouts), sum(l[2] for l in layouts)
+    data_bytes, once = sum(layout[1] for layout in layouts), sum(layout[2] for layout in layouts)
     whole = sample_order.StreamOrder([i.num_samples for i in infos], [i.block_rows for i in infos], seed, 1)
     blocks = sum(portion_bytes(layouts[p.file][0], p) for p in whole.lane_portions(0, 0)) / data_bytes
     rows = []
@@ -394,7 +393,7 @@ def main() -> None:
         began = time.perf_counter()
         small = make_set(Path(tmp) / "small", sizes, args.seed)
         big = [Path(tmp) / f"big{n}" for n in args.big_rows]
-        for n, folder in zip(args.big_rows, big):
+        for n, folder in zip(args.big_rows, big, strict=True):
             make_set(folder, [n], args.seed + n)
         large = make_set(Path(tmp) / "scale", scale, 0, layout_only=True)
         print(f"wrote {len(sizes)} shards of {min(sizes)}-{max(sizes)} rows ({sum(sizes):,} samples, "

@@ -22,18 +22,17 @@ from pathlib import Path
 
 import h5py
 import torch
-
-REPO = Path(__file__).resolve().parents[1]
-
-from bertrecipe.training.metric_logger import read_log
-from bertrecipe.model.bert import BertConfig
 from model_throughput import MASKED_PER_SEQ, make_batch, peer_step, time_steps
+
+from bertrecipe.common.hardware import detect, host_line, host_record, pick_precisions
 from bertrecipe.dataprep.sharding import split_sentences
 from bertrecipe.dataprep.text_formatting import book_text
+from bertrecipe.model.bert import BertConfig
 from bertrecipe.pretraining.data import PretrainingData, StepShape
 from bertrecipe.pretraining.shard_schema import find_shards, inspect_shard
-from bertrecipe.common.hardware import detect, host_line, host_record, pick_precisions
+from bertrecipe.training.metric_logger import read_log
 
+REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 

@@ -1,7 +1,11 @@
-"""Shared test fixtures: the small real data in tests/data, a tiny generated BERT, and the location of the large
-real data that only the integration tier needs (../shared/data in the development checkout and CI)."""
+"""Shared test fixtures: the small real data in tests/data, a tiny generated BERT, the pre-training corpus of shards
+made from tests/data's books, and the location of the large real data that only the integration tier needs
+(../shared/data in the development checkout and CI)."""
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,14 @@ SHARED_DATA = Path(os.environ.get("BERT_SHARED_DATA", REPO_ROOT.parent / "shared
 VOCAB_EXCERPT = TEST_DATA / "vocab-uncased-excerpt.txt"
 TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
              "max_position_embeddings": 512, "type_vocab_size": 2}
+# The pre-training tests' model (the corpus fixture's bert_config.json; TINY_BERT above is the Hugging Face one):
+# its vocab is the one the shards are tokenized with (tests/data's excerpt of BERT's uncased vocab).
+TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+        "max_position_embeddings": 128, "vocab_size": sum(1 for _ in VOCAB_EXCERPT.open(encoding="utf-8")),
+        "hidden_act": "gelu", "type_vocab_size": 2, "initializer_range": 0.02, "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores: one thread per process avoids oversubscription
+HOLMES_HELD_OUT_FROM = 200  # line of tests/data/books/pg1661.txt (a paragraph break) where the held-out text starts
 
 
 @pytest.fixture(scope="session")
@@ -45,6 +57,40 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"integration tier: needs the large real data, not found at {SHARED_DATA} (set BERT_SHARED_DATA)")
     return SHARED_DATA
+
+
+def make_shard(vocab_file: Path, text_file: Path, out_file: Path, seq: int, preds: int, dupe_factor: int = 1) -> None:
+    subprocess.run([sys.executable, str(REPO_ROOT / "data" / "create_pretraining_data.py"), "--input_file",
+                    str(text_file), "--output_file", str(out_file), "--vocab_file", str(vocab_file),
+                    "--max_seq_length", str(seq), "--max_predictions_per_seq", str(preds), "--dupe_factor",
+                    str(dupe_factor)],
+                   check=True, capture_output=True, env=ENV)
+
+
+@pytest.fixture(scope="module")
+def corpus(vocab_file, tmp_path_factory):
+    """Phase-1 (64/10) training shards from two book excerpts (tests/data/books), a shard of held-out text of one
+    of them, and phase-2 (128/20) shards. The phase-1 text is masked 5 times (NVIDIA's dupe factor) so that one
+    epoch (about 850 sequences) outlasts every run here: the tests expect their steps in epoch 0."""
+    root = tmp_path_factory.mktemp("corpus")
+    holmes = (TEST_DATA / "books" / "pg1661.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    texts = {"holmes.txt": "".join(holmes[:HOLMES_HELD_OUT_FROM]),
+             "alice.txt": (TEST_DATA / "books" / "pg11.txt").read_text(encoding="utf-8"),
+             "holmes_held_out.txt": "".join(holmes[HOLMES_HELD_OUT_FROM:])}
+    for name, text in texts.items():
+        (root / name).write_text(text, encoding="utf-8")
+    (root / "p1").mkdir()
+    (root / "eval").mkdir()
+    (root / "p2").mkdir()
+    make_shard(vocab_file, root / "holmes.txt", root / "p1" / "books_training_0.hdf5", 64, 10, dupe_factor=5)
+    make_shard(vocab_file, root / "alice.txt", root / "p1" / "books_training_1.hdf5", 64, 10, dupe_factor=5)
+    make_shard(vocab_file, root / "holmes_held_out.txt", root / "eval" / "books_test_0.hdf5", 64, 10)
+    make_shard(vocab_file, root / "alice.txt", root / "p2" / "books_training_0.hdf5", 128, 20)
+    config = root / "bert_config.json"
+    config.write_text(json.dumps(TINY))
+    no_dropout = root / "bert_config_no_dropout.json"
+    no_dropout.write_text(json.dumps({**TINY, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
+    return root
 
 
 def write_formatted(articles, path: Path) -> Path:

@@ -27,7 +27,8 @@ def records(path):
 
 
 def step_losses(path):
-    return {r["step"][1]: r["data"]["step_loss"] for r in records(path) if isinstance(r.get("step"), list) and r["step"]}
+    return {r["step"][1]: r["data"]["step_loss"] for r in records(path)
+            if isinstance(r.get("step"), list) and r["step"]}
 
 
 def run_pretraining(*args):

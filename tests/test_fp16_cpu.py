@@ -9,10 +9,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from bertrecipe.training.process_group import DistributedContext
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import BertConfig, BertForPreTraining
 from bertrecipe.training.optimization import PolyWarmUpScheduler, build_lamb, weight_decay_groups
+from bertrecipe.training.process_group import DistributedContext
 from bertrecipe.training.stepper import Precision, Stepper, make_precision, wrap_ddp
 
 CPU = torch.device("cpu")
@@ -129,7 +129,7 @@ def test_fp16_bert_on_cpu_overfits_a_batch_like_fp32():
     fp32, _ = overfit(make_precision(CPU, fp16=False, bf16=False))
     assert stepper.skipped_steps == 0 and all(math.isfinite(loss) for loss in fp16)
     assert fp16[-1] < 0.5 * fp16[0]
-    assert max(abs(a - b) for a, b in zip(fp16, fp32)) < 5e-3  # the fp32 run is the reference
+    assert max(abs(a - b) for a, b in zip(fp16, fp32, strict=True)) < 5e-3  # the fp32 run is the reference
     assert fp16 != fp32  # and the fp16 run did compute in fp16
 
 

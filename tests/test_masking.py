@@ -176,7 +176,7 @@ def test_sample_keys_follow_the_definition_and_are_distinct():
 def test_recover_original_tokens_restores_google_static_rows(seq, preds):
     originals, mask = make_rows(300, seq, np.random.default_rng(seq))
     rng = random.Random(seq)
-    static = [ref_static_mask(row.tolist(), int(m.sum()), preds, rng) for row, m in zip(originals, mask)]
+    static = [ref_static_mask(row.tolist(), int(m.sum()), preds, rng) for row, m in zip(originals, mask, strict=True)]
     input_ids = np.array([s[0] for s in static], np.int32)
     positions = np.array([s[1] for s in static], np.int32)
     ids = np.array([s[2] for s in static], np.int32)
@@ -267,7 +267,7 @@ def test_same_seed_epoch_and_sample_give_the_same_mask_and_others_differ():
     assert len(set(same)) == len(same)  # other samples, other masks
     for other in (masking.dynamic_mask(ids, mask, sample_ids, 4, 42, spec),
                   masking.dynamic_mask(ids, mask, sample_ids, 3, 43, spec)):
-        assert all(a != b for a, b in zip(same, positions(other)))  # other epoch or seed, other masks
+        assert all(a != b for a, b in zip(same, positions(other), strict=True))  # other epoch or seed, other masks
 
 
 @pytest.mark.parametrize("wwm", [False, True])
@@ -395,7 +395,7 @@ def static_shard(n: int, seq: int, preds: int, seed: int) -> tuple[dict[str, np.
     """A static shard's six arrays from ref_static_mask, and the original tokens."""
     originals, mask = make_rows(n, seq, np.random.default_rng(seed))
     rng = random.Random(seed)
-    static = [ref_static_mask(r.tolist(), int(m.sum()), preds, rng) for r, m in zip(originals, mask)]
+    static = [ref_static_mask(r.tolist(), int(m.sum()), preds, rng) for r, m in zip(originals, mask, strict=True)]
     arrays = {"input_ids": np.array([s[0] for s in static], np.int32), "input_mask": mask,
               "segment_ids": (np.cumsum(originals == SEP, axis=1) > 0).astype(np.int8) * mask,
               "masked_lm_positions": np.array([s[1] for s in static], np.int32),

@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 import torch
 
-from bertrecipe.pretraining import sample_order
-from bertrecipe.training.metric_logger import read_log
 from bertrecipe.model.bert import BertConfig, BertForPreTraining
+from bertrecipe.pretraining import sample_order
 from bertrecipe.pretraining.shard_schema import inspect_shard
+from bertrecipe.training.metric_logger import read_log
 from conftest import REPO_ROOT
 
 VOCAB, SEQ, PREDS = 128, 16, 3
@@ -79,7 +79,7 @@ class Workspace:
         self.data.mkdir()
         self.names = [f"tiny_training_{i}.hdf5" for i in range(len(SIZES))]  # sorted: the stream's file indices
         self.arrays = {}
-        for i, (name, size) in enumerate(zip(self.names, SIZES)):
+        for i, (name, size) in enumerate(zip(self.names, SIZES, strict=True)):
             self.arrays[name] = shard_arrays(size, seed=i)
             with h5py.File(self.data / name, "w") as f:
                 for key, value in self.arrays[name].items():
@@ -158,7 +158,7 @@ def train(ws, out, layout, *extra):
         time.sleep(0.2)
     stop(launchers, spy)
     failed = [f"node {node} (exit {launcher.returncode}):\n{log.read_text()[-2000:]}"
-              for node, (launcher, log) in enumerate(zip(launchers, logs)) if launcher.returncode]
+              for node, (launcher, log) in enumerate(zip(launchers, logs, strict=True)) if launcher.returncode]
     assert not failed, "\n".join(failed)
     return spy
 
@@ -227,7 +227,7 @@ def reference_loss(ws, samples):
     for start in range(0, len(samples), MICRO):
         rows = [ws.arrays[name] for name, _ in samples[start:start + MICRO]]
         index = [i for _, i in samples[start:start + MICRO]]
-        pick = {key: torch.tensor(np.stack([a[key][i] for a, i in zip(rows, index)]).astype(np.int64))
+        pick = {key: torch.tensor(np.stack([a[key][i] for a, i in zip(rows, index, strict=True)]).astype(np.int64))
                 for key in ("input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids",
                             "next_sentence_labels")}
         labels = torch.full((len(index), SEQ), -1, dtype=torch.int64)

@@ -2,21 +2,22 @@
 with dynamic masking, --train_budget_minutes and --eval_interval_minutes, --pretrain_dropout and --compile; and
 the NVIDIA defaults that must stay what runs without them."""
 import copy
+import itertools
 import math
 
 import pytest
 import torch
+from test_run_pretraining import final_record, pretrain, step_records
 
-from bertrecipe.training.metric_logger import read_log
+from bertrecipe.cli import run_pretraining as run_pretraining_command
 from bertrecipe.model.bert import BertConfig, BertForPreTraining, BertForSequenceClassification
 from bertrecipe.model.weights import load_weights_into, read_weights
-from bertrecipe.training.optimization import TimeBudgetScheduler
-from bertrecipe.training.stepper import seed_everything
-
-from test_run_pretraining import TINY, corpus, final_record, pretrain, step_records  # noqa: F401 (corpus: fixture)
-from bertrecipe.cli import run_pretraining as run_pretraining_command
 from bertrecipe.pretraining.data import BertPretrainingCriterion
 from bertrecipe.pretraining.startup import build_model
+from bertrecipe.training.metric_logger import read_log
+from bertrecipe.training.optimization import TimeBudgetScheduler
+from bertrecipe.training.stepper import seed_everything
+from conftest import TINY
 
 REQUIRED = ["--input_dir", "in", "--config_file", "c.json", "--output_dir", "out", "--do_train"]
 NSP_PARTS = ("bert.pooler.", "cls.seq_relationship.")
@@ -207,7 +208,7 @@ def test_evaluation_every_interval_of_training_time(corpus, tmp_path):
     minutes = [r["data"]["train_minutes"] for r in read_log(tmp_path / "log.json")
                if isinstance(r.get("step"), list) and r["step"] and "eval_mlm_accuracy" in r["data"]]
     assert len(minutes) >= 3
-    assert all(later - earlier >= 0.025 * 0.9 for earlier, later in zip(minutes, minutes[1:]))
+    assert all(later - earlier >= 0.025 * 0.9 for earlier, later in itertools.pairwise(minutes))
     assert minutes[0] >= 0.025
 
 
@@ -251,6 +252,7 @@ def test_fused_lamb_is_the_default_for_large_models_on_cpu_and_falls_back_cleanl
     monkeypatch.setattr(optimization, "compiled_lamb_works", lambda device: None)
     assert optimization.choose_compiled_lamb(large, None) is True
     assert optimization.choose_compiled_lamb(small, True) is True  # --compile_optimizer
-    monkeypatch.setattr(optimization, "compiled_lamb_works", lambda device: "InvalidCxxCompiler: no working C++ compiler")
+    monkeypatch.setattr(optimization, "compiled_lamb_works",
+                        lambda device: "InvalidCxxCompiler: no working C++ compiler")
     assert optimization.choose_compiled_lamb(large, None) is False
     assert "cannot fuse the LAMB update here (InvalidCxxCompiler" in capsys.readouterr().err

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from bertrecipe.cli import run_pretraining
+from bertrecipe.common.errors import InputError
 from bertrecipe.pretraining import startup
 from bertrecipe.pretraining.data import BertPretrainingCriterion
-from bertrecipe.common.errors import InputError
 from bertrecipe.training.metric_logger import read_log
 from conftest import REPO_ROOT
 
@@ -512,7 +512,8 @@ def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_work(worksp
     read_only = workspace / "ro"
     read_only.mkdir()
     monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != read_only and real_access(path, mode))
-    with pytest.raises(InputError, match=r"ro/run: --output_dir cannot be created: .*ro is not writable \(Permission denied\)"):
+    with pytest.raises(InputError,
+                       match=r"ro/run: --output_dir cannot be created: .*ro is not writable \(Permission denied\)"):
         run_pretraining.main(flags(workspace, out="ro/run"))
     assert list(read_only.iterdir()) == []
 

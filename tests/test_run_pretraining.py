@@ -7,60 +7,17 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 import torch
 
-from bertrecipe.training.metric_logger import read_log
 from bertrecipe.model.bert import BertConfig, BertForPreTraining
 from bertrecipe.pretraining import sample_order
 from bertrecipe.pretraining.shard_schema import inspect_shard
-from conftest import REPO_ROOT, TEST_DATA, VOCAB_EXCERPT
-
-# The model's vocab is the one the shards are tokenized with (tests/data's excerpt of BERT's uncased vocab).
-TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
-        "max_position_embeddings": 128, "vocab_size": sum(1 for _ in VOCAB_EXCERPT.open(encoding="utf-8")),
-        "hidden_act": "gelu", "type_vocab_size": 2, "initializer_range": 0.02, "hidden_dropout_prob": 0.1,
-        "attention_probs_dropout_prob": 0.1}
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores: one thread per process avoids oversubscription
-HOLMES_HELD_OUT_FROM = 200  # line of tests/data/books/pg1661.txt (a paragraph break) where the held-out text starts
-
-
-def make_shard(vocab_file: Path, text_file: Path, out_file: Path, seq: int, preds: int, dupe_factor: int = 1) -> None:
-    subprocess.run([sys.executable, str(REPO_ROOT / "data" / "create_pretraining_data.py"), "--input_file",
-                    str(text_file), "--output_file", str(out_file), "--vocab_file", str(vocab_file),
-                    "--max_seq_length", str(seq), "--max_predictions_per_seq", str(preds), "--dupe_factor",
-                    str(dupe_factor)],
-                   check=True, capture_output=True, env=ENV)
-
-
-@pytest.fixture(scope="module")
-def corpus(vocab_file, tmp_path_factory):
-    """Phase-1 (64/10) training shards from two book excerpts (tests/data/books), a shard of held-out text of one
-    of them, and phase-2 (128/20) shards. The phase-1 text is masked 5 times (NVIDIA's dupe factor) so that one
-    epoch (about 850 sequences) outlasts every run here: the tests expect their steps in epoch 0."""
-    root = tmp_path_factory.mktemp("corpus")
-    holmes = (TEST_DATA / "books" / "pg1661.txt").read_text(encoding="utf-8").splitlines(keepends=True)
-    texts = {"holmes.txt": "".join(holmes[:HOLMES_HELD_OUT_FROM]),
-             "alice.txt": (TEST_DATA / "books" / "pg11.txt").read_text(encoding="utf-8"),
-             "holmes_held_out.txt": "".join(holmes[HOLMES_HELD_OUT_FROM:])}
-    for name, text in texts.items():
-        (root / name).write_text(text, encoding="utf-8")
-    (root / "p1").mkdir()
-    (root / "eval").mkdir()
-    (root / "p2").mkdir()
-    make_shard(vocab_file, root / "holmes.txt", root / "p1" / "books_training_0.hdf5", 64, 10, dupe_factor=5)
-    make_shard(vocab_file, root / "alice.txt", root / "p1" / "books_training_1.hdf5", 64, 10, dupe_factor=5)
-    make_shard(vocab_file, root / "holmes_held_out.txt", root / "eval" / "books_test_0.hdf5", 64, 10)
-    make_shard(vocab_file, root / "alice.txt", root / "p2" / "books_training_0.hdf5", 128, 20)
-    config = root / "bert_config.json"
-    config.write_text(json.dumps(TINY))
-    no_dropout = root / "bert_config_no_dropout.json"
-    no_dropout.write_text(json.dumps({**TINY, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
-    return root
+from bertrecipe.training.metric_logger import read_log
+from conftest import ENV, REPO_ROOT, TINY, make_shard
 
 
 def pretrain(corpus, out, *extra, config="bert_config.json", phase=1, nproc=1, check=True, script=None, **popen):
@@ -200,7 +157,7 @@ def test_fp16_compressed_allreduce_hands_every_rank_the_fp16_rounded_mean(corpus
              256, nproc=2, script=spy)
     ranks = [torch.load(tmp_path / f"hook_rank{rank}.pt", weights_only=True) for rank in range(2)]
     assert len(ranks[0]) == len(ranks[1]) >= 2  # a bucket or more per step, two steps
-    for (sent0, got0), (sent1, got1) in zip(*ranks):
+    for (sent0, got0), (sent1, got1) in zip(*ranks, strict=True):
         assert torch.isfinite(got0).all() and not torch.equal(sent0, sent1)  # the ranks saw different data
         expected = (sent0.half() / 2 + sent1.half() / 2).float()  # cast, divide by the world size, sum in fp16
         assert torch.equal(got0, expected) and torch.equal(got1, expected)
@@ -359,7 +316,8 @@ def test_corrupt_newest_checkpoint_is_skipped_for_the_previous(corpus, tmp_path)
     result = pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 6, "--num_steps_per_checkpoint", 2,
                       "--resume_from_checkpoint")
     assert "skipping" in result.stderr and "ckpt_4.pt" in result.stderr
-    resumed = [r for r in read_log(tmp_path / "log.json") if r.get("step") == "PARAMETER" and "resumed_from" in r["data"]]
+    resumed = [r for r in read_log(tmp_path / "log.json")
+               if r.get("step") == "PARAMETER" and "resumed_from" in r["data"]]
     assert resumed[-1]["data"]["resumed_from"].endswith("ckpt_2.pt")
     assert (tmp_path / "ckpt_6.pt").exists()
 

@@ -7,9 +7,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from bertrecipe.pretraining import masking
-from bertrecipe.pretraining import sample_order
 from bertrecipe.common.errors import InputError
+from bertrecipe.pretraining import masking, sample_order
 from bertrecipe.pretraining.data import PretrainingData, StepShape
 from bertrecipe.pretraining.shard_schema import inspect_shard
 
@@ -217,7 +216,8 @@ def dynamic_steps(infos, world, workers, steps=12, start=0):
         data = PretrainingData(infos, 7, StepShape(2, 8 // world, world, rank), 8, VOCAB, start=start,
                                max_steps=steps, masking_spec=SPEC)
         for batch in data.batches(iter(DataLoader(data.reader(), batch_size=None, num_workers=workers))):
-            out += [(rank, b.tolist(), l.tolist()) for b, l in zip(batch["input_ids"], batch["masked_lm_labels"])]
+            out += [(rank, ids.tolist(), labels.tolist())
+                    for ids, labels in zip(batch["input_ids"], batch["masked_lm_labels"], strict=True)]
     return out
 
 
@@ -249,12 +249,13 @@ def test_dynamic_masks_predict_the_original_tokens_and_are_the_same_for_any_proc
         with h5py.File(info.path) as f:
             originals |= {tuple(row) for row in f["original"][()].tolist()}
     one = dynamic_steps(text_shards, world=1, workers=0)
-    assert sorted(x[1:] for x in one) == sorted(x[1:] for x in dynamic_steps(text_shards, world=2, workers=2))  # the same masks of each sample
+    # the same masks of each sample
+    assert sorted(x[1:] for x in one) == sorted(x[1:] for x in dynamic_steps(text_shards, world=2, workers=2))
     for _, ids, labels in one:
         predicted = [i for i, label in enumerate(labels) if label >= 0]
         assert 1 <= len(predicted) <= 3 and 0 not in predicted and 9 not in predicted  # never [CLS]/[SEP]
         # Labels hold the original tokens and every other position is the original: together, a shard row.
-        assert tuple(label if label >= 0 else token for token, label in zip(ids, labels)) in originals
+        assert tuple(label if label >= 0 else token for token, label in zip(ids, labels, strict=True)) in originals
 
 
 def test_dynamic_masks_change_from_epoch_to_epoch(text_shards):
@@ -262,9 +263,10 @@ def test_dynamic_masks_change_from_epoch_to_epoch(text_shards):
     samples = dynamic_steps(text_shards, world=1, workers=0, steps=8)
     first, second = samples[:64], samples[64:128]
     masks = {}
-    for epoch, chunk in enumerate((first, second)):
+    for chunk in (first, second):
         for _, ids, labels in chunk:
-            masks.setdefault(tuple(i if l < 0 else l for i, l in zip(ids, labels)), []).append(labels)
+            original = tuple(i if label < 0 else label for i, label in zip(ids, labels, strict=True))
+            masks.setdefault(original, []).append(labels)
     changed = sum(1 for pair in masks.values() if len(pair) == 2 and pair[0] != pair[1])
     assert changed >= 40  # nearly every sample seen in both epochs got another mask
 
@@ -320,7 +322,7 @@ def test_binning_by_length_keeps_each_steps_samples_and_groups_like_lengths(tmp_
         micro = list(data.batches(iter(data.reader())))
         return [micro[s * 4:(s + 1) * 4] for s in range(6)]
 
-    for plain, binned in zip(steps(False), steps(True)):
+    for plain, binned in zip(steps(False), steps(True), strict=True):
         assert sample_ids(plain) == sample_ids(binned)  # the same samples, so the same step
         lengths = [length for b in binned for length in b["input_mask"].sum(1).tolist()]
         assert lengths == sorted(lengths)
@@ -398,7 +400,7 @@ def test_a_binned_samples_loss_does_not_depend_on_its_batch_mates(tmp_path):
                 logits = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"]).prediction_logits
             loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-1,
                                                      reduction="none").sum(1)
-            losses.update(zip(batch["input_ids"][:, 0].tolist(), loss.tolist()))
+            losses.update(zip(batch["input_ids"][:, 0].tolist(), loss.tolist(), strict=True))
         return losses, groups
 
     (plain, plain_groups), (binned, binned_groups) = per_sample_losses(False), per_sample_losses(True)

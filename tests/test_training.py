@@ -3,10 +3,10 @@ import pytest
 import torch
 from torch import nn
 
-from bertrecipe.training.optimization import PolyWarmUpScheduler
-from bertrecipe.training import stepper as training
-from bertrecipe.training.stepper import MAX_CONSECUTIVE_NON_FINITE, Precision, Stepper, TrainingFailure, make_precision
 from bertrecipe.common.errors import InputError
+from bertrecipe.training import stepper as training
+from bertrecipe.training.optimization import PolyWarmUpScheduler
+from bertrecipe.training.stepper import MAX_CONSECUTIVE_NON_FINITE, Precision, Stepper, TrainingFailure, make_precision
 
 
 def squared_error(model, batch):
@@ -36,7 +36,7 @@ def test_accumulated_micro_batches_equal_one_step_on_their_mean_loss():
         for p in reference.parameters():
             p -= lr * p.grad
     assert result.applied and result.loss == pytest.approx(float(expected_loss))
-    for a, b in zip(model.parameters(), reference.parameters()):
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-7)
     assert scheduler.last_step == 1 and all(p.grad is None for p in model.parameters())
 
@@ -48,7 +48,7 @@ def test_overflow_with_loss_scaling_skips_the_step_and_keeps_the_schedule():
     bad = (torch.full((2, 3), float("inf")), torch.zeros(2, 1))
     result = stepper.step([bad])
     assert not result.applied and stepper.skipped_steps == 1 and scheduler.last_step == 0
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert scaler.get_scale() == 2.0**7  # dynamic scaling backed off
     result = stepper.step([(torch.randn(2, 3), torch.randn(2, 1))])
     assert result.applied and scheduler.last_step == 1
@@ -67,7 +67,7 @@ def test_ten_non_finite_steps_in_a_row_stop_training_without_touching_the_weight
         stepper.step([bad])
     with pytest.raises(TrainingFailure, match="10 steps in a row"):
         stepper.step([bad])
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 def test_precision_flags():

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import BertConfig
 from bertrecipe.pretraining.data import BertPretrainingCriterion, PretrainingData, evaluation_batches
+from bertrecipe.pretraining.masking import IGNORE_INDEX
 from bertrecipe.pretraining.shard_schema import ShardInfo
 from bertrecipe.pretraining.startup import ResumePoint
 from bertrecipe.training import checkpointing
@@ -369,10 +370,11 @@ def evaluate(setup: TrainingSetup, batch_size: int) -> dict[str, float]:
                                     ctx.world_size):
         batch = batches_to_device(batch, ctx.device)
         labels = batch["masked_lm_labels"]
+        predicted = labels != IGNORE_INDEX
         with setup.precision.autocast():
             logits = bare(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                          predict_positions=labels >= 0).prediction_logits.float()
-        targets = labels[labels >= 0]
+                          predict_positions=predicted).prediction_logits.float()
+        targets = labels[predicted]
         sums[0] += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").double()
         sums[1] += (logits.argmax(-1) == targets).sum()
         sums[2] += targets.numel()

@@ -1,5 +1,6 @@
-"""pretraining/data.py's chunk reading (ChunkLayout, RowSource): rows of deflated HDF5 datasets read outside HDF5's filter pipeline, checked against h5py (HDF5's
-own pipeline) on every layout it takes, and h5py's reading kept for the layouts it does not."""
+"""pretraining/data.py's chunk reading (ChunkLayout, RowSource): rows of deflated HDF5 datasets read outside HDF5's
+filter pipeline, checked against h5py (HDF5's own pipeline) on every layout it takes, and h5py's reading kept for the
+layouts it does not."""
 import os
 import zlib
 

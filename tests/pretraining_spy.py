@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 from bertrecipe.cli import run_pretraining
-from bertrecipe.pretraining.data import BertPretrainingCriterion
 from bertrecipe.common.command_line import run_cli
+from bertrecipe.pretraining.data import BertPretrainingCriterion
 
 
 def main() -> None:

@@ -7,10 +7,8 @@ import random
 
 import pytest
 import torch
+
 from benchmarks import fault_injection as fi
-
-
-
 
 SEED = int(os.environ.get("FAULT_INJECTION_SEED", "0"))
 

@@ -26,15 +26,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file as save_safetensors
 
-from bertrecipe.finetuning import glue
-from bertrecipe.finetuning import squad
-from bertrecipe.training.checkpointing import load_checkpoint
-from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, BertTokenizer, load_vocab
 from bertrecipe.common.errors import InputError
+from bertrecipe.finetuning import glue, squad
 from bertrecipe.model.bert import ACTIVATIONS, BertConfig, BertModel, ConfigError
 from bertrecipe.model.weights import LoadedWeights, WeightsError, read_config, read_weights
-from bertrecipe.pretraining.shard_schema import SHARD_KEYS, inspect_shard
 from bertrecipe.pretraining.data import make_batch, read_rows
+from bertrecipe.pretraining.shard_schema import SHARD_KEYS, inspect_shard
+from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, BertTokenizer, load_vocab
+from bertrecipe.training.checkpointing import load_checkpoint
 
 FAST_EXAMPLES = 50
 INTEGRATION_EXAMPLES = 1000

@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import signal
 import random
+import signal
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
@@ -17,9 +17,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from bertrecipe.training.process_group import DistributedContext
 from bertrecipe.common.errors import InputError
 from bertrecipe.training.optimization import Lamb, global_grad_norm
+from bertrecipe.training.process_group import DistributedContext
 
 MAX_CONSECUTIVE_NON_FINITE = 10
 

@@ -463,8 +463,10 @@ class BertForPreTraining(BertPreTrainedModel):
     """Masked-LM and next-sentence heads on the encoder.
 
     masked_lm_labels: [B, S] long, the original token id at predicted positions and a negative number (-1 as
-    NVIDIA, or -100) elsewhere. The MLM head runs only where the label is >= 0. Without labels it runs where
-    `predict_positions` ([B, S] bool) is true, or everywhere when that is None too.
+    NVIDIA and bertrecipe.pretraining.masking.IGNORE_INDEX, or -100 as transformers) elsewhere. The MLM head runs
+    only where the label is >= 0. Without labels it runs where `predict_positions` ([B, S] bool) is true, or
+    everywhere when that is None too. The losses (the pre-training criterion's) are cross-entropies in fp32:
+    a softmax over the vocab in fp16 or bf16 would lose the loss's precision.
     """
 
     def __init__(self, config: BertConfig) -> None:

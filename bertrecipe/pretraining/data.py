@@ -23,7 +23,6 @@ from typing import Any, Iterator, NamedTuple, Optional
 import h5py
 import numpy as np
 import torch
-import torch.nn.functional as F
 from h5py import h5d, h5z
 from torch import nn
 from torch.utils.data import IterableDataset, get_worker_info
@@ -108,22 +107,17 @@ def make_batch(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.
 class BertPretrainingCriterion:
     """NVIDIA's pre-training loss of a batch (BATCH_KEYS): the masked-LM cross-entropy over the positions whose
     label is not masking.IGNORE_INDEX, plus the next-sentence cross-entropy unless nsp is False (--no_nsp: the
-    masked-LM term alone). criterion(model, batch) runs a BertForPreTraining (its MLM head only at the labelled
-    positions) and returns the scalar loss; it is the Stepper's compute_loss."""
+    masked-LM term alone). criterion(model, batch) runs a BertForPreTraining on the batch with its labels (its MLM
+    head only at the labelled positions; the cross-entropies are the model's own, in fp32 whatever the autocast)
+    and returns the scalar loss; it is the Stepper's compute_loss."""
 
     def __init__(self, nsp: bool = True) -> None:
         self.nsp = nsp
 
     def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        labels = batch["masked_lm_labels"]
-        predicted = labels != masking.IGNORE_INDEX
-        output = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"], predict_positions=predicted)
-        # In fp32 whatever the autocast: a softmax over the vocab in fp16 or bf16 loses the loss's precision.
-        loss = F.cross_entropy(output.prediction_logits.float(), labels[predicted], ignore_index=masking.IGNORE_INDEX)
-        if self.nsp:
-            loss = loss + F.cross_entropy(output.seq_relationship_logits.float(),
-                                          batch["next_sentence_labels"].view(-1).long())
-        return loss
+        next_sentence_labels = batch["next_sentence_labels"] if self.nsp else None
+        return model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                     masked_lm_labels=batch["masked_lm_labels"], next_sentence_labels=next_sentence_labels).loss
 
 
 # --- The training stream: this rank's share, read by portions, cut into micro-batches ---------------------------------

@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.files import read_text_file
+from bertrecipe.model.documents import document_attention_bias, positions_within_documents
 from bertrecipe.model.fast_dropout import Dropout, dropout
 
 VOCAB_PAD_MULTIPLE = 8  # tensor cores and AMX tiles want matrix sides that are multiples of 8
@@ -164,8 +165,9 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor, positions: Optional[Tensor] = None) -> Tensor:
+        if positions is None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         x = x + self.position_embeddings(positions)
         return self.dropout(self.LayerNorm(x))
@@ -222,6 +224,21 @@ class TokenPacking:
         return full.view(self.batch, self.seq, x.shape[-1])
 
 
+def attend(q: Tensor, k: Tensor, v: Tensor, attention_bias: Optional[Tensor], dropout_prob: float,
+           training: bool) -> Tensor:
+    """Scaled dot-product attention of [batch, heads, seq, head_dim] queries, keys and values with an additive
+    bias (broadcast to [batch, heads, seq, seq]); dropout on the probabilities while training."""
+    if training and torch.is_grad_enabled() and q.device.type == "cpu":
+        # On CPUs SDPA's backward (and its dropout) is about 2.5x slower than these explicit steps.
+        scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))
+        if attention_bias is not None:
+            scores = scores + attention_bias
+        probs = dropout(torch.softmax(scores, dim=-1), dropout_prob, training=True)
+        return torch.matmul(probs, v)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_bias,
+                                          dropout_p=dropout_prob if training else 0.0)
+
+
 class BertSelfAttention(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -257,17 +274,7 @@ class BertSelfAttention(nn.Module):
         batch, seq = qkv.shape[:2]
         qkv = qkv.view(batch, seq, 3, self.num_heads, hidden // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [batch, heads, seq, head_dim]
-        if self.training and torch.is_grad_enabled() and x.device.type == "cpu":
-            # On CPUs SDPA's backward (and its dropout) is about 2.5x slower than these explicit steps.
-            scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))
-            if attention_bias is not None:
-                scores = scores + attention_bias
-            probs = dropout(torch.softmax(scores, dim=-1), self.dropout_prob, training=True)
-            context = torch.matmul(probs, v)
-        else:
-            context = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attention_bias, dropout_p=self.dropout_prob if self.training else 0.0
-            )
+        context = attend(q, k, v, attention_bias, self.dropout_prob, self.training)
         context = context.transpose(1, 2).reshape(batch, seq, hidden)
         return packing.pack(context) if packing is not None else context
 
@@ -376,18 +383,31 @@ class BertModel(nn.Module):
         token_type_ids: Optional[Tensor] = None,
         attention_mask: Optional[Tensor] = None,
         keep_padded_positions: bool = False,
+        document_ids: Optional[Tensor] = None,
     ) -> tuple[Tensor, Optional[Tensor]]:
+        """document_ids (documents.py), when given, make each row several documents: attention stays inside each,
+        positions restart at each, and attention_mask is taken from them (0 at padding)."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        x = self.embeddings(input_ids, token_type_ids)
+        positions = None if document_ids is None else positions_within_documents(document_ids)
+        if document_ids is not None:
+            attention_mask = (document_ids != 0).long()
+        x = self.embeddings(input_ids, token_type_ids, positions)
         # Under autocast the attention scores are in the autocast dtype; the bias must match it.
         compute_dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+
+        def bias_for(columns: int) -> Optional[Tensor]:
+            if document_ids is not None:
+                return document_attention_bias(document_ids[:, :columns], compute_dtype)
+            return attention_bias_from_mask(None if attention_mask is None else attention_mask[:, :columns],
+                                            compute_dtype)
+
         packing = TokenPacking.of(attention_mask) if self.skip_padding and not keep_padded_positions else None
         if packing is None:
-            x = self.encoder(x, attention_bias_from_mask(attention_mask, compute_dtype))
+            x = self.encoder(x, bias_for(x.shape[1]))
         else:
             full_length, seq = x.shape[1], packing.seq
-            attention_bias = attention_bias_from_mask(attention_mask[:, :seq], compute_dtype)
+            attention_bias = bias_for(seq)
             x = packing.unpack(self.encoder(packing.pack(x[:, :seq]), attention_bias, packing))
             x = F.pad(x, (0, 0, 0, full_length - seq))
         pooled = self.pooler(x) if self.pooler is not None else None
@@ -484,8 +504,9 @@ class BertForPreTraining(BertPreTrainedModel):
         masked_lm_labels: Optional[Tensor] = None,
         next_sentence_labels: Optional[Tensor] = None,
         predict_positions: Optional[Tensor] = None,
+        document_ids: Optional[Tensor] = None,
     ) -> PreTrainingOutput:
-        sequence_output, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        sequence_output, pooled = self.bert(input_ids, token_type_ids, attention_mask, document_ids=document_ids)
         nsp_logits = self.cls.seq_relationship(pooled)
         if masked_lm_labels is not None:
             predict_positions = masked_lm_labels >= 0

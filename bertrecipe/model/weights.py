@@ -23,11 +23,17 @@ from torch import Tensor, nn
 from bertrecipe.common.atomic_files import write_atomic
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import (
-    BertConfig,
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertModel,
+)
+from bertrecipe.model.families import ModelConfig, config_from_dict, config_from_json_file, is_modern_config
+from bertrecipe.model.modern import (
+    ModernBertForMaskedLM,
+    ModernBertForQuestionAnswering,
+    ModernBertForSequenceClassification,
+    ModernBertModel,
 )
 
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -41,6 +47,7 @@ NVIDIA_FUSED = (
     (re.compile(r"cls\.predictions\.transform\.dense\."), "cls.predictions.transform.dense_act."),
 )
 ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
+MODERN_ENCODER_PREFIXES = ("embeddings.", "layers.", "final_norm.")  # a bare ModernBertModel's names
 
 
 class WeightsError(InputError):
@@ -49,8 +56,8 @@ class WeightsError(InputError):
 
 @dataclass
 class LoadedWeights:
-    state_dict: dict[str, Tensor]  # in our (= Hugging Face BertForPreTraining) names
-    config: Optional[BertConfig]  # None when the source carries no configuration (NVIDIA's checkpoints)
+    state_dict: dict[str, Tensor]  # in our (= Hugging Face BertForPreTraining or ModernBertForMaskedLM) names
+    config: Optional[ModelConfig]  # None when the source carries no configuration (NVIDIA's checkpoints)
     source_format: str  # "ours", "nvidia" or "huggingface"
 
 
@@ -86,7 +93,7 @@ def load_torch_file(path: str | Path, mmap: bool = False) -> Any:
             from None
 
 
-def _find_config_beside(path: Path) -> Optional[BertConfig]:
+def _find_config_beside(path: Path) -> Optional[ModelConfig]:
     folder = path if path.is_dir() else path.parent
     for name in CONFIG_FILES:
         if (folder / name).is_file():
@@ -94,17 +101,20 @@ def _find_config_beside(path: Path) -> Optional[BertConfig]:
     return None
 
 
-def read_config(path: str | Path) -> BertConfig:
-    """A `bert_config.json` or Hugging Face `config.json`; WeightsError "<path>: <key> is ..., expected ..." for
-    a missing, unreadable or malformed file or a value that cannot build a model."""
+def read_config(path: str | Path) -> ModelConfig:
+    """A `bert_config.json` or Hugging Face `config.json` of either family (families.py); WeightsError
+    "<path>: <key> is ..., expected ..." for a missing, unreadable or malformed file or a value that cannot build
+    a model."""
     try:
-        return BertConfig.from_json_file(path)
+        return config_from_json_file(path)
     except InputError as error:  # model.ConfigError: already one line naming the file, the key and the fix
         raise WeightsError(str(error)) from None
 
 
 def normalize_state_dict(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], str]:
     """Renames a state dict from any accepted naming to ours; returns it and the naming it came in."""
+    if any(isinstance(key, str) and ".tok_embeddings." in key for key in state_dict):
+        return _normalize_modern(state_dict)
     source_format = "ours"
     result: dict[str, Tensor] = {}
     for key, value in state_dict.items():
@@ -129,12 +139,29 @@ def normalize_state_dict(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tenso
     return result, source_format
 
 
+def _normalize_modern(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], str]:
+    """A ModernBERT state dict in our names (= transformers' ModernBertForMaskedLM names): a bare encoder's
+    names gain the `model.` prefix; the tied decoder weight, when stored, is dropped (it is the embeddings)."""
+    source_format = "ours"
+    result: dict[str, Tensor] = {}
+    for key, value in state_dict.items():
+        if not isinstance(value, Tensor) or not isinstance(key, str):
+            continue
+        name = key.removeprefix("module.")
+        if name.startswith(MODERN_ENCODER_PREFIXES):
+            name = "model." + name
+            source_format = "huggingface"
+        if name != "decoder.weight":
+            result[name] = value
+    return result, source_format
+
+
 def read_weights(path: str | Path) -> LoadedWeights:
     """Reads any accepted checkpoint file or Hugging Face directory into our names (config when known)."""
     path = Path(path)
     if not path.exists():
         raise WeightsError(f"{path}: no such checkpoint file or directory")
-    config: Optional[BertConfig] = None
+    config: Optional[ModelConfig] = None
     if path.is_dir():
         weight_file = next((path / n for n in HF_WEIGHT_FILES if (path / n).is_file()), None)
         if weight_file is None:
@@ -155,7 +182,7 @@ def read_weights(path: str | Path) -> LoadedWeights:
         raw = load_torch_file(path)
     if isinstance(raw, dict) and isinstance(raw.get("model"), dict):
         if isinstance(raw.get("config"), dict):
-            config = BertConfig.from_dict(raw["config"], source=f"{path} (its 'config' entry)")
+            config = config_from_dict(raw["config"], source=f"{path} (its 'config' entry)")
         raw = raw["model"]
     if not isinstance(raw, dict) or not any(isinstance(v, Tensor) for v in raw.values()):
         raise WeightsError(f"{path}: holds no state dict (expected tensors, or a dict with a 'model' entry)")
@@ -185,6 +212,8 @@ def load_weights_into(model: nn.Module, weights: LoadedWeights, source: str | Pa
     The encoder must be complete and every shape must match (apart from vocab padding); heads that the source
     lacks (e.g. `qa_outputs` when starting from a pre-training checkpoint) keep their initialization.
     """
+    if is_modern_config(model.config):
+        return _load_modern_into(model, weights, source)
     own = model.state_dict()
     state = dict(weights.state_dict)
     if not any(name.startswith("bert.") for name in own):  # a bare encoder (BertModel) takes unprefixed names
@@ -201,12 +230,7 @@ def load_weights_into(model: nn.Module, weights: LoadedWeights, source: str | Pa
                 state[name] = _fit_vocab_rows(state[name], own[name].shape[0])
     if "cls.predictions.decoder.weight" in own and "cls.predictions.decoder.weight" not in state:
         state.pop("cls.predictions.decoder.weight", None)  # tied: comes with the word embeddings
-    for name, tensor in state.items():
-        if name in own and own[name].shape != tensor.shape:
-            raise WeightsError(
-                f"{source}: {name} has shape {tuple(tensor.shape)} but the model expects {tuple(own[name].shape)}"
-                " (does the checkpoint's config match --config_file?)"
-            )
+    _check_shapes(own, state, source)
     missing, _unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if m != "cls.predictions.decoder.weight"]
     encoder_missing = [m for m in missing if m.removeprefix("bert.").startswith(("embeddings.", "encoder."))]
@@ -218,8 +242,51 @@ def load_weights_into(model: nn.Module, weights: LoadedWeights, source: str | Pa
     return missing
 
 
-def model_for_weights(weights: LoadedWeights, config: BertConfig) -> nn.Module:
-    """An untrained model of the class whose heads the weights carry (a bare BertModel when they carry none)."""
+def _check_shapes(own: dict[str, Tensor], state: dict[str, Tensor], source: str | Path) -> None:
+    for name, tensor in state.items():
+        if name in own and own[name].shape != tensor.shape:
+            raise WeightsError(
+                f"{source}: {name} has shape {tuple(tensor.shape)} but the model expects {tuple(own[name].shape)}"
+                " (does the checkpoint's config match --config_file?)"
+            )
+
+
+def _load_modern_into(model: nn.Module, weights: LoadedWeights, source: str | Path) -> list[str]:
+    """load_weights_into for the modern family: same names as transformers', the decoder tied."""
+    own = model.state_dict()
+    state = dict(weights.state_dict)
+    if isinstance(model, ModernBertModel):  # a bare encoder takes unprefixed names
+        state = {name.removeprefix("model."): value for name, value in state.items()}
+    vocab_size = getattr(weights.config, "vocab_size", None)
+    if vocab_size is not None and vocab_size != model.config.vocab_size:
+        raise WeightsError(f"{source}: vocab_size {vocab_size} does not match the model's "
+                           f"{model.config.vocab_size}; pass the config the checkpoint was trained with")
+    _check_shapes(own, state, source)
+    missing, _unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if m != "decoder.weight"]
+    encoder_missing = [m for m in missing if m.removeprefix("model.").startswith(MODERN_ENCODER_PREFIXES)]
+    if encoder_missing:
+        raise WeightsError(f"{source}: missing {len(encoder_missing)} encoder weights (first: {encoder_missing[0]});"
+                           " is this a ModernBERT checkpoint for this config?")
+    return missing
+
+
+def _modern_model_for_weights(weights: LoadedWeights, config: ModelConfig) -> nn.Module:
+    state = weights.state_dict
+    architectures = config.extra.get("architectures") or [""]
+    if "classifier.weight" in state:
+        if architectures[0].endswith("QuestionAnswering"):
+            return ModernBertForQuestionAnswering(config)
+        return ModernBertForSequenceClassification(config, num_labels=state["classifier.weight"].shape[0])
+    if any(name.startswith(("head.", "decoder.")) for name in state):
+        return ModernBertForMaskedLM(config)
+    return ModernBertModel(config)
+
+
+def model_for_weights(weights: LoadedWeights, config: ModelConfig) -> nn.Module:
+    """An untrained model of the class whose heads the weights carry (a bare encoder when they carry none)."""
+    if is_modern_config(config):
+        return _modern_model_for_weights(weights, config)
     state = weights.state_dict
     if "qa_outputs.weight" in state:
         return BertForQuestionAnswering(config)
@@ -233,6 +300,10 @@ def model_for_weights(weights: LoadedWeights, config: BertConfig) -> nn.Module:
 def export_state_dict(model: nn.Module, naming: str = "ours") -> dict[str, Tensor]:
     """The model's weights for writing: vocab rows cut to vocab_size, tied decoder left out, NVIDIA names
     when `naming` is "nvidia"."""
+    if is_modern_config(model.config):  # transformers' names already; the tied decoder comes with the embeddings
+        prefix = "model." if isinstance(model, ModernBertModel) else ""
+        return {prefix + name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()
+                if name != "decoder.weight"}
     vocab_size = model.config.vocab_size
     result: dict[str, Tensor] = {}
     bare_encoder = isinstance(model, BertModel)
@@ -250,7 +321,28 @@ def export_state_dict(model: nn.Module, naming: str = "ours") -> dict[str, Tenso
     return result
 
 
+def _modern_hf_config(model: nn.Module) -> dict[str, Any]:
+    config = model.config.to_dict()
+    architecture = {ModernBertForQuestionAnswering: "ModernBertForQuestionAnswering",
+                    ModernBertForSequenceClassification: "ModernBertForSequenceClassification",
+                    ModernBertModel: "ModernBertModel"}.get(type(model), "ModernBertForMaskedLM")
+    config.update(architectures=[architecture], tie_word_embeddings=True)
+    if isinstance(model, ModernBertForSequenceClassification):
+        _set_labels(config, model.num_labels)
+    return config
+
+
+def _set_labels(config: dict[str, Any], num_labels: int) -> None:
+    config["num_labels"] = num_labels
+    config["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
+    config["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+    if num_labels == 1:
+        config["problem_type"] = "regression"
+
+
 def _hf_config(model: nn.Module) -> dict[str, Any]:
+    if is_modern_config(model.config):
+        return _modern_hf_config(model)
     config = model.config.to_dict()
     architecture = {
         BertForPreTraining: "BertForPreTraining",
@@ -260,11 +352,7 @@ def _hf_config(model: nn.Module) -> dict[str, Any]:
     config.update(architectures=[architecture], model_type="bert", pad_token_id=0,
                   position_embedding_type="absolute")
     if isinstance(model, BertForSequenceClassification):
-        config["num_labels"] = model.num_labels
-        config["id2label"] = {str(i): f"LABEL_{i}" for i in range(model.num_labels)}
-        config["label2id"] = {f"LABEL_{i}": i for i in range(model.num_labels)}
-        if model.num_labels == 1:
-            config["problem_type"] = "regression"
+        _set_labels(config, model.num_labels)
     return config
 
 

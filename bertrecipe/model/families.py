@@ -1,0 +1,82 @@
+"""The two model families a config file can choose: BERT (Google's and NVIDIA's) and the modern encoder
+(ModernBERT). A config with `"model_type": "modernbert"` or a key only ModernBERT has builds the modern family;
+every other config builds BERT, as before. The builders give each task's model of the config's family."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Union
+
+from torch import nn
+
+from bertrecipe.common.errors import InputError
+from bertrecipe.common.files import read_text_file
+from bertrecipe.model.bert import (
+    BertConfig,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    ConfigError,
+)
+from bertrecipe.model.modern import (
+    ModernBertForMaskedLM,
+    ModernBertForQuestionAnswering,
+    ModernBertForSequenceClassification,
+)
+from bertrecipe.model.modern_config import ModernBertConfig, is_modern
+
+ModelConfig = Union[BertConfig, ModernBertConfig]
+
+
+def config_from_dict(values: Any, source: str | Path = "config") -> ModelConfig:
+    """The config of the family `values` (parsed JSON) describes; ConfigError "<source>: <key> is ..." else."""
+    if isinstance(values, dict) and is_modern(values):
+        return ModernBertConfig.from_dict(values, source=source)
+    return BertConfig.from_dict(values, source=source)
+
+
+def config_from_json_file(path: str | Path) -> ModelConfig:
+    """A `bert_config.json` or a Hugging Face `config.json` of either family; ConfigError naming the file."""
+    try:
+        text = read_text_file(path, "model config file")
+    except InputError as error:
+        raise ConfigError(str(error)) from None
+    try:
+        values = json.loads(text.removeprefix("\ufeff"))
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}: malformed JSON ({error.msg} at line {error.lineno} column {error.colno}); "
+                          "fix the config file") from None
+    except (ValueError, RecursionError) as error:
+        raise ConfigError(f"{path}: unusable JSON ({str(error).splitlines()[0][:120]}); fix the config file"
+                          ) from None
+    return config_from_dict(values, source=path)
+
+
+def write_config(config: ModelConfig, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def is_modern_config(config: ModelConfig) -> bool:
+    return isinstance(config, ModernBertConfig)
+
+
+def pretraining_model(config: ModelConfig) -> nn.Module:
+    """BertForPreTraining (MLM + NSP heads) or ModernBertForMaskedLM (MLM head only)."""
+    return ModernBertForMaskedLM(config) if is_modern_config(config) else BertForPreTraining(config)
+
+
+def question_answering_model(config: ModelConfig) -> nn.Module:
+    if is_modern_config(config):
+        return ModernBertForQuestionAnswering(config)
+    return BertForQuestionAnswering(config)
+
+
+def sequence_classification_model(config: ModelConfig, num_labels: int) -> nn.Module:
+    if is_modern_config(config):
+        return ModernBertForSequenceClassification(config, num_labels)
+    return BertForSequenceClassification(config, num_labels)
+
+
+def encoder_of(model: nn.Module) -> nn.Module:
+    """The encoder inside a task model of either family (`bert` or `model`)."""
+    return model.model if hasattr(model, "model") and isinstance(model.config, ModernBertConfig) else model.bert

@@ -1,0 +1,301 @@
+"""The modern encoder family (ModernBERT, Warner et al. 2024): rotary positions, GeGLU MLPs, pre-norm LayerNorms
+without biases, alternating local (sliding-window) and global attention, a masked-LM head without NSP.
+
+Parameter names equal Hugging Face transformers' ModernBERT names, so state dicts move between the two unchanged.
+As in bert.py, the dense layers run on the real tokens only (padding skipped), the masked-LM head only on the
+predicted positions, and attention through `attend`. Rows may hold several documents (`document_ids`, see
+documents.py): attention then stays inside each document and positions restart at each one.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from bertrecipe.model.bert import ACTIVATIONS, Linear, PreTrainingOutput, TokenPacking, attend
+from bertrecipe.model.documents import document_attention_bias, positions_within_documents
+from bertrecipe.model.fast_dropout import Dropout
+from bertrecipe.model.modern_config import ModernBertConfig
+
+
+def _layer_norm(config: ModernBertConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+
+
+class RotaryPositions:
+    """cos and sin of rotary position embeddings (Su et al. 2021) for given positions, computed in fp32."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        self.inverse_frequencies = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+
+    def __call__(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """positions [batch, seq] -> cos, sin [batch, 1, seq, head_dim], broadcast over heads."""
+        frequencies = positions[..., None].float() * self.inverse_frequencies.to(positions.device)
+        angles = torch.cat((frequencies, frequencies), dim=-1)[:, None]
+        return angles.cos(), angles.sin()
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [batch, heads, seq, head_dim] turned by the rotary angles (in fp32, returned in x's dtype)."""
+    x32 = x.float()
+    half = x32.shape[-1] // 2
+    rotated_half = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
+    return (x32 * cos + rotated_half * sin).to(x.dtype)
+
+
+class ModernBertEmbeddings(nn.Module):
+    def __init__(self, config: ModernBertConfig) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.norm = _layer_norm(config)
+        self.drop = Dropout(config.embedding_dropout)
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        return self.drop(self.norm(self.tok_embeddings(input_ids)))
+
+
+class ModernBertAttention(nn.Module):
+    """Fused QKV, rotary positions on Q and K, attention (local layers: a window of local_attention // 2 tokens on
+    each side), output projection."""
+
+    def __init__(self, config: ModernBertConfig, local: bool) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.Wqkv = Linear(config.hidden_size, 3 * config.hidden_size, bias=config.attention_bias)
+        self.Wo = Linear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
+        self.dropout_prob = config.attention_dropout
+        self.out_drop = Dropout(config.attention_dropout)
+        self.local = local
+
+    def forward(self, x: Tensor, bias: Tensor, rotary: tuple[Tensor, Tensor],
+                packing: Optional[TokenPacking]) -> Tensor:
+        qkv = self.Wqkv(x)
+        if packing is not None:
+            qkv = packing.unpack(qkv)
+        batch, seq, width = qkv.shape
+        head_dim = width // 3 // self.num_heads
+        q, k, v = qkv.view(batch, seq, 3, self.num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = rotate(q, *rotary), rotate(k, *rotary)
+        context = attend(q, k, v, bias, self.dropout_prob, self.training)
+        context = context.transpose(1, 2).reshape(batch, seq, width // 3)
+        if packing is not None:
+            context = packing.pack(context)
+        return self.out_drop(self.Wo(context))
+
+
+class ModernBertMLP(nn.Module):
+    """GeGLU: Wo(act(a) * b) where Wi(x) = [a, b]."""
+
+    def __init__(self, config: ModernBertConfig) -> None:
+        super().__init__()
+        self.Wi = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.activation = ACTIVATIONS[config.hidden_activation]
+        self.drop = Dropout(config.mlp_dropout)
+        self.Wo = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        value, gate = self.Wi(x).chunk(2, dim=-1)
+        return self.Wo(self.drop(self.activation(value) * gate))
+
+
+class ModernBertEncoderLayer(nn.Module):
+    """Pre-norm residual block; the first layer has no attention norm (the embeddings end with one)."""
+
+    def __init__(self, config: ModernBertConfig, index: int) -> None:
+        super().__init__()
+        self.attn_norm = nn.Identity() if index == 0 else _layer_norm(config)
+        self.attn = ModernBertAttention(config, local=config.layer_types[index] == "sliding_attention")
+        self.mlp_norm = _layer_norm(config)
+        self.mlp = ModernBertMLP(config)
+
+    def forward(self, x: Tensor, bias: Tensor, rotary: tuple[Tensor, Tensor],
+                packing: Optional[TokenPacking]) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), bias, rotary, packing)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class ModernBertModel(nn.Module):
+    """The encoder. forward(input_ids [B, S], attention_mask [B, S] 1/0, document_ids [B, S]) returns the final
+    hidden states [B, S, H] (0 at padded positions when padding is skipped, the default)."""
+
+    def __init__(self, config: ModernBertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = ModernBertEmbeddings(config)
+        self.layers = nn.ModuleList(ModernBertEncoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.final_norm = _layer_norm(config)
+        head_dim = config.hidden_size // config.num_attention_heads
+        self.rotary = {True: RotaryPositions(head_dim, config.local_rope_theta),
+                       False: RotaryPositions(head_dim, config.global_rope_theta)}
+        self.skip_padding = True
+        self.checkpoint_activations = False
+
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
+                document_ids: Optional[Tensor] = None) -> Tensor:
+        if document_ids is None:
+            document_ids = torch.ones_like(input_ids) if attention_mask is None else (attention_mask != 0).long()
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        else:
+            positions = positions_within_documents(document_ids)
+        full_length = input_ids.shape[1]
+        packing = TokenPacking.of((document_ids != 0).long()) if self.skip_padding else None
+        if packing is not None:  # columns that are padding in every row are left out altogether
+            input_ids, document_ids, positions = (t[:, : packing.seq] for t in (input_ids, document_ids, positions))
+        x = self.embeddings(input_ids)
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        local_reach = self.config.local_attention // 2
+        biases = {local: document_attention_bias(document_ids, dtype, local_reach if local else None)
+                  for local in {layer.attn.local for layer in self.layers}}
+        rotary = {local: self.rotary[local](positions) for local in biases}
+        if packing is not None:
+            x = packing.pack(x)
+        for layer in self.layers:
+            local = layer.attn.local
+            if self.checkpoint_activations and self.training and torch.is_grad_enabled():
+                x = checkpoint(layer, x, biases[local], rotary[local], packing, use_reentrant=False)
+            else:
+                x = layer(x, biases[local], rotary[local], packing)
+        x = self.final_norm(x)
+        if packing is None:
+            return x
+        return F.pad(packing.unpack(x), (0, 0, 0, full_length - packing.seq))
+
+
+class ModernBertPredictionHead(nn.Module):
+    def __init__(self, config: ModernBertConfig) -> None:
+        super().__init__()
+        self.dense = Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
+        self.activation = ACTIVATIONS[config.classifier_activation]
+        self.norm = _layer_norm(config)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(self.activation(self.dense(x)))
+
+
+class ModernBertPreTrainedModel(nn.Module):
+    """ModernBERT's initialization: truncated normals, output projections scaled down with depth."""
+
+    config: ModernBertConfig
+    model: ModernBertModel
+
+    def init_weights(self) -> None:
+        config = self.config
+        cutoff = config.initializer_cutoff_factor
+        inner = config.initializer_range
+        outer = config.initializer_range / math.sqrt(2.0 * config.num_hidden_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.Linear, nn.Embedding)):
+                std = {"Wo": outer, "dense": outer, "classifier": config.hidden_size ** -0.5}.get(
+                    name.rsplit(".", 1)[-1], inner)
+                nn.init.trunc_normal_(module.weight, std=std, a=-cutoff * std, b=cutoff * std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+
+    def set_checkpoint_activations(self, enabled: bool) -> None:
+        self.model.checkpoint_activations = enabled
+
+
+class ModernBertForMaskedLM(ModernBertPreTrainedModel):
+    """The encoder with its masked-LM head (decoder tied to the token embeddings, a bias of its own); no NSP.
+
+    forward takes the pre-training batch as BertForPreTraining does (token_type_ids accepted and unused) and
+    returns a PreTrainingOutput whose next-sentence fields are None: the head runs where masked_lm_labels >= 0,
+    else where predict_positions is true, else everywhere; the loss is the masked-LM cross-entropy in fp32."""
+
+    def __init__(self, config: ModernBertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = ModernBertModel(config)
+        self.head = ModernBertPredictionHead(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.decoder_bias)
+        self.init_weights()
+        self.decoder.weight = self.model.embeddings.tok_embeddings.weight
+
+    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None,
+                attention_mask: Optional[Tensor] = None, masked_lm_labels: Optional[Tensor] = None,
+                next_sentence_labels: Optional[Tensor] = None, predict_positions: Optional[Tensor] = None,
+                document_ids: Optional[Tensor] = None) -> PreTrainingOutput:
+        if next_sentence_labels is not None:
+            raise ValueError("the modern family has no next-sentence head; train it without NSP labels")
+        hidden = self.model(input_ids, attention_mask, document_ids)
+        if masked_lm_labels is not None:
+            predict_positions = masked_lm_labels >= 0
+        if predict_positions is not None:
+            hidden = hidden[predict_positions]
+        logits = self.decoder(self.head(hidden))
+        loss = None
+        if masked_lm_labels is not None:
+            loss = F.cross_entropy(logits.float(), masked_lm_labels[predict_positions])
+        return PreTrainingOutput(loss, loss, None, logits, None)
+
+
+def _pooled(config: ModernBertConfig, hidden: Tensor, attention_mask: Optional[Tensor]) -> Tensor:
+    if config.classifier_pooling == "cls":
+        return hidden[:, 0]
+    if attention_mask is None:
+        return hidden.mean(dim=1)
+    weights = attention_mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1)
+
+
+class ModernBertForSequenceClassification(ModernBertPreTrainedModel):
+    """Pooled ([CLS] or mean) -> head -> dropout -> classifier; num_labels 1 is regression (MSE). forward returns
+    (loss or None, logits [B, num_labels]) as BertForSequenceClassification does."""
+
+    def __init__(self, config: ModernBertConfig, num_labels: int) -> None:
+        super().__init__()
+        self.config = config
+        self.num_labels = num_labels
+        self.model = ModernBertModel(config)
+        self.head = ModernBertPredictionHead(config)
+        self.drop = Dropout(config.classifier_dropout)
+        self.classifier = Linear(config.hidden_size, num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None,
+                attention_mask: Optional[Tensor] = None,
+                labels: Optional[Tensor] = None) -> tuple[Optional[Tensor], Tensor]:
+        hidden = self.model(input_ids, attention_mask)
+        logits = self.classifier(self.drop(self.head(_pooled(self.config, hidden, attention_mask)))).float()
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.view(-1), labels.float().view(-1))
+            else:
+                loss = F.cross_entropy(logits, labels.view(-1).long())
+        return loss, logits
+
+
+class ModernBertForQuestionAnswering(ModernBertPreTrainedModel):
+    """Span extraction: head -> dropout -> classifier (2 outputs) at every position. forward returns
+    (loss or None, start_logits [B, S], end_logits [B, S]) as BertForQuestionAnswering does."""
+
+    def __init__(self, config: ModernBertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = ModernBertModel(config)
+        self.head = ModernBertPredictionHead(config)
+        self.drop = Dropout(config.classifier_dropout)
+        self.classifier = Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None,
+                attention_mask: Optional[Tensor] = None, start_positions: Optional[Tensor] = None,
+                end_positions: Optional[Tensor] = None) -> tuple[Optional[Tensor], Tensor, Tensor]:
+        hidden = self.model(input_ids, attention_mask)
+        start_logits, end_logits = self.classifier(self.drop(self.head(hidden))).float().unbind(-1)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            seq_len = start_logits.shape[1]
+            start, end = start_positions.clamp(0, seq_len), end_positions.clamp(0, seq_len)
+            loss = (F.cross_entropy(start_logits, start, ignore_index=seq_len)
+                    + F.cross_entropy(end_logits, end, ignore_index=seq_len)) / 2
+        return loss, start_logits, end_logits

@@ -30,7 +30,7 @@ from bertrecipe.finetuning import glue, loop
 from bertrecipe.finetuning.model_loading import build_model, config_and_weights, load_tokenizer
 from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
 from bertrecipe.finetuning.timed_inference import latency_summary, timed_inference
-from bertrecipe.model.bert import BertConfig, BertForSequenceClassification
+from bertrecipe.model.families import ModelConfig, sequence_classification_model
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.process_group import DistributedContext, barrier, init_distributed, shutdown
 from bertrecipe.training.stepper import Precision, make_precision, seed_everything
@@ -160,7 +160,7 @@ class GlueRun:
     task: glue.GlueTask
     precision: Precision
     bar: bool  # this process shows progress bars
-    config: BertConfig
+    config: ModelConfig
     model: torch.nn.Module
     splits: dict[str, glue.GlueFeatures]  # "train", "dev", "dev_mm", "test": those the run needs
 
@@ -202,7 +202,7 @@ def prepare(args: argparse.Namespace, ctx: DistributedContext) -> GlueRun:
     config, weights = config_and_weights(args.config_file, args.init_checkpoint)
     splits = read_splits(task, args, tokenizer)
     seed_everything(args.seed)  # the same new classifier on every process
-    model = build_model(lambda c: BertForSequenceClassification(c, task.num_labels), config, weights,
+    model = build_model(lambda c: sequence_classification_model(c, task.num_labels), config, weights,
                         args.init_checkpoint, tokenizer.vocab, args.max_seq_length,
                         args.allow_vocab_mismatch).to(ctx.device)
     torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process

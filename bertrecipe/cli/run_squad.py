@@ -30,7 +30,7 @@ from bertrecipe.finetuning import loop, squad, squad_answers
 from bertrecipe.finetuning.model_loading import build_model, config_and_weights, load_tokenizer
 from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
 from bertrecipe.finetuning.timed_inference import latency_summary, timed_inference
-from bertrecipe.model.bert import BertForQuestionAnswering
+from bertrecipe.model.families import question_answering_model
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.process_group import DistributedContext, barrier, init_distributed, shutdown
 from bertrecipe.training.stepper import Precision, make_precision, seed_everything
@@ -171,7 +171,7 @@ def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: An
     if args.do_train or args.do_predict:
         config, weights = config_and_weights(args.config_file, args.init_checkpoint)
         seed_everything(args.seed)  # the same new QA head on every process
-        inputs["model"] = build_model(BertForQuestionAnswering, config, weights, args.init_checkpoint,
+        inputs["model"] = build_model(question_answering_model, config, weights, args.init_checkpoint,
                                       tokenizer.vocab, args.max_seq_length, args.allow_vocab_mismatch).to(ctx.device)
         inputs["config"] = config
         torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process

@@ -29,7 +29,7 @@ from bertrecipe.deploy.model_repository import PLATFORMS, TritonSettings, deploy
 from bertrecipe.deploy.onnx_export import TritonSignature
 from bertrecipe.deploy.serving import sample_inputs
 from bertrecipe.finetuning import model_loading
-from bertrecipe.model.bert import BertForQuestionAnswering, BertForSequenceClassification
+from bertrecipe.model.families import question_answering_model, sequence_classification_model
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -88,10 +88,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     config, weights = model_loading.config_and_weights(args.config_file, args.init_checkpoint)
     torch.manual_seed(args.seed)
     if args.task == "squad":
-        make: Callable = BertForQuestionAnswering
+        make: Callable = question_answering_model
     else:
         def make(c):
-            return BertForSequenceClassification(c, args.num_labels)
+            return sequence_classification_model(c, args.num_labels)
     model = model_loading.build_model(make, config, weights, args.init_checkpoint, tokenizer.vocab,
                                       args.max_seq_length, args.allow_vocab_mismatch)
     inputs = sample_inputs(tokenizer, args.predict_file, squad_flags.window_settings(args))

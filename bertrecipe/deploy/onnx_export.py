@@ -12,6 +12,7 @@ from torch import nn
 from bertrecipe.common.errors import InputError
 from bertrecipe.deploy.serving import INPUTS, OUTPUTS
 from bertrecipe.finetuning.question_answering import LogitsFunction
+from bertrecipe.model.families import encoder_of, is_modern_config
 from bertrecipe.tokenization.wordpiece import Vocab, check_vocab_for_model, padded_vocab_size
 
 
@@ -21,9 +22,13 @@ class TritonSignature(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
-        model.bert.skip_padding = False  # one static dense graph, whatever padding the tracing example has
+        encoder_of(model).skip_padding = False  # one static dense graph, whatever padding the tracing example has
 
     def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, input_mask: torch.Tensor):
+        if is_modern_config(self.model.config):
+            # The modern family has no segment embeddings; a graph input nothing reads is dropped by the
+            # exporter, and every client sends three inputs: the ids keep it, unchanged.
+            input_ids = input_ids + segment_ids * 0
         outputs = self.model(input_ids, segment_ids, input_mask)
         return tuple(outputs[1:])  # drop the (absent) loss
 

@@ -8,7 +8,7 @@ from typing import Callable, Optional
 from torch import nn
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.model.bert import BertConfig
+from bertrecipe.model.families import ModelConfig
 from bertrecipe.model.weights import LoadedWeights, load_weights_into, read_config, read_weights
 from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab, check_vocab_for_model, load_vocab
 
@@ -22,7 +22,7 @@ def load_tokenizer(vocab_file: str | Path, do_lower_case: bool, allow_vocab_mism
 
 
 def config_and_weights(config_file: Optional[str],
-                       init_checkpoint: Optional[str]) -> tuple[BertConfig, Optional[LoadedWeights]]:
+                       init_checkpoint: Optional[str]) -> tuple[ModelConfig, Optional[LoadedWeights]]:
     """The model's config (--config_file, else the checkpoint's own) and the checkpoint's weights (None without
     one). A config that does not fit the weights is reported when they are loaded."""
     weights = read_weights(init_checkpoint) if init_checkpoint else None
@@ -34,7 +34,7 @@ def config_and_weights(config_file: Optional[str],
     return weights.config, weights
 
 
-def build_model(make: Callable[[BertConfig], nn.Module], config: BertConfig, weights: Optional[LoadedWeights],
+def build_model(make: Callable[[ModelConfig], nn.Module], config: ModelConfig, weights: Optional[LoadedWeights],
                 source: Optional[str], vocab: Vocab, max_seq_length: int, allow_vocab_mismatch: bool = False
                 ) -> nn.Module:
     """make(config) with the checkpoint's weights; the vocab (check_vocab_for_model: its size against the config's

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
+from torch import nn
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import model_loading, squad, squad_answers
 from bertrecipe.finetuning.timed_inference import timed_inference
-from bertrecipe.model.bert import BertForQuestionAnswering
+from bertrecipe.model.families import is_modern_config, question_answering_model
 from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab
 from bertrecipe.training.stepper import make_precision
 
@@ -81,22 +82,24 @@ def answer_about_context(
 def load_qa_model(
     init_checkpoint: Path, config_file: Optional[Path], vocab: Vocab, max_seq_length: int,
     allow_vocab_mismatch: bool = False,
-) -> BertForQuestionAnswering:
-    """A BertForQuestionAnswering with the checkpoint's weights, in eval mode (run_squad's loading: the config
-    comes from config_file or the checkpoint and must fit the vocab and the sequence length). A checkpoint
-    without a QA head (e.g. a pre-trained one) loads with a warning: its answers are then meaningless."""
+) -> nn.Module:
+    """A question-answering model of the config's family (model/families.py) with the checkpoint's weights, in
+    eval mode (run_squad's loading: the config comes from config_file or the checkpoint and must fit the vocab and
+    the sequence length). A checkpoint without a QA head (e.g. a pre-trained one) loads with a warning: its answers
+    are then meaningless."""
     config, weights = model_loading.config_and_weights(str(config_file) if config_file else None,
                                                        str(init_checkpoint))
-    model = model_loading.build_model(BertForQuestionAnswering, config, weights, str(init_checkpoint), vocab,
+    model = model_loading.build_model(question_answering_model, config, weights, str(init_checkpoint), vocab,
                                       max_seq_length, allow_vocab_mismatch)
-    if weights is not None and not any(name.startswith("qa_outputs.") for name in weights.state_dict):
-        print(f"warning: {init_checkpoint} has no QA head (qa_outputs); answers come from an untrained head",
+    head = "classifier." if is_modern_config(config) else "qa_outputs."
+    if weights is not None and not any(name.startswith(head) for name in weights.state_dict):
+        print(f"warning: {init_checkpoint} has no QA head ({head.rstrip('.')}); answers come from an untrained head",
               file=sys.stderr)
     return model.eval()
 
 
 def predict_logits(
-    model: BertForQuestionAnswering, features: squad.SquadFeatures, batch_size: int, precision: str = "fp32"
+    model: nn.Module, features: squad.SquadFeatures, batch_size: int, precision: str = "fp32"
 ) -> tuple[np.ndarray, np.ndarray]:
     """Start and end logits, float32 [N, L], of every window, batch_size windows at a time."""
     device = next(model.parameters()).device
@@ -109,7 +112,7 @@ def predict_logits(
 
 
 def answer_questions(
-    model: BertForQuestionAnswering,
+    model: nn.Module,
     tokenizer: BertTokenizer,
     questions: Sequence[str],
     context: str,

@@ -13,7 +13,7 @@ from torch import nn
 
 from bertrecipe.common.atomic_files import remove_stale_temporaries, write_temporary
 from bertrecipe.common.errors import InputError
-from bertrecipe.model.bert import BertConfig
+from bertrecipe.model.families import ModelConfig, config_record
 from bertrecipe.training.stepper import unwrap
 
 MODEL_FILES = ("pytorch_model.bin", "bert_config.json")
@@ -98,14 +98,15 @@ class StagedOutputs:
         self.discard()  # after commit() nothing is left to discard
 
 
-def stage_finetuned(stage: StagedOutputs, model: nn.Module, config: BertConfig) -> Path:
+def stage_finetuned(stage: StagedOutputs, model: nn.Module, config: ModelConfig) -> Path:
     """Stages pytorch_model.bin ({"model": state_dict}) and bert_config.json; returns the model's temporary path."""
     path = stage.write("pytorch_model.bin", lambda f: torch.save({"model": unwrap(model).state_dict()}, f))
-    stage.write_text("bert_config.json", json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+    record = config_record(unwrap(model), config)
+    stage.write_text("bert_config.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
     return path
 
 
-def save_finetuned(model: nn.Module, config: BertConfig, output_dir: str | Path) -> Path:
+def save_finetuned(model: nn.Module, config: ModelConfig, output_dir: str | Path) -> Path:
     """Writes output_dir/pytorch_model.bin ({"model": state_dict}) and bert_config.json, together."""
     with StagedOutputs(output_dir, MODEL_FILES) as stage:
         stage_finetuned(stage, model, config)

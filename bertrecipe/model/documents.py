@@ -35,7 +35,7 @@ def document_attention_bias(document_ids: Tensor, dtype: torch.dtype,
     diagonal = index[:, None] == index[None, :]
     allowed = same & ((document_ids[:, None, :] > 0) | diagonal)
     if half_window is not None:
-        allowed &= (index[:, None] - index[None, :]).abs() <= half_window
+        allowed = allowed & ((index[:, None] - index[None, :]).abs() <= half_window)  # not &=: ONNX lacks it
     bias = torch.zeros(allowed.shape, dtype=dtype, device=document_ids.device)
     bias.masked_fill_(~allowed, torch.finfo(dtype).min)
     return bias[:, None]

@@ -56,6 +56,15 @@ def write_config(config: ModelConfig, path: str | Path) -> None:
     Path(path).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def config_record(model: nn.Module, config: ModelConfig) -> dict[str, Any]:
+    """The config to write beside a task model's weights. A modern one names the model's class (transformers'
+    name) in `architectures`: its QA and two-label classification heads have the same parameters."""
+    record = config.to_dict()
+    if is_modern_config(config):
+        record["architectures"] = [type(model).__name__]
+    return record
+
+
 def is_modern_config(config: ModelConfig) -> bool:
     return isinstance(config, ModernBertConfig)
 

@@ -118,7 +118,7 @@ class ModernBertConfig:
 
     @property
     def type_vocab_size(self) -> int:
-        return 1  # no segment embeddings: token_type_ids are accepted and unused
+        return 2  # no segment embeddings: the segment ids 0 and 1 of NVIDIA-style shards are accepted and unused
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str | Path = "config") -> "ModernBertConfig":

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.model.bert import BertConfig
+from bertrecipe.model.families import ModelConfig
 from bertrecipe.pretraining.data import BertPretrainingCriterion, PretrainingData, evaluation_batches
 from bertrecipe.pretraining.masking import IGNORE_INDEX
 from bertrecipe.pretraining.shard_schema import ShardInfo
@@ -77,7 +77,7 @@ class TrainingSetup:
     """What the loop trains and evaluates with, set up by the command once every input is checked."""
 
     ctx: DistributedContext
-    config: BertConfig  # the config file's, which checkpoints keep (whatever --pretrain_dropout the model has)
+    config: ModelConfig  # the config file's, which checkpoints keep (whatever --pretrain_dropout the model has)
     model: torch.nn.Module  # wrapped for DDP when there is more than one process
     optimizer: torch.optim.Optimizer
     scheduler: Any  # PolyWarmUpScheduler, or TimeBudgetScheduler with --train_budget_minutes

@@ -13,8 +13,10 @@ from transformers import ModernBertForMaskedLM as TheirMaskedLM
 from transformers import ModernBertForQuestionAnswering as TheirQuestionAnswering
 from transformers import ModernBertForSequenceClassification as TheirSequenceClassification
 
-from bertrecipe.model.bert import BertConfig, BertForPreTraining, ConfigError
+from bertrecipe.model.bert import BertConfig, BertForPreTraining, ConfigError, attend
+from bertrecipe.model.documents import document_attention_bias
 from bertrecipe.model.families import config_from_json_file, pretraining_model
+from bertrecipe.model.local_attention import Band, banded_attention
 from bertrecipe.model.modern import ModernBertForMaskedLM, ModernBertModel
 from bertrecipe.model.modern_config import ModernBertConfig
 from bertrecipe.model.weights import export_huggingface, load_weights_into, model_for_weights, read_weights
@@ -247,3 +249,20 @@ def test_a_bare_encoder_loads_from_a_masked_lm_folder(tmp_path):
         expected = theirs.model(input_ids=ids, attention_mask=mask).last_hidden_state
         got = encoder.eval()(ids, mask)
     assert_close(got[mask.bool()], expected[mask.bool()])
+
+
+@pytest.mark.parametrize("reach, seq", [(16, 300), (4, 13), (64, 200)])
+def test_banded_local_attention_equals_dense_attention_with_the_window_bias(reach, seq):
+    generator = torch.Generator().manual_seed(reach)
+    q, k, v = (torch.randn(2, 3, seq, 8, generator=generator, requires_grad=True) for _ in range(3))
+    document_ids = torch.zeros(2, seq, dtype=torch.long)
+    document_ids[0, : seq // 3], document_ids[0, seq // 3: seq - 5] = 1, 2  # two documents, then padding
+    document_ids[1] = 1
+    band = Band(document_ids, reach)
+    banded = banded_attention(q, k, v, band, 0.0, training=False)
+    dense = attend(q, k, v, document_attention_bias(document_ids, torch.float32, reach), 0.0, training=False)
+    assert torch.allclose(banded, dense, atol=1e-5)
+    weights = torch.randn(banded.shape, generator=generator)
+    grads = [torch.autograd.grad((out * weights).sum(), (q, k, v)) for out in (banded, dense)]
+    for ours, reference in zip(*grads, strict=True):
+        assert torch.allclose(ours, reference, atol=1e-5)

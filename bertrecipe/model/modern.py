@@ -9,7 +9,7 @@ documents.py): attention then stays inside each document and positions restart a
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from bertrecipe.model.bert import ACTIVATIONS, Linear, PreTrainingOutput, TokenPacking, attend
 from bertrecipe.model.documents import document_attention_bias, positions_within_documents
 from bertrecipe.model.fast_dropout import Dropout
+from bertrecipe.model.local_attention import Band, banded_attention
 from bertrecipe.model.modern_config import ModernBertConfig
 
 
@@ -71,8 +72,9 @@ class ModernBertAttention(nn.Module):
         self.out_drop = Dropout(config.attention_dropout)
         self.local = local
 
-    def forward(self, x: Tensor, bias: Tensor, rotary: tuple[Tensor, Tensor],
+    def forward(self, x: Tensor, mask: Union[Tensor, Band], rotary: tuple[Tensor, Tensor],
                 packing: Optional[TokenPacking]) -> Tensor:
+        """mask: an additive bias [B, 1, S, S], or the Band a long sequence's local layer attends within."""
         qkv = self.Wqkv(x)
         if packing is not None:
             qkv = packing.unpack(qkv)
@@ -80,7 +82,10 @@ class ModernBertAttention(nn.Module):
         head_dim = width // 3 // self.num_heads
         q, k, v = qkv.view(batch, seq, 3, self.num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = rotate(q, *rotary), rotate(k, *rotary)
-        context = attend(q, k, v, bias, self.dropout_prob, self.training)
+        if isinstance(mask, Band):
+            context = banded_attention(q, k, v, mask, self.dropout_prob, self.training)
+        else:
+            context = attend(q, k, v, mask, self.dropout_prob, self.training)
         context = context.transpose(1, 2).reshape(batch, seq, width // 3)
         if packing is not None:
             context = packing.pack(context)
@@ -112,9 +117,9 @@ class ModernBertEncoderLayer(nn.Module):
         self.mlp_norm = _layer_norm(config)
         self.mlp = ModernBertMLP(config)
 
-    def forward(self, x: Tensor, bias: Tensor, rotary: tuple[Tensor, Tensor],
+    def forward(self, x: Tensor, mask: Union[Tensor, Band], rotary: tuple[Tensor, Tensor],
                 packing: Optional[TokenPacking]) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), bias, rotary, packing)
+        x = x + self.attn(self.attn_norm(x), mask, rotary, packing)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -147,22 +152,33 @@ class ModernBertModel(nn.Module):
             input_ids, document_ids, positions = (t[:, : packing.seq] for t in (input_ids, document_ids, positions))
         x = self.embeddings(input_ids)
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        local_reach = self.config.local_attention // 2
-        biases = {local: document_attention_bias(document_ids, dtype, local_reach if local else None)
-                  for local in {layer.attn.local for layer in self.layers}}
-        rotary = {local: self.rotary[local](positions) for local in biases}
+        masks = self._masks(document_ids, dtype)
+        rotary = {local: self.rotary[local](positions) for local in masks}
         if packing is not None:
             x = packing.pack(x)
         for layer in self.layers:
             local = layer.attn.local
             if self.checkpoint_activations and self.training and torch.is_grad_enabled():
-                x = checkpoint(layer, x, biases[local], rotary[local], packing, use_reentrant=False)
+                x = checkpoint(layer, x, masks[local], rotary[local], packing, use_reentrant=False)
             else:
-                x = layer(x, biases[local], rotary[local], packing)
+                x = layer(x, masks[local], rotary[local], packing)
         x = self.final_norm(x)
         if packing is None:
             return x
         return F.pad(packing.unpack(x), (0, 0, 0, full_length - packing.seq))
+
+
+    def _masks(self, document_ids: Tensor, dtype: torch.dtype) -> dict[bool, Union[Tensor, Band]]:
+        """Per kind of layer (local: True): the dense bias, or for local layers of long rows the Band, whose
+        memory grows linearly with the length."""
+        masks: dict[bool, Union[Tensor, Band]] = {}
+        for local in {layer.attn.local for layer in self.layers}:
+            band = Band(document_ids, self.config.local_attention // 2)
+            if local and band.worth_it() and not torch.jit.is_tracing():  # exported graphs stay dense
+                masks[local] = band
+            else:
+                masks[local] = document_attention_bias(document_ids, dtype, band.reach if local else None)
+        return masks
 
 
 class ModernBertPredictionHead(nn.Module):

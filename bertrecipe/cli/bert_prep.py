@@ -20,11 +20,18 @@ from bertrecipe.common.atomic_files import remove_stale_temporaries_of
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import DataError
 from bertrecipe.dataprep import download, engine, layout, text_formatting
-from bertrecipe.dataprep.create_pretraining_data import ShardConfig, check_paths, shard_attributes, shard_task, validate
+from bertrecipe.dataprep.bpe_tokenizer import is_bpe_file, load_bpe
+from bertrecipe.dataprep.create_pretraining_data import (
+    ShardConfig,
+    check_paths,
+    expected_attributes,
+    shard_task,
+    validate,
+)
 from bertrecipe.dataprep.outputs import inside, refuse_input_as_output
 from bertrecipe.dataprep.shard_writer import is_complete
 from bertrecipe.dataprep.sharding import ShardingConfig, segment_tasks, shard_corpus
-from bertrecipe.dataprep.vocab_training import train_vocab, vocab_path
+from bertrecipe.dataprep.vocab_training import train_bpe, train_vocab, vocab_path
 from bertrecipe.tokenization.wordpiece import load_vocab
 
 # tqdm's default lock is a multiprocessing semaphore that spawn workers leak warnings about; threads suffice.
@@ -58,6 +65,8 @@ class PrepConfig:
     bookscorpus_url_list: Path | None
     compression: str
     engine: engine.EngineConfig = engine.EngineConfig()  # where formatting, sharding and hdf5 tasks run
+    document_chunks: bool = False  # create_hdf5_files: masked-LM-only rows of whole documents
+    vocab_type: str = "wordpiece"  # create_vocab: wordpiece (vocab.txt) or bpe (byte-level, tokenizer.json)
 
 
 def corpus_members(dataset: str) -> tuple[str, ...]:
@@ -175,7 +184,8 @@ def _report_workers(used: set[str]) -> None:
 def _shard_jobs(cfg: PrepConfig, vocab: Path) -> list[ShardConfig]:
     text_dir = layout.sharded_dir(cfg.root, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set)
     params = layout.InstanceParams(cfg.do_lower_case, cfg.max_seq_length, cfg.max_predictions_per_seq,
-                                   cfg.masked_lm_prob, cfg.random_seed, cfg.dupe_factor)
+                                   cfg.masked_lm_prob, cfg.random_seed, cfg.dupe_factor, cfg.document_chunks,
+                                   is_bpe_file(vocab))
     jobs = []
     for split, count in (("training", cfg.n_training_shards), ("test", cfg.n_test_shards)):
         for i in range(count):
@@ -186,7 +196,8 @@ def _shard_jobs(cfg: PrepConfig, vocab: Path) -> list[ShardConfig]:
             jobs.append(ShardConfig(source, layout.hdf5_shard(cfg.root, params, cfg.dataset, split, i), vocab,
                                     cfg.do_lower_case, cfg.max_seq_length, cfg.max_predictions_per_seq,
                                     cfg.masked_lm_prob, cfg.short_seq_prob, cfg.dupe_factor, cfg.random_seed,
-                                    cfg.whole_word_masking, cfg.compression, checked_by_caller=True))
+                                    cfg.whole_word_masking, cfg.compression, checked_by_caller=True,
+                                    document_chunks=cfg.document_chunks))
     return jobs
 
 
@@ -208,13 +219,13 @@ def do_create_hdf5_files(cfg: PrepConfig) -> None:
         raise DataError("--n_training_shards", f"must be at least 1, got {cfg.n_training_shards}")
     engine.validate_engine(cfg.engine)
     vocab_file = cfg.vocab_file or default_vocab(cfg)
-    vocab = load_vocab(vocab_file)
     jobs = _shard_jobs(cfg, vocab_file)
     validate(jobs[0])
+    expected = expected_attributes(jobs[0])  # reads the vocab (or tokenizer.json): a bad one is refused here
     for job in jobs:
         check_paths(job)  # no shard may be the vocab or a text shard, whatever symlinks the working dir holds
     # A shard that exists with the same parameters is complete (it was renamed into place): skip it.
-    todo = [j for j in jobs if not is_complete(j.output_file, shard_attributes(j, len(vocab), vocab.sha256))]
+    todo = [j for j in jobs if not is_complete(j.output_file, expected)]
     print(f"{len(jobs) - len(todo)} of {len(jobs)} shards already complete")
     if not todo:
         _prepare_hdf5_dirs(jobs)
@@ -233,7 +244,14 @@ def do_create_hdf5_files(cfg: PrepConfig) -> None:
 
 def do_create_vocab(cfg: PrepConfig) -> None:
     inputs = [layout.formatted_text(cfg.root, c) for c in corpus_members(cfg.dataset)]
-    output = cfg.vocab_file or vocab_path(cfg.root, cfg.dataset, cfg.do_lower_case, cfg.vocab_size)
+    bpe = cfg.vocab_type == "bpe"
+    output = cfg.vocab_file or vocab_path(cfg.root, cfg.dataset, cfg.do_lower_case, cfg.vocab_size, bpe)
+    if is_bpe_file(output) != bpe:  # the suffix is how create_pretraining_data tells the two apart
+        raise DataError(output, "--vocab_file of --vocab_type bpe must end in .json, of wordpiece must not")
+    if bpe:
+        train_bpe(inputs, output, cfg.vocab_size)
+        print(f"BPE tokenizer ({load_bpe(output).size} tokens, a multiple of 64) -> {output}")
+        return
     train_vocab(inputs, output, cfg.vocab_size, cfg.do_lower_case)
     print(f"vocab ({len(load_vocab(output))} tokens) -> {output}")
 
@@ -256,8 +274,16 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
     p.add_argument("--max_predictions_per_seq", type=int, default=20)
     p.add_argument("--do_lower_case", type=int, choices=(0, 1), default=1)
     p.add_argument("--whole_word_masking", action="store_true")
-    p.add_argument("--vocab_file", type=Path, help="vocab.txt to use (create_hdf5_files) or write (create_vocab)")
-    p.add_argument("--vocab_size", type=int, default=30522, help="size of the vocab trained by create_vocab")
+    p.add_argument("--vocab_file", type=Path, help="vocab.txt to use (create_hdf5_files) or write (create_vocab); "
+                                                   "with --document_chunks also a BPE tokenizer.json")
+    p.add_argument("--vocab_size", type=int, default=30522,
+                   help="size of the vocab trained by create_vocab (BPE: then padded to a multiple of 64)")
+    p.add_argument("--vocab_type", choices=("wordpiece", "bpe"), default="wordpiece",
+                   help="create_vocab: a WordPiece vocab.txt (default) or a cased byte-level BPE tokenizer.json "
+                        "(ModernBERT-style, for --document_chunks)")
+    p.add_argument("--document_chunks", action="store_true",
+                   help="create_hdf5_files: masked-LM-only shards of whole documents cut at --max_seq_length (see "
+                        "create_pretraining_data.py --help), under hdf5_document_chunks_*")
     p.add_argument("--bookscorpus_url_list", "--bookcorpus_url_list", type=Path,
                    help="BookCorpus list for --action download (none is shipped): one plain-text book URL a line, "
                         "or soskek/bookcorpus's url_list.jsonl (its \"txt\" URLs are used) "
@@ -272,7 +298,7 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
                       a.fraction_test_set, a.n_processes, a.random_seed, a.dupe_factor, a.masked_lm_prob,
                       a.short_seq_prob, a.max_seq_length, a.max_predictions_per_seq, bool(a.do_lower_case),
                       a.whole_word_masking, a.vocab_file, a.vocab_size, a.bookscorpus_url_list, a.compression,
-                      _engine_config(a))
+                      _engine_config(a), document_chunks=a.document_chunks, vocab_type=a.vocab_type)
 
 
 def _add_engine_args(p: ArgumentParser) -> None:

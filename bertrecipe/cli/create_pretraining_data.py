@@ -2,8 +2,10 @@
 
 Same flags as NVIDIA's script: --input_file (file, directory of .txt, or Google's comma-separated list and globs)
 --output_file --vocab_file --do_lower_case --max_seq_length --max_predictions_per_seq --masked_lm_prob
---short_seq_prob --dupe_factor --random_seed, plus --whole_word_masking. Bad input: exit status 2 and one line on
-stderr, before anything is written. The shard is made by bertrecipe/dataprep/create_pretraining_data.py.
+--short_seq_prob --dupe_factor --random_seed, plus --whole_word_masking, and --document_chunks: rows of whole
+documents for masked-LM-only training (no sentence pairs, masked as they are read; --vocab_file may then be a
+byte-level BPE tokenizer.json). Bad input: exit status 2 and one line on stderr, before anything is written. The
+shard is made by bertrecipe/dataprep/create_pretraining_data.py.
 """
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ def parse_args(argv: list[str] | None = None) -> ShardConfig:
                    help="a text file, a directory of .txt files, or (as Google's) a comma-separated list of files, "
                         "directories and glob patterns")
     p.add_argument("--output_file", type=Path, required=True, help="the .hdf5 shard to write")
-    p.add_argument("--vocab_file", type=Path, required=True, help="BERT vocab.txt")
+    p.add_argument("--vocab_file", type=Path, required=True,
+                   help="BERT vocab.txt, or with --document_chunks a BPE tokenizer.json (bertPrep.py --action "
+                        "create_vocab --vocab_type bpe)")
     p.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction, default=True,
                    help="uncased model (default; --no-do_lower_case for cased)")
     p.add_argument("--max_seq_length", type=int, default=128)
@@ -31,6 +35,11 @@ def parse_args(argv: list[str] | None = None) -> ShardConfig:
     p.add_argument("--dupe_factor", type=int, default=10)
     p.add_argument("--random_seed", type=int, default=12345)
     p.add_argument("--whole_word_masking", action="store_true", help="mask all pieces of a word together")
+    p.add_argument("--document_chunks", action="store_true",
+                   help="masked-LM-only shards: each document's tokens cut into rows of [CLS] up to max_seq_length - 2 "
+                        "tokens [SEP], no sentence pairs, no masks (train with run_pretraining.py --dynamic_masking "
+                        "--no_nsp); --max_predictions_per_seq, --masked_lm_prob, --short_seq_prob and --dupe_factor "
+                        "are unused")
     p.add_argument("--compression", choices=("gzip", "lzf", "none"), default="none",
                    help="HDF5 compression: none (default, fastest; files ~12x the size of the text at "
                         "dupe_factor 5), gzip level 1 with byte shuffle (~4x smaller, readable by any HDF5 "
@@ -44,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
     result = create_shard(cfg)
     mb = result.input_bytes / 1e6
-    print(f"wrote {result.instances} instances to {result.output_file} "
+    what = "document chunks" if cfg.document_chunks else "instances"
+    print(f"wrote {result.instances} {what} to {result.output_file} "
           f"({mb:.1f} MB of text in {result.seconds:.1f} s, {mb / max(result.seconds, 1e-9):.2f} MB/s)")
 
 

@@ -1,7 +1,8 @@
 """One HDF5 pre-training shard from text (one sentence per line, blank line between documents), as Google's and
 NVIDIA's create_pretraining_data make it: ShardConfig, create_shard, and shard_task (a shard as a task of bertPrep's
-engine). The command line is bertrecipe/cli/create_pretraining_data.py. Every input is checked before anything is
-written."""
+engine); with document_chunks, a document-chunk shard for masked-LM-only training instead (document_chunks.py),
+tokenized by a WordPiece vocab.txt or a byte-level BPE tokenizer.json (bpe_tokenizer.py). The command line is
+bertrecipe/cli/create_pretraining_data.py. Every input is checked before anything is written."""
 from __future__ import annotations
 
 import os
@@ -10,12 +11,15 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable, Iterable
 
 import numpy as np
 from tqdm import tqdm
 
 from bertrecipe.common.errors import DataError
-from bertrecipe.dataprep.documents import input_files, input_paths, read_text, tokenize_documents
+from bertrecipe.dataprep.bpe_tokenizer import BpeVocab, bpe_documents, is_bpe_file, load_bpe
+from bertrecipe.dataprep.document_chunks import write_document_chunks
+from bertrecipe.dataprep.documents import Documents, input_files, input_paths, read_text, tokenize_documents
 from bertrecipe.dataprep.instances import (
     MaskingConfig,
     SpecialIds,
@@ -26,7 +30,8 @@ from bertrecipe.dataprep.instances import (
 )
 from bertrecipe.dataprep.outputs import check_writable, refuse_input_as_output
 from bertrecipe.dataprep.shard_writer import write_shard_blocks
-from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
+from bertrecipe.pretraining.shard_schema import DOCUMENT_CHUNKS, KIND_ATTRIBUTE, SpecialTokenIds
+from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab, load_vocab
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,9 @@ class ShardConfig:
     # bertPrep checks every job's paths and removes the stale temporaries of all its shards (one listing per
     # folder) before the first shard starts; done again per shard among 4,096 they cost ~0.3 ms and ~1.9 ms.
     checked_by_caller: bool = False
+    # Rows of whole documents cut at max_seq_length, for masked-LM-only training: no pairs, masked as they are read
+    # (the pair and masking parameters above are then unused). vocab_file may then be a BPE tokenizer.json.
+    document_chunks: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,12 @@ def validate(cfg: ShardConfig) -> None:
         raise DataError("--short_seq_prob", f"must be in [0, 1], got {cfg.short_seq_prob}")
     if cfg.dupe_factor < 1:
         raise DataError("--dupe_factor", f"must be at least 1, got {cfg.dupe_factor}")
+    if cfg.document_chunks and cfg.whole_word_masking:
+        raise DataError("--whole_word_masking", "document chunks hold no masks (they are drawn as the rows are read): "
+                                                "pass --whole_word_masking to run_pretraining.py instead")
+    if not cfg.document_chunks and is_bpe_file(cfg.vocab_file):
+        raise DataError(cfg.vocab_file, "a BPE tokenizer.json makes document-chunk shards only: add "
+                                        "--document_chunks, or pass a WordPiece vocab.txt")
 
 
 def shard_attributes(cfg: ShardConfig, vocab_size: int, vocab_sha256: str) -> dict[str, object]:
@@ -98,15 +112,19 @@ def check_paths(cfg: ShardConfig) -> list[Path]:
     return files
 
 
+def _file_key(path: str | Path) -> tuple:
+    """The file as it is now, whatever name reaches it: one system call, no resolve()."""
+    try:
+        stat = os.stat(path)
+        return (stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        return (str(path), 0, 0, 0)  # the loader reports the problem
+
+
 def vocab_and_tokenizer(vocab_file: str | Path, do_lower_case: bool) -> tuple:
     """The vocab and its tokenizer, built once per process for a file as it is now (a shard task of
     create_hdf5_files spent about 25 ms rebuilding them, which dominated shards of a few hundred KB)."""
-    try:
-        stat = os.stat(vocab_file)  # the file itself, whatever name reaches it: one system call, no resolve()
-        key = (stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size)
-    except OSError:
-        key = (str(vocab_file), 0, 0, 0)  # load_vocab reports the problem
-    return _cached_vocab_and_tokenizer(key, str(vocab_file), do_lower_case)
+    return _cached_vocab_and_tokenizer(_file_key(vocab_file), str(vocab_file), do_lower_case)
 
 
 @lru_cache(maxsize=2)
@@ -115,30 +133,100 @@ def _cached_vocab_and_tokenizer(key: tuple, vocab_file: str, do_lower_case: bool
     return vocab, BertTokenizer(vocab, do_lower_case)
 
 
+@lru_cache(maxsize=2)
+def _cached_bpe(key: tuple, vocab_file: str) -> BpeVocab:
+    return load_bpe(vocab_file)
+
+
+@dataclass(frozen=True)
+class ChunkVocab:
+    """What a document-chunk shard needs of its --vocab_file (WordPiece vocab.txt or BPE tokenizer.json): the
+    attributes it records and a tokenize(texts, on_progress) -> Documents."""
+
+    kind: str  # "wordpiece" or "bpe"
+    size: int
+    sha256: str
+    special: SpecialTokenIds
+    lowercases: bool
+    tokenize: Callable[[Iterable[str], Callable[[int], None] | None], Documents]
+
+
+def chunk_vocab(vocab_file: str | Path, do_lower_case: bool) -> ChunkVocab:
+    """The ChunkVocab of a tokenizer.json (byte-level BPE: cased, do_lower_case unused) or a vocab.txt."""
+    if is_bpe_file(vocab_file):
+        bpe = _cached_bpe(_file_key(vocab_file), str(vocab_file))
+        special = SpecialTokenIds(bpe.id("[CLS]"), bpe.id("[SEP]"), bpe.id("[PAD]"), bpe.id("[MASK]"), bpe.size)
+        return ChunkVocab("bpe", bpe.size, bpe.sha256, special, False,
+                          lambda texts, on_progress: bpe_documents(texts, bpe, on_progress))
+    vocab, tokenizer = vocab_and_tokenizer(vocab_file, do_lower_case)
+    special = SpecialTokenIds(vocab.id("[CLS]"), vocab.id("[SEP]"), vocab.id("[PAD]"), vocab.id("[MASK]"), len(vocab))
+    return ChunkVocab("wordpiece", len(vocab), vocab.sha256, special, do_lower_case,
+                      lambda texts, on_progress: tokenize_documents(texts, tokenizer, on_progress))
+
+
+def chunk_attributes(cfg: ShardConfig, vocab: ChunkVocab) -> dict[str, object]:
+    """The HDF5 attributes of a document-chunk shard: its kind, what it was made with, and its special ids."""
+    special = vocab.special
+    return {
+        KIND_ATTRIBUTE: DOCUMENT_CHUNKS, "tokenizer": vocab.kind, "vocab_size": vocab.size,
+        "vocab_sha256": vocab.sha256, "do_lower_case": int(vocab.lowercases), "max_seq_length": cfg.max_seq_length,
+        "random_seed": cfg.random_seed, "cls_id": special.cls, "sep_id": special.sep, "pad_id": special.pad,
+        "mask_id": special.mask,
+    }
+
+
+def expected_attributes(cfg: ShardConfig) -> dict[str, object]:
+    """The attributes a complete shard of cfg holds (bertPrep skips a shard that has them)."""
+    if cfg.document_chunks:
+        return chunk_attributes(cfg, chunk_vocab(cfg.vocab_file, cfg.do_lower_case))
+    vocab, _ = vocab_and_tokenizer(cfg.vocab_file, cfg.do_lower_case)
+    return shard_attributes(cfg, len(vocab), vocab.sha256)
+
+
 def create_shard(cfg: ShardConfig, progress: bool | None = None) -> ShardResult:
     """Text file(s) -> one HDF5 shard at cfg.output_file. Depends only on the input, the vocab and cfg.
     Every input is checked before the first write: a refused run leaves the output location as it was."""
     started = time.perf_counter()
     validate(cfg)
-    vocab, tokenizer = vocab_and_tokenizer(cfg.vocab_file, cfg.do_lower_case)
+    disable = None if progress is None else not progress  # None: bars only on a terminal
+    compression = None if cfg.compression == "none" else cfg.compression
+    if cfg.document_chunks:
+        vocab = chunk_vocab(cfg.vocab_file, cfg.do_lower_case)
+        docs, input_bytes = _read_documents(cfg, vocab.tokenize, disable)
+        rows = write_document_chunks(Path(cfg.output_file), docs, cfg.max_seq_length, vocab.special,
+                                     chunk_attributes(cfg, vocab), cfg.random_seed, compression,
+                                     clean=not cfg.checked_by_caller)
+    else:
+        wordpiece, tokenizer = vocab_and_tokenizer(cfg.vocab_file, cfg.do_lower_case)
+        docs, input_bytes = _read_documents(
+            cfg, lambda texts, on_progress: tokenize_documents(texts, tokenizer, on_progress), disable)
+        rows = _write_instances(cfg, docs, wordpiece, compression, disable)
+    return ShardResult(Path(cfg.output_file), rows, input_bytes, time.perf_counter() - started)
+
+
+def _read_documents(cfg: ShardConfig, tokenize: Callable[[Iterable[str], Callable[[int], None] | None], Documents],
+                    disable: bool | None) -> tuple[Documents, int]:
+    """The input's documents, tokenized, and its size in bytes; refuses an input without text."""
     files = input_files(cfg.input_file) if cfg.checked_by_caller else check_paths(cfg)
-    output = Path(cfg.output_file)
     texts = [read_text(path) for path in files]  # all decoded before any output: bad bytes fail early
     input_bytes = sum(path.stat().st_size for path in files)
-    disable = None if progress is None else not progress  # None: bars only on a terminal
-    name = output.name
-    with tqdm(total=sum(len(t) for t in texts), unit="char", unit_scale=True, desc=f"tokenize {name}",
-              disable=disable, leave=False) as bar:
-        docs = tokenize_documents(texts, tokenizer, on_progress=bar.update)
-    del texts
+    with tqdm(total=sum(len(t) for t in texts), unit="char", unit_scale=True,
+              desc=f"tokenize {Path(cfg.output_file).name}", disable=disable, leave=False) as bar:
+        docs = tokenize(texts, bar.update)
     if docs.num_documents == 0:
         raise DataError(cfg.input_file, "input holds no text (no non-empty line); --input_file takes text of one "
                                         "sentence a line, documents separated by blank lines")
+    return docs, input_bytes
+
+
+def _write_instances(cfg: ShardConfig, docs: Documents, vocab: Vocab, compression: str | None,
+                     disable: bool | None) -> int:
+    """Google's sentence-pair instances of docs, statically masked, into cfg.output_file; their number."""
     masking = MaskingConfig(cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.masked_lm_prob,
                             cfg.short_seq_prob, cfg.dupe_factor, cfg.whole_word_masking)
     rng = random.Random(cfg.random_seed)
     gen = np.random.default_rng(cfg.random_seed)
-    with tqdm(total=docs.num_documents * cfg.dupe_factor, unit="doc", desc=f"instances {name}",
+    with tqdm(total=docs.num_documents * cfg.dupe_factor, unit="doc", desc=f"instances {Path(cfg.output_file).name}",
               disable=disable, leave=False) as bar:
         spans = pair_spans(docs, masking, rng, on_progress=bar.update)
     spans = spans[gen.permutation(len(spans))]  # Google shuffles the instances of all passes together
@@ -149,11 +237,10 @@ def create_shard(cfg: ShardConfig, progress: bool | None = None) -> ShardResult:
     special = SpecialIds(vocab.id("[CLS]"), vocab.id("[SEP]"), vocab.id("[MASK]"), len(vocab), continuation)
     # Block by block into the file: memory holds one block of rows, not the shard (~0.9 KB a row at 128/20).
     blocks = instance_blocks(docs.tokens, spans, masking, special, gen)
-    write_shard_blocks(output, len(spans), instance_row_shapes(masking), blocks,
-                       shard_attributes(cfg, len(vocab), vocab.sha256),
-                       compression=None if cfg.compression == "none" else cfg.compression,
+    write_shard_blocks(Path(cfg.output_file), len(spans), instance_row_shapes(masking), blocks,
+                       shard_attributes(cfg, len(vocab), vocab.sha256), compression=compression,
                        clean=not cfg.checked_by_caller)
-    return ShardResult(output, len(spans), input_bytes, time.perf_counter() - started)
+    return len(spans)
 
 
 def shard_task(cfg: ShardConfig) -> int:

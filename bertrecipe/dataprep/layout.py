@@ -27,10 +27,17 @@ class InstanceParams:
     masked_lm_prob: float
     random_seed: int
     dupe_factor: int
+    document_chunks: bool = False  # masked-LM-only rows: only the tokenizer, L and the seed name the directory
+    bpe: bool = False  # document chunks tokenized by a BPE tokenizer.json (cased; do_lower_case unused)
 
 
 def hdf5_dir(root: str | Path, params: InstanceParams) -> Path:
-    """`<root>/hdf5_lower_case_<0|1>_seq_len_<L>_max_pred_<P>_masked_lm_prob_<p>_random_seed_<s>_dupe_factor_<d>`."""
+    """`<root>/hdf5_lower_case_<0|1>_seq_len_<L>_max_pred_<P>_masked_lm_prob_<p>_random_seed_<s>_dupe_factor_<d>`;
+    document chunks: `<root>/hdf5_document_chunks_<lower_case_<0|1>|bpe>_seq_len_<L>_random_seed_<s>`."""
+    if params.document_chunks:
+        tokenizer = "bpe" if params.bpe else f"lower_case_{int(params.do_lower_case)}"
+        return Path(root) / (f"hdf5_document_chunks_{tokenizer}_seq_len_{params.max_seq_length}"
+                             f"_random_seed_{params.random_seed}")
     name = (f"hdf5_lower_case_{int(params.do_lower_case)}_seq_len_{params.max_seq_length}"
             f"_max_pred_{params.max_predictions_per_seq}_masked_lm_prob_{float(params.masked_lm_prob)}"
             f"_random_seed_{params.random_seed}_dupe_factor_{params.dupe_factor}")

@@ -10,7 +10,13 @@ import numpy as np
 
 from bertrecipe.common.atomic_files import atomic_output
 from bertrecipe.common.errors import DataError
-from bertrecipe.pretraining.shard_schema import FORMAT_VERSION, SHARD_ARRAYS
+from bertrecipe.pretraining.shard_schema import (
+    FORMAT_VERSION,
+    KIND_ARRAYS,
+    KIND_ATTRIBUTE,
+    SENTENCE_PAIRS,
+    SHARD_ARRAYS,
+)
 
 __all__ = ["is_complete", "write_shard", "write_shard_blocks"]
 
@@ -30,11 +36,13 @@ def write_shard(path: str | Path, arrays: Mapping[str, np.ndarray], attrs: Mappi
 def write_shard_blocks(path: str | Path, rows: int, row_shapes: Mapping[str, tuple[int, ...]],
                        blocks: Iterable[Mapping[str, np.ndarray]], attrs: Mapping[str, object],
                        compression: str | None = "gzip", clean: bool = True) -> None:
-    """write_shard for rows that come in blocks (consecutive rows of all six keys): the datasets are created
+    """write_shard for rows that come in blocks (consecutive rows of all the kind's keys): the datasets are created
     with their final shapes (rows, *row_shapes[key]) and filled block by block, so that only one block need be
     in memory. Blocks that do not add up to rows are a ValueError, and nothing is left at path. clean=False:
-    the caller removed path's stale temporaries already (atomic_files.remove_stale_temporaries_of)."""
+    the caller removed path's stale temporaries already (atomic_files.remove_stale_temporaries_of). The kind
+    (sentence pairs, or document chunks) is attrs' shard_kind, absent for sentence pairs."""
     path = Path(path)
+    schema = _schema(attrs)
     try:
         # Missing folders are made and stale temporaries of killed runs removed only now, at the first write.
         # A chunk cache that holds a whole chunk of every dataset: blocks need not end at chunk boundaries,
@@ -42,8 +50,8 @@ def write_shard_blocks(path: str | Path, rows: int, row_shapes: Mapping[str, tup
         with atomic_output(path, clean) as tmp, h5py.File(tmp, "w", rdcc_nbytes=_CHUNK_CACHE) as f:
             datasets = {key: f.create_dataset(key, (rows, *row_shapes[key]), dtype,
                                               **_storage((rows, *row_shapes[key]), dtype, compression))
-                        for key, (dtype, _) in SHARD_ARRAYS.items()}
-            _fill(datasets, rows, blocks)
+                        for key, (dtype, _) in schema.items()}
+            _fill(datasets, rows, blocks, schema)
             stored = f.attrs  # one manager for all: h5py makes a new one at every `f.attrs`
             for name, value in attrs.items():
                 stored[name] = value
@@ -53,13 +61,21 @@ def write_shard_blocks(path: str | Path, rows: int, row_shapes: Mapping[str, tup
                               f"{path.parent}") from None
 
 
-def _fill(datasets: Mapping[str, h5py.Dataset], rows: int, blocks: Iterable[Mapping[str, np.ndarray]]) -> None:
-    """Write the blocks' rows one after the other; each block is checked against SHARD_ARRAYS and the datasets."""
+def _schema(attrs: Mapping[str, object]) -> Mapping[str, tuple[type, int]]:
+    kind = attrs.get(KIND_ATTRIBUTE, SENTENCE_PAIRS)
+    if kind not in KIND_ARRAYS:
+        raise ValueError(f"{KIND_ATTRIBUTE} {kind!r} is not one of {', '.join(KIND_ARRAYS)}")
+    return KIND_ARRAYS[kind]
+
+
+def _fill(datasets: Mapping[str, h5py.Dataset], rows: int, blocks: Iterable[Mapping[str, np.ndarray]],
+          schema: Mapping[str, tuple[type, int]]) -> None:
+    """Write the blocks' rows one after the other; each block is checked against the schema and the datasets."""
     done = 0
     for block in blocks:
-        size = len(block["next_sentence_labels"])
+        size = len(block[next(iter(schema))])
         for key, dataset in datasets.items():
-            array = _check_block(key, block[key])
+            array = _check_block(key, block[key], schema)
             if array.shape != (size, *dataset.shape[1:]) or done + size > rows:
                 raise ValueError(f"{key}: block of shape {array.shape} does not fit rows {done}.. of "
                                  f"{dataset.shape}")
@@ -78,8 +94,8 @@ def _write_rows(dataset: h5py.Dataset, first: int, array: np.ndarray) -> None:
     dataset.id.write(h5py.h5s.create_simple(array.shape), space, np.ascontiguousarray(array))
 
 
-def _check_block(key: str, array: np.ndarray) -> np.ndarray:
-    dtype, ndim = SHARD_ARRAYS[key]
+def _check_block(key: str, array: np.ndarray, schema: Mapping[str, tuple[type, int]] = SHARD_ARRAYS) -> np.ndarray:
+    dtype, ndim = schema[key]
     if array.dtype != dtype or array.ndim != ndim:
         raise ValueError(f"{key}: expected {np.dtype(dtype).name} with {ndim} dims, got {array.dtype} {array.shape}")
     return array
@@ -101,10 +117,10 @@ def _storage(shape: tuple[int, ...], dtype: type, compression: str | None) -> di
 
 
 def is_complete(path: str | Path, attrs: Mapping[str, object]) -> bool:
-    """True when path is a readable shard with all six keys and the same attributes (skip-if-complete)."""
+    """True when path is a readable shard with all keys of its kind and the same attributes (skip-if-complete)."""
     try:
         with h5py.File(path, "r") as f:
-            if set(f.keys()) != set(SHARD_ARRAYS):
+            if set(f.keys()) != set(_schema(attrs)):
                 return False
             return all(k in f.attrs and _same(f.attrs[k], v) for k, v in attrs.items())
     except (OSError, KeyError):

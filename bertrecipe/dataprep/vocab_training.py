@@ -1,4 +1,5 @@
-"""`--action create_vocab`: train an uncased or cased BERT WordPiece vocab.txt from formatted text.
+"""`--action create_vocab`: train an uncased or cased BERT WordPiece vocab.txt from formatted text, or
+(`--vocab_type bpe`, train_bpe) a byte-level BPE tokenizer.json for document-chunk shards.
 
 Deterministic: the same text gives the same vocab.txt byte for byte, whatever the run or the thread count.
 tokenizers' trainer is not: it gives the continuation pieces (`##x`) their ids in the order of a randomly
@@ -9,14 +10,17 @@ and handed to the trainer as its first tokens in code-point order, so that every
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from tokenizers.implementations import BertWordPieceTokenizer
 
 from bertrecipe.common.atomic_files import atomic_output
 from bertrecipe.common.errors import DataError
+from bertrecipe.dataprep.bpe_tokenizer import load_bpe
 from bertrecipe.dataprep.outputs import check_writable, refuse_input_as_output
 from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, load_vocab
 
@@ -24,11 +28,64 @@ LIMIT_ALPHABET = 1000  # most distinct characters kept (the most frequent ones)
 PREFIX = "##"
 _CODE_POINTS = 0x110000
 _CHUNK_BYTES = 1 << 22  # text read per numpy pass (whole lines)
+BPE_MULTIPLE = 64  # ModernBERT's choice: a vocab (so embedding) size that is a multiple of 64 suits the GPU
+_BYTES = 256  # byte-level BPE's alphabet
 
 
-def vocab_path(root: str | Path, corpus: str, do_lower_case: bool, vocab_size: int) -> Path:
-    """Where create_vocab writes by default: `<root>/vocab/<corpus>_<uncased|cased>_<size>.txt`."""
+def vocab_path(root: str | Path, corpus: str, do_lower_case: bool, vocab_size: int, bpe: bool = False) -> Path:
+    """Where create_vocab writes by default: `<root>/vocab/<corpus>_<uncased|cased>_<size>.txt`, or
+    `<root>/vocab/<corpus>_bpe_<size>.json` for a BPE tokenizer (cased: byte-level BPE keeps the text as it is)."""
+    if bpe:
+        return Path(root) / "vocab" / f"{corpus}_bpe_{vocab_size}.json"
     return Path(root) / "vocab" / f"{corpus}_{'uncased' if do_lower_case else 'cased'}_{vocab_size}.txt"
+
+
+def train_bpe(inputs: Sequence[Path], output: Path, vocab_size: int, min_frequency: int = 2) -> Path:
+    """Train a byte-level BPE tokenizer (cased, lossless) on the text files and write its tokenizer.json: BERT's
+    special tokens first (ids 0-4, [PAD] 0, as shards pad), the 256 bytes, the merges as learnt (up to
+    vocab_size tokens in all), then `[unused<i>]` tokens up to a multiple of BPE_MULTIPLE. tokenizers' BPE
+    trainer is deterministic (its ties are broken by pair ids, which come from the byte alphabet, given here)."""
+    _check(inputs, output, vocab_size, minimum=len(SPECIAL_TOKENS) + _BYTES + 1)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                  special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    try:
+        tokenizer.train([str(p) for p in inputs], trainer)
+    except Exception as err:  # tokenizers reports a file it cannot read or decode as a plain Exception
+        raise DataError(inputs[0], f"cannot train on the formatted text ({' '.join(str(err).split())}); run "
+                                   "--action text_formatting again") from None
+    if tokenizer.get_vocab_size() <= len(SPECIAL_TOKENS) + _BYTES:
+        raise DataError(inputs[0], f"no text to train a BPE vocab on (no pair of bytes occurs {min_frequency} "
+                                   "times); run --action text_formatting on a corpus with text")
+    text = _padded_bpe(tokenizer)
+    try:
+        with atomic_output(output) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise DataError(output, f"cannot write the tokenizer ({err.strerror}); choose another --vocab_file") from None
+    load_bpe(output)  # the file we wrote must pass the same checks as a user's
+    return output
+
+
+def _padded_bpe(tokenizer: Tokenizer) -> str:
+    """The tokenizer's JSON with `[unused<i>]` tokens (never produced: no merge makes them) appended up to a
+    multiple of BPE_MULTIPLE, and BERT's `[CLS] A [SEP]` template for users that encode with special tokens."""
+    data = json.loads(tokenizer.to_str())
+    vocab = data["model"]["vocab"]
+    size = -(-len(vocab) // BPE_MULTIPLE) * BPE_MULTIPLE
+    names = (f"[unused{i}]" for i in range(size))
+    while len(vocab) < size:
+        name = next(names)
+        if name not in vocab:
+            vocab[name] = len(vocab)
+    padded = Tokenizer.from_str(json.dumps(data, ensure_ascii=False))
+    cls, sep = padded.token_to_id("[CLS]"), padded.token_to_id("[SEP]")
+    padded.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return padded.to_str(pretty=True)
 
 
 def train_vocab(inputs: Sequence[Path], output: Path, vocab_size: int, do_lower_case: bool,
@@ -165,10 +222,10 @@ def _code_chunks(inputs: Sequence[Path]) -> Iterator[np.ndarray]:
             raise DataError(path, f"cannot read the formatted text ({err.strerror}); check its permissions") from None
 
 
-def _check(inputs: Sequence[Path], output: Path, vocab_size: int) -> None:
+def _check(inputs: Sequence[Path], output: Path, vocab_size: int, minimum: int = len(SPECIAL_TOKENS) + 100) -> None:
     """Everything that can be refused before training: nothing is written by a refused run."""
-    if vocab_size < len(SPECIAL_TOKENS) + 100:
-        raise DataError("--vocab_size", f"must be at least {len(SPECIAL_TOKENS) + 100}, got {vocab_size}")
+    if vocab_size < minimum:
+        raise DataError("--vocab_size", f"must be at least {minimum}, got {vocab_size}")
     for path in inputs:
         if not path.is_file():
             raise DataError(path, "formatted text not found (run --action text_formatting first)")

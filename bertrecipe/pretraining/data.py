@@ -29,7 +29,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.pretraining import masking, sample_order
-from bertrecipe.pretraining.shard_schema import SHARD_KEYS, ShardInfo
+from bertrecipe.pretraining.shard_schema import KIND_ARRAYS, ShardInfo, as_static_rows
 
 try:
     from isal import isal_zlib
@@ -64,20 +64,20 @@ def check_value_ranges(path: Path, arrays: dict[str, np.ndarray], vocab_size: in
 
 def read_rows(info: ShardInfo, f: h5py.File | RowSource, start: int, stop: int, vocab_size: int
               ) -> dict[str, np.ndarray]:
-    """Rows [start, stop) of an open shard, every value range-checked (what a reader decompresses is only these
-    rows' chunks; through a RowSource, gzip chunks are inflated by ISA-L)."""
+    """Rows [start, stop) of an open shard of either kind as the six SHARD_KEYS (shard_schema.as_static_rows), every
+    value range-checked (only these rows' chunks are decompressed; through a RowSource, gzip by ISA-L)."""
     source = f if isinstance(f, RowSource) else RowSource(f.filename, f)
     try:
-        arrays = {k: source.rows(k, start, stop) for k in SHARD_KEYS}
+        arrays = {k: source.rows(k, start, stop) for k in KIND_ARRAYS[info.kind]}
     except (OSError, KeyError, RuntimeError, ValueError) as error:
         raise InputError(f"{info.path}: cannot read rows {start}-{stop} of the shard ({error}); rewrite it or remove "
                          "it from the input directory") from None
     finally:
         if source is not f:
             source.close()
-    arrays["next_sentence_labels"] = arrays["next_sentence_labels"].reshape(-1)
     if len(arrays["input_ids"]) != stop - start:
         raise InputError(f"{info.path}: holds fewer rows than it said when the run started; rewrite it")
+    arrays = as_static_rows(info, arrays, start)  # document chunks: zero segments and labels, a fixed mask
     check_value_ranges(info.path, arrays, vocab_size, info.type_vocab_size, start)
     return arrays
 

@@ -97,6 +97,29 @@ def spec_from_shard(arrays: dict[str, np.ndarray], vocab_size: int, masked_lm_pr
                        max_predictions=max_predictions)
 
 
+def spec_from_special_ids(cls: int, sep: int, pad: int, mask: int, vocab_size: int, masked_lm_prob: float,
+                          max_predictions: int) -> MaskingSpec:
+    """MaskingSpec of the special ids a document-chunk shard records (any tokenizer: WordPiece or BPE)."""
+    return MaskingSpec(vocab_size=vocab_size, mask_id=mask, special_ids=(cls, sep, pad),
+                       masked_lm_prob=masked_lm_prob, max_predictions=max_predictions)
+
+
+def labels_to_positions(labels: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """A static shard's masked_lm_positions (int32) and masked_lm_ids (labels' dtype), [B, width], of labels
+    [B, S] (IGNORE_INDEX where not predicted): each row's predicted positions ascending, then 0. ValueError if a
+    row has more than width."""
+    rows, cols = np.nonzero(labels != IGNORE_INDEX)  # row-major: a row's positions come out ascending
+    counts = np.bincount(rows, minlength=len(labels))
+    if counts.size and counts.max() > width:
+        raise ValueError(f"a row has {counts.max()} predicted positions, more than {width}")
+    slot = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    positions = np.zeros((len(labels), width), np.int32)
+    ids = np.zeros((len(labels), width), labels.dtype)
+    positions[rows, slot] = cols
+    ids[rows, slot] = labels[rows, cols]
+    return positions, ids
+
+
 def masked_positions(masked_lm_positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Where a static shard's rows [B, P] of masked_lm_positions point: (valid [B, P] bool, row, column), the
     list of a row ending at its first 0 (position 0 is [CLS], never masked); row and column index the masked

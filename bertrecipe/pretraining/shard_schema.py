@@ -1,5 +1,7 @@
 """The HDF5 pre-training shard (docs/interfaces.md, section 1), in one place: bertrecipe/dataprep/shard_writer.py
-writes it and bertrecipe/pretraining/data.py reads it. Six arrays of whole rows, one row a sequence. A run finds
+writes it and bertrecipe/pretraining/data.py reads it. Arrays of whole rows, one row a sequence, of one of two
+kinds (the `shard_kind` attribute): NVIDIA's sentence pairs with static masks (six arrays; no attribute, as NVIDIA
+writes them) or document chunks for masked-LM-only training (three arrays, masked as they are read). A run finds
 its shards and checks each against this schema before it starts (inspect_shard: keys, dtypes, shapes and the
 writer's attributes, without reading the data); data.py checks the values as it reads the rows."""
 from __future__ import annotations
@@ -12,6 +14,7 @@ import h5py
 import numpy as np
 
 from bertrecipe.common.errors import InputError
+from bertrecipe.pretraining import masking
 
 FORMAT_VERSION = 1  # the shard's `format_version` attribute
 # Array name -> (dtype, number of dimensions).
@@ -24,7 +27,32 @@ SHARD_ARRAYS = {
     "next_sentence_labels": (np.int8, 1),
 }
 SHARD_KEYS = tuple(SHARD_ARRAYS)
+KIND_ATTRIBUTE = "shard_kind"
+SENTENCE_PAIRS = "sentence_pairs"  # the kind of a shard without the attribute (NVIDIA's, Google's, ours)
+DOCUMENT_CHUNKS = "document_chunks"
+# Document chunks: each document's tokens cut into rows of [CLS] up to L - 2 tokens [SEP]; no pairs, no masks.
+DOCUMENT_CHUNK_ARRAYS = {
+    "input_ids": (np.int32, 2),
+    "input_mask": (np.int8, 2),
+    "document_ids": (np.int64, 1),  # the row's document, numbered in input order; its rows keep their order
+}
+SPECIAL_ID_ATTRIBUTES = ("cls_id", "sep_id", "pad_id", "mask_id")  # document chunks: what load-time masking needs
+KIND_ARRAYS = {SENTENCE_PAIRS: SHARD_ARRAYS, DOCUMENT_CHUNKS: DOCUMENT_CHUNK_ARRAYS}
+# The fixed mask a document-chunk row gets when it is read as static rows (held-out evaluation): Google's rule
+# at this rate, capped only by the row (P = round(L * rate) positions), drawn from the row's number in its shard.
+CHUNK_EVAL_MASKED_LM_PROB = 0.15
 DEFAULT_BLOCK_ROWS = 256  # for unchunked (uncompressed) shards, where any row range reads only itself
+
+
+@dataclass(frozen=True)
+class SpecialTokenIds:
+    """A document-chunk shard's special token ids and tokenizer size (its attributes): what masking needs."""
+
+    cls: int
+    sep: int
+    pad: int
+    mask: int
+    vocab_size: int
 
 
 @dataclass(frozen=True)
@@ -37,6 +65,8 @@ class ShardInfo:
     max_predictions: int
     type_vocab_size: int = 2  # segment ids must lie below it (BERT: 0 and 1)
     block_rows: int = DEFAULT_BLOCK_ROWS  # rows of the HDF5 chunks: reading fewer decompresses as much
+    kind: str = SENTENCE_PAIRS
+    special: Optional[SpecialTokenIds] = None  # document chunks only
 
 
 def find_shards(directory: str | Path, name_must_contain: str = "") -> list[Path]:
@@ -57,9 +87,17 @@ def find_shards(directory: str | Path, name_must_contain: str = "") -> list[Path
 
 def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_length: Optional[int] = None,
                   max_predictions: Optional[int] = None, type_vocab_size: int = 2) -> ShardInfo:
-    """Checks keys, dtypes and shapes (and the writer's attributes when present) without reading the data."""
-    shapes, attrs, chunks = _read_layout(path)
-    n, seq, preds = _check_shapes(path, shapes)
+    """Checks keys, dtypes and shapes (and the writer's attributes when present) without reading the data.
+    max_predictions (static masks expected) refuses a document-chunk shard, which holds no masks."""
+    kind, shapes, attrs, chunks = _read_layout(path)
+    if kind == DOCUMENT_CHUNKS:
+        if max_predictions is not None:
+            raise InputError(f"{path}: a document-chunk shard holds no masks (they are drawn as it is read): add "
+                             "--dynamic_masking")
+        n, seq = _check_chunk_shapes(path, shapes)
+        preds = max(1, round(seq * CHUNK_EVAL_MASKED_LM_PROB))
+    else:
+        n, seq, preds = _check_shapes(path, shapes)
     if seq > max_positions:
         raise InputError(f"{path}: sequences of {seq} tokens exceed the model's max_position_embeddings "
                          f"{max_positions}; use a config with more positions or shorter shards")
@@ -70,31 +108,112 @@ def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_lengt
         raise InputError(f"{path}: {preds} masked positions per sequence but --max_predictions_per_seq is "
                          f"{max_predictions}; pass --max_predictions_per_seq {preds} or matching shards")
     _check_vocab_size(path, attrs, vocab_size)
-    return ShardInfo(path, n, seq, preds, type_vocab_size, block_rows_for(n, chunks))
+    special = _special_ids(path, attrs) if kind == DOCUMENT_CHUNKS else None
+    return ShardInfo(path, n, seq, preds, type_vocab_size, block_rows_for(n, chunks), kind, special)
 
 
-def _read_layout(path: Path) -> tuple[dict[str, tuple], dict, list[tuple[int, int]]]:
-    """Each key's shape, the file's attributes and the chunking (rows, bytes a row) of the chunked keys."""
+def _read_layout(path: Path) -> tuple[str, dict[str, tuple], dict, list[tuple[int, int]]]:
+    """The shard's kind, each key's shape, the file's attributes and the chunking (rows, bytes a row) of the
+    chunked keys."""
     try:
         with h5py.File(path, "r") as f:
-            missing = [k for k in SHARD_KEYS if k not in f]
+            attrs = dict(f.attrs)
+            kind = _kind(path, attrs)
+            keys = tuple(KIND_ARRAYS[kind])
+            missing = [k for k in keys if k not in f]
             if missing:
-                raise InputError(f"{path}: shard lacks the key(s) {', '.join(missing)}; not a pre-training shard of "
+                what = "document-chunk" if kind == DOCUMENT_CHUNKS else "pre-training"
+                raise InputError(f"{path}: shard lacks the key(s) {', '.join(missing)}; not a {what} shard of "
                                  "create_pretraining_data.py: rewrite it")
-            not_arrays = [k for k in SHARD_KEYS if not isinstance(f[k], h5py.Dataset) or f[k].shape is None]
+            not_arrays = [k for k in keys if not isinstance(f[k], h5py.Dataset) or f[k].shape is None]
             if not_arrays:  # a group, or a dataset with no dataspace (h5py.Empty): no shape to check
                 raise InputError(f"{path}: not an array: {', '.join(not_arrays)}; rewrite the shard")
-            for key in SHARD_KEYS:
+            for key in keys:
                 if f[key].dtype.kind not in "iu":
                     raise InputError(f"{path}: {key} has dtype {f[key].dtype}, expected integers; rewrite the shard")
             chunks = [(f[k].chunks[0], f[k].dtype.itemsize * int(np.prod(f[k].shape[1:])))
-                      for k in SHARD_KEYS if f[k].chunks]
-            return {k: f[k].shape for k in SHARD_KEYS}, dict(f.attrs), chunks
+                      for k in keys if f[k].chunks]
+            return kind, {k: f[k].shape for k in keys}, attrs, chunks
     except InputError:
         raise
     except (OSError, KeyError, RuntimeError, ValueError) as error:  # h5py's errors for damaged metadata
         raise InputError(f"{path}: not a readable HDF5 file ({error}); rewrite it or move it out of the folder"
                          ) from None
+
+
+def _kind(path: Path, attrs: dict) -> str:
+    """The shard_kind attribute; a shard without one is NVIDIA's kind."""
+    value = attrs.get(KIND_ATTRIBUTE, SENTENCE_PAIRS)
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not isinstance(value, str) or value not in KIND_ARRAYS:
+        raise InputError(f"{path}: attribute {KIND_ATTRIBUTE} is {value!r}, not one of {', '.join(KIND_ARRAYS)}; "
+                         "rewrite the shard")
+    return value
+
+
+def _check_chunk_shapes(path: Path, shapes: dict[str, tuple]) -> tuple[int, int]:
+    """Rows and sequence length of a document-chunk shard, once its keys' shapes agree."""
+    if len(shapes["input_ids"]) != 2 or shapes["input_mask"] != shapes["input_ids"]:
+        raise InputError(f"{path}: input_ids and input_mask have shapes {shapes['input_ids']} and "
+                         f"{shapes['input_mask']}, expected one shape [N, max_seq_length]; rewrite the shard")
+    n, seq = shapes["input_ids"]
+    if shapes["document_ids"] != (n,):
+        raise InputError(f"{path}: document_ids has shape {shapes['document_ids']}, expected ({n},); rewrite the "
+                         "shard")
+    return int(n), int(seq)
+
+
+def _special_ids(path: Path, attrs: dict) -> SpecialTokenIds:
+    """A document-chunk shard's special ids: distinct integers below its vocab_size attribute."""
+    names = ("vocab_size", *SPECIAL_ID_ATTRIBUTES)
+    values = [attrs.get(name) for name in names]
+    numbers = [int(v) for v in values if isinstance(v, (int, np.integer))]
+    if len(numbers) != len(names) or len(set(numbers[1:])) != 4 or not all(0 <= i < numbers[0] for i in numbers[1:]):
+        found = ", ".join(f"{name}={value!r}" for name, value in zip(names, values, strict=True))
+        raise InputError(f"{path}: a document-chunk shard needs distinct integer attributes {', '.join(names[1:])} "
+                         f"below vocab_size (found {found}); rewrite it with create_pretraining_data.py "
+                         "--document_chunks")
+    return SpecialTokenIds(*numbers[1:], vocab_size=numbers[0])
+
+
+def as_static_rows(info: ShardInfo, arrays: dict[str, np.ndarray], first_row: int) -> dict[str, np.ndarray]:
+    """Rows read from a shard (its kind's keys) as the six SHARD_KEYS of the sentence-pair kind, next_sentence_labels
+    [N]. Document chunks get segment ids and next-sentence labels 0 and a fixed mask: Google's rule at
+    CHUNK_EVAL_MASKED_LM_PROB, keyed by the row's number in its shard (the same at every read), which held-out
+    evaluation scores and --dynamic_masking undoes and draws afresh."""
+    if info.kind != DOCUMENT_CHUNKS:
+        return {**arrays, "next_sentence_labels": arrays["next_sentence_labels"].reshape(-1)}
+    special = info.special
+    assert special is not None  # inspect_shard reads it off every document-chunk shard
+    spec = masking.spec_from_special_ids(special.cls, special.sep, special.pad, special.mask, special.vocab_size,
+                                         CHUNK_EVAL_MASKED_LM_PROB, info.max_predictions)
+    rows = np.arange(first_row, first_row + len(arrays["input_ids"]))
+    input_ids, labels = masking.dynamic_mask(arrays["input_ids"], arrays["input_mask"], rows, 0, 0, spec)
+    positions, ids = masking.labels_to_positions(labels, info.max_predictions)
+    mask = arrays["input_mask"]
+    # int64 as masked: a too large id of a foreign file is refused by the range check, not wrapped into range.
+    return {"input_ids": input_ids, "input_mask": mask, "segment_ids": np.zeros(mask.shape, np.int8),
+            "masked_lm_positions": positions, "masked_lm_ids": ids,
+            "next_sentence_labels": np.zeros(len(rows), np.int8)}
+
+
+def check_run_kinds(shards: list[ShardInfo], no_nsp: bool) -> None:
+    """One kind of shard a run; document chunks (all of one tokenizer) train the masked LM alone."""
+    chunks = [s for s in shards if s.kind == DOCUMENT_CHUNKS]
+    if not chunks:
+        return
+    if len(chunks) != len(shards):
+        pairs = next(s for s in shards if s.kind != DOCUMENT_CHUNKS)
+        raise InputError(f"{chunks[0].path}: a document-chunk shard among sentence-pair shards (e.g. {pairs.path}); "
+                         "train on one kind of shard per run")
+    other = next((s for s in chunks if s.special != chunks[0].special), None)
+    if other is not None:
+        raise InputError(f"{other.path}: written with other special ids or vocab size than {chunks[0].path} "
+                         f"({other.special} vs {chunks[0].special}); use shards of one tokenizer")
+    if not no_nsp:
+        raise InputError(f"{chunks[0].path}: a document-chunk shard holds no sentence pairs (no next-sentence "
+                         "task): add --no_nsp")
 
 
 def _check_shapes(path: Path, shapes: dict[str, tuple]) -> tuple[int, int, int]:

@@ -20,7 +20,7 @@ from bertrecipe.model.bert import BertConfig, BertForPreTraining
 from bertrecipe.model.weights import load_weights_into, read_weights
 from bertrecipe.pretraining import masking
 from bertrecipe.pretraining.data import PretrainingData, StepShape, read_rows
-from bertrecipe.pretraining.shard_schema import ShardInfo
+from bertrecipe.pretraining.shard_schema import ShardInfo, check_run_kinds
 from bertrecipe.tokenization.wordpiece import check_vocab_for_model, load_vocab
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import MetricLogger
@@ -138,7 +138,9 @@ def set_up_optimizer(args: argparse.Namespace, ctx: DistributedContext, model: t
 
 def masking_spec(args: argparse.Namespace, shards: list, config: BertConfig,
                  warn: bool = True) -> Optional[masking.MaskingSpec]:
-    """What --dynamic_masking needs: the special and mask ids, from --vocab_file or read off the first shard."""
+    """What --dynamic_masking needs: the special and mask ids, from --vocab_file, the attributes of document-chunk
+    shards or read off the first shard. Refuses a mix of shard kinds, and document chunks without --no_nsp."""
+    check_run_kinds(shards, args.no_nsp)  # document chunks without --dynamic_masking: inspect_shard refused them
     if not args.dynamic_masking:
         return None
     wanted = round(args.max_seq_length * args.masked_lm_prob)
@@ -154,6 +156,10 @@ def masking_spec(args: argparse.Namespace, shards: list, config: BertConfig,
             tokens = vocab.tokens
             return masking.spec_from_vocab(tokens, args.masked_lm_prob, args.max_predictions_per_seq,
                                            args.whole_word_masking)
+        special = shards[0].special
+        if special is not None:  # a document-chunk shard records its ids: it holds no [MASK] to find them by
+            return masking.spec_from_special_ids(special.cls, special.sep, special.pad, special.mask,
+                                                 special.vocab_size, args.masked_lm_prob, args.max_predictions_per_seq)
         with h5py.File(shards[0].path, "r") as f:  # its first rows show the special ids: no need to read it whole
             rows = read_rows(shards[0], f, 0, min(shards[0].num_samples, 4096), config.vocab_size)
         return masking.spec_from_shard(rows, config.vocab_size, args.masked_lm_prob, args.max_predictions_per_seq)

@@ -35,6 +35,7 @@ from bertrecipe.pretraining.startup import ResumePoint, build_model, masking_spe
 from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import MetricLogger, check_log_paths
+from bertrecipe.training.optimization import DECAY_SHAPES, LR_SCHEDULES, OPTIMIZERS
 from bertrecipe.training.process_group import DistributedContext, any_process, init_distributed, shutdown
 from bertrecipe.training.run_lock import locked_output_folder
 from bertrecipe.training.stepper import allow_tf32, make_precision, seed_everything
@@ -45,12 +46,14 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     # Declared in --help's order: inputs, then the step, then the run, then the data stream and device.
     add_input_flags(p)
     add_step_flags(p)
+    add_optimizer_flags(p)
     add_run_flags(p)
     add_stream_flags(p)
     add_budget_flags(p)
     args = p.parse_args(argv)
     check_numbers(args)
     check_combinations(args)
+    check_optimizer_flags(args)
     args.max_steps = int(args.max_steps)
     args.log_freq = max(1, int(args.log_freq))
     return args
@@ -85,6 +88,57 @@ def add_step_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init_loss_scale", type=float, default=2.0**20)
     p.add_argument("--log_freq", type=float, default=1.0, help="log every N steps")
     p.add_argument("--checkpoint_activations", action="store_true")
+
+
+def add_optimizer_flags(p: argparse.ArgumentParser) -> None:
+    """The optimizer and the learning-rate schedule: LAMB and poly by default (NVIDIA's recipe), AdamW or
+    StableAdamW and warmup-stable-decay for modern encoders (ModernBERT)."""
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="lamb",
+                   help="lamb (NVIDIA's), adamw (torch's, fused on CUDA) or stable_adamw (AdamW with per-tensor update "
+                        "clipping, Wortsman et al. 2023; ModernBERT's)")
+    p.add_argument("--adam_beta1", type=float, default=None, help="adamw/stable_adamw: beta1 (default 0.9)")
+    p.add_argument("--adam_beta2", type=float, default=None,
+                   help="adamw/stable_adamw: beta2 (default 0.999; ModernBERT uses 0.98)")
+    p.add_argument("--adam_epsilon", type=float, default=None, help="adamw/stable_adamw: epsilon (default 1e-6)")
+    p.add_argument("--weight_decay", type=float, default=0.01,
+                   help="decoupled weight decay of every weight but biases and LayerNorms (any optimizer)")
+    p.add_argument("--lr_schedule", choices=LR_SCHEDULES, default="poly",
+                   help="poly: warm-up, then lr * (1 - progress) ** 0.5; wsd: warm-up, constant peak, then decay over "
+                        "the last --decay_proportion of the steps (or of --train_budget_minutes)")
+    p.add_argument("--decay_proportion", type=float, default=None, help="wsd: share of the run that decays (0.1)")
+    p.add_argument("--min_lr_ratio", type=float, default=None, help="wsd: the decay ends at this x the peak (0.0)")
+    p.add_argument("--decay_shape", choices=DECAY_SHAPES, default=None,
+                   help="wsd: linear, or 1-sqrt (Hägele et al. 2024) (default linear)")
+
+
+def check_optimizer_flags(args: argparse.Namespace) -> None:
+    """Refuses optimizer and schedule flags without their --optimizer / --lr_schedule, or out of range, with one
+    line; then fills in their defaults (so that checkpoints record them)."""
+    adam = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-6}
+    wsd = {"decay_proportion": 0.1, "min_lr_ratio": 0.0, "decay_shape": "linear"}
+    for names, needs, ok in ((adam, "--optimizer adamw or stable_adamw", args.optimizer != "lamb"),
+                             (wsd, "--lr_schedule wsd", args.lr_schedule == "wsd")):
+        given = [f"--{name}" for name in names if getattr(args, name) is not None]
+        if given and not ok:
+            raise InputError(f"{', '.join(given)} go with {needs}")
+        for name, default in names.items():
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+    if args.compile_optimizer and args.optimizer != "lamb":
+        raise InputError("--compile_optimizer fuses the LAMB update: it goes with --optimizer lamb")
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0 <= getattr(args, name) < 1:
+            raise InputError(f"--{name} must lie in [0, 1), got {getattr(args, name)}")
+    if not 0 < args.adam_epsilon <= 1:
+        raise InputError(f"--adam_epsilon must lie in (0, 1], got {args.adam_epsilon}")
+    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+        raise InputError(f"--weight_decay must be a number >= 0, got {args.weight_decay}")
+    for name in ("decay_proportion", "min_lr_ratio"):
+        if not 0 <= getattr(args, name) <= 1:
+            raise InputError(f"--{name} must lie in [0, 1], got {getattr(args, name)}")
+    if args.warmup_proportion + args.decay_proportion > 1:
+        raise InputError(f"--warmup_proportion {args.warmup_proportion} and --decay_proportion "
+                         f"{args.decay_proportion} overlap: together they must be at most 1")
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:

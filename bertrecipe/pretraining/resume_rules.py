@@ -30,6 +30,7 @@ class ResumeRule:
     flag: str  # the argparse attribute; the flag is --<flag>
     action: str  # "applied" or "refused"
     why: str
+    before: Any = None  # the value of checkpoints older than the flag (None: those are not compared)
 
 
 RULES = (
@@ -37,6 +38,16 @@ RULES = (
     ResumeRule("warmup_proportion", "applied", "the schedule goes on from the checkpoint's step with the new warm-up"),
     ResumeRule("max_steps", "applied", "the decay now ends at the new step (below the checkpoint's step: refused)"),
     ResumeRule("train_budget_minutes", "applied", "the budget's schedule goes on with the new budget"),
+    ResumeRule("lr_schedule", "applied", "the schedule goes on from the checkpoint's step in the new shape",
+               before="poly"),
+    ResumeRule("decay_proportion", "applied", "the decay now takes the new share of the steps (a stable run "
+                                              "can branch into its decay)"),
+    ResumeRule("min_lr_ratio", "applied", "the decay ends at the new floor"),
+    ResumeRule("decay_shape", "applied", "the decay goes on in the new shape"),
+    ResumeRule("weight_decay", "applied", "the decay takes the new rate from the next step", before=0.01),
+    ResumeRule("adam_beta1", "applied", "the moments go on, averaged at the new rate from the next step"),
+    ResumeRule("adam_beta2", "applied", "the moments go on, averaged at the new rate from the next step"),
+    ResumeRule("adam_epsilon", "applied", "the update's denominator takes the new epsilon"),
     ResumeRule("gradient_accumulation_steps", "applied", "the same samples per step, in other micro-batches"),
     ResumeRule("train_batch_size", "applied", "allowed while the global batch (all processes) stays the same"),
     ResumeRule("fp16", "applied", "precision may change; the loss scale starts afresh where there was none"),
@@ -50,6 +61,8 @@ RULES = (
     ResumeRule("dynamic_masking", "refused", "it changes what every sample of the stream is"),
     ResumeRule("masked_lm_prob", "refused", "it changes what every sample of the stream is"),
     ResumeRule("whole_word_masking", "refused", "it changes what every sample of the stream is"),
+    ResumeRule("optimizer", "refused", "the checkpoint holds that optimizer's state (LAMB's and AdamW's moments "
+                                       "are not interchangeable)", before="lamb"),
 )
 # Compared outside RULES, with the same words in the docs' table.
 OTHER_CHECKS = (
@@ -125,6 +138,11 @@ def refuse_overwrites(everything: list[SavedCheckpoint], first_step: int, last_s
                          "--max_steps, or move it away")
 
 
+def saved_optimizer(ckpt: dict[str, Any]) -> str:
+    """The --optimizer a checkpoint was trained with ("lamb" for those older than the flag)."""
+    return str((ckpt.get("args") or {}).get("optimizer", "lamb"))
+
+
 def same_value(old: Any, new: Any) -> bool:
     if isinstance(old, (int, float)) and isinstance(new, (int, float)) and not isinstance(old, bool):
         return float(old) == float(new)
@@ -138,9 +156,10 @@ def compare_flags(path: Path, ckpt: dict[str, Any], args: argparse.Namespace, sh
     data = ckpt.get("data") or {}
     applied = []
     for rule in RULES:
-        if rule.flag not in saved or same_value(saved[rule.flag], getattr(args, rule.flag)):
+        old = saved.get(rule.flag, rule.before)
+        if (rule.flag not in saved and rule.before is None) or same_value(old, getattr(args, rule.flag)):
             continue
-        old, new = saved[rule.flag], getattr(args, rule.flag)
+        new = getattr(args, rule.flag)
         if rule.action == "refused":
             raise InputError(f"{path}: was trained with --{rule.flag} {old}, this run has {new}: {rule.why}; resume "
                              f"with --{rule.flag} {old}, or start from it with --init_checkpoint in a new --output_dir")

@@ -1,7 +1,7 @@
 """What a pre-training run trains, set up before its first step from the parsed flags (run_pretraining's `args`):
-the model, LAMB with its schedule and loss scaler, restored from the checkpoint the run continues, and the model
-wrapped for DDP; the ResumePoint the loop goes on from; and this process's share of the sample stream, at that
-point, with what --dynamic_masking needs."""
+the model, the optimizer (LAMB, AdamW or StableAdamW) with its schedule and loss scaler, restored from the
+checkpoint the run continues, and the model wrapped for DDP; the ResumePoint the loop goes on from; and this
+process's share of the sample stream, at that point, with what --dynamic_masking needs."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +20,7 @@ from bertrecipe.model.bert import BertConfig, BertForPreTraining
 from bertrecipe.model.weights import load_weights_into, read_weights
 from bertrecipe.pretraining import masking
 from bertrecipe.pretraining.data import PretrainingData, StepShape, read_rows
+from bertrecipe.pretraining.resume_rules import saved_optimizer
 from bertrecipe.pretraining.shard_schema import ShardInfo, check_run_kinds
 from bertrecipe.tokenization.wordpiece import check_vocab_for_model, load_vocab
 from bertrecipe.training import checkpointing
@@ -27,8 +28,12 @@ from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.optimization import (
     PolyWarmUpScheduler,
     TimeBudgetScheduler,
+    TimeBudgetWsdScheduler,
+    WarmupStableDecayScheduler,
+    build_adam_optimizer,
     build_lamb,
     choose_compiled_lamb,
+    restart_optimizer_steps,
     weight_decay_groups,
 )
 from bertrecipe.training.process_group import DistributedContext
@@ -86,10 +91,18 @@ def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torc
     if trained_without_nsp != args.no_nsp:  # the optimizer holds state for other parameters
         raise InputError(f"{path}: was trained {'with' if trained_without_nsp else 'without'} --no_nsp; continue it "
                          f"the same way, or start from it with --init_checkpoint in a new --output_dir")
-    optimizer.load_state_dict(ckpt["optimizer"])
+    trained_with = saved_optimizer(ckpt)
+    if trained_with != args.optimizer:  # its state is another optimizer's (compare_flags says so first on a resume)
+        if not args.do_train:  # evaluation needs the weights only
+            log.log("PARAMETER", {"evaluated": str(path)})
+            return fresh
+        raise InputError(f"{path}: was trained with --optimizer {trained_with}, this run has --optimizer "
+                         f"{args.optimizer}: the checkpoint holds {trained_with}'s state; continue with --optimizer "
+                         f"{trained_with}, or start from it with --init_checkpoint in a new --output_dir")
+    load_optimizer_state(optimizer, ckpt["optimizer"])
     if handoff:  # phase 1 -> phase 2: same weights and moments, optimizer step and schedule start again
+        restart_optimizer_steps(optimizer)
         for group in optimizer.param_groups:
-            group["step"] = 0
             group["lr"] = args.learning_rate  # phase 2 has its own peak lr
             group.pop("initial_lr", None)
         log.log("PARAMETER", {"phase2_start_from": str(path)})
@@ -108,26 +121,62 @@ def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torc
                        int(ckpt.get("skipped_steps", 0)), float(ckpt.get("train_seconds", 0.0)))
 
 
-def set_up_optimizer(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module,
-                     precision: Precision, log: MetricLogger, resume_from: Optional[tuple[Path, dict[str, Any]]]
-                     ) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, ResumePoint]:
-    """LAMB, its schedule and the loss scaler, restored from the checkpoint `resume_from` (path, content) when the
-    run has one; then the model wrapped for DDP. Returns those and where the phase goes on."""
-    groups = weight_decay_groups(model, 0.01)
-    optimizer = build_lamb(groups, lr=args.learning_rate, compiled=choose_compiled_lamb(groups, args.compile_optimizer))
-    resume = ResumePoint()
-    if resume_from is not None:
-        resume = restore_state(args, ctx, model, optimizer, log, *resume_from)
-    # Built after the restore: a phase-2 handoff has just reset the optimizer's lr and step.
-    scheduler: PolyWarmUpScheduler | TimeBudgetScheduler
-    if args.train_budget_minutes:
-        scheduler = TimeBudgetScheduler(optimizer, args.warmup_proportion, args.train_budget_minutes * 60,
-                                        resume.train_seconds)
+# The hyper-parameters that the run's flags set (resume_rules.RULES: applied on a resume), not the checkpoint's.
+FLAG_HYPERPARAMETERS = ("betas", "eps", "weight_decay")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """The checkpoint's moments and step counts; betas, eps and weight decay stay the flags' (torch would take the
+    checkpoint's)."""
+    ours = [{key: group[key] for key in FLAG_HYPERPARAMETERS if key in group} for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, values in zip(optimizer.param_groups, ours, strict=True):
+        group.update(values)
+
+
+def build_optimizer(args: argparse.Namespace, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+    """--optimizer over `groups` at --learning_rate: LAMB (apex's on CUDA where installed, fused by torch.compile as
+    --compile_optimizer says), or AdamW / StableAdamW with --adam_beta1, --adam_beta2 and --adam_epsilon."""
+    if args.optimizer == "lamb":
+        return build_lamb(groups, lr=args.learning_rate, compiled=choose_compiled_lamb(groups, args.compile_optimizer))
+    return build_adam_optimizer(args.optimizer, groups, args.learning_rate, (args.adam_beta1, args.adam_beta2),
+                                args.adam_epsilon)
+
+
+def build_scheduler(args: argparse.Namespace, optimizer: torch.optim.Optimizer, resume: ResumePoint) -> Any:
+    """--lr_schedule over --max_steps, or over --train_budget_minutes of training time (poly: Cramming's linear
+    decay; wsd: warmup-stable-decay in time), at the step (or time) the run resumes from."""
+    budget = args.train_budget_minutes * 60
+    scheduler: PolyWarmUpScheduler | TimeBudgetScheduler | WarmupStableDecayScheduler
+    if args.lr_schedule == "wsd":
+        shape = {"decay": args.decay_proportion, "min_ratio": args.min_lr_ratio, "shape": args.decay_shape}
+        if budget:
+            scheduler = TimeBudgetWsdScheduler(optimizer, args.warmup_proportion, budget, resume.train_seconds,
+                                               **shape)
+        else:
+            scheduler = WarmupStableDecayScheduler(optimizer, args.warmup_proportion, max(args.max_steps, 1), **shape)
+    elif budget:
+        scheduler = TimeBudgetScheduler(optimizer, args.warmup_proportion, budget, resume.train_seconds)
     else:
         scheduler = PolyWarmUpScheduler(optimizer, args.warmup_proportion, max(args.max_steps, 1))
     if resume.scheduler is not None:
         scheduler.load_state_dict(resume.scheduler)
         scheduler.set_peak_lr(args.learning_rate)  # a changed --learning_rate applies (resume_rules.RULES)
+    return scheduler
+
+
+def set_up_optimizer(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module,
+                     precision: Precision, log: MetricLogger, resume_from: Optional[tuple[Path, dict[str, Any]]]
+                     ) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, ResumePoint]:
+    """The optimizer, its schedule and the loss scaler, restored from the checkpoint `resume_from` (path, content)
+    when the run has one; then the model wrapped for DDP. Returns those and where the phase goes on."""
+    groups = weight_decay_groups(model, args.weight_decay)
+    optimizer = build_optimizer(args, groups)
+    resume = ResumePoint()
+    if resume_from is not None:
+        resume = restore_state(args, ctx, model, optimizer, log, *resume_from)
+    # Built after the restore: a phase-2 handoff has just reset the optimizer's lr and step.
+    scheduler = build_scheduler(args, optimizer, resume)
     if resume.scaler is not None and precision.scaler is not None:
         precision.scaler.load_state_dict(resume.scaler)
     compress = None

@@ -1,11 +1,14 @@
-"""Optimizers and learning-rate schedules of the recipe: LAMB for pre-training, AdamW for fine-tuning.
+"""Optimizers and learning-rate schedules of the recipe: LAMB (the pre-training default), AdamW and StableAdamW
+(modern encoders' pre-training, AdamW also fine-tuning); the poly, warmup-stable-decay and linear schedules.
 
 LAMB (You et al., 2019) as NVIDIA's BERT recipe runs it: gradients clipped by one global norm, Adam moments with
 bias correction, decoupled weight decay inside the update, and a per-tensor trust ratio ||w|| / ||update||.
-The update runs over all tensors of a group at once with `torch._foreach_*` kernels.
+The update runs over all tensors of a group at once with `torch._foreach_*` kernels. StableAdamW (Wortsman et al.
+2023, ModernBERT's optimizer) is AdamW with AdaFactor's update clipping as a per-tensor learning rate.
 """
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any, Iterable, Optional
 
@@ -13,6 +16,11 @@ import torch
 from torch import Tensor, nn
 
 NO_DECAY_NAME_PARTS = ("bias", "LayerNorm", "layer_norm", "gamma", "beta")
+# Parameters of these modules never decay, whatever their names (ModernBERT's `attn_norm`, `final_norm`...).
+NORM_MODULES = tuple(t for t in (nn.LayerNorm, getattr(nn, "RMSNorm", None)) if t is not None)
+OPTIMIZERS = ("lamb", "adamw", "stable_adamw")
+LR_SCHEDULES = ("poly", "wsd")
+DECAY_SHAPES = ("linear", "1-sqrt")
 
 
 def global_grad_norm(optimizer: torch.optim.Optimizer) -> Tensor:
@@ -24,12 +32,15 @@ def global_grad_norm(optimizer: torch.optim.Optimizer) -> Tensor:
 
 
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two parameter groups: every weight decays by `weight_decay`, biases and LayerNorm parameters do not."""
+    """Two parameter groups: every weight decays by `weight_decay`; biases, LayerNorm parameters (by name, or of
+    a NORM_MODULES module whatever its name, with or without a bias) do not."""
+    norm_params = {id(p) for m in model.modules() if isinstance(m, NORM_MODULES) for p in m.parameters(recurse=False)}
     decay, no_decay = [], []
     for name, param in model.named_parameters():  # shared (tied) parameters are listed once
         if not param.requires_grad:
             continue
-        (no_decay if any(part in name for part in NO_DECAY_NAME_PARTS) else decay).append(param)
+        plain = id(param) in norm_params or any(part in name for part in NO_DECAY_NAME_PARTS)
+        (no_decay if plain else decay).append(param)
     return [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
@@ -235,6 +246,102 @@ def build_adamw(model: nn.Module, lr: float, weight_decay: float = 0.01) -> torc
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, fused=fused or None)
 
 
+class StableAdamW(torch.optim.Optimizer):
+    """StableAdamW (Wortsman et al. 2023, "Stable and low-precision training for large-scale vision-language
+    models"; ModernBERT's optimizer): AdamW with AdaFactor's update clipping as a per-tensor learning rate, so that a
+    tensor whose gradient outgrows its second-moment estimate takes a smaller step (in place of gradient clipping).
+
+    Per step and tensor: m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; m_hat, v_hat bias-corrected;
+    RMS = sqrt(mean(g^2 / max(v_hat, eps^2))); lr_t = lr / max(1, RMS); w -= lr_t wd w (decoupled, as torch's AdamW
+    scales it); w -= lr_t m_hat / (sqrt(v_hat) + eps). State per tensor: step (an int), exp_avg, exp_avg_sq.
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.98),
+                 eps: float = 1e-6, weight_decay: float = 0.01) -> None:
+        if lr < 0 or eps <= 0 or weight_decay < 0 or not 0 <= betas[0] < 1 or not 0 <= betas[1] < 1:
+            raise ValueError(f"invalid StableAdamW hyper-parameters: lr={lr}, betas={betas}, eps={eps}, "
+                             f"weight_decay={weight_decay}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if any(p.grad.is_sparse for p in params):
+                raise RuntimeError("StableAdamW does not support sparse gradients")
+            if params:
+                self._update_group(group, params)
+        return loss
+
+    def _update_group(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        beta1, beta2 = group["betas"]
+        states = [self.state[p] for p in params]
+        for p, state in zip(params, states, strict=True):
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["step"] += 1
+        grads = [p.grad for p in params]
+        exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+        denoms = torch._foreach_sqrt(exp_avg_sqs)  # sqrt(v_hat) = sqrt(v) / sqrt(1 - b2^t)
+        torch._foreach_div_(denoms, [math.sqrt(1 - beta2 ** s["step"]) for s in states])
+        # RMS = ||g / max(sqrt(v_hat), eps)||_2 / sqrt(n): the same as sqrt(mean(g^2 / max(v_hat, eps^2))).
+        ratios = torch._foreach_clamp_min(denoms, group["eps"])
+        torch._foreach_reciprocal_(ratios)
+        torch._foreach_mul_(ratios, grads)
+        norms = torch.stack(torch._foreach_norm(ratios, 2.0))
+        norms = norms.to(torch.promote_types(norms.dtype, torch.float32))  # the rates in fp32 at least
+        del ratios
+        sizes = torch.tensor([float(p.numel()) for p in params], dtype=norms.dtype, device=norms.device)
+        # One tensor of per-tensor rates: no host sync, unlike a .item() per tensor.
+        lrs = group["lr"] / torch.clamp(norms / sizes.sqrt(), min=1.0)
+        if group["weight_decay"] != 0:
+            torch._foreach_mul_(params, list((1 - lrs * group["weight_decay"]).unbind()))
+        torch._foreach_add_(denoms, group["eps"])
+        updates = torch._foreach_div(exp_avgs, denoms)
+        del denoms
+        bias_corrections = torch.tensor([1 - beta1 ** s["step"] for s in states], dtype=norms.dtype,
+                                        device=norms.device)
+        torch._foreach_mul_(updates, list((-lrs / bias_corrections).unbind()))
+        torch._foreach_add_(params, updates)
+
+
+def build_adam_optimizer(kind: str, param_groups: list[dict[str, Any]], lr: float, betas: tuple[float, float],
+                         eps: float) -> torch.optim.Optimizer:
+    """--optimizer adamw (torch's AdamW: its fused kernel on CUDA, the multi-tensor one elsewhere) or stable_adamw
+    over `param_groups` (weight_decay_groups': each group keeps its own decay)."""
+    if kind == "stable_adamw":
+        return StableAdamW(param_groups, lr=lr, betas=betas, eps=eps)
+    if kind != "adamw":
+        raise ValueError(f"unknown optimizer {kind!r}; expected one of {OPTIMIZERS}")
+    params = [p for g in param_groups for p in g["params"]]
+    fused = bool(params) and all(p.is_cuda and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(param_groups, lr=lr, betas=betas, eps=eps,
+                             **({"fused": True} if fused else {"foreach": True}))
+
+
+def restart_optimizer_steps(optimizer: torch.optim.Optimizer) -> None:
+    """Every step count back to 0, the moments kept (the phase-2 hand-off): LAMB counts steps per group, AdamW and
+    StableAdamW per tensor."""
+    for group in optimizer.param_groups:
+        if "step" in group:
+            group["step"] = 0
+        for param in group["params"]:
+            state = optimizer.state.get(param) or {}
+            if torch.is_tensor(state.get("step")):
+                state["step"].zero_()
+            elif "step" in state:
+                state["step"] = 0
+
+
 class _WarmUpScheduler:
     """Sets each group's lr from the number of optimizer steps taken. Call `step()` just before
     `optimizer.step()`; a step that the grad scaler skips must not call it, so the schedule stays on time."""
@@ -324,3 +431,54 @@ class TimeBudgetScheduler(LinearWarmUpScheduler):
 
     def progress(self) -> float:
         return min(self.elapsed_seconds / self.budget_seconds, 1.0)
+
+
+def wsd_factor(progress: float, warmup: float, decay: float, min_ratio: float, shape: str) -> float:
+    """Warmup-stable-decay (Hägele et al. 2024): linear warm-up over `warmup` of the run, the peak, then a decay
+    over its last `decay` to min_ratio x the peak, linear or 1-sqrt (1 - sqrt(share of the decay done))."""
+    if progress < warmup:
+        return progress / warmup
+    start = 1.0 - decay
+    if progress < start:
+        return 1.0
+    done = min((progress - start) / decay, 1.0) if decay > 0 else 1.0
+    left = 1.0 - (math.sqrt(done) if shape == "1-sqrt" else done)
+    return min_ratio + (1.0 - min_ratio) * left
+
+
+class _WsdShape:
+    """The warmup-stable-decay factor for a _WarmUpScheduler, whatever measures its progress (steps or time)."""
+
+    def _set_shape(self, decay: float, min_ratio: float, shape: str) -> None:
+        if shape not in DECAY_SHAPES or not 0 <= decay <= 1 or not 0 <= min_ratio <= 1:
+            raise ValueError(f"invalid warmup-stable-decay schedule: decay={decay}, min_ratio={min_ratio}, "
+                             f"shape={shape!r} (one of {DECAY_SHAPES})")
+        self.decay, self.min_ratio, self.shape = decay, min_ratio, shape
+
+    def factor(self, progress: float) -> float:
+        return wsd_factor(progress, self.warmup, self.decay, self.min_ratio, self.shape)
+
+    def state_dict(self) -> dict[str, Any]:
+        # The shape is recorded, not restored: like warmup and total_steps, the run's flags rule (resume_rules).
+        return {**super().state_dict(), "decay": self.decay, "min_ratio": self.min_ratio, "shape": self.shape}
+
+
+class WarmupStableDecayScheduler(_WsdShape, _WarmUpScheduler):
+    """Linear warm-up over `warmup`, constant peak, then decay over the last `decay` of total_steps to
+    min_ratio x the peak (`shape`: "linear" or "1-sqrt")."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup: float, total_steps: int, decay: float = 0.1,
+                 min_ratio: float = 0.0, shape: str = "linear") -> None:
+        self._set_shape(decay, min_ratio, shape)
+        super().__init__(optimizer, warmup, total_steps)
+
+
+class TimeBudgetWsdScheduler(_WsdShape, TimeBudgetScheduler):
+    """Warmup-stable-decay over a wall-clock budget: progress is the share of the budget spent, as in
+    TimeBudgetScheduler, so the decay takes the budget's last `decay` share."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup: float, budget_seconds: float,
+                 elapsed_seconds: float = 0.0, decay: float = 0.1, min_ratio: float = 0.0,
+                 shape: str = "linear") -> None:
+        self._set_shape(decay, min_ratio, shape)
+        super().__init__(optimizer, warmup, budget_seconds, elapsed_seconds)

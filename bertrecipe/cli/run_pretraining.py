@@ -24,7 +24,7 @@ from bertrecipe.common.atomic_files import remove_stale_temporaries
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable_folder, refuse_input_as_output
-from bertrecipe.model.bert import BertConfig
+from bertrecipe.model.families import ModelConfig, is_modern_config
 from bertrecipe.model.weights import read_config
 from bertrecipe.pretraining import masking
 from bertrecipe.pretraining.data import BertPretrainingCriterion
@@ -181,6 +181,9 @@ def add_stream_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bin_by_length", action="store_true",
                    help="group each step's samples into micro-batches of like lengths (as NVIDIA's LDDL bins): "
                         "less attention over padding with gradient accumulation; the step's samples are unchanged")
+    p.add_argument("--pack_sequences", action="store_true",
+                   help="place each micro-batch's samples whole, best fit, into as few rows as hold them, each "
+                        "attending only to itself with its own positions (needs --no_nsp with BERT configs)")
     p.add_argument("--data_lanes", type=int, default=0,
                    help="lanes of the sample stream (0: the largest divisor of the global batch up to 64 that is a "
                         "multiple of the processes); a run resumes on any number of processes dividing it")
@@ -299,7 +302,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         shutdown(ctx)
 
 
-def inspect_inputs(args: argparse.Namespace, config: BertConfig) -> tuple[list[ShardInfo], list[ShardInfo]]:
+def inspect_inputs(args: argparse.Namespace, config: ModelConfig) -> tuple[list[ShardInfo], list[ShardInfo]]:
     """The training and held-out shards, their keys, shapes and attributes checked against the flags and config."""
     limits = {"vocab_size": config.vocab_size, "max_positions": config.max_position_embeddings,
               "type_vocab_size": config.type_vocab_size}
@@ -331,6 +334,11 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     start_time = time.time()
     # Every input is checked before the first write: a refused run leaves --output_dir as it was.
     config = read_config(args.config_file)
+    if is_modern_config(config):
+        args.no_nsp = True  # the modern family trains the masked-LM objective alone: it has no NSP head
+    if args.pack_sequences and not args.no_nsp:
+        raise InputError(f"--pack_sequences puts several samples in a row, and next-sentence prediction reads one "
+                         f"[CLS] a row: add --no_nsp (or use a modern config; {args.config_file} is BERT)")
     precision = make_precision(ctx.device, args.fp16, args.bf16, args.init_loss_scale)
     allow_tf32(args.tf32)
     train_shards, eval_shards = inspect_inputs(args, config)

@@ -117,19 +117,7 @@ class BertConfig:
     @classmethod
     def from_json_file(cls, path: str | Path) -> "BertConfig":
         """A `bert_config.json` or Hugging Face `config.json`; ConfigError naming the file for any bad content."""
-        try:
-            text = read_text_file(path, "BERT config file")
-        except InputError as error:
-            raise ConfigError(str(error)) from None
-        try:
-            values = json.loads(text.removeprefix("\ufeff"))  # editors on Windows may write a byte-order mark
-        except json.JSONDecodeError as error:
-            raise ConfigError(f"{path}: malformed JSON ({error.msg} at line {error.lineno} column {error.colno}); "
-                              "fix the config file") from None
-        except (ValueError, RecursionError) as error:  # integers of over 4300 digits, nesting deeper than the stack
-            raise ConfigError(f"{path}: unusable JSON ({str(error).splitlines()[0][:120]}); fix the config file"
-                              ) from None
-        return cls.from_dict(values, source=path)
+        return cls.from_dict(read_config_json(path), source=path)
 
     def to_dict(self) -> dict[str, Any]:
         values = asdict(self)
@@ -138,6 +126,22 @@ class BertConfig:
 
     def to_json_file(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def read_config_json(path: str | Path) -> Any:
+    """The parsed JSON of a model config file; ConfigError naming the file when it cannot be read or parsed."""
+    try:
+        text = read_text_file(path, "BERT config file")
+    except InputError as error:
+        raise ConfigError(str(error)) from None
+    try:
+        return json.loads(text.removeprefix("\ufeff"))  # editors on Windows may write a byte-order mark
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}: malformed JSON ({error.msg} at line {error.lineno} column {error.colno}); "
+                          "fix the config file") from None
+    except (ValueError, RecursionError) as error:  # integers of over 4300 digits, nesting deeper than the stack
+        raise ConfigError(f"{path}: unusable JSON ({str(error).splitlines()[0][:120]}); fix the config file"
+                          ) from None
 
 
 def _gelu_erf(x: Tensor) -> Tensor:

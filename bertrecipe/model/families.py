@@ -3,20 +3,17 @@
 every other config builds BERT, as before. The builders give each task's model of the config's family."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Union
 
 from torch import nn
 
-from bertrecipe.common.errors import InputError
-from bertrecipe.common.files import read_text_file
 from bertrecipe.model.bert import (
     BertConfig,
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
-    ConfigError,
+    read_config_json,
 )
 from bertrecipe.model.modern import (
     ModernBertForMaskedLM,
@@ -37,23 +34,7 @@ def config_from_dict(values: Any, source: str | Path = "config") -> ModelConfig:
 
 def config_from_json_file(path: str | Path) -> ModelConfig:
     """A `bert_config.json` or a Hugging Face `config.json` of either family; ConfigError naming the file."""
-    try:
-        text = read_text_file(path, "model config file")
-    except InputError as error:
-        raise ConfigError(str(error)) from None
-    try:
-        values = json.loads(text.removeprefix("\ufeff"))
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"{path}: malformed JSON ({error.msg} at line {error.lineno} column {error.colno}); "
-                          "fix the config file") from None
-    except (ValueError, RecursionError) as error:
-        raise ConfigError(f"{path}: unusable JSON ({str(error).splitlines()[0][:120]}); fix the config file"
-                          ) from None
-    return config_from_dict(values, source=path)
-
-
-def write_config(config: ModelConfig, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return config_from_dict(read_config_json(path), source=path)
 
 
 def config_record(model: nn.Module, config: ModelConfig) -> dict[str, Any]:

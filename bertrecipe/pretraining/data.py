@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.data import IterableDataset, get_worker_info
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.pretraining import masking, sample_order
+from bertrecipe.pretraining import masking, packing, sample_order
 from bertrecipe.pretraining.shard_schema import KIND_ARRAYS, ShardInfo, as_static_rows
 
 try:
@@ -117,7 +117,8 @@ class BertPretrainingCriterion:
     def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         next_sentence_labels = batch["next_sentence_labels"] if self.nsp else None
         return model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                     masked_lm_labels=batch["masked_lm_labels"], next_sentence_labels=next_sentence_labels).loss
+                     masked_lm_labels=batch["masked_lm_labels"], next_sentence_labels=next_sentence_labels,
+                     document_ids=batch.get("document_ids")).loss
 
 
 # --- The training stream: this rank's share, read by portions, cut into micro-batches ---------------------------------
@@ -154,7 +155,8 @@ class PretrainingData:
 
     def __init__(self, shards: list[ShardInfo], seed: int, shape: StepShape, lanes: int, vocab_size: int,
                  start: int = 0, max_steps: Optional[int] = None,
-                 masking_spec: Optional[masking.MaskingSpec] = None, bin_by_length: bool = False) -> None:
+                 masking_spec: Optional[masking.MaskingSpec] = None, bin_by_length: bool = False,
+                 pack_sequences: bool = False) -> None:
         sample_order.check_lanes(lanes, shape.samples_per_step, shape.world_size)
         self.stream = sample_order.StreamOrder([s.num_samples for s in shards], [s.block_rows for s in shards],
                                                seed, lanes)
@@ -167,6 +169,7 @@ class PretrainingData:
         self.seed = seed
         self.masking_spec = masking_spec  # None: the shards' own (static) masks
         self.bin_by_length = bin_by_length
+        self.pack_sequences = pack_sequences  # packing.py: each micro-batch's samples in as few rows as hold them
         self.first_sample = np.concatenate([[0], np.cumsum([s.num_samples for s in shards])[:-1]]).astype(np.int64)
         self.start = self.position = start  # samples of all ranks: where reading starts, and what was handed out
 
@@ -227,6 +230,8 @@ class PretrainingData:
                 batch = {k: rows[k][picked].astype(np.int64) for k in BATCH_KEYS}
             else:
                 batch = make_batch(rows, picked)
+            if self.pack_sequences:
+                batch = packing.pack_batch(batch)
             yield {k: torch.from_numpy(v) for k, v in batch.items()}
 
 

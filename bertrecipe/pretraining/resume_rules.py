@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.model.bert import BertConfig
+from bertrecipe.model.families import ModelConfig, is_modern_config
 from bertrecipe.pretraining.sample_order import check_lanes, default_lanes
 from bertrecipe.training import checkpointing
 from bertrecipe.training.checkpointing import SavedCheckpoint, move_aside
@@ -54,6 +54,7 @@ RULES = (
     ResumeRule("bf16", "applied", "precision may change"),
     ResumeRule("tf32", "applied", "precision may change"),
     ResumeRule("bin_by_length", "applied", "the step's samples stay; only their micro-batches change"),
+    ResumeRule("pack_sequences", "applied", "the step's samples stay; only their rows change"),
     ResumeRule("seed", "refused", "the seed orders the sample stream: another one mid-epoch repeats some samples and "
                                   "skips others"),
     ResumeRule("max_seq_length", "refused", "another sequence length is another phase: pass --phase2 for phase 2"),
@@ -178,7 +179,10 @@ def compare_flags(path: Path, ckpt: dict[str, Any], args: argparse.Namespace, sh
     return applied
 
 
-def find_resume_checkpoint(args: argparse.Namespace, config: BertConfig,
+CONTEXT_EXTENSION_KEYS = ("rope_parameters", "max_position_embeddings")
+
+
+def find_resume_checkpoint(args: argparse.Namespace, config: ModelConfig,
                            existing: list[checkpointing.SavedCheckpoint]) -> Optional[tuple[Path, dict[str, Any]]]:
     """The checkpoint this run continues from (None for a fresh start) among the `existing` ones
     (checkpointing.survey's), chosen by phase (resume_rules) and checked to fit the run."""
@@ -206,8 +210,10 @@ def find_resume_checkpoint(args: argparse.Namespace, config: BertConfig,
     saved = ckpt.get("config")
     if isinstance(saved, dict):
         ours = config.to_dict()
+        # The modern family's context extension: phase 2 may take longer rows with other rotary bases.
+        extending = args.phase2 and not ckpt.get("phase2") and is_modern_config(config)
         changed = [f"{key} {saved.get(key)} -> {ours.get(key)}" for key in sorted(set(saved) | set(ours))
-                   if saved.get(key) != ours.get(key)]
+                   if saved.get(key) != ours.get(key) and not (extending and key in CONTEXT_EXTENSION_KEYS)]
         if changed:
             raise InputError(f"{path}: was trained with another config than {args.config_file} "
                              f"({'; '.join(changed)}); resume with the same --config_file or use a new --output_dir")

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.model.bert import BertConfig, BertForPreTraining
+from bertrecipe.model.families import ModelConfig, is_modern_config, pretraining_model
 from bertrecipe.model.weights import load_weights_into, read_weights
 from bertrecipe.pretraining import masking
 from bertrecipe.pretraining.data import PretrainingData, StepShape, read_rows
@@ -40,17 +40,24 @@ from bertrecipe.training.process_group import DistributedContext
 from bertrecipe.training.stepper import Precision, seed_everything, unwrap, wrap_ddp
 
 
-def build_model(args: argparse.Namespace, config: BertConfig, device: torch.device) -> BertForPreTraining:
+def with_dropout(config: ModelConfig, probability: float) -> ModelConfig:
+    """A copy of `config` with every dropout of its family set to `probability`."""
+    if is_modern_config(config):
+        return dataclasses.replace(config, attention_dropout=probability, embedding_dropout=probability,
+                                   mlp_dropout=probability)
+    return dataclasses.replace(config, hidden_dropout_prob=probability, attention_probs_dropout_prob=probability)
+
+
+def build_model(args: argparse.Namespace, config: ModelConfig, device: torch.device) -> torch.nn.Module:
     """The model the flags ask for (args: run_pretraining's), on `device`: --init_checkpoint's weights, the
     --pretrain_dropout, the NSP head frozen with --no_nsp, compiled with --compile."""
     if args.pretrain_dropout is not None:  # the model's own copy: the checkpoint keeps the config's dropout
-        config = dataclasses.replace(config, hidden_dropout_prob=args.pretrain_dropout,
-                                     attention_probs_dropout_prob=args.pretrain_dropout)
-    model = BertForPreTraining(config)
+        config = with_dropout(config, args.pretrain_dropout)
+    model = pretraining_model(config)
     model.set_checkpoint_activations(args.checkpoint_activations)
     if args.init_checkpoint:
         load_weights_into(model, read_weights(args.init_checkpoint), args.init_checkpoint)
-    if args.no_nsp:
+    if args.no_nsp and not is_modern_config(config):  # the modern family has no NSP head to freeze
         # Frozen, so that neither LAMB nor DDP waits for gradients that never come (DDP would fail on unused
         # parameters); they are saved as they are.
         for param in [*model.bert.pooler.parameters(), *model.cls.seq_relationship.parameters()]:
@@ -185,7 +192,7 @@ def set_up_optimizer(args: argparse.Namespace, ctx: DistributedContext, model: t
     return wrap_ddp(model, ctx, compress), optimizer, scheduler, resume
 
 
-def masking_spec(args: argparse.Namespace, shards: list, config: BertConfig,
+def masking_spec(args: argparse.Namespace, shards: list, config: ModelConfig,
                  warn: bool = True) -> Optional[masking.MaskingSpec]:
     """What --dynamic_masking needs: the special and mask ids, from --vocab_file, the attributes of document-chunk
     shards or read off the first shard. Refuses a mix of shard kinds, and document chunks without --no_nsp."""
@@ -223,7 +230,8 @@ def sample_stream(args: argparse.Namespace, ctx: DistributedContext, shards: lis
     shape = StepShape(args.train_batch_size // args.gradient_accumulation_steps, args.gradient_accumulation_steps,
                       ctx.world_size, ctx.rank)
     data = PretrainingData(shards, args.seed, shape, args.data_lanes, vocab_size, max_steps=steps,
-                           masking_spec=spec, bin_by_length=args.bin_by_length)
+                           masking_spec=spec, bin_by_length=args.bin_by_length,
+                           pack_sequences=args.pack_sequences)
     if resume.data is not None:
         data.load_state_dict(resume.data)
     return data

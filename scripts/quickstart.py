@@ -5,6 +5,10 @@ Stages, each skipped when its output is already complete: default corpus (text, 
 shards) -> a small BERT pre-trained through phase 1 (seq 128) and phase 2 (seq 512) with LAMB, bf16 where the
 CPU supports it -> masked-LM loss and accuracy on the held-out shards -> loss curves (PNG) -> a fill-in-the-mask
 demonstration on held-out sentences -> a summary of what was made and where.
+
+With --family modern the model is a small ModernBERT (rotary positions, GeGLU, local and global attention, no
+NSP) trained the modern way on the same shards: 30 % dynamic masking, packed rows, StableAdamW with a
+warmup-stable-decay schedule, and phase 2 as a context extension (seq 512 with a larger global rotary base).
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.common.hardware import detect, recipe_device
 from bertrecipe.dataprep import layout
 from bertrecipe.dataprep.vocab_training import vocab_path
-from bertrecipe.model.bert import BertConfig, BertForPreTraining
+from bertrecipe.model.families import ModelConfig, config_from_dict, config_from_json_file, pretraining_model
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
 from bertrecipe.training.metric_logger import read_log
 
@@ -36,7 +40,22 @@ DUPE_FACTOR = 5
 SMALL_BERT = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512,
               "max_position_embeddings": 512, "type_vocab_size": 2, "hidden_act": "gelu", "initializer_range": 0.02,
               "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+SMALL_MODERN = {"model_type": "modernbert", "hidden_size": 128, "num_hidden_layers": 3, "num_attention_heads": 2,
+                "intermediate_size": 256, "max_position_embeddings": 128, "local_attention": 64,
+                "global_attn_every_n_layers": 3, "global_rope_theta": 10_000.0, "local_rope_theta": 10_000.0,
+                "mlp_dropout": 0.0, "attention_dropout": 0.0, "embedding_dropout": 0.0, "pad_token_id": 0}
+# Phase 2 of the modern family: longer rows with the global layers' rotary base raised (ModernBERT: 160,000).
+MODERN_PHASE2 = {"max_position_embeddings": 512, "global_rope_theta": 160_000.0}
 PHASES = {1: (128, 20), 2: (512, 80)}
+# Per family: phase-1 and phase-2 learning rates, masked positions per row (None: the shards'; 30 % of the
+# modern family's rows need more room than the shards' 15 %) and the flags both phases add.
+TRAINING = {
+    "bert": ((1e-2, 4e-3), None, []),
+    "modern": ((2e-3, 1e-3), {1: 40, 2: 160},
+               ["--dynamic_masking", "--masked_lm_prob", "0.3", "--pack_sequences", "--optimizer", "stable_adamw",
+                "--adam_beta2", "0.98", "--lr_schedule", "wsd", "--decay_shape", "1-sqrt",
+                "--decay_proportion", "0.2"]),
+}
 
 
 def run(command: list[str], **kwargs) -> None:
@@ -55,8 +74,9 @@ def final_record(path: Path) -> dict:
 
 
 def pretrain_phase(phase: int, steps: int, batch: int, lr: float, out: Path, config: Path, bf16: bool,
-                   phase1_steps: int) -> dict:
+                   phase1_steps: int, family: str) -> dict:
     seq, preds = PHASES[phase]
+    _, predictions, extra = TRAINING[family]
     global_end = steps if phase == 1 else phase1_steps + steps
     log = out / f"dllogger_phase{phase}.json"
     if (out / "checkpoints" / f"ckpt_{global_end}.pt").exists() and log.exists():
@@ -66,7 +86,8 @@ def pretrain_phase(phase: int, steps: int, batch: int, lr: float, out: Path, con
     command = [sys.executable, str(REPO / "run_pretraining.py"), "--input_dir", str(shard_dir(seq, preds, "training")),
                "--eval_dir", str(shard_dir(seq, preds, "test")), "--do_eval", "--config_file", str(config),
                "--output_dir", str(out / "checkpoints"), "--max_seq_length", str(seq),
-               "--max_predictions_per_seq", str(preds), "--train_batch_size", str(batch),
+               "--max_predictions_per_seq", str(predictions[phase] if predictions else preds),
+               "--train_batch_size", str(batch),
                "--learning_rate", str(lr), "--warmup_proportion", "0.1", "--max_steps", str(steps),
                "--num_steps_per_checkpoint", str(max(steps // 2, 1)), "--do_train", "--resume_from_checkpoint",
                "--log_freq", str(max(steps // 20, 1)), "--json-summary", str(log), "--seed", "42"]
@@ -74,13 +95,14 @@ def pretrain_phase(phase: int, steps: int, batch: int, lr: float, out: Path, con
         command += ["--phase2", "--phase1_end_step", str(phase1_steps)]
     if bf16:
         command.append("--bf16")
+    command += extra
     print(f"phase {phase}: {steps} steps of {batch} sequences of {seq} tokens"
           f"{' in bf16' if bf16 else ''}", flush=True)
     run(command)
     return final_record(log)
 
 
-def fill_mask_demo(checkpoint: Path, config: BertConfig, vocab: Path, count: int = 5) -> list[dict]:
+def fill_mask_demo(checkpoint: Path, config: ModelConfig, vocab: Path, count: int = 5) -> list[dict]:
     """Masks one word in each of `count` held-out sentences and asks the model for it."""
     tokenizer = BertTokenizer(load_vocab(vocab), do_lower_case=True)
     sentences = []
@@ -91,7 +113,7 @@ def fill_mask_demo(checkpoint: Path, config: BertConfig, vocab: Path, count: int
             sentences.append(line.strip())
         if len(sentences) == count:
             break
-    model = BertForPreTraining(config).eval()
+    model = pretraining_model(config).eval()
     model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["model"])
     ids = tokenizer.vocab.ids
     results = []
@@ -118,24 +140,37 @@ def fill_mask_demo(checkpoint: Path, config: BertConfig, vocab: Path, count: int
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output_dir", type=Path, default=REPO / "quickstart_output")
+    parser.add_argument("--output_dir", type=Path,
+                        help="default: quickstart_output/ (bert) or quickstart_output_modern/ (modern)")
     parser.add_argument("--steps", type=int, default=int(os.environ.get("QUICKSTART_STEPS", 400)),
                         help="phase-1 steps (phase 2 runs a tenth of them); env QUICKSTART_STEPS")
+    parser.add_argument("--family", choices=sorted(TRAINING), default="bert",
+                        help="bert: NVIDIA's BERT recipe (default); modern: a small ModernBERT trained the modern way")
     args = parser.parse_args(argv)
+    if args.output_dir is None:
+        args.output_dir = REPO / ("quickstart_output" if args.family == "bert" else "quickstart_output_modern")
     if args.steps < 2:
         raise InputError(f"--steps/QUICKSTART_STEPS must be at least 2, got {args.steps}")
     return args
 
 
-def build_corpus(out: Path) -> tuple[Path, BertConfig, Path]:
-    """The default corpus's text, vocab and shards; the small model's config sized to that vocab."""
+def build_corpus(out: Path, family: str) -> tuple[Path, ModelConfig, Path, Path]:
+    """The default corpus's text, vocab and shards; the small model's configs (phase 1, phase 2) sized to that
+    vocab (the modern family's rounded up to a multiple of 64, as ModernBERT's)."""
     run([sys.executable, str(REPO / "data" / "build_default_corpus.py"), "--vocab_size", str(VOCAB_SIZE),
          "--dupe_factor", str(DUPE_FACTOR)])
     vocab = vocab_path(layout.working_dir(), CORPUS, True, VOCAB_SIZE)
-    config_path = out / "bert_config.json"
-    config = BertConfig.from_dict({**SMALL_BERT, "vocab_size": len(load_vocab(vocab))})
-    config.to_json_file(config_path)
-    return vocab, config, config_path
+    tokens = len(load_vocab(vocab))
+    if family == "bert":
+        values, phase2_values = {**SMALL_BERT, "vocab_size": tokens}, {}
+    else:
+        values, phase2_values = {**SMALL_MODERN, "vocab_size": -(-tokens // 64) * 64}, MODERN_PHASE2
+    configs = []
+    for name, settings in (("bert_config.json", values), ("bert_config_phase2.json", {**values, **phase2_values})):
+        text = json.dumps(config_from_dict(settings).to_dict(), indent=2, sort_keys=True) + "\n"
+        write_atomic(out / name, lambda f, text=text: f.write(text.encode("utf-8")))
+        configs.append(out / name)
+    return vocab, config_from_dict(values), configs[0], configs[1]
 
 
 def print_summary(summary: dict, out: Path) -> None:
@@ -159,13 +194,14 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     phase1_steps, phase2_steps = args.steps, max(args.steps // 10, 2)
 
-    print("== 1/5 default corpus: text, vocab, phase-1 and phase-2 shards", flush=True)
-    vocab, config, config_path = build_corpus(out)
+    print(f"== 1/5 default corpus: text, vocab, phase-1 and phase-2 shards ({args.family} family)", flush=True)
+    vocab, config, config_path, phase2_config = build_corpus(out, args.family)
     bf16 = detect(recipe_device()).native_bf16  # bf16 only where the hardware computes it natively
+    lr1, lr2 = TRAINING[args.family][0]
     print("== 2/5 pre-training phase 1 (seq 128)", flush=True)
-    phase1 = pretrain_phase(1, phase1_steps, 64, 1e-2, out, config_path, bf16, phase1_steps)
+    phase1 = pretrain_phase(1, phase1_steps, 64, lr1, out, config_path, bf16, phase1_steps, args.family)
     print("== 3/5 pre-training phase 2 (seq 512)", flush=True)
-    phase2 = pretrain_phase(2, phase2_steps, 16, 4e-3, out, config_path, bf16, phase1_steps)
+    phase2 = pretrain_phase(2, phase2_steps, 16, lr2, out, phase2_config, bf16, phase1_steps, args.family)
 
     print("== 4/5 loss curves", flush=True)
     curves = out / "loss_curve.png"
@@ -174,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
 
     print("== 5/5 fill in the mask on held-out sentences", flush=True)
     final_checkpoint = out / "checkpoints" / f"ckpt_{phase1_steps + phase2_steps}.pt"
-    demo = fill_mask_demo(final_checkpoint, config, vocab)
+    demo = fill_mask_demo(final_checkpoint, config_from_json_file(phase2_config), vocab)
     for item in demo:
         print(f"  {item['text']}\n    answer: {item['answer']:<15} model's top 5: {', '.join(item['top5'])}")
 

@@ -36,3 +36,25 @@ def test_quickstart_runs_every_stage_and_reuses_its_work_on_a_second_run(tmp_pat
     assert second.returncode == 0, second.stderr[-3000:]
     assert "phase 1: already complete" in second.stdout and "phase 2: already complete" in second.stdout
     assert "0 of 3 shards already complete" not in second.stdout
+
+
+@pytest.mark.slow
+def test_quickstart_trains_the_modern_family_with_one_flag(tmp_path):
+    """--family modern: a ModernBERT config, the modern training options, and phase 2 as a context extension."""
+    env = {**os.environ, "QUICKSTART_STEPS": "40", "BERT_PREP_WORKING_DIR": str(tmp_path / "data"),
+           "OMP_NUM_THREADS": "2"}
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "quickstart.sh"), "--output_dir", str(out),
+                           "--family", "modern"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    checkpoint = torch.load(out / "checkpoints" / "ckpt_44.pt", weights_only=True)
+    assert checkpoint["config"]["model_type"] == "modernbert"
+    assert checkpoint["config"]["max_position_embeddings"] == 512
+    assert checkpoint["config"]["rope_parameters"]["full_attention"]["rope_theta"] == 160_000.0
+    assert checkpoint["args"]["optimizer"] == "stable_adamw" and checkpoint["args"]["pack_sequences"]
+    steps = [r["data"]["average_loss"] for r in read_log(out / "dllogger_phase1.json")
+             if r.get("type") == "LOG" and isinstance(r.get("step"), list) and r["step"]
+             and "average_loss" in r["data"]]
+    assert steps[-1] < steps[0] - 0.5
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0.0 <= summary["phase2"]["eval_mlm_accuracy"] <= 1.0

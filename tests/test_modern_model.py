@@ -266,3 +266,20 @@ def test_banded_local_attention_equals_dense_attention_with_the_window_bias(reac
     grads = [torch.autograd.grad((out * weights).sum(), (q, k, v)) for out in (banded, dense)]
     for ours, reference in zip(*grads, strict=True):
         assert torch.allclose(ours, reference, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_small_modern_model_trains_forward_and_backward_on_8192_token_rows():
+    config = ModernBertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                              intermediate_size=48, max_position_embeddings=8192, local_attention=128,
+                              layer_types=["full_attention", "sliding_attention"], pad_token_id=0)
+    torch.manual_seed(0)
+    model = ModernBertForMaskedLM(config).train()
+    ids = torch.randint(3, 128, (1, 8192))
+    labels = torch.where(torch.rand(1, 8192) < 0.3, ids, torch.full_like(ids, -1))
+    assert Band((ids != 0).long(), config.local_attention // 2).worth_it()  # the local layer attends by chunks
+    loss = model(ids, masked_lm_labels=labels).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [param.grad for param in model.parameters() if param.grad is not None]
+    assert len(grads) == len(list(model.parameters())) and all(torch.isfinite(g).all() for g in grads)

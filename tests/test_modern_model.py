@@ -20,6 +20,7 @@ from bertrecipe.model.local_attention import Band, banded_attention
 from bertrecipe.model.modern import ModernBertForMaskedLM, ModernBertModel
 from bertrecipe.model.modern_config import ModernBertConfig
 from bertrecipe.model.weights import export_huggingface, load_weights_into, model_for_weights, read_weights
+from conftest import REPO_ROOT
 
 SMALL = dict(vocab_size=128, hidden_size=32, num_attention_heads=4, num_hidden_layers=4, intermediate_size=48,
              local_attention=8, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
@@ -283,3 +284,17 @@ def test_a_small_modern_model_trains_forward_and_backward_on_8192_token_rows():
     assert torch.isfinite(loss)
     grads = [param.grad for param in model.parameters() if param.grad is not None]
     assert len(grads) == len(list(model.parameters())) and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("name", ["modernbert-base", "modernbert-base-8k", "modernbert-large", "modernbert-large-8k"])
+def test_the_modernbert_presets_read_alike_here_and_in_transformers(name):
+    """The presets are ModernBERT's published shapes with BERT's uncased vocab padded to a multiple of 64."""
+    path = REPO_ROOT / "bert_configs" / f"{name}.json"
+    ours = config_from_json_file(path)
+    theirs = TheirConfig.from_pretrained(path)
+    assert ours.vocab_size % 64 == 0 and ours.vocab_size >= 30522
+    assert ours.layer_types == theirs.layer_types
+    assert ours.global_rope_theta == theirs.rope_parameters["full_attention"]["rope_theta"]
+    assert (ours.hidden_size, ours.num_hidden_layers, ours.intermediate_size) == \
+        ((768, 22, 1152) if "base" in name else (1024, 28, 2624))
+    assert ours.max_position_embeddings == (8192 if name.endswith("8k") else 1024)

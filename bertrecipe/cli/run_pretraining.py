@@ -32,6 +32,7 @@ from bertrecipe.pretraining.loop import LoopSettings, TrainingSetup, evaluate, t
 from bertrecipe.pretraining.resume_rules import check_resume, find_resume_checkpoint, stream_lanes
 from bertrecipe.pretraining.shard_schema import ShardInfo, find_shards, inspect_shard
 from bertrecipe.pretraining.startup import ResumePoint, build_model, masking_spec, sample_stream, set_up_optimizer
+from bertrecipe.pretraining.token_budget import BatchRamp, batch_ramp
 from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import MetricLogger, check_log_paths
@@ -52,6 +53,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add_budget_flags(p)
     args = p.parse_args(argv)
     check_numbers(args)
+    check_token_flags(args)
     check_combinations(args)
     check_optimizer_flags(args)
     args.max_steps = int(args.max_steps)
@@ -76,7 +78,9 @@ def add_step_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learning_rate", type=float, default=5e-5)
     p.add_argument("--num_train_epochs", type=float, default=3.0, help="accepted for compatibility; max_steps rules")
     p.add_argument("--max_steps", type=float, default=1000, help="optimizer steps of this phase")
-    p.add_argument("--warmup_proportion", type=float, default=0.01)
+    p.add_argument("--warmup_proportion", type=float, default=None,
+                   help="share of --max_steps (of --max_tokens, of --train_budget_minutes) the lr warms up over "
+                        "(0.01)")
     p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", -1)),
                    help="set by older launchers; torchrun's environment is used")
     p.add_argument("--seed", type=int, default=42)
@@ -204,6 +208,18 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train_budget_minutes", type=float, default=0.0,
                    help="a wall-clock budget for this phase (Cramming): warm-up over --warmup_proportion of it, then "
                         "linear decay to 0 at its end; stops with a checkpoint when it is spent (or at --max_steps)")
+    p.add_argument("--max_tokens", type=float, default=0,
+                   help="a token budget for this phase: stop once all processes have trained on this many real "
+                        "(non-padding) tokens (or at --max_steps, whichever comes first); the lr schedule's "
+                        "progress is then tokens / max_tokens (0: none)")
+    p.add_argument("--warmup_tokens", type=float, default=None,
+                   help="with --max_tokens: the lr warm-up in tokens, in place of --warmup_proportion")
+    p.add_argument("--batch_size_warmup_tokens", type=float, default=0,
+                   help="batch-size warm-up (ModernBERT): a step takes fewer micro-batches, growing linearly to "
+                        "--gradient_accumulation_steps over the first N real tokens (0: none)")
+    p.add_argument("--batch_size_warmup_start", type=float, default=None,
+                   help="with --batch_size_warmup_tokens: the first steps' share of the full batch, in whole "
+                        "micro-batches per process, at least one (0.125)")
     p.add_argument("--eval_interval_minutes", type=float, default=0.0,
                    help="with --do_eval: evaluate every N minutes of training time (evaluation time excluded)")
     p.add_argument("--pretrain_dropout", type=float, default=None,
@@ -256,7 +272,7 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise InputError(f"--max_steps must be a whole number of steps >= 1, got {args.max_steps}")
     if not (0 < args.learning_rate <= torch.finfo(torch.float32).max):  # the update is computed in fp32
         raise InputError(f"--learning_rate must be a number > 0 that fp32 can hold, got {args.learning_rate}")
-    if not 0 <= args.warmup_proportion <= 1:  # also false for NaN
+    if args.warmup_proportion is not None and not 0 <= args.warmup_proportion <= 1:  # also false for NaN
         raise InputError(f"--warmup_proportion must lie in [0, 1], got {args.warmup_proportion}")
     if not (math.isfinite(args.init_loss_scale) and args.init_loss_scale > 0):
         raise InputError(f"--init_loss_scale must be a finite number > 0, got {args.init_loss_scale}")
@@ -267,6 +283,38 @@ def check_numbers(args: argparse.Namespace) -> None:
     for name in ("train_budget_minutes", "eval_interval_minutes"):
         if not (math.isfinite(getattr(args, name)) and getattr(args, name) >= 0):
             raise InputError(f"--{name} must be a number of minutes >= 0 (0: none), got {getattr(args, name)}")
+
+
+def check_token_flags(args: argparse.Namespace) -> None:
+    """Refuses token counts that are not whole numbers >= 0 and token flags without their companions, with one
+    line; fills in --warmup_proportion (from --warmup_tokens when given) and --batch_size_warmup_start."""
+    for name in ("max_tokens", "warmup_tokens", "batch_size_warmup_tokens"):
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and value >= 0 and value == int(value)):
+            raise InputError(f"--{name} must be a whole number of tokens >= 0, got {value}")
+        setattr(args, name, None if value is None else int(value))
+    if args.max_tokens and args.train_budget_minutes:
+        raise InputError("--max_tokens and --train_budget_minutes each measure the schedule's progress: give one")
+    if args.warmup_tokens is not None:
+        if not args.max_tokens:
+            raise InputError("--warmup_tokens is a warm-up in tokens of a token budget: add --max_tokens (or give "
+                             "--warmup_proportion)")
+        if args.warmup_proportion is not None:
+            raise InputError("--warmup_tokens and --warmup_proportion both set the warm-up: give one")
+        if args.warmup_tokens > args.max_tokens:
+            raise InputError(f"--warmup_tokens {args.warmup_tokens} exceeds --max_tokens {args.max_tokens}")
+        args.warmup_proportion = args.warmup_tokens / args.max_tokens  # the schedules take a share
+    elif args.warmup_proportion is None:
+        args.warmup_proportion = 0.01
+    if args.batch_size_warmup_start is not None and not args.batch_size_warmup_tokens:
+        raise InputError("--batch_size_warmup_start goes with --batch_size_warmup_tokens")
+    if args.batch_size_warmup_start is None:
+        args.batch_size_warmup_start = 0.125
+    if not 0 < args.batch_size_warmup_start <= 1:
+        raise InputError(f"--batch_size_warmup_start must lie in (0, 1], got {args.batch_size_warmup_start}")
+    if args.batch_size_warmup_tokens and args.gradient_accumulation_steps < 2:
+        raise InputError("--batch_size_warmup_tokens grows the step in whole micro-batches per process: it needs "
+                         "--gradient_accumulation_steps 2 or more")
 
 
 def check_output_paths(args: argparse.Namespace, train_shards: list, eval_shards: list) -> None:
@@ -384,7 +432,14 @@ def loop_settings(args: argparse.Namespace, ctx: DistributedContext) -> LoopSett
         phase2=args.phase2, phase1_end_step=args.phase1_end_step, do_eval=args.do_eval, eval_steps=args.eval_steps,
         eval_batch_size=args.eval_batch_size or args.train_batch_size // args.gradient_accumulation_steps,
         eval_interval_minutes=args.eval_interval_minutes, train_budget_minutes=args.train_budget_minutes,
+        max_tokens=args.max_tokens, batch_ramp=step_ramp(args, ctx) if args.do_train else None,
         progress_bar=ctx.is_main and not args.disable_progress_bar)
+
+
+def step_ramp(args: argparse.Namespace, ctx: DistributedContext) -> Optional[BatchRamp]:
+    """The batch-size warm-up over the run's lanes (resume_rules.stream_lanes checked that it has room)."""
+    return batch_ramp(args.batch_size_warmup_tokens, args.batch_size_warmup_start, args.gradient_accumulation_steps,
+                      args.train_batch_size // args.gradient_accumulation_steps, ctx.world_size, args.data_lanes)
 
 
 def train_and_evaluate(args: argparse.Namespace, setup: TrainingSetup, settings: LoopSettings,
@@ -394,8 +449,10 @@ def train_and_evaluate(args: argparse.Namespace, setup: TrainingSetup, settings:
     final: dict[str, Any] = {}
     if args.do_train and steps_left <= 0:
         where = resume.path or args.output_dir
-        message = (f"{where}: phase {2 if args.phase2 else 1} is at step {resume.phase_step} of --max_steps "
-                   f"{args.max_steps}: nothing left to train")
+        at = (f"has consumed {resume.tokens} tokens of --max_tokens {args.max_tokens}"
+              if args.max_tokens and resume.tokens >= args.max_tokens
+              else f"is at step {resume.phase_step} of --max_steps {args.max_steps}")
+        message = f"{where}: phase {2 if args.phase2 else 1} {at}: nothing left to train"
         setup.log.log("PARAMETER", {"nothing_left_to_train": message}, echo=False)
         if setup.ctx.is_main:
             print(message, file=sys.stderr, flush=True)

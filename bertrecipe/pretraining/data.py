@@ -172,6 +172,9 @@ class PretrainingData:
         self.pack_sequences = pack_sequences  # packing.py: each micro-batch's samples in as few rows as hold them
         self.first_sample = np.concatenate([[0], np.cumsum([s.num_samples for s in shards])[:-1]]).astype(np.int64)
         self.start = self.position = start  # samples of all ranks: where reading starts, and what was handed out
+        # Micro-batches per process of the next step (the loop's batch-size warm-up sets it before the step; None:
+        # the full step, shape.accumulation). Read as the step's first micro-batch is cut.
+        self.next_step_micro_batches: Optional[int] = None
 
     def state_dict(self) -> dict[str, Any]:
         """The stream's checkpoint state: its position (whole steps handed out) and what the position counts."""
@@ -203,19 +206,31 @@ class PretrainingData:
     def batches(self, delivered: Iterator[PortionRows]) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's micro-batches, step after step, from the reader's portions in the order it delivers them.
         Step s takes lane indexes [i + s * per_lane, i + (s + 1) * per_lane) of each of the rank's lanes, lane
-        after lane (i: the start's lane index); it pulls the next portion only when a lane holds too few."""
+        after lane (i: the start's lane index); it pulls the next portion only when a lane holds too few. A step
+        of fewer micro-batches (next_step_micro_batches) takes as many fewer samples of every lane."""
         lanes = {lane: _LaneRows() for lane in self.lane_range}
-        first_index, step = self.start // self.stream.lanes, 0
+        index, step = self.start // self.stream.lanes, 0
         while self.max_steps is None or step < self.max_steps:
-            index, pieces = first_index + step * self.per_lane, []
+            per_lane, pieces = self._step_per_lane(), []
             for lane in self.lane_range:
-                while lanes[lane].end < index + self.per_lane:
+                while lanes[lane].end < index + per_lane:
                     portion, rows = next(delivered)
                     lanes[portion.lane].add(portion, _numpy(rows))
-                pieces += lanes[lane].take(index, self.per_lane)
-            step += 1
-            self.position = self.start + step * self.shape.samples_per_step  # handed out from here on
+                pieces += lanes[lane].take(index, per_lane)
+            step, index = step + 1, index + per_lane
+            self.position = index * self.stream.lanes  # handed out from here on: every lane is at `index`
             yield from self._cut(pieces)
+
+    def _step_per_lane(self) -> int:
+        """Samples of every lane in the next step: per_lane, or fewer for a step of fewer micro-batches."""
+        count = self.next_step_micro_batches
+        if count is None or count == self.shape.accumulation:
+            return self.per_lane
+        samples = count * self.shape.micro_batch * self.shape.world_size
+        if not 0 < count <= self.shape.accumulation or samples % self.stream.lanes:
+            raise ValueError(f"a step of {count} micro-batches per process ({samples} samples) does not split over "
+                             f"the stream's {self.stream.lanes} lanes")
+        return samples // self.stream.lanes
 
     def _cut(self, pieces: list[dict[str, np.ndarray]]) -> Iterator[dict[str, torch.Tensor]]:
         """A step's rows (this rank's) as its micro-batches."""

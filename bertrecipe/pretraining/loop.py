@@ -28,6 +28,7 @@ from bertrecipe.pretraining.data import BertPretrainingCriterion, PretrainingDat
 from bertrecipe.pretraining.masking import IGNORE_INDEX
 from bertrecipe.pretraining.shard_schema import ShardInfo
 from bertrecipe.pretraining.startup import ResumePoint
+from bertrecipe.pretraining.token_budget import BatchRamp, count_tokens, tokens_of_all_processes
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.optimization import TimeBudgetScheduler
@@ -64,6 +65,8 @@ class LoopSettings:
     eval_steps: int = 0  # also evaluate every N steps
     eval_interval_minutes: float = 0.0  # also evaluate every N minutes of training time
     train_budget_minutes: float = 0.0  # stop with a checkpoint once the phase has trained this long
+    max_tokens: int = 0  # stop with a checkpoint once the phase has consumed this many real tokens (0: no budget)
+    batch_ramp: Optional[BatchRamp] = None  # the batch-size warm-up's micro-batches per step (None: always full)
     progress_bar: bool = True
 
     @property
@@ -80,7 +83,7 @@ class TrainingSetup:
     config: ModelConfig  # the config file's, which checkpoints keep (whatever --pretrain_dropout the model has)
     model: torch.nn.Module  # wrapped for DDP when there is more than one process
     optimizer: torch.optim.Optimizer
-    scheduler: Any  # PolyWarmUpScheduler, or TimeBudgetScheduler with --train_budget_minutes
+    scheduler: Any  # PolyWarmUpScheduler, TimeBudgetScheduler (--train_budget_minutes), TokenBudgetScheduler, ...
     precision: Precision
     log: MetricLogger
     eval_shards: list[ShardInfo]
@@ -109,30 +112,32 @@ class LoopState:
     seconds_before: float  # training time of the runs this one continues
     train_seconds: float  # training time of the phase after the last step (evaluations excluded)
     next_evaluation: float  # train_seconds of the next --eval_interval_minutes evaluation
+    tokens: int = 0  # real tokens of all processes the phase has consumed, through the last step
     evaluation_seconds: float = 0.0  # time this run spent in evaluations between steps
-    steps_since_record: int = 0
+    samples_since_record: int = 0  # samples of all processes since the previous record
     losses: list[float] = field(default_factory=list)  # this process's step losses since the previous record
     step_times: list[float] = field(default_factory=list)
+    step_samples: list[int] = field(default_factory=list)  # each step's samples of all processes
     last_loss: float = float("nan")
     result: dict[str, Any] = field(default_factory=dict)  # the newest evaluation
-    stopped_by: Optional[str] = None  # "SIGTERM" or "train_budget" when the run ended before its last step
+    stopped_by: Optional[str] = None  # "SIGTERM", "train_budget" or "max_tokens": why the run ended before its end
 
     @property
     def global_step(self) -> int:
         """The step the log and the checkpoint's name count: phase 2's after phase 1's."""
         return self.phase_step + self.settings.step_offset
 
-    @property
-    def global_batch(self) -> int:
-        """Sequences of all processes per optimizer step."""
-        return self.data.shape.samples_per_step
+    def micro_batches_of_next_step(self) -> int:
+        """This process's micro-batches in the next step: the full accumulation, or the batch-size warm-up's."""
+        ramp = self.settings.batch_ramp
+        return ramp.micro_batches(self.tokens) if ramp is not None else self.data.shape.accumulation
 
 
 def train_loop(setup: TrainingSetup, data: PretrainingData, criterion: BertPretrainingCriterion,
                settings: LoopSettings, resume: ResumePoint, steps: int) -> dict[str, Any]:
     """Takes `steps` optimizer steps over `data` (at its resume position) from `resume` on, stopping early on a
-    SIGTERM or a spent --train_budget_minutes; returns the run's closing record (closing_record). A step that
-    cannot go on (TrainingFailure) ends the process with one line and exit status 1."""
+    SIGTERM, a spent --train_budget_minutes or --max_tokens; returns the run's closing record (closing_record).
+    A step that cannot go on (TrainingFailure) ends the process with one line and exit status 1."""
     state = start_loop(setup, data, criterion, settings, resume, steps)
     if budget_spent(state):
         setup.log.log("PARAMETER", {"train_budget_already_spent": state.train_seconds / 60})
@@ -173,12 +178,13 @@ def start_loop(setup: TrainingSetup, data: PretrainingData, criterion: BertPretr
     return LoopState(setup, settings, data, batches, stepper, stop, bar, steps, keep=resume.path,
                      phase_step=resume.phase_step, current_step=resume.phase_step + settings.step_offset,
                      record_clock=now, clock_start=now, seconds_before=before, train_seconds=before,
-                     next_evaluation=next_evaluation_after(before, settings.eval_interval_minutes))
+                     next_evaluation=next_evaluation_after(before, settings.eval_interval_minutes),
+                     tokens=resume.tokens)
 
 
 def train_one_step(state: LoopState, last_of_run: bool) -> bool:
     """One optimizer step, then whatever is due after it: the log record, an evaluation, a checkpoint. False when
-    a SIGTERM (on any process) or the spent budget ends the run after its checkpoint."""
+    a SIGTERM (on any process) or a spent budget (time or tokens) ends the run after its checkpoint."""
     settings = state.settings
     outcome = apply_step(state)
     state.train_seconds = read_clock(state)
@@ -187,23 +193,30 @@ def train_one_step(state: LoopState, last_of_run: bool) -> bool:
     if evaluation_due(state):
         evaluate_between_steps(state)
     stopping = any_process(state.stop.requested, state.setup.ctx)
-    out_of_time = budget_spent(state)
-    ending = stopping or out_of_time or last_of_run
+    spent = "train_budget" if budget_spent(state) else "max_tokens" if tokens_spent(state) else None
+    ending = stopping or spent or last_of_run
     if ending or state.phase_step % settings.num_steps_per_checkpoint == 0:
         save(state, periodic=not ending)
-    if (stopping and not last_of_run) or out_of_time:  # a SIGTERM during the run's last step stops nothing
-        state.stopped_by = "SIGTERM" if stopping and not last_of_run else "train_budget"
+    if (stopping and not last_of_run) or spent:  # a SIGTERM during the run's last step stops nothing
+        state.stopped_by = "SIGTERM" if stopping and not last_of_run else spent
         state.setup.log.log("PARAMETER", {"stopped_by": state.stopped_by, "global_step": state.global_step})
-    return not (stopping or out_of_time)
+    return not (stopping or spent)
 
 
 def apply_step(state: LoopState) -> StepResult:
-    """Feeds the step's micro-batches to the stepper (forward, loss, backward, optimizer step)."""
+    """Feeds the step's micro-batches to the stepper (forward, loss, backward, optimizer step), after counting
+    their real tokens over all processes (the token budget's schedule reads the count through this step)."""
     tick = time.perf_counter()
-    micro = [batches_to_device(b, state.setup.ctx.device) for b in take(state.batches, state.data.shape.accumulation)]
+    count = state.micro_batches_of_next_step()  # the same on every process: a function of the all-reduced count
+    state.data.next_step_micro_batches = count
+    batches = take(state.batches, count)
+    state.tokens += tokens_of_all_processes(count_tokens(batches), state.setup.ctx)
+    micro = [batches_to_device(b, state.setup.ctx.device) for b in batches]
     state.current_step = state.global_step + 1
     if isinstance(state.setup.scheduler, TimeBudgetScheduler):
         state.setup.scheduler.elapsed_seconds = state.train_seconds  # the clock after the previous step
+    if state.settings.max_tokens:
+        state.setup.scheduler.tokens_seen = state.tokens
     outcome = state.stepper.step(micro)
     if not outcome.applied and state.setup.precision.scaler is None:
         print(f"warning: step {state.current_step}: the loss or gradients are not finite; step skipped "
@@ -211,8 +224,9 @@ def apply_step(state: LoopState) -> StepResult:
               file=sys.stderr, flush=True)
     state.phase_step += 1
     state.step_times.append(time.perf_counter() - tick)
+    state.step_samples.append(count * state.data.shape.micro_batch * state.data.shape.world_size)
     state.losses.append(outcome.loss)
-    state.steps_since_record += 1
+    state.samples_since_record += state.step_samples[-1]
     state.bar.update(1)
     return outcome
 
@@ -232,6 +246,11 @@ def budget_spent(state: LoopState) -> bool:
     """True once the phase has trained --train_budget_minutes (never without a budget)."""
     budget = state.settings.train_budget_minutes
     return bool(budget) and state.train_seconds >= budget * 60
+
+
+def tokens_spent(state: LoopState) -> bool:
+    """True once the phase has consumed --max_tokens real tokens (never without a token budget)."""
+    return bool(state.settings.max_tokens) and state.tokens >= state.settings.max_tokens
 
 
 def next_evaluation_after(seconds: float, interval_minutes: float) -> float:
@@ -259,9 +278,11 @@ def log_training_record(state: LoopState, step_loss: float) -> None:
     now = time.perf_counter()
     record = {"average_loss": float(mean[0]), "step_loss": state.last_loss,
               "learning_rate": setup.optimizer.param_groups[0]["lr"], "skipped_steps": state.stepper.skipped_steps,
-              "training_sequences_per_second": state.global_batch * state.steps_since_record
-              / max(now - state.record_clock, 1e-9)}
-    state.steps_since_record, state.record_clock = 0, now
+              "training_sequences_per_second": state.samples_since_record / max(now - state.record_clock, 1e-9),
+              "tokens": state.tokens}
+    if state.settings.batch_ramp is not None:  # the record's step's samples: the warm-up's batch size
+        record["batch_samples"] = state.step_samples[-1]
+    state.samples_since_record, state.record_clock = 0, now
     if setup.precision.scaler is not None:
         record["loss_scale"] = setup.precision.scaler.get_scale()
     setup.log.log([state.data.epoch(), state.global_step], record)
@@ -325,6 +346,7 @@ def checkpoint_payload(state: LoopState, rng_per_rank: list[dict[str, Any]]) -> 
         "args": dict(settings.flags),
         "skipped_steps": state.stepper.skipped_steps,  # the log's counter goes on after a resume
         "train_seconds": state.train_seconds,  # a --train_budget_minutes run goes on with what is left
+        "tokens": state.tokens,  # so does a --max_tokens run, and the batch-size warm-up
     }
 
 
@@ -343,8 +365,8 @@ def closing_record(state: LoopState) -> dict[str, Any]:
     setup = state.setup
     if setup.eval_shards and state.settings.do_eval:
         state.result = evaluate(setup, state.settings.eval_batch_size)
-    timed = state.step_times[2:] if len(state.step_times) > 2 else state.step_times
-    sequences = state.global_batch * len(timed)
+    skip = 2 if len(state.step_times) > 2 else 0
+    timed, sequences = state.step_times[skip:], sum(state.step_samples[skip:])
     return {
         "e2e_train_time": time.time() - setup.start_time,
         "training_sequences_per_second": sequences / sum(timed) if timed and sum(timed) > 0 else 0.0,
@@ -353,6 +375,7 @@ def closing_record(state: LoopState) -> dict[str, Any]:
         **({"stopped_by": state.stopped_by} if state.stopped_by else {}),
         "raw_train_time": sum(state.step_times),
         "train_minutes": state.train_seconds / 60,
+        "tokens": state.tokens,
         **state.result,
     }
 

@@ -20,6 +20,7 @@ from typing import Any, Optional
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.families import ModelConfig, is_modern_config
 from bertrecipe.pretraining.sample_order import check_lanes, default_lanes
+from bertrecipe.pretraining.token_budget import batch_ramp
 from bertrecipe.training import checkpointing
 from bertrecipe.training.checkpointing import SavedCheckpoint, move_aside
 from bertrecipe.training.process_group import DistributedContext
@@ -38,6 +39,15 @@ RULES = (
     ResumeRule("warmup_proportion", "applied", "the schedule goes on from the checkpoint's step with the new warm-up"),
     ResumeRule("max_steps", "applied", "the decay now ends at the new step (below the checkpoint's step: refused)"),
     ResumeRule("train_budget_minutes", "applied", "the budget's schedule goes on with the new budget"),
+    ResumeRule("max_tokens", "applied", "the schedule goes on from the checkpoint's token count with the new budget "
+                                        "(reached already: nothing left to train)", before=0),
+    ResumeRule("warmup_tokens", "applied", "the schedule goes on from the checkpoint's token count with the new "
+                                           "warm-up"),
+    ResumeRule("batch_size_warmup_tokens", "applied", "the next steps take the batch the new ramp gives at the "
+                                                      "checkpoint's token count; the stream goes on in order",
+               before=0),
+    ResumeRule("batch_size_warmup_start", "applied", "the next steps take the batch the new ramp gives at the "
+                                                     "checkpoint's token count"),
     ResumeRule("lr_schedule", "applied", "the schedule goes on from the checkpoint's step in the new shape",
                before="poly"),
     ResumeRule("decay_proportion", "applied", "the decay now takes the new share of the steps (a stable run "
@@ -227,7 +237,7 @@ def check_resume(args: argparse.Namespace, ctx: DistributedContext, shards: list
     """Before the first write: what is left to train (steps), and the flag changes a resume applies (one line
     each); refuses a changed flag that cannot apply (RULES), a --max_steps behind the checkpoint, and a
     run that would write over an existing checkpoint."""
-    start, changes = 0, []
+    start, tokens, changes = 0, 0, []
     if resume_from is not None:
         path, ckpt = resume_from
         if bool(ckpt.get("phase2")) == bool(args.phase2):  # continuing a phase (a hand-over starts one afresh)
@@ -237,7 +247,8 @@ def check_resume(args: argparse.Namespace, ctx: DistributedContext, shards: list
             if start > args.max_steps:
                 raise InputError(f"{path}: is at step {start} of this phase, beyond --max_steps {args.max_steps}; "
                                  f"pass --max_steps {start} or more to go on")
-    steps_left = args.max_steps - start
+            tokens = saved_tokens(path, ckpt, args)
+    steps_left = args.max_steps - start if not (args.max_tokens and tokens >= args.max_tokens) else 0
     if args.steps_this_run > 0:
         steps_left = min(steps_left, args.steps_this_run)
     offset = args.phase1_end_step if args.phase2 else 0
@@ -247,12 +258,24 @@ def check_resume(args: argparse.Namespace, ctx: DistributedContext, shards: list
 
 
 
+def saved_tokens(path: Path, ckpt: dict[str, Any], args: argparse.Namespace) -> int:
+    """The phase's token count in a checkpoint it continues; refuses a token flag on one older than the count."""
+    if "tokens" not in ckpt and (args.max_tokens or args.batch_size_warmup_tokens):
+        raise InputError(f"{path}: was written before checkpoints counted the tokens trained, which --max_tokens and "
+                         "--batch_size_warmup_tokens go by; continue it without them")
+    return int(ckpt.get("tokens", 0))
+
+
 def stream_lanes(args: argparse.Namespace, ctx: DistributedContext,
                  resume_from: Optional[tuple[Path, dict[str, Any]]]) -> int:
     """The lane count of the sample stream: the checkpoint's when continuing a phase (its stream goes on), else
-    --data_lanes or the default; checked to split the global batch over this many processes."""
+    --data_lanes or the default; checked to split the global batch over this many processes, and to leave a
+    batch-size warm-up steps smaller than the full one."""
     global_batch = args.train_batch_size * ctx.world_size
-    lanes = args.data_lanes or default_lanes(global_batch, ctx.world_size)
+    micro_batch = args.train_batch_size // args.gradient_accumulation_steps
+    # A batch-size warm-up's steps are whole micro-batches per process: the default lanes split the smallest.
+    lanes = args.data_lanes or default_lanes(micro_batch * ctx.world_size if args.batch_size_warmup_tokens
+                                             else global_batch, ctx.world_size)
     if resume_from is not None:
         path, ckpt = resume_from
         saved = int((ckpt.get("data") or {}).get("lanes", 0))
@@ -263,5 +286,7 @@ def stream_lanes(args: argparse.Namespace, ctx: DistributedContext,
                                  "the flag to continue it")
             lanes = saved
     check_lanes(lanes, global_batch, ctx.world_size)
+    batch_ramp(args.batch_size_warmup_tokens, args.batch_size_warmup_start, args.gradient_accumulation_steps,
+               micro_batch, ctx.world_size, lanes)  # InputError when the lanes leave no smaller step
     return lanes
 

@@ -15,8 +15,8 @@ The stream, per epoch e:
 So a step's samples, and each micro-batch's, depend on (seed, C, G, micro-batch) only, never on the number of
 processes W or DataLoader workers; rank r only needs the lanes [r*C/W, (r+1)*C/W), so across all ranks each
 block is read once per epoch, plus at most one extra portion per lane where a lane boundary cuts a block. A
-resume is exact from one integer (the stream position p, a multiple of G: every lane is at index p // C) on any
-W that divides C, and with any global batch that C divides.
+resume is exact from one integer (the stream position p, a multiple of C, of G unless a batch-size warm-up took
+smaller steps: every lane is at index p // C) on any W that divides C, and with any global batch C divides.
 """
 from __future__ import annotations
 

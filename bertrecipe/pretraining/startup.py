@@ -29,6 +29,8 @@ from bertrecipe.training.optimization import (
     PolyWarmUpScheduler,
     TimeBudgetScheduler,
     TimeBudgetWsdScheduler,
+    TokenBudgetScheduler,
+    TokenBudgetWsdScheduler,
     WarmupStableDecayScheduler,
     build_adam_optimizer,
     build_lamb,
@@ -80,6 +82,7 @@ class ResumePoint:
     rng: Optional[dict[str, Any]] = None  # this rank's generators
     skipped_steps: int = 0
     train_seconds: float = 0.0  # the phase's training time so far
+    tokens: int = 0  # the phase's real tokens so far (all processes)
 
 
 def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module,
@@ -125,7 +128,8 @@ def restore_state(args: argparse.Namespace, ctx: DistributedContext, model: torc
         seed_everything(int(seed))
         rng = checkpointing.rng_state()
     return ResumePoint(path, int(ckpt["phase_step"]), ckpt["data"], ckpt.get("scheduler"), ckpt.get("scaler"), rng,
-                       int(ckpt.get("skipped_steps", 0)), float(ckpt.get("train_seconds", 0.0)))
+                       int(ckpt.get("skipped_steps", 0)), float(ckpt.get("train_seconds", 0.0)),
+                       int(ckpt.get("tokens", 0)))  # older checkpoints: resume_rules refuses a token flag there
 
 
 # The hyper-parameters that the run's flags set (resume_rules.RULES: applied on a resume), not the checkpoint's.
@@ -151,12 +155,17 @@ def build_optimizer(args: argparse.Namespace, groups: list[dict[str, Any]]) -> t
 
 
 def build_scheduler(args: argparse.Namespace, optimizer: torch.optim.Optimizer, resume: ResumePoint) -> Any:
-    """--lr_schedule over --max_steps, or over --train_budget_minutes of training time (poly: Cramming's linear
-    decay; wsd: warmup-stable-decay in time), at the step (or time) the run resumes from."""
+    """--lr_schedule over --max_steps, over --max_tokens (progress in tokens), or over --train_budget_minutes of
+    training time (poly: Cramming's linear decay; wsd: warmup-stable-decay in time), at the step (tokens, time)
+    the run resumes from."""
     budget = args.train_budget_minutes * 60
-    scheduler: PolyWarmUpScheduler | TimeBudgetScheduler | WarmupStableDecayScheduler
-    if args.lr_schedule == "wsd":
-        shape = {"decay": args.decay_proportion, "min_ratio": args.min_lr_ratio, "shape": args.decay_shape}
+    scheduler: PolyWarmUpScheduler | TimeBudgetScheduler | WarmupStableDecayScheduler | TokenBudgetScheduler
+    shape = {"decay": args.decay_proportion, "min_ratio": args.min_lr_ratio, "shape": args.decay_shape}
+    if args.max_tokens:  # the flags refuse --max_tokens with --train_budget_minutes
+        scheduler = (TokenBudgetWsdScheduler(optimizer, args.warmup_proportion, args.max_tokens, resume.tokens,
+                                             **shape) if args.lr_schedule == "wsd"
+                     else TokenBudgetScheduler(optimizer, args.warmup_proportion, args.max_tokens, resume.tokens))
+    elif args.lr_schedule == "wsd":
         if budget:
             scheduler = TimeBudgetWsdScheduler(optimizer, args.warmup_proportion, budget, resume.train_seconds,
                                                **shape)

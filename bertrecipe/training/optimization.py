@@ -482,3 +482,39 @@ class TimeBudgetWsdScheduler(_WsdShape, TimeBudgetScheduler):
                  shape: str = "linear") -> None:
         self._set_shape(decay, min_ratio, shape)
         super().__init__(optimizer, warmup, budget_seconds, elapsed_seconds)
+
+
+class _TokenProgress:
+    """Progress measured in tokens (--max_tokens): the share of a token budget consumed, as TimeBudgetScheduler's
+    is the share of a time budget. The training loop sets `tokens_seen` (all processes' real tokens through the
+    step about to be applied, the same value on every process) before each step, so step s's lr is the schedule at
+    tokens_through_s / budget, as a step count's is at s / total_steps."""
+
+    def _set_budget(self, budget_tokens: int, tokens_seen: int) -> None:
+        if not budget_tokens > 0:
+            raise ValueError(f"budget_tokens must be positive, got {budget_tokens}")
+        self.budget_tokens = int(budget_tokens)
+        self.tokens_seen = int(tokens_seen)
+
+    def progress(self) -> float:
+        return min(self.tokens_seen / self.budget_tokens, 1.0)
+
+
+class TokenBudgetScheduler(_TokenProgress, PolyWarmUpScheduler):
+    """The poly schedule over a token budget: linear warm-up over `warmup` of the budget's tokens, then
+    base_lr * (1 - progress) ** degree with progress = tokens_seen / budget_tokens."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup: float, budget_tokens: int, tokens_seen: int = 0,
+                 degree: float = 0.5) -> None:
+        self._set_budget(budget_tokens, tokens_seen)
+        super().__init__(optimizer, warmup, total_steps=1, degree=degree)
+
+
+class TokenBudgetWsdScheduler(_TokenProgress, _WsdShape, _WarmUpScheduler):
+    """Warmup-stable-decay over a token budget: the decay takes the budget's last `decay` share of tokens."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup: float, budget_tokens: int, tokens_seen: int = 0,
+                 decay: float = 0.1, min_ratio: float = 0.0, shape: str = "linear") -> None:
+        self._set_shape(decay, min_ratio, shape)
+        self._set_budget(budget_tokens, tokens_seen)
+        super().__init__(optimizer, warmup, total_steps=1)

@@ -2,6 +2,7 @@
 unused): it learns, resumes bit for bit, starts from a folder transformers saved, and its checkpoint converts to a
 folder transformers loads with the same masked-LM loss (transformers as the oracle)."""
 import json
+import math
 import subprocess
 import sys
 
@@ -110,3 +111,23 @@ def test_a_modern_checkpoint_converts_for_transformers_and_a_transformers_folder
     pretrain(corpus, tmp_path / "hf" / "config.json", tmp_path / "eval", "--do_eval", "--eval_dir",
              corpus / "eval", "--init_checkpoint", tmp_path / "hf")
     assert final_record(tmp_path / "eval" / "log.json")["eval_loss"] == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["--fp16", "--bf16"])
+def test_the_modern_family_trains_in_fp16_with_its_loss_scale_and_in_bf16(corpus, modern_config, tmp_path,
+                                                                          precision):
+    """fp16 from NVIDIA's initial scale 2**20: the first steps overflow and are skipped with the scale halved, as
+    for BERT; then it trains. bf16 needs no scale."""
+    extra = ["--init_loss_scale", 2.0**20] if precision == "--fp16" else []
+    pretrain(corpus, modern_config, tmp_path, "--do_train", "--train_batch_size", 8, "--max_steps", 12,
+             "--dynamic_masking", "--optimizer", "adamw", "--learning_rate", 1e-3, precision, *extra)
+    records = [r["data"] for r in read_log(tmp_path / "log.json")
+               if r["type"] == "LOG" and isinstance(r["step"], list) and r["step"] and "step_loss" in r["data"]]
+    assert all(math.isfinite(r["step_loss"]) for r in records)
+    saved = torch.load(tmp_path / "ckpt_12.pt", weights_only=True)
+    if precision == "--fp16":
+        assert records[-1]["skipped_steps"] >= 1
+        assert saved["scaler"]["scale"] == 2.0**20 * 0.5 ** records[-1]["skipped_steps"]
+    assert records[-1]["skipped_steps"] < 12
+    assert all(torch.isfinite(t).all() for t in saved["model"].values())

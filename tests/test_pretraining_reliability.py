@@ -526,3 +526,43 @@ def test_a_dynamic_masking_vocab_far_smaller_than_the_model_is_one_line_unless_a
     assert not (workspace / "out").exists()
     result = pretrain(workspace, *masking, "--allow_vocab_mismatch")
     assert result.returncode == 0 and f"warning: {vocab}" in result.stderr, result.stderr
+
+
+# --- The modern family (docs/modern-encoders.md) under the same rules -------------------------------------------
+MODERN_CONFIG = {"model_type": "modernbert", "vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "intermediate_size": 48, "max_position_embeddings": 64,
+                 "local_attention": 8, "pad_token_id": 0}
+
+
+def test_modern_family_nan_losses_are_skipped_then_stop_and_a_full_disk_keeps_the_checkpoint(workspace, monkeypatch,
+                                                                                            capsys):
+    (workspace / "bert_config.json").write_text(json.dumps(MODERN_CONFIG))
+    real_loss = BertPretrainingCriterion.__call__
+    steps = []
+
+    def loss_nan_from_the_third_step(criterion, model, batch):
+        steps.append(1)
+        loss = real_loss(criterion, model, batch)
+        return loss * float("nan") if len(steps) >= 3 else loss
+
+    monkeypatch.setattr(BertPretrainingCriterion, "__call__", loss_nan_from_the_third_step)
+    with pytest.raises(SystemExit) as stop:
+        run_pretraining.main(flags(workspace, "--num_steps_per_checkpoint", 1, "--max_steps", 30, "--optimizer",
+                                   "adamw"))
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert "error: step 12: the loss was not finite for 10 steps in a row" in err and "ckpt_2.pt" in err
+    monkeypatch.setattr(BertPretrainingCriterion, "__call__", real_loss)
+    real_save = torch.save
+
+    def disk_full_after_one(obj, f, *args, **kwargs):
+        if (workspace / "again" / "ckpt_2.pt").exists():
+            f.write(b"x" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", disk_full_after_one)
+    with pytest.raises(InputError, match="ckpt_4.pt: cannot write the checkpoint .No space left on device."):
+        run_pretraining.main(flags(workspace, "--num_steps_per_checkpoint", 2, "--max_steps", 6, out="again"))
+    assert torch.load(workspace / "again" / "ckpt_2.pt", weights_only=True)["config"]["model_type"] == "modernbert"
+    assert not list((workspace / "again").glob("ckpt_4*"))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -56,13 +55,6 @@ def measure(variant: str, length: int) -> dict:
             "step_memory_mib": round((rss_bytes("VmHWM") - before) / 2**20, 1)}
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192])
@@ -75,8 +67,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
         print(json.dumps(measure(args.one[0], int(args.one[1]))))
         return
-    import torch
-    print(f"# {cpu_model()}, torch {torch.__version__}, fp32, {args.threads} threads")
+    from bertrecipe.common.hardware import detect, host_line
+    print(f"# {host_line(detect('cpu'), 'fp32')}, {args.threads} threads")
     print("| model | tokens | step (s) | step memory (MiB) | memory / previous length |")
     print("|---|---:|---:|---:|---:|")
     for variant in args.variants:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import random
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bertrecipe.common.hardware import detect, host_line
 from bertrecipe.dataprep.text_formatting import wiki_articles
 from bertrecipe.model.modern import ModernBertForMaskedLM
 from bertrecipe.model.modern_config import ModernBertConfig
@@ -73,13 +73,6 @@ def step_seconds(model: ModernBertForMaskedLM, batch: dict[str, np.ndarray], way
     return time.perf_counter() - began
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wiki", type=Path, default=SHARED_WIKI if SHARED_WIKI.is_file() else OWN_WIKI)
@@ -90,7 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lengths = row_lengths(args.wiki, args.seq)
-    print(f"# {cpu_model()}, torch {torch.__version__}, fp32, {args.threads} threads; {args.wiki.name}:"
+    print(f"# {host_line(detect('cpu'), 'fp32')}, {args.threads} threads; {args.wiki.name}:"
           f" {len(lengths)} rows, mean {np.mean(lengths):.0f} tokens of {args.seq} ({np.mean(lengths) / args.seq:.0%})")
     torch.manual_seed(0)
     model = ModernBertForMaskedLM(ModernBertConfig.from_dict(MODEL)).train()

@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TEST_DATA = REPO_ROOT / "tests" / "data"
@@ -129,3 +131,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(line, bold=True)
     for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
         terminalreporter.write_line(f"  skipped {count}: {reason}")
+
+
+@torch.no_grad()
+def masked_lm_loss_over_shard(logits_of, shard: Path) -> float:
+    """The masked-LM loss over a shard's static masks, sample by sample: logits_of(input_ids, segment_ids,
+    input_mask), each [1, seq], gives the [seq, vocab] logits of an independent model (transformers')."""
+    with h5py.File(shard) as f:
+        arrays = {k: f[k][()] for k in f}
+    total, count = 0.0, 0
+    for i in range(len(arrays["input_ids"])):
+        positions = [int(p) for p in arrays["masked_lm_positions"][i]]
+        n = positions.index(0) if 0 in positions else len(positions)
+        row = [torch.tensor(arrays[k][i], dtype=torch.long)[None] for k in ("input_ids", "segment_ids", "input_mask")]
+        logits = logits_of(*row)[positions[:n]]
+        targets = torch.tensor(arrays["masked_lm_ids"][i][:n], dtype=torch.long)
+        total += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
+        count += n
+    return total / count
+

@@ -7,12 +7,10 @@ import shutil
 import subprocess
 import sys
 
-import h5py
 import pytest
-import torch
 import transformers
 
-from conftest import REPO_ROOT, TEST_DATA
+from conftest import REPO_ROOT, TEST_DATA, masked_lm_loss_over_shard
 
 OLD = TEST_DATA / "checkpoint-fdd596d"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # as the checkpoint was written
@@ -52,24 +50,12 @@ def test_resume_from_the_old_checkpoint_repeats_the_old_run(tmp_path):
     assert (tmp_path / "out" / "ckpt_4.pt").is_file()
 
 
-@torch.no_grad()
 def transformers_masked_lm_loss(hf_folder, shard):
     """Masked-LM loss of the converted model over the shard, computed by transformers sample by sample."""
     model = transformers.BertForPreTraining.from_pretrained(hf_folder).eval()
-    with h5py.File(shard) as f:
-        arrays = {k: f[k][()] for k in f}
-    total, count = 0.0, 0
-    for i in range(len(arrays["input_ids"])):
-        positions = [int(p) for p in arrays["masked_lm_positions"][i]]
-        n = positions.index(0) if 0 in positions else len(positions)
-        as_batch = {k: torch.tensor(arrays[k][i], dtype=torch.long)[None]
-                    for k in ("input_ids", "segment_ids", "input_mask")}
-        logits = model(input_ids=as_batch["input_ids"], token_type_ids=as_batch["segment_ids"],
-                       attention_mask=as_batch["input_mask"]).prediction_logits[0, positions[:n]]
-        targets = torch.tensor(arrays["masked_lm_ids"][i][:n], dtype=torch.long)
-        total += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
-        count += n
-    return total / count
+    return masked_lm_loss_over_shard(
+        lambda ids, segments, mask: model(input_ids=ids, token_type_ids=segments,
+                                          attention_mask=mask).prediction_logits[0], shard)
 
 
 def test_init_checkpoint_and_convert_checkpoint_read_the_old_checkpoint_alike(tmp_path):

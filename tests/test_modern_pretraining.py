@@ -6,13 +6,12 @@ import math
 import subprocess
 import sys
 
-import h5py
 import pytest
 import torch
 import transformers
 
 from bertrecipe.training.metric_logger import read_log
-from conftest import ENV, REPO_ROOT, TINY
+from conftest import ENV, REPO_ROOT, TINY, masked_lm_loss_over_shard
 
 MODERN = {"model_type": "modernbert", "vocab_size": TINY["vocab_size"], "hidden_size": 64, "num_hidden_layers": 3,
           "num_attention_heads": 4, "intermediate_size": 96, "max_position_embeddings": 128,
@@ -78,23 +77,11 @@ def test_a_modern_run_resumes_bit_for_bit(corpus, modern_config, tmp_path):
     assert all(torch.equal(whole[name], resumed[name]) for name in whole)
 
 
-@torch.no_grad()
 def transformers_masked_lm_loss(folder, shard):
     """The masked-LM loss over the shard's static masks, computed by transformers' ModernBertForMaskedLM."""
     model = transformers.ModernBertForMaskedLM.from_pretrained(folder, attn_implementation="sdpa").eval()
-    with h5py.File(shard) as f:
-        arrays = {k: f[k][()] for k in f}
-    total, count = 0.0, 0
-    for i in range(len(arrays["input_ids"])):
-        positions = [int(p) for p in arrays["masked_lm_positions"][i]]
-        n = positions.index(0) if 0 in positions else len(positions)
-        ids = torch.tensor(arrays["input_ids"][i], dtype=torch.long)[None]
-        mask = torch.tensor(arrays["input_mask"][i], dtype=torch.long)[None]
-        logits = model(input_ids=ids, attention_mask=mask).logits[0, positions[:n]]
-        targets = torch.tensor(arrays["masked_lm_ids"][i][:n], dtype=torch.long)
-        total += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
-        count += n
-    return total / count
+    return masked_lm_loss_over_shard(
+        lambda ids, _segments, mask: model(input_ids=ids, attention_mask=mask).logits[0], shard)
 
 
 def test_a_modern_checkpoint_converts_for_transformers_and_a_transformers_folder_starts_a_run(corpus, modern_config,

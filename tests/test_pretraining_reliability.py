@@ -242,8 +242,8 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint_and_says_so(worksp
 
 
 # --- Non-finite training (item 8) ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("precision", [[], ["--bf16"]])
-def test_nan_loss_is_skipped_with_a_warning_then_stops_naming_the_step(workspace, monkeypatch, capsys, precision):
+def nan_losses_from_the_third_step(monkeypatch) -> None:
+    """The pre-training criterion, patched to return NaN from its third call on."""
     real_loss = BertPretrainingCriterion.__call__
     steps = []
 
@@ -253,6 +253,11 @@ def test_nan_loss_is_skipped_with_a_warning_then_stops_naming_the_step(workspace
         return loss * float("nan") if len(steps) >= 3 else loss
 
     monkeypatch.setattr(BertPretrainingCriterion, "__call__", loss_nan_from_the_third_step)
+
+
+@pytest.mark.parametrize("precision", [[], ["--bf16"]])
+def test_nan_loss_is_skipped_with_a_warning_then_stops_naming_the_step(workspace, monkeypatch, capsys, precision):
+    nan_losses_from_the_third_step(monkeypatch)
     with pytest.raises(SystemExit) as stop:
         run_pretraining.main(flags(workspace, "--num_steps_per_checkpoint", 1, "--max_steps", 30, *precision))
     assert stop.value.code == 1
@@ -538,14 +543,7 @@ def test_modern_family_nan_losses_are_skipped_then_stop_and_a_full_disk_keeps_th
                                                                                             capsys):
     (workspace / "bert_config.json").write_text(json.dumps(MODERN_CONFIG))
     real_loss = BertPretrainingCriterion.__call__
-    steps = []
-
-    def loss_nan_from_the_third_step(criterion, model, batch):
-        steps.append(1)
-        loss = real_loss(criterion, model, batch)
-        return loss * float("nan") if len(steps) >= 3 else loss
-
-    monkeypatch.setattr(BertPretrainingCriterion, "__call__", loss_nan_from_the_third_step)
+    nan_losses_from_the_third_step(monkeypatch)
     with pytest.raises(SystemExit) as stop:
         run_pretraining.main(flags(workspace, "--num_steps_per_checkpoint", 1, "--max_steps", 30, "--optimizer",
                                    "adamw"))

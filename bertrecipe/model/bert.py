@@ -529,6 +529,15 @@ class BertForPreTraining(BertPreTrainedModel):
         return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits)
 
 
+def span_loss(start_logits: Tensor, end_logits: Tensor, start_positions: Tensor, end_positions: Tensor) -> Tensor:
+    """SQuAD's loss, (CE(start) + CE(end)) / 2 over [B, S] logits; positions past the window (truncated answers)
+    point at an ignored index."""
+    seq_len = start_logits.shape[1]
+    start, end = start_positions.clamp(0, seq_len), end_positions.clamp(0, seq_len)
+    return (F.cross_entropy(start_logits, start, ignore_index=seq_len)
+            + F.cross_entropy(end_logits, end, ignore_index=seq_len)) / 2
+
+
 class BertForQuestionAnswering(BertPreTrainedModel):
     """Span extraction. forward returns (start_logits [B, S], end_logits [B, S]) and, given start and end
     positions [B], the loss as (CE(start) + CE(end)) / 2 with positions outside the sequence ignored."""
@@ -555,14 +564,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         start_logits, end_logits = self.qa_outputs(sequence_output).float().unbind(-1)
         loss = None
         if start_positions is not None and end_positions is not None:
-            seq_len = start_logits.shape[1]
-            # Positions past the window (truncated answers) point at an ignored index.
-            start = start_positions.clamp(0, seq_len)
-            end = end_positions.clamp(0, seq_len)
-            loss = (
-                F.cross_entropy(start_logits, start, ignore_index=seq_len)
-                + F.cross_entropy(end_logits, end, ignore_index=seq_len)
-            ) / 2
+            loss = span_loss(start_logits, end_logits, start_positions, end_positions)
         return loss, start_logits, end_logits
 
 

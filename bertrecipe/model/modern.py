@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from bertrecipe.model.bert import ACTIVATIONS, Linear, PreTrainingOutput, TokenPacking, attend
+from bertrecipe.model.bert import ACTIVATIONS, Linear, PreTrainingOutput, TokenPacking, attend, span_loss
 from bertrecipe.model.documents import document_attention_bias, positions_within_documents
 from bertrecipe.model.fast_dropout import Dropout
 from bertrecipe.model.local_attention import Band, banded_attention
@@ -310,8 +310,5 @@ class ModernBertForQuestionAnswering(ModernBertPreTrainedModel):
         start_logits, end_logits = self.classifier(self.drop(self.head(hidden))).float().unbind(-1)
         loss = None
         if start_positions is not None and end_positions is not None:
-            seq_len = start_logits.shape[1]
-            start, end = start_positions.clamp(0, seq_len), end_positions.clamp(0, seq_len)
-            loss = (F.cross_entropy(start_logits, start, ignore_index=seq_len)
-                    + F.cross_entropy(end_logits, end, ignore_index=seq_len)) / 2
+            loss = span_loss(start_logits, end_logits, start_positions, end_positions)
         return loss, start_logits, end_logits

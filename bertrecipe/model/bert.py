@@ -529,6 +529,13 @@ class BertForPreTraining(BertPreTrainedModel):
         return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits)
 
 
+def classification_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """GLUE's loss of [B, num_labels] logits: mean squared error for one label (regression), else cross-entropy."""
+    if logits.shape[-1] == 1:
+        return F.mse_loss(logits.view(-1), labels.float().view(-1))
+    return F.cross_entropy(logits, labels.view(-1).long())
+
+
 def span_loss(start_logits: Tensor, end_logits: Tensor, start_positions: Tensor, end_positions: Tensor) -> Tensor:
     """SQuAD's loss, (CE(start) + CE(end)) / 2 over [B, S] logits; positions past the window (truncated answers)
     point at an ignored index."""
@@ -590,10 +597,5 @@ class BertForSequenceClassification(BertPreTrainedModel):
     ) -> tuple[Optional[Tensor], Tensor]:
         _, pooled = self.bert(input_ids, token_type_ids, attention_mask)
         logits = self.classifier(self.dropout(pooled)).float()
-        loss = None
-        if labels is not None:
-            if self.num_labels == 1:
-                loss = F.mse_loss(logits.view(-1), labels.float().view(-1))
-            else:
-                loss = F.cross_entropy(logits, labels.view(-1).long())
+        loss = None if labels is None else classification_loss(logits, labels)
         return loss, logits

@@ -16,7 +16,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from bertrecipe.model.bert import ACTIVATIONS, Linear, PreTrainingOutput, TokenPacking, attend, span_loss
+from bertrecipe.model.bert import (
+    ACTIVATIONS,
+    Linear,
+    PreTrainingOutput,
+    TokenPacking,
+    attend,
+    classification_loss,
+    span_loss,
+)
 from bertrecipe.model.documents import document_attention_bias, positions_within_documents
 from bertrecipe.model.fast_dropout import Dropout
 from bertrecipe.model.local_attention import Band, banded_attention
@@ -281,12 +289,7 @@ class ModernBertForSequenceClassification(ModernBertPreTrainedModel):
                 labels: Optional[Tensor] = None) -> tuple[Optional[Tensor], Tensor]:
         hidden = self.model(input_ids, attention_mask)
         logits = self.classifier(self.drop(self.head(_pooled(self.config, hidden, attention_mask)))).float()
-        loss = None
-        if labels is not None:
-            if self.num_labels == 1:
-                loss = F.mse_loss(logits.view(-1), labels.float().view(-1))
-            else:
-                loss = F.cross_entropy(logits, labels.view(-1).long())
+        loss = None if labels is None else classification_loss(logits, labels)
         return loss, logits
 
 

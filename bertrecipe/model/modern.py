@@ -22,6 +22,7 @@ from bertrecipe.model.bert import (
     PreTrainingOutput,
     TokenPacking,
     attend,
+    attention_bias_from_mask,
     classification_loss,
     span_loss,
 )
@@ -149,6 +150,7 @@ class ModernBertModel(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 document_ids: Optional[Tensor] = None) -> Tensor:
+        packed = document_ids is not None
         if document_ids is None:
             document_ids = torch.ones_like(input_ids) if attention_mask is None else (attention_mask != 0).long()
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
@@ -160,7 +162,7 @@ class ModernBertModel(nn.Module):
             input_ids, document_ids, positions = (t[:, : packing.seq] for t in (input_ids, document_ids, positions))
         x = self.embeddings(input_ids)
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        masks = self._masks(document_ids, dtype)
+        masks = self._masks(document_ids, dtype, packed)
         rotary = {local: self.rotary[local](positions) for local in masks}
         if packing is not None:
             x = packing.pack(x)
@@ -175,15 +177,17 @@ class ModernBertModel(nn.Module):
             return x
         return F.pad(packing.unpack(x), (0, 0, 0, full_length - packing.seq))
 
-
-    def _masks(self, document_ids: Tensor, dtype: torch.dtype) -> dict[bool, Union[Tensor, Band]]:
-        """Per kind of layer (local: True): the dense bias, or for local layers of long rows the Band, whose
-        memory grows linearly with the length."""
+    def _masks(self, document_ids: Tensor, dtype: torch.dtype, packed: bool) -> dict[bool, Union[Tensor, Band]]:
+        """Per kind of layer (local: True) what attention is limited by: for global layers of rows that hold one
+        document, the key-padding bias [B, 1, 1, S] (as BERT's); else the [B, 1, S, S] document (and window) bias,
+        or for local layers of long rows the Band, whose memory grows linearly with the length."""
         masks: dict[bool, Union[Tensor, Band]] = {}
         for local in {layer.attn.local for layer in self.layers}:
             band = Band(document_ids, self.config.local_attention // 2)
             if local and band.worth_it() and not torch.jit.is_tracing():  # exported graphs stay dense
                 masks[local] = band
+            elif not local and not packed:
+                masks[local] = attention_bias_from_mask(document_ids, dtype)
             else:
                 masks[local] = document_attention_bias(document_ids, dtype, band.reach if local else None)
         return masks

@@ -45,6 +45,17 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."  # a pasted blob must not flood the one-line error
 
 
+def size_problem(config: Any, keys: tuple[str, ...]) -> str:
+    """The first of `keys` whose value on `config` is not a whole number from 1 to 2**31 - 1, as "<key> is ...,
+    expected ..." ("" when all are); valid ones become plain ints, so that the config writes as JSON."""
+    for key in keys:
+        value = getattr(config, key)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= _MAX_SIZE:
+            return f"{key} is {_short(value)}, expected a whole number from 1 to {_MAX_SIZE}"
+        setattr(config, key, int(value))
+    return ""
+
+
 @dataclass
 class BertConfig:
     """Google's `bert_config.json` fields; keys this class does not know are kept in `extra` and written back.
@@ -72,11 +83,9 @@ class BertConfig:
     def _problem(self) -> str:
         """The first invalid value as "<key> is <value>, expected ...", or "" when every value can build a model;
         valid sizes become plain ints and valid probabilities and constants floats on the way."""
-        for key in _SIZE_KEYS:
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= _MAX_SIZE:
-                return f"{key} is {_short(value)}, expected a whole number from 1 to {_MAX_SIZE}"
-            setattr(self, key, int(value))  # numpy integers become plain ints, so that the config writes as JSON
+        problem = size_problem(self, _SIZE_KEYS)
+        if problem:
+            return problem
         for key in _PROBABILITY_KEYS + _NON_NEGATIVE_KEYS:
             value = getattr(self, key)
             upper = 1 if key in _PROBABILITY_KEYS else math.inf

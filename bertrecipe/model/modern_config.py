@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from bertrecipe.model.bert import ACTIVATIONS, ConfigError, _short
+from bertrecipe.model.bert import ACTIVATIONS, ConfigError, _short, size_problem
 
 MODEL_TYPE = "modernbert"
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -72,11 +72,9 @@ class ModernBertConfig:
 
     def _problem(self) -> str:
         """The first invalid value as "<key> is <value>, expected ...", or ""; numbers become plain Python ones."""
-        for key in _SIZE_KEYS:
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= 2**31 - 1:
-                return f"{key} is {_short(value)}, expected a whole number from 1 to {2**31 - 1}"
-            setattr(self, key, int(value))
+        problem = size_problem(self, _SIZE_KEYS)
+        if problem:
+            return problem
         for key in _PROBABILITY_KEYS + _POSITIVE_KEYS:
             value = getattr(self, key)
             probability = key in _PROBABILITY_KEYS

@@ -113,17 +113,18 @@ def test_squad_fine_tunes_a_modern_folder_and_its_model_exports_to_transformers_
 
 
 def test_inference_answers_with_a_modern_checkpoint(modern_folder, tmp_path):
-    weights = read_weights(modern_folder)
+    """A QA folder transformers saved: its head is loaded (no warning of an untrained head) and the answer is a
+    span of the context (the logits themselves are checked against transformers in the SQuAD test above)."""
     model = transformers.ModernBertForQuestionAnswering.from_pretrained(modern_folder)
     model.save_pretrained(tmp_path / "qa")
-    (tmp_path / "qa" / "vocab.txt").write_bytes((modern_folder / "vocab.txt").read_bytes())
-    assert weights.config.layer_types.count("sliding_attention") == 2
+    text = "The quick brown fox jumped over the lazy dog in the garden behind the house."
     context = tmp_path / "article.txt"
-    context.write_text("The quick brown fox jumped over the lazy dog in the garden behind the house.",
-                       encoding="utf-8")
+    context.write_text(text, encoding="utf-8")
     result = subprocess.run([sys.executable, str(REPO_ROOT / "inference.py"), "--init_checkpoint",
                              str(tmp_path / "qa"), "--vocab_file", str(modern_folder / "vocab.txt"),
                              "--do_lower_case", "--question", "Where did the fox jump?", "--context_file",
                              str(context), "--max_seq_length", "64"], env=ENV, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip()
+    assert "no QA head" not in result.stderr
+    answer = json.loads(result.stdout)["answer"]
+    assert answer and answer.lower() in text.lower()

@@ -144,6 +144,10 @@ def _ddp_gradients(rank, store, out):
             ddp = wrap_ddp(model, ctx, compress)  # kept: a DDP object freed before backward all-reduces nothing
             ddp(rank_input(rank)).pow(2).sum().backward()
             grads[name] = model.weight.grad.clone()
+            # Freed while the group lives and both ranks are past their reducers: gloo aborts (SIGABRT) when a
+            # reducer outlives the group it was built on or one rank tears down while the other still sends.
+            del ddp
+            dist.barrier()
         torch.save(grads, f"{out}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()

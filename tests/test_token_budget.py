@@ -288,3 +288,21 @@ def test_packed_micro_batches_count_the_tokens_of_their_samples(corpus, tmp_path
           "--pack_sequences", "--max_tokens", budget)
     assert [tokens for _, tokens in logged_steps(out / "log.json")] == cumulative[:4]
     assert stop_records(out / "log.json") == [{"stopped_by": "max_tokens", "global_step": 4}]
+
+
+@pytest.mark.slow
+def test_without_token_flags_two_processes_report_the_tokens_of_one_at_records_and_checkpoints(corpus, tmp_path):
+    """No token budget and no warm-up: the count is summed over the processes only at the records (every third
+    step), the checkpoints and the end, and still equals the shards' tokens of the steps taken."""
+    cumulative = [tokens for _, tokens in expected_steps(corpus / "p1", 8, math.inf, lambda t: 8, max_steps=7)]
+    common = ["--data_lanes", 8, "--max_steps", 7, "--log_freq", 3, "--num_steps_per_checkpoint", 5]
+    one, two = tmp_path / "one", tmp_path / "two"
+    train(corpus, one, "--train_batch_size", 8, *common)
+    train(corpus, two, "--train_batch_size", 4, *common, nproc=2)
+    for out in one, two:
+        records = step_records(out / "log.json")
+        assert {step: record["tokens"] for (_, step), record in records.items()} == {
+            3: cumulative[2], 6: cumulative[5], 7: cumulative[6]}
+        assert final_record(out / "log.json")["tokens"] == cumulative[6]
+        assert torch.load(out / "ckpt_5.pt", weights_only=True)["tokens"] == cumulative[4]
+        assert torch.load(out / "ckpt_7.pt", weights_only=True)["tokens"] == cumulative[6]

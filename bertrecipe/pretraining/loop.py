@@ -74,6 +74,12 @@ class LoopSettings:
         """Global step = phase step + step_offset."""
         return self.phase1_end_step if self.phase2 else 0
 
+    @property
+    def steps_read_tokens(self) -> bool:
+        """True when every step needs the all-process token count (a token budget or a batch-size warm-up);
+        otherwise the count is summed over the processes only when a record or a checkpoint reports it."""
+        return bool(self.max_tokens) or self.batch_ramp is not None
+
 
 @dataclass
 class TrainingSetup:
@@ -112,7 +118,8 @@ class LoopState:
     seconds_before: float  # training time of the runs this one continues
     train_seconds: float  # training time of the phase after the last step (evaluations excluded)
     next_evaluation: float  # train_seconds of the next --eval_interval_minutes evaluation
-    tokens: int = 0  # real tokens of all processes the phase has consumed, through the last step
+    tokens: int = 0  # real tokens of all processes the phase has consumed, through the last settled step
+    unsettled_tokens: int = 0  # this process's real tokens of the steps since (settle_tokens)
     evaluation_seconds: float = 0.0  # time this run spent in evaluations between steps
     samples_since_record: int = 0  # samples of all processes since the previous record
     losses: list[float] = field(default_factory=list)  # this process's step losses since the previous record
@@ -210,7 +217,9 @@ def apply_step(state: LoopState) -> StepResult:
     count = state.micro_batches_of_next_step()  # the same on every process: a function of the all-reduced count
     state.data.next_step_micro_batches = count
     batches = take(state.batches, count)
-    state.tokens += tokens_of_all_processes(count_tokens(batches), state.setup.ctx)
+    state.unsettled_tokens += count_tokens(batches)
+    if state.settings.steps_read_tokens:
+        settle_tokens(state)
     micro = [batches_to_device(b, state.setup.ctx.device) for b in batches]
     state.current_step = state.global_step + 1
     if isinstance(state.setup.scheduler, TimeBudgetScheduler):
@@ -229,6 +238,13 @@ def apply_step(state: LoopState) -> StepResult:
     state.samples_since_record += state.step_samples[-1]
     state.bar.update(1)
     return outcome
+
+
+def settle_tokens(state: LoopState) -> None:
+    """Adds the processes' unsettled tokens to the phase's count: one small all-reduce, which waits for the
+    device, so it is done on every step only when the step needs the count; every process calls it alike."""
+    state.tokens += tokens_of_all_processes(state.unsettled_tokens, state.setup.ctx)
+    state.unsettled_tokens = 0
 
 
 def read_clock(state: LoopState) -> float:
@@ -272,6 +288,7 @@ def log_training_record(state: LoopState, step_loss: float) -> None:
     """The losses averaged over processes, the lr, and the throughput since the previous record: sequences of
     all processes over the wall time, read once the loss all-reduce has synchronised them."""
     setup, ctx = state.setup, state.setup.ctx
+    settle_tokens(state)
     mean = all_reduce_sum(torch.tensor([np.mean(state.losses), step_loss], dtype=torch.float64,
                                        device=ctx.device), ctx) / ctx.world_size
     state.last_loss = float(mean[1])
@@ -312,6 +329,7 @@ def save(state: LoopState, periodic: bool) -> None:
         return
     if not weights_are_finite(setup.model):
         raise TrainingFailure("the weights are no longer finite numbers; no checkpoint written")
+    settle_tokens(state)
     rng_per_rank = all_gather_objects(checkpointing.rng_state(), ctx)
     failure = None
     if ctx.is_main:
@@ -363,6 +381,7 @@ def closing_record(state: LoopState) -> dict[str, Any]:
     """The run's summary: times, throughput (the first two steps, which warm up, left out when there are more) and
     the final loss, with the final evaluation when --do_eval asks for one."""
     setup = state.setup
+    settle_tokens(state)
     if setup.eval_shards and state.settings.do_eval:
         state.result = evaluate(setup, state.settings.eval_batch_size)
     skip = 2 if len(state.step_times) > 2 else 0

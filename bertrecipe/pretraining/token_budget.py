@@ -3,7 +3,9 @@ across the processes, and how many micro-batches a step takes during a batch-siz
 
 A step's tokens are its samples' non-padding tokens (the sum of input_mask, which packing keeps: a packed row's
 mask holds its samples' masks side by side), summed over all processes by one all-reduce of an integer: every
-process holds the same exact count, which the checkpoint keeps ("tokens") so that a resume goes on from it.
+process holds the same exact count, which the checkpoint keeps ("tokens") so that a resume goes on from it. The
+loop sums on every step only when the step reads the count (a token budget, a batch-size warm-up); otherwise at the
+log records, the checkpoints and the end, since the all-reduce waits for the device.
 
 The batch-size warm-up (ModernBERT's) grows the step from a few micro-batches per process to the full
 --gradient_accumulation_steps, linearly in the tokens consumed before the step, in whole multiples of the

@@ -439,9 +439,9 @@ def wsd_factor(progress: float, warmup: float, decay: float, min_ratio: float, s
     if progress < warmup:
         return progress / warmup
     start = 1.0 - decay
-    if progress < start:
+    if progress < start or decay == 0:  # no decay: the peak through the last step (a phase that hands on)
         return 1.0
-    done = min((progress - start) / decay, 1.0) if decay > 0 else 1.0
+    done = min((progress - start) / decay, 1.0)
     left = 1.0 - (math.sqrt(done) if shape == "1-sqrt" else done)
     return min_ratio + (1.0 - min_ratio) * left
 

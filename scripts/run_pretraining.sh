@@ -2,6 +2,8 @@
 # BERT pre-training, phase 1 (seq 128) then phase 2 (seq 512), with NVIDIA's positional arguments in NVIDIA's order:
 #   bash scripts/run_pretraining.sh $(source scripts/configs/pretrain_config.sh && dgxa100_8gpu_fp16)
 # Works with one process on a CPU: bash scripts/run_pretraining.sh $(source scripts/configs/pretrain_config.sh && cpu)
+# Arguments 26-31 (ours) train the modern family the same way, phase 2 being its context extension:
+#   bash scripts/run_pretraining.sh $(source scripts/configs/pretrain_config.sh && modernbert_base_8gpu_bf16)
 set -euo pipefail
 
 train_batch_size=${1:-8192}
@@ -30,6 +32,26 @@ BERT_CONFIG=${22:-"bert_configs/large.json"}
 DATA_DIR_PHASE2=${23:-"$BERT_PREP_WORKING_DIR/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/books_wiki_en_corpus"}
 CODEDIR=${24:-"$(cd "$(dirname "$0")/.." && pwd)"}
 init_checkpoint=${25:-"None"}
+# recipe: bert (NVIDIA's: LAMB, poly schedule, NSP, the shards' masks) or modern (ModernBERT's: StableAdamW,
+# warmup-stable-decay with phase 1 held at its peak and phase 2 decaying its last sixth, 30 % masking at load
+# time, no NSP, packed rows). The lengths, masked positions and phase 2's config default per recipe.
+recipe=${26:-"bert"}
+case "$recipe" in
+  bert) lengths=(128 20 512 80); config2_default=$BERT_CONFIG ;;
+  modern)
+    lengths=(1024 308 8192 2458)  # 30 % of each length
+    [ -n "${22:-}" ] || BERT_CONFIG=bert_configs/modernbert-base.json
+    config2_default=${BERT_CONFIG%.json}-8k.json
+    [ -n "${21:-}" ] || DATA_DIR_PHASE1="$BERT_PREP_WORKING_DIR/hdf5_document_chunks_lower_case_1_seq_len_1024_random_seed_12345/books_wiki_en_corpus"
+    [ -n "${23:-}" ] || DATA_DIR_PHASE2="$BERT_PREP_WORKING_DIR/hdf5_document_chunks_lower_case_1_seq_len_8192_random_seed_12345/books_wiki_en_corpus"
+    ;;
+  *) echo "error: recipe (argument 26): '$recipe' is neither bert nor modern" >&2; exit 2 ;;
+esac
+max_seq_length=${27:-${lengths[0]}}
+max_predictions_per_seq=${28:-${lengths[1]}}
+max_seq_length_phase2=${29:-${lengths[2]}}
+max_predictions_per_seq_phase2=${30:-${lengths[3]}}
+BERT_CONFIG_PHASE2=${31:-$config2_default}  # the modern family's context extension raises its rotary base
 RESULTS_DIR=${RESULTS_DIR:-"$CODEDIR/results"}
 CHECKPOINTS_DIR=$RESULTS_DIR/checkpoints
 PYTHON=${PYTHON:-python3}
@@ -54,9 +76,24 @@ require_boolean create_logfile 9 "$create_logfile"
 require_boolean accumulate_gradients 10 "$accumulate_gradients"
 require_boolean allreduce_post_accumulation 14 "$allreduce_post_accumulation"
 require_boolean allreduce_post_accumulation_fp16 15 "$allreduce_post_accumulation_fp16"
+require_count max_seq_length 27 "$max_seq_length"
+require_count max_predictions_per_seq 28 "$max_predictions_per_seq"
+require_count max_seq_length_phase2 29 "$max_seq_length_phase2"
+require_count max_predictions_per_seq_phase2 30 "$max_predictions_per_seq_phase2"
+# A phase-2 config of its own is read only after phase 1 has trained: a missing one is refused now.
+if [ "$BERT_CONFIG_PHASE2" != "$BERT_CONFIG" ] && [ ! -f "$BERT_CONFIG_PHASE2" ]; then
+  refuse_argument "phase 2's config" 31 "$BERT_CONFIG_PHASE2" "does not exist"
+fi
 [ "$accumulate_gradients" = "true" ] || { gradient_accumulation_steps=1; gradient_accumulation_steps_phase2=1; }
 [ "$allreduce_post_accumulation" = "true" ] && flags+=(--allreduce_post_accumulation)
 [ "$allreduce_post_accumulation_fp16" = "true" ] && flags+=(--allreduce_post_accumulation_fp16)
+phase1=() phase2=()
+if [ "$recipe" = modern ]; then
+  flags+=(--optimizer=stable_adamw --adam_beta2=0.98 --weight_decay=1e-5 --lr_schedule=wsd --decay_shape=1-sqrt
+          --dynamic_masking --masked_lm_prob=0.3 --no_nsp --pack_sequences)
+  phase1+=(--decay_proportion=0)
+  phase2+=(--decay_proportion=0.1667)  # ModernBERT: 250B tokens at 8,192 then a 50B-token decay
+fi
 resume=()
 [ "$resume_training" = "true" ] && resume+=(--resume_from_checkpoint)
 [ "$init_checkpoint" != "None" ] && resume+=(--init_checkpoint "$init_checkpoint")
@@ -93,10 +130,11 @@ launch() {
 
 launch "$RESULTS_DIR/dllogger_phase1.json" --input_dir="$DATA_DIR_PHASE1" --output_dir="$CHECKPOINTS_DIR" \
   --config_file="$BERT_CONFIG" --bert_model=bert-large-uncased --train_batch_size="$train_batch_size" \
-  --max_seq_length=128 --max_predictions_per_seq=20 --max_steps="$train_steps" \
-  --warmup_proportion="$warmup_proportion" --num_steps_per_checkpoint="$save_checkpoint_steps" \
-  --learning_rate="$learning_rate" --seed="$seed" --gradient_accumulation_steps="$gradient_accumulation_steps" \
-  --do_train "${flags[@]}" "${resume[@]}" "${extra[@]}"
+  --max_seq_length="$max_seq_length" --max_predictions_per_seq="$max_predictions_per_seq" \
+  --max_steps="$train_steps" --warmup_proportion="$warmup_proportion" \
+  --num_steps_per_checkpoint="$save_checkpoint_steps" --learning_rate="$learning_rate" --seed="$seed" \
+  --gradient_accumulation_steps="$gradient_accumulation_steps" --do_train "${flags[@]}" "${phase1[@]}" \
+  "${resume[@]}" "${extra[@]}"
 
 # A shortened phase 1 (--steps_this_run, exit 0) must not hand over; a preempted one (SIGTERM) ended above, 143.
 if [ ! -f "$CHECKPOINTS_DIR/ckpt_${train_steps}.pt" ]; then
@@ -108,9 +146,10 @@ if [ ! -f "$CHECKPOINTS_DIR/ckpt_${train_steps}.pt" ]; then
 fi
 
 launch "$RESULTS_DIR/dllogger_phase2.json" --input_dir="$DATA_DIR_PHASE2" --output_dir="$CHECKPOINTS_DIR" \
-  --config_file="$BERT_CONFIG" --bert_model=bert-large-uncased --train_batch_size="$train_batch_size_phase2" \
-  --max_seq_length=512 --max_predictions_per_seq=80 --max_steps="$train_steps_phase2" \
+  --config_file="$BERT_CONFIG_PHASE2" --bert_model=bert-large-uncased \
+  --train_batch_size="$train_batch_size_phase2" --max_seq_length="$max_seq_length_phase2" \
+  --max_predictions_per_seq="$max_predictions_per_seq_phase2" --max_steps="$train_steps_phase2" \
   --warmup_proportion="$warmup_proportion_phase2" --num_steps_per_checkpoint="$save_checkpoint_steps" \
   --learning_rate="$learning_rate_phase2" --seed="$seed" \
   --gradient_accumulation_steps="$gradient_accumulation_steps_phase2" --do_train --resume_from_checkpoint \
-  --phase2 --phase1_end_step="$train_steps" "${flags[@]}" "${extra[@]}"
+  --phase2 --phase1_end_step="$train_steps" "${flags[@]}" "${phase2[@]}" "${extra[@]}"

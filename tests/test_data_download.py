@@ -246,6 +246,36 @@ def test_create_datasets_wiki_books_stops_at_the_missing_book_list(tmp_path):
     assert not (tmp_path / "download" / "wikicorpus_en").exists()
 
 
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not found")
+@pytest.mark.parametrize("recipe, shards", [
+    ("bert", [["--max_seq_length", "128", "--max_predictions_per_seq", "20"],
+              ["--max_seq_length", "512", "--max_predictions_per_seq", "80"]]),
+    ("modern", [["--document_chunks", "--max_seq_length", "1024"], ["--document_chunks", "--max_seq_length", "8192"]]),
+])
+def test_create_datasets_makes_each_recipe_s_shards(tmp_path, recipe, shards):
+    """With a stand-in python that records each bertPrep.py call: the recipe picks the shards made at the end."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\nshift\necho "$@" >> "$ARGS_LOG"\n')
+    fake.chmod(0o755)
+    script = Path(__file__).resolve().parents[1] / "data" / "create_datasets_from_start.sh"
+    run = subprocess.run(["bash", str(script), "wiki_only", recipe], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "BERT_PREP_WORKING_DIR": str(tmp_path), "PYTHON": str(fake),
+                              "ARGS_LOG": str(tmp_path / "calls")})
+    assert run.returncode == 0, run.stderr
+    calls = [line.split() for line in (tmp_path / "calls").read_text().splitlines()]
+    made = [[a for a in call if a.startswith("--") and a not in ("--action", "--dataset", "--vocab_file")
+             or a.isdigit()] for call in calls if call[:2] == ["--action", "create_hdf5_files"]]
+    assert made == shards
+
+
+def test_create_datasets_refuses_an_unknown_recipe_before_any_download(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "data" / "create_datasets_from_start.sh"
+    run = subprocess.run(["bash", str(script), "wiki_only", "modrn"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "BERT_PREP_WORKING_DIR": str(tmp_path), "PYTHON": sys.executable})
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "'modrn' is neither bert nor modern" in run.stderr and not list(tmp_path.iterdir())
+
+
 def test_a_killed_extraction_is_cleaned_and_redone(server, tmp_path):
     """A run killed while unzipping leaves `.<folder>.tmp-<pid>/`: the next run removes it (only it) and extracts."""
     base, root, _ = server

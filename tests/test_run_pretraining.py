@@ -452,6 +452,53 @@ def test_run_pretraining_sh_runs_both_phases_on_one_cpu_process(vocab_file, corp
     assert sorted(phase2) == [(0, 4), (0, 5)]
 
 
+@pytest.mark.slow
+def test_run_pretraining_sh_trains_the_modern_family_through_its_context_extension(vocab_file, corpus, tmp_path):
+    """Arguments 26-31: the modern recipe, 128/40 then 512/160, phase 2's config raising the rotary base; phase 1
+    ends at its peak lr (no decay) and phase 2 decays to 0 at its last step."""
+    for folder, seq, preds in (("p1", 128, 20), ("p2", 512, 80)):
+        (tmp_path / folder).mkdir()
+        make_shard(vocab_file, corpus / "alice.txt", tmp_path / folder / "books_training_0.hdf5", seq, preds)
+    configs = REPO_ROOT / "bert_configs"
+    positional = [8, "1e-2", "bf16", 1, 0.1, 3, 2, "false", "false", "true", 2, 42, "job", "false", "false",
+                  4, "5e-3", 0.1, 2, 2, tmp_path / "p1", configs / "modernbert-tiny.json", tmp_path / "p2", REPO_ROOT,
+                  "None", "modern", 128, 40, 512, 160, configs / "modernbert-tiny-512.json"]
+    env = {**ENV, "RESULTS_DIR": str(tmp_path / "results"), "PYTHON": sys.executable,
+           "EXTRA_ARGS": "--disable_progress_bar"}
+    result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_pretraining.sh"), *map(str, positional)],
+                            env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    checkpoints = tmp_path / "results" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("ckpt_*.pt")) == ["ckpt_2.pt", "ckpt_3.pt", "ckpt_5.pt"]
+    phase1 = step_records(tmp_path / "results" / "dllogger_phase1.json")
+    phase2 = step_records(tmp_path / "results" / "dllogger_phase2.json")
+    assert phase1[(0, 3)]["learning_rate"] == pytest.approx(1e-2) and phase2[(0, 5)]["learning_rate"] < 1e-12
+    end = torch.load(checkpoints / "ckpt_5.pt", weights_only=True)
+    assert end["config"]["max_position_embeddings"] == 512
+    assert end["config"]["rope_parameters"]["full_attention"]["rope_theta"] == 160000.0
+    assert end["args"]["optimizer"] == "stable_adamw" and end["args"]["masked_lm_prob"] == 0.3
+    assert end["args"]["pack_sequences"] and end["args"]["max_predictions_per_seq"] == 160
+
+
+@pytest.mark.parametrize("tail, fragment", [
+    (["modren"], "recipe (argument 26): 'modren' is neither bert nor modern"),
+    (["modern", 128, "forty"], "max_predictions_per_seq (argument 28): 'forty' is not a whole number"),
+    (["modern", 128, 40, 512, 160, "missing-8k.json"], "phase 2's config (argument 31): 'missing-8k.json' does not"),
+])
+def test_run_pretraining_sh_refuses_a_bad_modern_argument_before_running_anything(tmp_path, tail, fragment):
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho "$@" >> "$ARGS_LOG"\n')
+    fake.chmod(0o755)
+    positional = [8, "1e-2", "bf16", 1, 0.1, 3, 2, "false", "false", "true", 2, 42, "job", "false", "false",
+                  4, "5e-3", 0.1, 2, 2, tmp_path / "p1", tmp_path / "c.json", tmp_path / "p2", REPO_ROOT, "None", *tail]
+    env = {**ENV, "RESULTS_DIR": str(tmp_path / "results"), "PYTHON": str(fake), "ARGS_LOG": str(tmp_path / "args")}
+    result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_pretraining.sh"), *map(str, positional)],
+                            env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr
+    assert fragment in result.stderr
+    assert not (tmp_path / "args").exists() and not (tmp_path / "results").exists()
+
+
 def test_run_pretraining_sh_maps_tf32_and_stops_after_an_unfinished_phase_1(tmp_path):
     """With a stand-in python that records its arguments and trains nothing, phase 1 leaves no ckpt_<steps>.pt
     (as after a SIGTERM), so phase 2 must not start; precision tf32 becomes --tf32."""
@@ -469,7 +516,14 @@ def test_run_pretraining_sh_maps_tf32_and_stops_after_an_unfinished_phase_1(tmp_
     assert "phase 2 not started" in result.stdout
 
 
-PRESETS = ["dgxa100_8gpu_fp16", "dgxa100_8gpu_tf32", "dgx2_16gpu_fp16", "dgx1_8gpu_fp16", "h100_8gpu_bf16", "cpu"]
+PRESETS = ["dgxa100_8gpu_fp16", "dgxa100_8gpu_tf32", "dgx2_16gpu_fp16", "dgx1_8gpu_fp16", "h100_8gpu_bf16", "cpu",
+           "modernbert_base_8gpu_bf16", "cpu_modern"]
+# Global batches (sequences) of each phase: the LAMB paper's for BERT; ModernBERT's 4,608 rows of 1,024 tokens,
+# then as many tokens a step in rows of 8,192. And each phase's length and masked positions.
+GLOBAL_BATCHES = {"modernbert_base_8gpu_bf16": (4608, 576)}
+LENGTHS = {"modernbert_base_8gpu_bf16": ("1024", "308", "8192", "2458"), "cpu_modern": ("128", "40", "512", "160")}
+MODERN_FLAGS = {"--optimizer=stable_adamw", "--lr_schedule=wsd", "--decay_shape=1-sqrt", "--dynamic_masking",
+                "--masked_lm_prob=0.3", "--no_nsp", "--pack_sequences", "--weight_decay=1e-5", "--adam_beta2=0.98"}
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -486,7 +540,7 @@ def test_pretrain_presets_give_consistent_two_phase_commands(preset, tmp_path):
                                 check=True).stdout.split()
     env = {**ENV, "RESULTS_DIR": str(tmp_path / "results"), "PYTHON": str(fake), "ARGS_LOG": str(tmp_path / "args")}
     result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_pretraining.sh"), *positional],
-                            env=env, capture_output=True, text=True)
+                            env=env, capture_output=True, text=True, cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr
     phases = [dict(arg.split("=", 1) for arg in line.split() if arg.startswith("--") and "=" in arg)
               for line in (tmp_path / "args").read_text().splitlines()]
@@ -498,9 +552,22 @@ def test_pretrain_presets_give_consistent_two_phase_commands(preset, tmp_path):
         assert args["--nproc_per_node"] == str(gpus)
         assert args["--train_batch_size"] == batch and args["--gradient_accumulation_steps"] == accumulation
         assert int(batch) % int(accumulation) == 0  # a whole micro-batch per accumulation step
-        if preset != "cpu":
-            assert int(batch) * gpus == (65536 if phase == 0 else 32768)
+        if not preset.startswith("cpu"):
+            assert int(batch) * gpus == GLOBAL_BATCHES.get(preset, (65536, 32768))[phase]
         precision = {"fp16": "--fp16", "bf16": "--bf16", "tf32": "--tf32"}[positional[2]]
         assert precision in flags[phase]
+        modern = "modern" in preset
+        assert MODERN_FLAGS <= flags[phase] if modern else not MODERN_FLAGS & flags[phase]
     assert "--phase2" in flags[1] and phases[1]["--phase1_end_step"] == positional[5]
-    assert (phases[0]["--max_seq_length"], phases[1]["--max_seq_length"]) == ("128", "512")
+    lengths = tuple(phases[p][f] for p in (0, 1) for f in ("--max_seq_length", "--max_predictions_per_seq"))
+    assert lengths == LENGTHS.get(preset, ("128", "20", "512", "80"))
+    configs = [json.loads((REPO_ROOT / phases[p]["--config_file"]).read_text()) if modern else None for p in (0, 1)]
+    if modern:  # phase 1 held at its peak; phase 2 the context extension: longer rows, a raised rotary base
+        assert phases[0]["--decay_proportion"] == "0" and float(phases[1]["--decay_proportion"]) > 0
+        assert configs[0]["max_position_embeddings"] == int(lengths[0])
+        assert configs[1]["max_position_embeddings"] == int(lengths[2])
+        assert configs[1]["global_rope_theta"] > configs[0]["global_rope_theta"]
+        assert {k: v for k, v in configs[0].items() if k not in ("max_position_embeddings", "global_rope_theta")} \
+            == {k: v for k, v in configs[1].items() if k not in ("max_position_embeddings", "global_rope_theta")}
+    else:
+        assert phases[0]["--config_file"] == phases[1]["--config_file"]

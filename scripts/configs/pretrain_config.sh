@@ -2,8 +2,9 @@
 # Pre-training presets: each function echoes the positional arguments of scripts/run_pretraining.sh.
 #   bash scripts/run_pretraining.sh $(source scripts/configs/pretrain_config.sh && dgxa100_8gpu_fp16)
 # Order: batch lr precision gpus warmup steps save_steps resume logfile accumulate acc_steps seed job
-#        allreduce_post allreduce_fp16 batch2 lr2 warmup2 steps2 acc_steps2 [data1 config data2 codedir init]
-# The global batch is 65536 (phase 1) and 32768 (phase 2) sequences in every GPU preset, as in the LAMB paper.
+#        allreduce_post allreduce_fp16 batch2 lr2 warmup2 steps2 acc_steps2 [data1 config data2 codedir init
+#        [recipe seq1 preds1 seq2 preds2 config2]]
+# The global batch is 65536 (phase 1) and 32768 (phase 2) sequences in every BERT GPU preset, as in the LAMB paper.
 
 dgxa100_8gpu_fp16() {
   echo 8192 6e-3 fp16 8 0.2843 7038 200 false true true 128 42 bert_dgxa100_fp16 true true \
@@ -38,4 +39,31 @@ cpu() {
     "$data/hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/python_docs" \
     bert_configs/tiny.json \
     "$data/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/python_docs"
+}
+
+# The modern family (arguments 26-31: recipe, lengths and masked positions of both phases, phase 2's config).
+# ModernBERT-base's recipe (Warner et al., 2024) on one node of 8 GPUs: 4,608 rows of 1,024 tokens a step
+# (4.7M tokens), peak 8e-4 after a 3B-token warm-up, 1.7T tokens; then the context extension to 8,192 tokens with
+# the global rotary base raised to 160,000 (modernbert-base-8k.json), the same tokens a step, 3e-4, 300B tokens
+# whose last sixth decays. Data: document-chunk shards (data/create_datasets_from_start.sh wiki_books modern).
+modernbert_base_8gpu_bf16() {
+  local data="${BERT_PREP_WORKING_DIR:-data}"
+  echo 576 8e-4 bf16 8 0.0018 360275 2000 false true true 12 42 modernbert_base_bf16 true false \
+    72 3e-4 0 63578 18 \
+    "$data/hdf5_document_chunks_lower_case_1_seq_len_1024_random_seed_12345/books_wiki_en_corpus" \
+    bert_configs/modernbert-base.json \
+    "$data/hdf5_document_chunks_lower_case_1_seq_len_8192_random_seed_12345/books_wiki_en_corpus" \
+    . None modern 1024 308 8192 2458 bert_configs/modernbert-base-8k.json
+}
+
+# One process on a CPU: a tiny ModernBERT through both phases (128 then 512 tokens, the rotary base raised) on the
+# quick start's shards, the modern way (30 % masking at load time, packed rows, StableAdamW, warmup-stable-decay).
+cpu_modern() {
+  local data="${BERT_PREP_WORKING_DIR:-data}"
+  echo 64 2e-3 bf16 1 0.1 200 100 false true true 2 42 modernbert_cpu false false \
+    16 1e-3 0.1 50 2 \
+    "$data/hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/python_docs" \
+    bert_configs/modernbert-tiny.json \
+    "$data/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/python_docs" \
+    . None modern 128 40 512 160 bert_configs/modernbert-tiny-512.json
 }

@@ -17,7 +17,6 @@ import torch
 from bertrecipe.cli import bert_prep as bertPrep
 from bertrecipe.common.errors import DataError, InputError
 from bertrecipe.dataprep import layout
-from bertrecipe.dataprep.bpe_tokenizer import load_bpe
 from bertrecipe.dataprep.create_pretraining_data import ShardConfig, create_shard
 from bertrecipe.dataprep.sharding import split_sentences
 from bertrecipe.dataprep.text_formatting import book_text
@@ -31,6 +30,7 @@ from bertrecipe.pretraining.shard_schema import (
     check_run_kinds,
     inspect_shard,
 )
+from bertrecipe.tokenization.bpe import load_bpe
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
 from bertrecipe.training.metric_logger import read_log
 from conftest import ENV, REPO_ROOT, TEST_DATA, TINY, VOCAB_EXCERPT, write_formatted

@@ -20,7 +20,6 @@ from bertrecipe.common.atomic_files import remove_stale_temporaries_of
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import DataError
 from bertrecipe.dataprep import download, engine, layout, text_formatting
-from bertrecipe.dataprep.bpe_tokenizer import is_bpe_file, load_bpe
 from bertrecipe.dataprep.create_pretraining_data import (
     ShardConfig,
     check_paths,
@@ -32,6 +31,7 @@ from bertrecipe.dataprep.outputs import inside, refuse_input_as_output
 from bertrecipe.dataprep.shard_writer import is_complete
 from bertrecipe.dataprep.sharding import ShardingConfig, segment_tasks, shard_corpus
 from bertrecipe.dataprep.vocab_training import train_bpe, train_vocab, vocab_path
+from bertrecipe.tokenization.bpe import is_bpe_file, load_bpe
 from bertrecipe.tokenization.wordpiece import load_vocab
 
 # tqdm's default lock is a multiprocessing semaphore that spawn workers leak warnings about; threads suffice.

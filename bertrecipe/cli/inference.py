@@ -42,6 +42,7 @@ from bertrecipe.finetuning.question_answering import (
     load_qa_model,
     predict_logits,
 )
+from bertrecipe.tokenization.bpe import BpeVocab
 from bertrecipe.tokenization.wordpiece import Vocab
 
 
@@ -131,7 +132,7 @@ def _stdin_questions() -> Iterator[str]:
             yield line.strip()
 
 
-def logits_function(options: InferenceOptions, vocab: Vocab) -> LogitsFunction:
+def logits_function(options: InferenceOptions, vocab: Vocab | BpeVocab) -> LogitsFunction:
     """The windows' start and end logits from the ONNX Runtime session or the PyTorch model that options name;
     either must fit the vocab (tokenization.wordpiece.check_vocab_for_model)."""
     if options.onnx_model is not None:

@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bertrecipe.common.errors import DataError
-from bertrecipe.dataprep.bpe_tokenizer import BpeVocab, bpe_documents, is_bpe_file, load_bpe
+from bertrecipe.dataprep.bpe_tokenizer import bpe_documents
 from bertrecipe.dataprep.document_chunks import write_document_chunks
 from bertrecipe.dataprep.documents import Documents, input_files, input_paths, read_text, tokenize_documents
 from bertrecipe.dataprep.instances import (
@@ -31,6 +31,7 @@ from bertrecipe.dataprep.instances import (
 from bertrecipe.dataprep.outputs import check_writable, refuse_input_as_output
 from bertrecipe.dataprep.shard_writer import write_shard_blocks
 from bertrecipe.pretraining.shard_schema import DOCUMENT_CHUNKS, KIND_ATTRIBUTE, SpecialTokenIds
+from bertrecipe.tokenization.bpe import BpeVocab, is_bpe_file, load_bpe
 from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab, load_vocab
 
 

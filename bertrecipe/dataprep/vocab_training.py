@@ -20,8 +20,8 @@ from tokenizers.implementations import BertWordPieceTokenizer
 
 from bertrecipe.common.atomic_files import atomic_output
 from bertrecipe.common.errors import DataError
-from bertrecipe.dataprep.bpe_tokenizer import load_bpe
 from bertrecipe.dataprep.outputs import check_writable, refuse_input_as_output
+from bertrecipe.tokenization.bpe import load_bpe
 from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, load_vocab
 
 LIMIT_ALPHABET = 1000  # most distinct characters kept (the most frequent ones)

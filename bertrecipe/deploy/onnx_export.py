@@ -13,6 +13,7 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.deploy.serving import INPUTS, OUTPUTS
 from bertrecipe.finetuning.question_answering import LogitsFunction
 from bertrecipe.model.families import encoder_of, is_modern_config
+from bertrecipe.tokenization.bpe import BpeVocab
 from bertrecipe.tokenization.wordpiece import Vocab, check_vocab_for_model, padded_vocab_size
 
 
@@ -118,7 +119,7 @@ def onnx_embedding_rows(session: Any, path: Path, vocab_size: int) -> int:
     return high
 
 
-def onnx_logits_function(path: Path, vocab: Vocab, batch_size: int, allow_vocab_mismatch: bool = False
+def onnx_logits_function(path: Path, vocab: Vocab | BpeVocab, batch_size: int, allow_vocab_mismatch: bool = False
                          ) -> LogitsFunction:
     """The windows' start and end logits from an ONNX Runtime session of a SQuAD export, which must fit the vocab
     (tokenization.wordpiece.check_vocab_for_model)."""

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.tokenization.wordpiece import BertTokenizer
+from bertrecipe.tokenization.bpe import FineTuningTokenizer
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ def min_seq_length(task: GlueTask) -> int:
 
 
 def convert_examples_to_features(
-    examples: Sequence[GlueExample], task: GlueTask, tokenizer: BertTokenizer, max_seq_length: int = 128
+    examples: Sequence[GlueExample], task: GlueTask, tokenizer: FineTuningTokenizer, max_seq_length: int = 128
 ) -> GlueFeatures:
     """Tokenizes (in bulk) and lays out the examples; pairs are truncated longest-first to max_seq_length - 3,
     single sentences to max_seq_length - 2."""

@@ -2,6 +2,7 @@
 the checkpoint's weights, and the model built from them, each checked against the others."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -10,12 +11,20 @@ from torch import nn
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.families import ModelConfig
 from bertrecipe.model.weights import LoadedWeights, load_weights_into, read_config, read_weights
+from bertrecipe.tokenization.bpe import BpeTokenizer, BpeVocab, is_bpe_file, load_bpe
 from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab, check_vocab_for_model, load_vocab
 
 
-def load_tokenizer(vocab_file: str | Path, do_lower_case: bool, allow_vocab_mismatch: bool = False) -> BertTokenizer:
+def load_tokenizer(vocab_file: str | Path, do_lower_case: bool,
+                   allow_vocab_mismatch: bool = False) -> BertTokenizer | BpeTokenizer:
     """The tokenizer of a vocab.txt; a vocab whose casing --do_lower_case contradicts is refused (InputError naming
-    the file) unless allow_vocab_mismatch (then a warning): tokenization.wordpiece.check_vocab_for_model."""
+    the file) unless allow_vocab_mismatch (then a warning): tokenization.wordpiece.check_vocab_for_model. A
+    tokenizer.json (a ModernBERT folder's) gives its byte-level BPE, to which --do_lower_case does not apply."""
+    if is_bpe_file(vocab_file):
+        if do_lower_case:
+            print(f"warning: {vocab_file}: --do_lower_case does not apply to a tokenizer.json (its own normalizer "
+                  "decides the casing); ignored", file=sys.stderr, flush=True)
+        return BpeTokenizer(load_bpe(vocab_file))
     vocab = load_vocab(vocab_file)
     check_vocab_for_model(vocab, do_lower_case=do_lower_case, allow_mismatch=allow_vocab_mismatch)
     return BertTokenizer(vocab, do_lower_case)
@@ -35,7 +44,7 @@ def config_and_weights(config_file: Optional[str],
 
 
 def build_model(make: Callable[[ModelConfig], nn.Module], config: ModelConfig, weights: Optional[LoadedWeights],
-                source: Optional[str], vocab: Vocab, max_seq_length: int, allow_vocab_mismatch: bool = False
+                source: Optional[str], vocab: Vocab | BpeVocab, max_seq_length: int, allow_vocab_mismatch: bool = False
                 ) -> nn.Module:
     """make(config) with the checkpoint's weights; the vocab (check_vocab_for_model: its size against the config's
     vocab_size) and the sequence length must fit the config."""

@@ -16,7 +16,8 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import model_loading, squad, squad_answers
 from bertrecipe.finetuning.timed_inference import timed_inference
 from bertrecipe.model.families import is_modern_config, question_answering_model
-from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab
+from bertrecipe.tokenization.bpe import BpeVocab, FineTuningTokenizer
+from bertrecipe.tokenization.wordpiece import Vocab
 from bertrecipe.training.stepper import make_precision
 
 # features -> start and end logits, float32 [N, L], of every window
@@ -80,7 +81,7 @@ def answer_about_context(
 
 
 def load_qa_model(
-    init_checkpoint: Path, config_file: Optional[Path], vocab: Vocab, max_seq_length: int,
+    init_checkpoint: Path, config_file: Optional[Path], vocab: Vocab | BpeVocab, max_seq_length: int,
     allow_vocab_mismatch: bool = False,
 ) -> nn.Module:
     """A question-answering model of the config's family (model/families.py) with the checkpoint's weights, in
@@ -113,7 +114,7 @@ def predict_logits(
 
 def answer_questions(
     model: nn.Module,
-    tokenizer: BertTokenizer,
+    tokenizer: FineTuningTokenizer,
     questions: Sequence[str],
     context: str,
     window: squad.WindowSettings = DEFAULT_WINDOW,

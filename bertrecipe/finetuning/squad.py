@@ -29,7 +29,8 @@ import numpy as np
 from bertrecipe.common.atomic_files import write_atomic
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.files import parse_json_text, read_json_text
-from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab
+from bertrecipe.tokenization.bpe import BpeVocab, FineTuningTokenizer
+from bertrecipe.tokenization.wordpiece import Vocab
 
 logger = logging.getLogger(__name__)
 
@@ -270,13 +271,15 @@ def _gather_pieces(ids: np.ndarray, offsets: np.ndarray, which: np.ndarray) -> t
 
 
 class _DocumentPieces:
-    """WordPiece ids of contexts, each distinct word tokenized once for the whole data set."""
+    """Piece ids of contexts, each distinct word tokenized once for the whole data set (as the tokenizer's
+    in_context gives it: a BPE word after the first keeps its leading space)."""
 
-    def __init__(self, examples: Sequence[SquadExample], tokenizer: BertTokenizer) -> None:
+    def __init__(self, examples: Sequence[SquadExample], tokenizer: FineTuningTokenizer) -> None:
         self._word_id: dict[str, int] = {}
+        self._line = tokenizer.in_context
         for example in examples:
-            for word in example.doc_tokens:
-                self._word_id.setdefault(word, len(self._word_id))
+            for index, word in enumerate(example.doc_tokens):
+                self._word_id.setdefault(self._line(word, index == 0), len(self._word_id))
         self._ids, self._offsets = tokenizer.encode_lines(list(self._word_id))
         self._by_context: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
@@ -285,7 +288,8 @@ class _DocumentPieces:
         key = example.context_id
         if key >= 0 and key in self._by_context:
             return self._by_context[key]
-        which = np.fromiter((self._word_id[w] for w in example.doc_tokens), np.int64, len(example.doc_tokens))
+        lines = (self._line(word, index == 0) for index, word in enumerate(example.doc_tokens))
+        which = np.fromiter((self._word_id[line] for line in lines), np.int64, len(example.doc_tokens))
         pieces, counts = _gather_pieces(self._ids, self._offsets, which)
         word_start = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=word_start[1:])
@@ -354,7 +358,7 @@ class _WindowLayout:
 
 def convert_examples_to_features(
     examples: Sequence[SquadExample],
-    tokenizer: BertTokenizer,
+    tokenizer: FineTuningTokenizer,
     settings: WindowSettings = WindowSettings(),
     is_training: bool = False,
 ) -> SquadFeatures:
@@ -371,7 +375,7 @@ def convert_examples_to_features(
 
 
 def _window_layouts(
-    examples: Sequence[SquadExample], tokenizer: BertTokenizer, settings: WindowSettings, is_training: bool
+    examples: Sequence[SquadExample], tokenizer: FineTuningTokenizer, settings: WindowSettings, is_training: bool
 ) -> list[_WindowLayout]:
     """The window layout of every example; raises InputError when a query leaves no room for the document."""
     seq_len = settings.max_seq_length
@@ -379,7 +383,9 @@ def _window_layouts(
     # Questions and training answers tokenized in bulk; "\n" is whitespace to BERT and the line separator here.
     q_ids, q_offsets = tokenizer.encode_lines([e.question_text.replace("\n", " ") for e in examples])
     if is_training:
-        answer_texts = [e.answers[0].text.replace("\n", " ") if e.answers else "" for e in examples]
+        # Each answer as it reads inside its context (the gold span's pieces start where a word does).
+        answer_texts = [tokenizer.in_context(e.answers[0].text.replace("\n", " "), e.answers[0].start_word == 0)
+                        if e.answers else "" for e in examples]
         a_ids, a_offsets = tokenizer.encode_lines(answer_texts)
     layouts = []
     for i, example in enumerate(examples):
@@ -448,7 +454,7 @@ def _lay_out_windows(out: SquadFeatures, row: int, layout: _WindowLayout, cls_id
 # ---------------------------------------------------------------------------------------------------------
 def features_cache_key(
     data_sha256: str,
-    vocab: Vocab,
+    vocab: Vocab | BpeVocab,
     do_lower_case: bool,
     settings: WindowSettings,
     is_training: bool,
@@ -501,7 +507,7 @@ def load_features(path: str | Path, cache_key: str) -> Optional[SquadFeatures]:
 
 def cached_features(
     examples: Sequence[SquadExample],
-    tokenizer: BertTokenizer,
+    tokenizer: FineTuningTokenizer,
     settings: WindowSettings,
     is_training: bool,
     data_file: str | Path,
@@ -531,7 +537,7 @@ def cached_features(
 
 def examples_and_features(
     data_file: str | Path,
-    tokenizer: BertTokenizer,
+    tokenizer: FineTuningTokenizer,
     settings: WindowSettings,
     is_training: bool,
     version_2_with_negative: bool,

@@ -18,6 +18,7 @@ import numpy as np
 from bertrecipe.common.atomic_files import write_atomic
 from bertrecipe.finetuning.squad import SquadExample, SquadFeatures
 from bertrecipe.tokenization.basic_tokenizer import basic_tokenize
+from bertrecipe.tokenization.bpe import BpeVocab
 from bertrecipe.tokenization.wordpiece import Vocab
 
 
@@ -111,7 +112,7 @@ class _AnswerFinder:
     features: SquadFeatures
     start_logits: np.ndarray  # float32 [N, L]
     end_logits: np.ndarray
-    vocab: Vocab
+    vocab: Vocab | BpeVocab
     settings: AnswerSettings
 
     def null_span(self, rows: list[int]) -> Optional[_Span]:
@@ -179,7 +180,7 @@ def extract_answers(
     features: SquadFeatures,
     start_logits: np.ndarray,
     end_logits: np.ndarray,
-    vocab: Vocab,
+    vocab: Vocab | BpeVocab,
     settings: AnswerSettings = AnswerSettings(),
 ) -> SquadPredictions:
     """Answers from the model's logits (float [N, L], one row per feature, same order as `features`).
@@ -225,13 +226,16 @@ def _choose_answer(
 
 
 def span_text(
-    example: SquadExample, features: SquadFeatures, row: int, start: int, end: int, vocab: Vocab, lower: bool
+    example: SquadExample, features: SquadFeatures, row: int, start: int, end: int, vocab: Vocab | BpeVocab, lower: bool
 ) -> str:
     """The original context text that pieces start..end (positions in window `row`) stand for: the pieces are
-    de-tokenized ("##" joined) and aligned with the words they come from by get_final_text."""
+    de-tokenized ("##" joined) and aligned with the words they come from by get_final_text. BPE pieces (a
+    tokenizer.json's) stand for whole words here, as each context word is tokenized alone: their words."""
+    first, last = int(features.token_to_orig[row, start]), int(features.token_to_orig[row, end])
+    if isinstance(vocab, BpeVocab):
+        return " ".join(example.doc_tokens[first : last + 1])
     pieces = " ".join(vocab.tokens[i] for i in features.input_ids[row, start : end + 1].tolist())
     pred_text = " ".join(pieces.replace(" ##", "").replace("##", "").split())
-    first, last = int(features.token_to_orig[row, start]), int(features.token_to_orig[row, end])
     return _final_text_of_words(pred_text, example.doc_tokens[first : last + 1], lower)
 
 

@@ -16,7 +16,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
@@ -49,6 +49,24 @@ class Vocab:
 
     def id(self, token: str) -> int:
         return self.ids[token]
+
+    def size_problem(self, model_vocab_size: int) -> tuple[Optional[str], bool]:
+        return _size_problem(self, model_vocab_size)
+
+    def casing_problem(self, do_lower_case: bool) -> Optional[str]:
+        return _casing_problem(self, do_lower_case)
+
+
+class ModelVocab(Protocol):
+    """What check_vocab_for_model asks of a vocab: Vocab here, or a tokenizer.json's (tokenization.bpe.BpeVocab)."""
+
+    path: Path
+
+    def __len__(self) -> int: ...
+
+    def size_problem(self, model_vocab_size: int) -> tuple[Optional[str], bool]: ...
+
+    def casing_problem(self, do_lower_case: bool) -> Optional[str]: ...
 
 
 def load_vocab(path: str | Path) -> Vocab:
@@ -142,18 +160,18 @@ def _size_problem(vocab: Vocab, model_vocab_size: int) -> tuple[Optional[str], b
     return None, True
 
 
-def check_vocab_for_model(vocab: Vocab, *, do_lower_case: Optional[bool] = None,
+def check_vocab_for_model(vocab: ModelVocab, *, do_lower_case: Optional[bool] = None,
                           model_vocab_size: Optional[int] = None, allow_mismatch: bool = False) -> list[str]:
     """Refuses (DataError naming the vocab file) a vocab that cannot belong to the model: more tokens than the
     model's word embeddings (model_vocab_size, when known), far fewer (more embeddings than the vocab padded to
     a multiple of 8), or a casing (vocab_casing) that do_lower_case contradicts (when given). With
     allow_mismatch, all but the first (ids without an embedding) are printed on stderr as warnings instead;
-    returns the warnings."""
+    returns the warnings. A tokenizer.json (tokenization.bpe.BpeVocab) has its own size rule and no casing one."""
     problems: list[tuple[str, bool]] = []
     if model_vocab_size is not None:
-        problems.append(_size_problem(vocab, model_vocab_size))
+        problems.append(vocab.size_problem(model_vocab_size))
     if do_lower_case is not None:
-        problems.append((_casing_problem(vocab, do_lower_case), True))
+        problems.append((vocab.casing_problem(do_lower_case), True))
     warnings = []
     for problem, may_pass in problems:
         if problem is None:
@@ -188,6 +206,12 @@ class BertTokenizer:
         self._ascii = AsciiWordPiece(model, vocab.ids, do_lower_case, MAX_CHARS_PER_WORD)
 
     # -- public -------------------------------------------------------------------------------------------
+    @staticmethod
+    def in_context(text: str, at_start: bool) -> str:
+        """What to tokenize for a part of a longer text (a word, an answer) to get its pieces there: the part
+        itself, since WordPiece splits at whitespace anyway."""
+        return text
+
     def tokenize(self, text: str) -> list[str]:
         """Tokens of `text` as strings (for inspection and tests)."""
         ids, _ = self.encode_lines(text.split("\n"))

@@ -45,7 +45,8 @@ def make_shards(text: Path, vocab: Path, seq: int, out: Path) -> Path:
     sentences.write_text("\n".join(split_sentences(book_text(text))) + "\n", encoding="utf-8")
     subprocess.run([sys.executable, str(REPO / "data" / "create_pretraining_data.py"), "--input_file", str(sentences),
                     "--output_file", str(folder / "bench_training_0.hdf5"), "--vocab_file", str(vocab),
-                    "--max_seq_length", str(seq), "--max_predictions_per_seq", str(MASKED_PER_SEQ[seq]),
+                    "--max_seq_length", str(seq), "--max_predictions_per_seq",
+                    str(MASKED_PER_SEQ.get(seq, int(seq * 0.15))),  # NVIDIA's 128/20 and 512/80, else 15 %
                     "--dupe_factor", "1", "--compression", "none"], check=True, capture_output=True)
     return folder
 

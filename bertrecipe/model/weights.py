@@ -13,7 +13,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from safetensors.torch import load_file as load_safetensors
@@ -111,16 +111,21 @@ def read_config(path: str | Path) -> ModelConfig:
         raise WeightsError(str(error)) from None
 
 
+def _weight_entries(state_dict: dict[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
+    """The tensors of a state dict under their names without DDP's `module.` prefix (a pickle may hold int keys
+    or other objects: not weights)."""
+    for key, value in state_dict.items():
+        if isinstance(value, Tensor) and isinstance(key, str):
+            yield key.removeprefix("module."), value
+
+
 def normalize_state_dict(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], str]:
     """Renames a state dict from any accepted naming to ours; returns it and the naming it came in."""
     if any(isinstance(key, str) and ".tok_embeddings." in key for key in state_dict):
         return _normalize_modern(state_dict)
     source_format = "ours"
     result: dict[str, Tensor] = {}
-    for key, value in state_dict.items():
-        if not isinstance(value, Tensor) or not isinstance(key, str):  # a pickle may hold int keys: not weights
-            continue
-        name = key.removeprefix("module.")
+    for name, value in _weight_entries(state_dict):
         if name.startswith(ENCODER_PREFIXES):
             name = "bert." + name
             source_format = "huggingface"
@@ -144,10 +149,7 @@ def _normalize_modern(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor],
     names gain the `model.` prefix; the tied decoder weight, when stored, is dropped (it is the embeddings)."""
     source_format = "ours"
     result: dict[str, Tensor] = {}
-    for key, value in state_dict.items():
-        if not isinstance(value, Tensor) or not isinstance(key, str):
-            continue
-        name = key.removeprefix("module.")
+    for name, value in _weight_entries(state_dict):
         if name.startswith(MODERN_ENCODER_PREFIXES):
             name = "model." + name
             source_format = "huggingface"

@@ -1,12 +1,13 @@
 """The masked-LM loss a chunk of rows at a time (model/chunked_cross_entropy.py) against the usual path written
 here (F.linear, a float32 copy, F.cross_entropy): the loss and the gradients of the hidden states, the weight and
 the bias, in float32 and under bf16 autocast, across chunk boundaries; and the modern family trains through it
-only where it may (not in fp16, not without gradients)."""
+and so does BERT's, only where they may (not in fp16, not without gradients)."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from bertrecipe.model import chunked_cross_entropy
+from bertrecipe.model.bert import BertForPreTraining
 from bertrecipe.model.chunked_cross_entropy import CHUNK_ROWS, chunked_linear_cross_entropy
 from bertrecipe.model.families import config_from_dict
 from bertrecipe.model.modern import ModernBertForMaskedLM
@@ -54,21 +55,31 @@ def test_fp16_and_no_rows_are_refused():
             chunked_linear_cross_entropy(*args)
 
 
-def tiny_modern():
+def tiny_model(family):
     torch.manual_seed(0)
-    config = config_from_dict({"model_type": "modernbert", "vocab_size": 320, "hidden_size": 32,
-                               "num_hidden_layers": 3, "num_attention_heads": 2, "intermediate_size": 48,
-                               "max_position_embeddings": 64, "local_attention": 16, "pad_token_id": 0})
-    return ModernBertForMaskedLM(config)
+    if family == "modern":
+        return ModernBertForMaskedLM(config_from_dict({
+            "model_type": "modernbert", "vocab_size": 320, "hidden_size": 32, "num_hidden_layers": 3,
+            "num_attention_heads": 2, "intermediate_size": 48, "max_position_embeddings": 64, "local_attention": 16,
+            "pad_token_id": 0}))
+    # BERT's embeddings are padded to a multiple of 8 (318 -> 320): the two padding rows stay out of the softmax.
+    return BertForPreTraining(config_from_dict({"vocab_size": 318, "hidden_size": 32, "num_hidden_layers": 2,
+                                                "num_attention_heads": 2, "intermediate_size": 48,
+                                                "max_position_embeddings": 64, "hidden_dropout_prob": 0.0,
+                                                "attention_probs_dropout_prob": 0.0}))
 
 
+@pytest.mark.parametrize("family", ["modern", "bert"])
 @pytest.mark.parametrize("dtype, chunked", [(torch.float32, True), (torch.bfloat16, True), (torch.float16, False)])
-def test_the_modern_head_trains_through_it_where_it_may(monkeypatch, dtype, chunked):
-    model = tiny_modern()
+def test_both_families_train_through_it_where_they_may(monkeypatch, family, dtype, chunked):
+    """The loss and every gradient of a training step equal the usual path's (the same model without gradients
+    gives the loss; the gradients come from the logits the usual path returns)."""
+    model = tiny_model(family)
     calls = []
-    monkeypatch.setattr("bertrecipe.model.modern.chunked_linear_cross_entropy",
-                        lambda *a: calls.append(a) or chunked_cross_entropy.chunked_linear_cross_entropy(*a))
-    ids = torch.randint(5, 320, (2, 40), generator=torch.Generator().manual_seed(1))
+    original = chunked_cross_entropy.chunked_linear_cross_entropy
+    monkeypatch.setattr(chunked_cross_entropy, "chunked_linear_cross_entropy",
+                        lambda *a: calls.append(a) or original(*a))
+    ids = torch.randint(5, 318, (2, 40), generator=torch.Generator().manual_seed(1))
     labels = torch.where(torch.rand(2, 40, generator=torch.Generator().manual_seed(2)) < 0.3, ids, -1)
     with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
         out = model(ids, masked_lm_labels=labels)
@@ -76,4 +87,22 @@ def test_the_modern_head_trains_through_it_where_it_may(monkeypatch, dtype, chun
             evaluated = model(ids, masked_lm_labels=labels)
     assert len(calls) == int(chunked) and (out.prediction_logits is None) == chunked
     assert evaluated.prediction_logits is not None  # without gradients: the logits, for the accuracy
-    assert torch.allclose(out.loss.float(), evaluated.loss.float(), rtol=1e-4 if dtype == torch.float32 else 1e-2)
+    assert evaluated.prediction_logits.shape[-1] == 318 or family == "modern"
+    tolerance = 1e-4 if dtype == torch.float32 else 1e-2
+    assert torch.allclose(out.loss.float(), evaluated.loss.float(), rtol=tolerance)
+    out.loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    monkeypatch.setattr(chunked_cross_entropy, "compute_dtype", lambda x: torch.float16)  # the usual path
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+        usual = model(ids, masked_lm_labels=labels)
+    monkeypatch.undo()
+    assert usual.prediction_logits is not None
+    usual.loss.backward()
+    # Against each gradient's own scale, floored at a thousandth of the largest (some are zero in exact
+    # arithmetic, a key bias's: only rounding noise to compare).
+    largest = max(float(p.grad.abs().max()) for p in model.parameters() if p.grad is not None)
+    for name, p in model.named_parameters():
+        if name in grads:
+            scale = max(float(p.grad.abs().max()), largest * 1e-3)
+            assert float((grads[name] - p.grad).abs().max()) <= 2 * tolerance * scale, name

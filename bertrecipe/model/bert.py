@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.files import read_text_file
+from bertrecipe.model.chunked_cross_entropy import masked_lm_loss
 from bertrecipe.model.documents import document_attention_bias, positions_within_documents
 from bertrecipe.model.fast_dropout import Dropout, dropout
 
@@ -454,6 +455,12 @@ class BertLMPredictionHead(nn.Module):
         # The padding rows never stand for a token: leave them out of the softmax.
         return logits[..., : self.vocab_size]
 
+    def loss(self, x: Tensor, labels: Tensor) -> tuple[Optional[Tensor], Tensor]:
+        """(logits or None, masked-LM cross-entropy in fp32) of the predicted positions' hidden states x [rows, H]
+        (chunked_cross_entropy.masked_lm_loss: no logits while training in bf16 or fp32)."""
+        vocab = self.vocab_size  # the padding rows never stand for a token
+        return masked_lm_loss(self.transform(x), self.decoder.weight[:vocab], self.bias[:vocab], labels)
+
 
 class BertPreTrainingHeads(nn.Module):
     def __init__(self, config: BertConfig, word_embeddings: nn.Embedding) -> None:
@@ -488,7 +495,9 @@ class PreTrainingOutput(NamedTuple):
     loss: Optional[Tensor]  # masked_lm_loss + next_sentence_loss, when labels are given
     masked_lm_loss: Optional[Tensor]
     next_sentence_loss: Optional[Tensor]
-    prediction_logits: Tensor  # [n_predicted, vocab_size], or [B, S, vocab_size] when every position is predicted
+    # [n_predicted, vocab_size], or [B, S, vocab_size] when every position is predicted; None when the loss was
+    # computed with gradients (bf16/fp32) by chunked_cross_entropy, which makes no logits
+    prediction_logits: Optional[Tensor]
     seq_relationship_logits: Tensor  # [B, 2]
 
 
@@ -523,15 +532,14 @@ class BertForPreTraining(BertPreTrainedModel):
         nsp_logits = self.cls.seq_relationship(pooled)
         if masked_lm_labels is not None:
             predict_positions = masked_lm_labels >= 0
-        if predict_positions is None:
-            mlm_logits = self.cls.predictions(sequence_output)
-        else:
-            mlm_logits = self.cls.predictions(sequence_output[predict_positions])
-
-        mlm_loss = nsp_loss = loss = None
+        if predict_positions is not None:
+            sequence_output = sequence_output[predict_positions]
+        mlm_logits = mlm_loss = nsp_loss = loss = None
         if masked_lm_labels is not None:
-            mlm_loss = F.cross_entropy(mlm_logits.float(), masked_lm_labels[predict_positions])
+            mlm_logits, mlm_loss = self.cls.predictions.loss(sequence_output, masked_lm_labels[predict_positions])
             loss = mlm_loss
+        else:
+            mlm_logits = self.cls.predictions(sequence_output)
         if next_sentence_labels is not None:
             nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_labels.view(-1).long())
             loss = nsp_loss if loss is None else loss + nsp_loss

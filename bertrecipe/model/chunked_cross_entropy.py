@@ -9,13 +9,15 @@ logits in the compute dtype, the softmax in float32, the GEMMs of the gradient i
 gradient is summed over the chunks in float32.
 
 Not for fp16: its gradients would be cast to fp16 before the loss scale that keeps them from underflowing reaches
-them (they are made in the forward); the caller keeps the usual path there.
+them (they are made in the forward); masked_lm_loss, which both families' heads call, keeps the usual path there
+and wherever no gradient is recorded (evaluation wants the logits).
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 CHUNK_ROWS = 256  # the fastest of 128/256/512 on a 2-core CPU at vocab 30,528, hidden 256
@@ -66,3 +68,21 @@ def chunked_linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Optional[
                          f"for no rows (got {dtype}, {labels.numel()} rows)")
     with torch.autocast(hidden.device.type, enabled=False):
         return _ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, dtype)
+
+
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype the GEMMs on x run in: autocast's where it is on, else x's."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
+def masked_lm_loss(hidden: Tensor, weight: Tensor, bias: Optional[Tensor],
+                   labels: Tensor) -> tuple[Optional[Tensor], Tensor]:
+    """(logits [rows, vocab] or None, mean cross-entropy in fp32) of the predicted positions' final hidden states
+    through the vocabulary projection: chunked (no logits) while gradients are recorded in bf16 or fp32, else the
+    usual path."""
+    dtype = compute_dtype(hidden)
+    if torch.is_grad_enabled() and dtype != torch.float16 and labels.numel():
+        return None, chunked_linear_cross_entropy(hidden, weight, bias, labels, dtype)
+    logits = F.linear(hidden, weight, bias)
+    return logits, F.cross_entropy(logits.float(), labels)

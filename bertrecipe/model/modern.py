@@ -26,7 +26,7 @@ from bertrecipe.model.bert import (
     classification_loss,
     span_loss,
 )
-from bertrecipe.model.chunked_cross_entropy import chunked_linear_cross_entropy
+from bertrecipe.model.chunked_cross_entropy import masked_lm_loss
 from bertrecipe.model.documents import document_attention_bias, positions_within_documents
 from bertrecipe.model.fast_dropout import Dropout
 from bertrecipe.model.local_attention import Band, banded_attention
@@ -263,21 +263,9 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         hidden = self.head(hidden)
         if masked_lm_labels is None:
             return PreTrainingOutput(None, None, None, self.decoder(hidden), None)
-        labels = masked_lm_labels[predict_positions]
-        dtype = _compute_dtype(hidden)
-        if torch.is_grad_enabled() and dtype != torch.float16 and labels.numel():
-            # Training: the loss without the [rows, vocab] logits (chunked_cross_entropy.py); no logits returned.
-            loss = chunked_linear_cross_entropy(hidden, self.decoder.weight, self.decoder.bias, labels, dtype)
-            return PreTrainingOutput(loss, loss, None, None, None)
-        logits = self.decoder(hidden)
-        loss = F.cross_entropy(logits.float(), labels)
+        logits, loss = masked_lm_loss(hidden, self.decoder.weight, self.decoder.bias,
+                                      masked_lm_labels[predict_positions])
         return PreTrainingOutput(loss, loss, None, logits, None)
-
-
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    """The dtype the GEMMs on x run in: autocast's where it is on, else x's."""
-    device = x.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
 
 def _pooled(config: ModernBertConfig, hidden: Tensor, attention_mask: Optional[Tensor]) -> Tensor:

@@ -154,7 +154,8 @@ def test_run_squad_and_inference_take_a_tokenizer_json(bpe_folder, tmp_path):
 
 
 def test_bpe_tokenizer_reads_text_as_transformers_does(bpe_folder):
-    tokenizer = BpeTokenizer(load_tokenizer(bpe_folder / "tokenizer.json", False).vocab)
+    tokenizer = load_tokenizer(bpe_folder / "tokenizer.json", False)
+    assert isinstance(tokenizer, BpeTokenizer)
     lines = ["Alice was beginning to get very tired.", "Ünïcödé and  two spaces", ""]
     ids, offsets = tokenizer.encode_lines(lines)
     theirs = their_tokenizer(bpe_folder)

@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.files import read_text_file
+from bertrecipe.model.autocast import compute_dtype
 from bertrecipe.model.chunked_cross_entropy import masked_lm_loss
 from bertrecipe.model.documents import document_attention_bias, positions_within_documents
 from bertrecipe.model.fast_dropout import Dropout, dropout
@@ -408,13 +409,13 @@ class BertModel(nn.Module):
             attention_mask = (document_ids != 0).long()
         x = self.embeddings(input_ids, token_type_ids, positions)
         # Under autocast the attention scores are in the autocast dtype; the bias must match it.
-        compute_dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        bias_dtype = compute_dtype(x)
 
         def bias_for(columns: int) -> Optional[Tensor]:
             if document_ids is not None:
-                return document_attention_bias(document_ids[:, :columns], compute_dtype)
+                return document_attention_bias(document_ids[:, :columns], bias_dtype)
             return attention_bias_from_mask(None if attention_mask is None else attention_mask[:, :columns],
-                                            compute_dtype)
+                                            bias_dtype)
 
         packing = TokenPacking.of(attention_mask) if self.skip_padding and not keep_padded_positions else None
         if packing is None:

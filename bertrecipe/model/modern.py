@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from bertrecipe.model.autocast import compute_dtype
 from bertrecipe.model.bert import (
     ACTIVATIONS,
     Linear,
@@ -162,8 +163,7 @@ class ModernBertModel(nn.Module):
         if packing is not None:  # columns that are padding in every row are left out altogether
             input_ids, document_ids, positions = (t[:, : packing.seq] for t in (input_ids, document_ids, positions))
         x = self.embeddings(input_ids)
-        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        masks = self._masks(document_ids, dtype, packed)
+        masks = self._masks(document_ids, compute_dtype(x), packed)
         rotary = {local: self.rotary[local](positions) for local in masks}
         if packing is not None:
             x = packing.pack(x)

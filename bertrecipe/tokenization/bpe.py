@@ -17,7 +17,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from bertrecipe.common.errors import DataError
-from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, BertTokenizer
+from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, BertTokenizer, ids_and_offsets
 
 # ModernBERT embeds 50,368 ids for the 50,280 of its tokenizer: a model may hold this many more embeddings than a
 # tokenizer.json has tokens (its vocab padded to a multiple of 64, and more) and still be its model.
@@ -101,11 +101,7 @@ class BpeTokenizer:
 
     def encode_lines(self, lines: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Ids of many texts: flat int32 ids and int64 offsets [len(lines)+1]."""
-        encodings = self.vocab.tokenizer.encode_batch(list(lines), add_special_tokens=False)
-        offsets = np.zeros(len(encodings) + 1, np.int64)
-        np.cumsum([len(encoding.ids) for encoding in encodings], out=offsets[1:])
-        ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int32, count=int(offsets[-1]))
-        return ids, offsets
+        return ids_and_offsets(self.vocab.tokenizer.encode_batch(list(lines), add_special_tokens=False))
 
     @staticmethod
     def in_context(text: str, at_start: bool) -> str:

@@ -16,7 +16,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
@@ -184,6 +184,14 @@ def check_vocab_for_model(vocab: ModelVocab, *, do_lower_case: Optional[bool] = 
     return warnings
 
 
+def ids_and_offsets(encodings: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """`tokenizers` encodings as one flat int32 id array and int64 offsets [len(encodings)+1] (encode_lines' form)."""
+    offsets = np.zeros(len(encodings) + 1, np.int64)
+    np.cumsum([len(encoding.ids) for encoding in encodings], out=offsets[1:])
+    ids = np.fromiter((i for encoding in encodings for i in encoding.ids), dtype=np.int32, count=int(offsets[-1]))
+    return ids, offsets
+
+
 class BertTokenizer:
     """Google-exact BERT tokenization to WordPiece ids (no [CLS]/[SEP] added).
 
@@ -258,12 +266,7 @@ class BertTokenizer:
     # -- general path -------------------------------------------------------------------------------------
     def _encode_unicode(self, lines: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         fixed = [self._fix_for_hf(line) for line in lines]
-        encodings = self._hf.encode_batch(fixed, add_special_tokens=False)
-        id_lists = [encoding.ids for encoding in encodings]
-        offsets = np.zeros(len(lines) + 1, np.int64)
-        np.cumsum([len(ids) for ids in id_lists], out=offsets[1:])
-        ids = np.fromiter((i for ids in id_lists for i in ids), dtype=np.int32, count=int(offsets[-1]))
-        return ids, offsets
+        return ids_and_offsets(self._hf.encode_batch(fixed, add_special_tokens=False))
 
     @functools.cached_property
     def _stand_in(self) -> str | None:

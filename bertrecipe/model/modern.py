@@ -32,6 +32,16 @@ from bertrecipe.model.documents import document_attention_bias, positions_within
 from bertrecipe.model.fast_dropout import Dropout
 from bertrecipe.model.local_attention import Band, banded_attention
 from bertrecipe.model.modern_config import ModernBertConfig
+from bertrecipe.model.varlen_attention import (
+    DocumentSpans,
+    Kernel,
+    document_spans,
+    in_token_order,
+    kernel_for,
+    varlen_attention,
+)
+
+Limit = Union[Tensor, Band, DocumentSpans]  # what a layer's attention is limited by (ModernBertModel._masks)
 
 
 def _layer_norm(config: ModernBertConfig) -> nn.LayerNorm:
@@ -82,11 +92,15 @@ class ModernBertAttention(nn.Module):
         self.dropout_prob = config.attention_dropout
         self.out_drop = Dropout(config.attention_dropout)
         self.local = local
+        self.half_window = config.local_attention // 2
 
-    def forward(self, x: Tensor, mask: Union[Tensor, Band], rotary: tuple[Tensor, Tensor],
+    def forward(self, x: Tensor, mask: Limit, rotary: tuple[Tensor, Tensor],
                 packing: Optional[TokenPacking]) -> Tensor:
-        """mask: an additive bias [B, 1, S, S], or the Band a long sequence's local layer attends within."""
+        """mask: an additive bias [B, 1, S, S], the Band a long sequence's local layer attends within, or the
+        DocumentSpans of the tokens for the varlen kernel."""
         qkv = self.Wqkv(x)
+        if isinstance(mask, DocumentSpans):
+            return self.out_drop(self.Wo(self._attend_spans(qkv, mask, rotary)))
         if packing is not None:
             qkv = packing.unpack(qkv)
         batch, seq, width = qkv.shape
@@ -101,6 +115,16 @@ class ModernBertAttention(nn.Module):
         if packing is not None:
             context = packing.pack(context)
         return self.out_drop(self.Wo(context))
+
+    def _attend_spans(self, qkv: Tensor, spans: DocumentSpans, rotary: tuple[Tensor, Tensor]) -> Tensor:
+        """qkv of the attended tokens ([T, 3 * width], or every position's [B, S, 3 * width]) through the varlen
+        kernel, with rotary cos/sin [T, 1, head_dim] in token order; returns the context in qkv's layout."""
+        width = qkv.shape[-1] // 3
+        tokens = qkv.reshape(-1, 3, self.num_heads, width // self.num_heads)
+        q, k, v = tokens.unbind(1)
+        q, k = rotate(q, *rotary), rotate(k, *rotary)
+        context = varlen_attention(q, k, v, spans, self.half_window if self.local else None)
+        return context.reshape(*qkv.shape[:-1], width)
 
 
 class ModernBertMLP(nn.Module):
@@ -128,7 +152,7 @@ class ModernBertEncoderLayer(nn.Module):
         self.mlp_norm = _layer_norm(config)
         self.mlp = ModernBertMLP(config)
 
-    def forward(self, x: Tensor, mask: Union[Tensor, Band], rotary: tuple[Tensor, Tensor],
+    def forward(self, x: Tensor, mask: Limit, rotary: tuple[Tensor, Tensor],
                 packing: Optional[TokenPacking]) -> Tensor:
         x = x + self.attn(self.attn_norm(x), mask, rotary, packing)
         return x + self.mlp(self.mlp_norm(x))
@@ -163,8 +187,9 @@ class ModernBertModel(nn.Module):
         if packing is not None:  # columns that are padding in every row are left out altogether
             input_ids, document_ids, positions = (t[:, : packing.seq] for t in (input_ids, document_ids, positions))
         x = self.embeddings(input_ids)
-        masks = self._masks(document_ids, compute_dtype(x), packed)
-        rotary = {local: self.rotary[local](positions) for local in masks}
+        masks = self._masks(document_ids, compute_dtype(x), packed, packing)
+        rotary = {local: self._rotary(local, positions, packing, isinstance(mask, DocumentSpans))
+                  for local, mask in masks.items()}
         if packing is not None:
             x = packing.pack(x)
         for layer in self.layers:
@@ -178,20 +203,44 @@ class ModernBertModel(nn.Module):
             return x
         return F.pad(packing.unpack(x), (0, 0, 0, full_length - packing.seq))
 
-    def _masks(self, document_ids: Tensor, dtype: torch.dtype, packed: bool) -> dict[bool, Union[Tensor, Band]]:
-        """Per kind of layer (local: True) what attention is limited by: for global layers of rows that hold one
-        document, the key-padding bias [B, 1, 1, S] (as BERT's); else the [B, 1, S, S] document (and window) bias,
-        or for local layers of long rows the Band, whose memory grows linearly with the length."""
-        masks: dict[bool, Union[Tensor, Band]] = {}
+    def _masks(self, document_ids: Tensor, dtype: torch.dtype, packed: bool,
+               packing: Optional[TokenPacking]) -> dict[bool, Limit]:
+        """Per kind of layer (local: True) what attention is limited by: on CUDA, where the varlen kernel serves,
+        the tokens' DocumentSpans; for global layers of rows that hold one document, the key-padding bias
+        [B, 1, 1, S] (as BERT's); else the [B, 1, S, S] document (and window) bias, or for local layers of long
+        rows the Band, whose memory grows linearly with the length."""
+        masks: dict[bool, Limit] = {}
+        spans: Optional[DocumentSpans] = None
         for local in {layer.attn.local for layer in self.layers}:
+            kernel = self._varlen_kernel(document_ids, dtype, packing, local)
             band = Band(document_ids, self.config.local_attention // 2)
-            if local and band.worth_it() and not torch.jit.is_tracing():  # exported graphs stay dense
+            if kernel is not None:
+                spans = spans or document_spans(document_ids, packing.index if packing else None, kernel)
+                masks[local] = spans
+            elif local and band.worth_it() and not torch.jit.is_tracing():  # exported graphs stay dense
                 masks[local] = band
             elif not local and not packed:
                 masks[local] = attention_bias_from_mask(document_ids, dtype)
             else:
                 masks[local] = document_attention_bias(document_ids, dtype, band.reach if local else None)
         return masks
+
+    def _varlen_kernel(self, document_ids: Tensor, dtype: torch.dtype, packing: Optional[TokenPacking],
+                       local: bool) -> Optional[Kernel]:
+        """The varlen kernel where it serves these layers: every attended token real (padding skipped, or none)."""
+        config = self.config
+        if torch.jit.is_tracing() or (packing is None and not bool((document_ids > 0).all())):
+            return None
+        return kernel_for(document_ids.device, dtype, config.hidden_size // config.num_attention_heads,
+                          config.attention_dropout, self.training, local)
+
+    def _rotary(self, local: bool, positions: Tensor, packing: Optional[TokenPacking],
+                spans: bool) -> tuple[Tensor, Tensor]:
+        """cos, sin [B, 1, S, head_dim]; for the varlen kernel [T, 1, head_dim] of the tokens in order."""
+        if not spans:
+            return self.rotary[local](positions)
+        cos, sin = self.rotary[local](in_token_order(positions, packing.index if packing else None)[None])
+        return cos[0, 0, :, None], sin[0, 0, :, None]
 
 
 class ModernBertPredictionHead(nn.Module):

@@ -39,17 +39,23 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, rows, CHUNK_ROWS):
             h = hidden[start: start + CHUNK_ROWS].to(dtype)
             y = labels[start: start + CHUNK_ROWS]
-            logits = (torch.addmm(b, h, w.t()) if b is not None else h @ w.t()).float()
-            log_normalizer = torch.logsumexp(logits, dim=-1)
-            total += (log_normalizer - logits.gather(1, y[:, None]).squeeze(1)).sum(dtype=torch.float64)
-            grad_logits = logits.sub_(log_normalizer[:, None]).exp_()  # the softmax, in place
+            logits = torch.addmm(b, h, w.t()) if b is not None else h @ w.t()
+            # One pass from the compute dtype to float32 log-probabilities (no float32 copy, max, exp and log of
+            # their own); their exp is the softmax, in place.
+            log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+            total -= log_probs.gather(1, y[:, None]).sum(dtype=torch.float64)
+            grad_logits = log_probs.exp_()
             grad_logits[torch.arange(len(y), device=y.device), y] -= 1.0
-            grad_logits.div_(rows)  # the loss is the mean over the rows
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
             g = grad_logits.to(dtype)
             grad_hidden[start: start + CHUNK_ROWS] = g @ w
             grad_weight += (g.t() @ h).float()
+        # The loss is the mean over the rows: its 1 / rows goes on the gradients once, not on every chunk's logits.
+        grad_hidden /= rows
+        grad_weight /= rows
+        if grad_bias is not None:
+            grad_bias /= rows
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype),
                               grad_bias.to(bias.dtype) if grad_bias is not None else None)
         return (total / rows).float()

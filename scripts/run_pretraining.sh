@@ -2,7 +2,7 @@
 # BERT pre-training, phase 1 (seq 128) then phase 2 (seq 512), with NVIDIA's positional arguments in NVIDIA's order:
 #   bash scripts/run_pretraining.sh $(source scripts/configs/pretrain_config.sh && dgxa100_8gpu_fp16)
 # Works with one process on a CPU: bash scripts/run_pretraining.sh $(source scripts/configs/pretrain_config.sh && cpu)
-# Arguments 26-31 (ours) train the modern family the same way, phase 2 being its context extension:
+# Arguments 26-33 (ours) train the modern family the same way, phase 2 being its context extension:
 #   bash scripts/run_pretraining.sh $(source scripts/configs/pretrain_config.sh && modernbert_base_8gpu_bf16)
 set -euo pipefail
 
@@ -52,6 +52,10 @@ max_predictions_per_seq=${28:-${lengths[1]}}
 max_seq_length_phase2=${29:-${lengths[2]}}
 max_predictions_per_seq_phase2=${30:-${lengths[3]}}
 BERT_CONFIG_PHASE2=${31:-$config2_default}  # the modern family's context extension raises its rotary base
+# Phase 1's batch-size warm-up (ModernBERT's: from 768 to 4,608 rows over its first 50B tokens): the real tokens it
+# lasts (0: none) and the share of the batch it starts from; run_pretraining.py checks both.
+batch_size_warmup_tokens=${32:-0}
+batch_size_warmup_start=${33:-"0.125"}
 RESULTS_DIR=${RESULTS_DIR:-"$CODEDIR/results"}
 CHECKPOINTS_DIR=$RESULTS_DIR/checkpoints
 PYTHON=${PYTHON:-python3}
@@ -93,6 +97,9 @@ if [ "$recipe" = modern ]; then
           --dynamic_masking --masked_lm_prob=0.3 --no_nsp --pack_sequences)
   phase1+=(--decay_proportion=0)
   phase2+=(--decay_proportion=0.1667)  # ModernBERT: 250B tokens at 8,192 then a 50B-token decay
+fi
+if [ "$batch_size_warmup_tokens" != 0 ]; then
+  phase1+=(--batch_size_warmup_tokens="$batch_size_warmup_tokens" --batch_size_warmup_start="$batch_size_warmup_start")
 fi
 resume=()
 [ "$resume_training" = "true" ] && resume+=(--resume_from_checkpoint)

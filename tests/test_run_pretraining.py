@@ -454,7 +454,7 @@ def test_run_pretraining_sh_runs_both_phases_on_one_cpu_process(vocab_file, corp
 
 @pytest.mark.slow
 def test_run_pretraining_sh_trains_the_modern_family_through_its_context_extension(vocab_file, corpus, tmp_path):
-    """Arguments 26-31: the modern recipe, 128/40 then 512/160, phase 2's config raising the rotary base; phase 1
+    """Arguments 26-31 (32-33, the batch-size warm-up, are left at none): the modern recipe, 128/40 then 512/160, phase 2's config raising the rotary base; phase 1
     ends at its peak lr (no decay) and phase 2 decays to 0 at its last step."""
     for folder, seq, preds in (("p1", 128, 20), ("p2", 512, 80)):
         (tmp_path / folder).mkdir()
@@ -564,6 +564,12 @@ def test_pretrain_presets_give_consistent_two_phase_commands(preset, tmp_path):
     configs = [json.loads((REPO_ROOT / phases[p]["--config_file"]).read_text()) if modern else None for p in (0, 1)]
     if modern:  # phase 1 held at its peak; phase 2 the context extension: longer rows, a raised rotary base
         assert phases[0]["--decay_proportion"] == "0" and float(phases[1]["--decay_proportion"]) > 0
+        # phase 1 warms its batch up (ModernBERT-base: 768 of 4,608 rows, whole micro-batches), phase 2 does not
+        start = float(phases[0]["--batch_size_warmup_start"]) * int(positional[10])
+        assert float(phases[0]["--batch_size_warmup_tokens"]) > 0 and start == pytest.approx(round(start), abs=0.01)
+        assert "--batch_size_warmup_tokens" not in phases[1]
+        if preset in GLOBAL_BATCHES:
+            assert round(start) * int(positional[0]) // int(positional[10]) * gpus == 768
         assert configs[0]["max_position_embeddings"] == int(lengths[0])
         assert configs[1]["max_position_embeddings"] == int(lengths[2])
         assert configs[1]["global_rope_theta"] > configs[0]["global_rope_theta"]

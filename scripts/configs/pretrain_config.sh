@@ -3,7 +3,7 @@
 #   bash scripts/run_pretraining.sh $(source scripts/configs/pretrain_config.sh && dgxa100_8gpu_fp16)
 # Order: batch lr precision gpus warmup steps save_steps resume logfile accumulate acc_steps seed job
 #        allreduce_post allreduce_fp16 batch2 lr2 warmup2 steps2 acc_steps2 [data1 config data2 codedir init
-#        [recipe seq1 preds1 seq2 preds2 config2]]
+#        [recipe seq1 preds1 seq2 preds2 config2 [batch_warmup_tokens batch_warmup_start]]]
 # The global batch is 65536 (phase 1) and 32768 (phase 2) sequences in every BERT GPU preset, as in the LAMB paper.
 
 dgxa100_8gpu_fp16() {
@@ -41,9 +41,11 @@ cpu() {
     "$data/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/python_docs"
 }
 
-# The modern family (arguments 26-31: recipe, lengths and masked positions of both phases, phase 2's config).
+# The modern family (arguments 26-33: recipe, lengths and masked positions of both phases, phase 2's config,
+# phase 1's batch-size warm-up in tokens and the share of the batch it starts from).
 # ModernBERT-base's recipe (Warner et al., 2024) on one node of 8 GPUs: 4,608 rows of 1,024 tokens a step
-# (4.7M tokens), peak 8e-4 after a 3B-token warm-up, 1.7T tokens; then the context extension to 8,192 tokens with
+# (4.7M tokens; the first 50B tokens warm the batch up from 768 rows), peak 8e-4 after a 3B-token warm-up, 1.7T
+# tokens; then the context extension to 8,192 tokens with
 # the global rotary base raised to 160,000 (modernbert-base-8k.json), the same tokens a step, 3e-4, 300B tokens
 # whose last sixth decays. Data: document-chunk shards (data/create_datasets_from_start.sh wiki_books modern).
 modernbert_base_8gpu_bf16() {
@@ -53,7 +55,7 @@ modernbert_base_8gpu_bf16() {
     "$data/hdf5_document_chunks_lower_case_1_seq_len_1024_random_seed_12345/books_wiki_en_corpus" \
     bert_configs/modernbert-base.json \
     "$data/hdf5_document_chunks_lower_case_1_seq_len_8192_random_seed_12345/books_wiki_en_corpus" \
-    . None modern 1024 308 8192 2458 bert_configs/modernbert-base-8k.json
+    . None modern 1024 308 8192 2458 bert_configs/modernbert-base-8k.json 50e9 0.1667
 }
 
 # One process on a CPU: a tiny ModernBERT through both phases (128 then 512 tokens, the rotary base raised) on the
@@ -65,5 +67,5 @@ cpu_modern() {
     "$data/hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/python_docs" \
     bert_configs/modernbert-tiny.json \
     "$data/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/python_docs" \
-    . None modern 128 40 512 160 bert_configs/modernbert-tiny-512.json
+    . None modern 128 40 512 160 bert_configs/modernbert-tiny-512.json 4e5 0.5
 }

@@ -48,18 +48,24 @@ def _allowed(band: Band, chunks: int) -> Tensor:
     return same & within & ((key_docs[:, :, None, :] > 0) | diagonal)
 
 
+def _windows(x: Tensor, reach: int, chunks: int) -> Tensor:
+    """x [batch, heads, seq, head_dim] -> each chunk's keys (or values) [batch, heads, chunks, 3 * reach, head_dim]:
+    the chunk before, its own and the one after. Three shifted views concatenated rather than an unfold, whose
+    backward (a scatter-add) costs more than the concatenation's slices."""
+    batch, heads, seq, head_dim = x.shape
+    padded = F.pad(x, (0, 0, reach, chunks * reach - seq + reach)).view(batch, heads, chunks + 2, reach, head_dim)
+    return torch.cat((padded[:, :, :-2], padded[:, :, 1:-1], padded[:, :, 2:]), dim=3)
+
+
 def banded_attention(q: Tensor, k: Tensor, v: Tensor, band: Band, dropout_prob: float, training: bool) -> Tensor:
     """Attention of q, k, v [batch, heads, seq, head_dim] within the band; returns [batch, heads, seq, head_dim]."""
     batch, heads, seq, head_dim = q.shape
     reach = band.reach
     chunks = -(-seq // reach)
-    tail = chunks * reach - seq
-    q_chunks = F.pad(q, (0, 0, 0, tail)).view(batch, heads, chunks, reach, head_dim)
-    k_windows = F.pad(k, (0, 0, reach, tail + reach)).unfold(2, 3 * reach, reach)  # [B, H, chunks, D, 3r]
-    v_windows = F.pad(v, (0, 0, reach, tail + reach)).unfold(2, 3 * reach, reach)
-    scores = torch.matmul(q_chunks * head_dim ** -0.5, k_windows)  # [B, H, chunks, r, 3r]
-    allowed = _allowed(band, chunks)[:, None]
+    q_chunks = F.pad(q, (0, 0, 0, chunks * reach - seq)).view(batch, heads, chunks, reach, head_dim)
+    scores = torch.matmul(q_chunks * head_dim ** -0.5, _windows(k, reach, chunks).transpose(-1, -2))
+    allowed = _allowed(band, chunks)[:, None]  # scores: [B, H, chunks, r, 3r]
     scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
     probs = dropout(torch.softmax(scores, dim=-1), dropout_prob, training=training)
-    context = torch.matmul(probs, v_windows.transpose(-1, -2))  # [B, H, chunks, r, D]
+    context = torch.matmul(probs, _windows(v, reach, chunks))  # [B, H, chunks, r, D]
     return context.reshape(batch, heads, chunks * reach, head_dim)[:, :, :seq]

@@ -102,11 +102,27 @@ def write_formatted(articles, path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def cuda_device() -> torch.device:
+    """The GPU of the cuda tier (device 0); a test that takes it is marked cuda, so skipped where there is none."""
+    return torch.device("cuda", 0)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """A test that needs the large real data is the integration tier, whether or not it says so itself."""
+    """A test that needs the large real data is the integration tier, and one that takes cuda_device the cuda tier,
+    whether or not it says so itself; the cuda tier is skipped, with the reason, where torch sees no GPU."""
     for item in items:
-        if "shared_data" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "shared_data" in fixtures:
             item.add_marker(pytest.mark.integration)
+        if "cuda_device" in fixtures:
+            item.add_marker(pytest.mark.cuda)
+    on_gpu = [item for item in items if item.get_closest_marker("cuda")]
+    if on_gpu and not torch.cuda.is_available():  # asked only when a cuda test was collected
+        skip = pytest.mark.skip(reason=f"cuda tier: needs a CUDA GPU; torch {torch.__version__} sees none "
+                                       "(torch.cuda.is_available() is False)")
+        for item in on_gpu:
+            item.add_marker(skip)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

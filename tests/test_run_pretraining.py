@@ -454,8 +454,9 @@ def test_run_pretraining_sh_runs_both_phases_on_one_cpu_process(vocab_file, corp
 
 @pytest.mark.slow
 def test_run_pretraining_sh_trains_the_modern_family_through_its_context_extension(vocab_file, corpus, tmp_path):
-    """Arguments 26-31 (32-33, the batch-size warm-up, are left at none): the modern recipe, 128/40 then 512/160, phase 2's config raising the rotary base; phase 1
-    ends at its peak lr (no decay) and phase 2 decays to 0 at its last step."""
+    """Arguments 26-31 (32-33, the batch-size warm-up, left at none): the modern recipe, 128/40 then 512/160,
+    phase 2's config raising the rotary base; phase 1 ends at its peak lr (no decay) and phase 2 decays to 0 at its
+    last step."""
     for folder, seq, preds in (("p1", 128, 20), ("p2", 512, 80)):
         (tmp_path / folder).mkdir()
         make_shard(vocab_file, corpus / "alice.txt", tmp_path / folder / "books_training_0.hdf5", seq, preds)

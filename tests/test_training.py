@@ -79,7 +79,7 @@ def test_precision_flags():
         make_precision(torch.device("cpu"), fp16=True, bf16=True)
 
 
-def test_tf32_switch_turns_on_tf32_matmuls_and_convolutions():
+def test_tf32_switch_turns_tf32_matmuls_and_convolutions_on_and_off():
     before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -87,5 +87,7 @@ def test_tf32_switch_turns_on_tf32_matmuls_and_convolutions():
         assert not torch.backends.cuda.matmul.allow_tf32
         training.allow_tf32(True)
         assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        training.allow_tf32(False)  # a process that turned them on can turn them off again
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

@@ -26,8 +26,9 @@ def reference_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, window_size=(-1,
     assert torch.equal(cu_seq_q, cu_seq_k) and cu_seq_q.dtype == torch.int32
     out = torch.empty_like(q)
     bounds = cu_seq_q.tolist()
-    assert max_q == max_k == max(b - a for a, b in zip(bounds, bounds[1:]))
-    for start, end in zip(bounds, bounds[1:]):
+    spans = list(zip(bounds[:-1], bounds[1:], strict=True))
+    assert max_q == max_k == max(end - start for start, end in spans)
+    for start, end in spans:
         qd, kd, vd = (t[start:end].transpose(0, 1) for t in (q, k, v))  # [heads, length, dim]
         scores = qd @ kd.transpose(1, 2) / math.sqrt(q.shape[-1])
         if window_size != (-1, -1):

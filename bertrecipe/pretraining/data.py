@@ -203,11 +203,13 @@ class PretrainingData:
         """The IterableDataset for the DataLoader, whose workers read the portions."""
         return PortionReader(self)
 
-    def batches(self, delivered: Iterator[PortionRows]) -> Iterator[dict[str, torch.Tensor]]:
+    def batches(self, delivered: Iterator[PortionRows], pin_memory: bool = False) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's micro-batches, step after step, from the reader's portions in the order it delivers them.
         Step s takes lane indexes [i + s * per_lane, i + (s + 1) * per_lane) of each of the rank's lanes, lane
         after lane (i: the start's lane index); it pulls the next portion only when a lane holds too few. A step
-        of fewer micro-batches (next_step_micro_batches) takes as many fewer samples of every lane."""
+        of fewer micro-batches (next_step_micro_batches) takes as many fewer samples of every lane. With
+        pin_memory (training on CUDA) the micro-batches are in pinned memory, so that their non-blocking copies to
+        the GPU are asynchronous (they are made here, after the loader, so the loader's own pinning would not be)."""
         lanes = {lane: _LaneRows() for lane in self.lane_range}
         index, step = self.start // self.stream.lanes, 0
         while self.max_steps is None or step < self.max_steps:
@@ -219,7 +221,8 @@ class PretrainingData:
                 pieces += lanes[lane].take(index, per_lane)
             step, index = step + 1, index + per_lane
             self.position = index * self.stream.lanes  # handed out from here on: every lane is at `index`
-            yield from self._cut(pieces)
+            for batch in self._cut(pieces):
+                yield {k: v.pin_memory() for k, v in batch.items()} if pin_memory else batch
 
     def _step_per_lane(self) -> int:
         """Samples of every lane in the next step: per_lane, or fewer for a step of fewer micro-batches."""

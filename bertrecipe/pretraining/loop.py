@@ -167,14 +167,15 @@ def start_loop(setup: TrainingSetup, data: PretrainingData, criterion: BertPretr
     """Starts the loader over this rank's share of the stream and puts the dropout RNG where the checkpoint left
     it."""
     ctx = setup.ctx
-    # A private generator for the loader, so that creating it draws nothing from the dropout RNG.
+    # A private generator for the loader, so that creating it draws nothing from the dropout RNG. Its rows are not
+    # pinned: the micro-batches are cut from them afterwards, and those are (data.batches' pin_memory).
     loader = DataLoader(data.reader(), batch_size=None, num_workers=settings.num_workers,
-                        pin_memory=ctx.device.type == "cuda", generator=torch.Generator().manual_seed(data.seed),
+                        generator=torch.Generator().manual_seed(data.seed),
                         persistent_workers=False, worker_init_fn=outlive_job_sigterm)
     # Before the loader starts: a SIGTERM from then on is a request to checkpoint and stop, never a crash
     # (the workers take theirs through outlive_job_sigterm).
     stop = StopSignal()
-    batches = data.batches(iter(loader))
+    batches = data.batches(iter(loader), pin_memory=ctx.device.type == "cuda")
     if resume.rng is not None:
         checkpointing.set_rng_state(resume.rng)
     stepper = Stepper(setup.model, setup.optimizer, setup.scheduler, setup.precision, criterion,

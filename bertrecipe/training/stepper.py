@@ -74,10 +74,10 @@ def make_precision(device: torch.device, fp16: bool, bf16: bool, init_loss_scale
 
 def allow_tf32(enabled: bool) -> None:
     """NVIDIA's "tf32" precision: fp32 training whose matmuls and convolutions use TF32 tensor cores (Ampere and
-    later). torch leaves TF32 matmuls off by default since 1.12, so a tf32 preset has to ask for it."""
-    if enabled:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    later). torch leaves TF32 matmuls off by default since 1.12, so a tf32 preset has to ask for it; False turns
+    them off again (cuDNN's convolutions default to TF32: off too)."""
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
 
 
 def wrap_ddp(model: nn.Module, ctx: DistributedContext, compress: Optional[torch.dtype] = None) -> nn.Module:

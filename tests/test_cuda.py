@@ -119,14 +119,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def on_gpu_launcher(deterministic: bool = False) -> tuple[str, ...]:
+def on_gpu_launcher() -> tuple[str, ...]:
     """`python -c ...` that runs the script given after it as __main__ (imports from the working directory: run it
     in the checkout) and, at exit, prints the process's peak CUDA memory to stderr (proof that the run used the
-    GPU); with `deterministic`, under torch.use_deterministic_algorithms(True), which run_pretraining.py has no
-    flag for."""
+    GPU)."""
     code = ("import atexit, runpy, sys, torch\n"
-            + ("torch.use_deterministic_algorithms(True)\n" if deterministic else "")
-            + "atexit.register(lambda: print(f'peak CUDA bytes: {torch.cuda.max_memory_allocated()}', "
+            "atexit.register(lambda: print(f'peak CUDA bytes: {torch.cuda.max_memory_allocated()}', "
               "file=sys.stderr))\n"
               "sys.argv = sys.argv[1:]\n"
               "runpy.run_path(sys.argv[0], run_name='__main__')\n")
@@ -525,14 +523,14 @@ def test_a_checkpoint_written_on_the_gpu_loads_on_the_cpu_and_back(cuda_device, 
 
 # --- 9. Bit-exact resume on the GPU -------------------------------------------------------------------------------
 def pretrain_on_gpu(corpus: Path, out: Path, *extra: Any) -> subprocess.CompletedProcess:
-    """run_pretraining.py on the corpus's phase-1 shards, deterministic algorithms on, cuBLAS's deterministic
-    workspace; the GPU is picked as the recipe picks it (CUDA when available)."""
+    """run_pretraining.py --deterministic (deterministic algorithms, cuBLAS's deterministic workspace) on the
+    corpus's phase-1 shards; the GPU is picked as the recipe picks it (CUDA when available)."""
     args = ["--input_dir", str(corpus / "p1"), "--config_file", str(corpus / "bert_config.json"),
             "--output_dir", str(out), "--max_seq_length", "64", "--max_predictions_per_seq", "10",
             "--learning_rate", "2e-2", "--warmup_proportion", "0.1", "--do_train", "--disable_progress_bar",
-            "--json-summary", str(out / "log.json"), *map(str, extra)]
-    env = {**ENV, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
-    result = subprocess.run([*on_gpu_launcher(deterministic=True), str(REPO_ROOT / "run_pretraining.py"), *args],
+            "--json-summary", str(out / "log.json"), "--deterministic", *map(str, extra)]
+    env = {k: v for k, v in ENV.items() if k != "CUBLAS_WORKSPACE_CONFIG"}  # the flag sets it
+    result = subprocess.run([*on_gpu_launcher(), str(REPO_ROOT / "run_pretraining.py"), *args],
                             env=env, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert peak_cuda_bytes(result.stderr) > 0

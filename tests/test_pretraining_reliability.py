@@ -20,6 +20,7 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.pretraining import startup
 from bertrecipe.pretraining.data import BertPretrainingCriterion
 from bertrecipe.training.metric_logger import read_log
+from bertrecipe.training.stepper import use_deterministic_algorithms
 from conftest import REPO_ROOT
 
 VOCAB, SEQ, PREDS = 128, 16, 3
@@ -564,3 +565,25 @@ def test_modern_family_nan_losses_are_skipped_then_stop_and_a_full_disk_keeps_th
         run_pretraining.main(flags(workspace, "--num_steps_per_checkpoint", 2, "--max_steps", 6, out="again"))
     assert torch.load(workspace / "again" / "ckpt_2.pt", weights_only=True)["config"]["model_type"] == "modernbert"
     assert not list((workspace / "again").glob("ckpt_4*"))
+
+
+def test_deterministic_runs_train_under_torch_deterministic_mode_and_repeat_to_the_last_bit(workspace):
+    """--deterministic: every op of the training path has a deterministic kernel here (a missing one raises in
+    that mode), cuBLAS's workspace setting is in the environment, and two runs end with equal weights."""
+    ends = []
+    for out in ("a", "b"):
+        result = pretrain(workspace, "--deterministic", "--max_steps", 3, "--bf16", out=out)
+        assert result.returncode == 0, result.stderr[-2000:]
+        ends.append(torch.load(workspace / out / "ckpt_3.pt", weights_only=True)["model"])
+    assert all(torch.equal(ends[0][k], ends[1][k]) for k in ends[0])
+    before = torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    try:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        use_deterministic_algorithms(True)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        if before[1] is not None:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = before[1]

@@ -39,7 +39,7 @@ from bertrecipe.training.metric_logger import MetricLogger, check_log_paths
 from bertrecipe.training.optimization import DECAY_SHAPES, LR_SCHEDULES, OPTIMIZERS
 from bertrecipe.training.process_group import DistributedContext, any_process, init_distributed, shutdown
 from bertrecipe.training.run_lock import locked_output_folder
-from bertrecipe.training.stepper import allow_tf32, make_precision, seed_everything
+from bertrecipe.training.stepper import allow_tf32, make_precision, seed_everything, use_deterministic_algorithms
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -88,6 +88,9 @@ def add_step_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fp16", "--amp", dest="fp16", action="store_true", help="fp16 autocast + loss scaling (CUDA)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU or GPU)")
     p.add_argument("--tf32", action="store_true", help="TF32 matmuls in fp32 training (Ampere+ GPUs)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels only (torch.use_deterministic_algorithms, cuBLAS's deterministic "
+                        "workspace): GPU runs repeat, and resume, to the last bit, somewhat slower")
     p.add_argument("--loss_scale", type=float, default=0.0, help="accepted for compatibility; scaling is dynamic")
     p.add_argument("--init_loss_scale", type=float, default=2.0**20)
     p.add_argument("--log_freq", type=float, default=1.0, help="log every N steps")
@@ -389,6 +392,7 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
                          f"[CLS] a row: add --no_nsp (or use a modern config; {args.config_file} is BERT)")
     precision = make_precision(ctx.device, args.fp16, args.bf16, args.init_loss_scale)
     allow_tf32(args.tf32)
+    use_deterministic_algorithms(args.deterministic)
     train_shards, eval_shards = inspect_inputs(args, config)
     check_output_paths(args, train_shards, eval_shards)
     # The lock is the first write: the resume point is chosen, and the checkpoints written, by one run at a time.

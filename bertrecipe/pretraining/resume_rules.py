@@ -63,6 +63,7 @@ RULES = (
     ResumeRule("fp16", "applied", "precision may change; the loss scale starts afresh where there was none"),
     ResumeRule("bf16", "applied", "precision may change"),
     ResumeRule("tf32", "applied", "precision may change"),
+    ResumeRule("deterministic", "applied", "the kernels change from the next step; the numbers already trained stay"),
     ResumeRule("bin_by_length", "applied", "the step's samples stay; only their micro-batches change"),
     ResumeRule("pack_sequences", "applied", "the step's samples stay; only their rows change"),
     ResumeRule("seed", "refused", "the seed orders the sample stream: another one mid-epoch repeats some samples and "

@@ -80,6 +80,15 @@ def allow_tf32(enabled: bool) -> None:
     torch.backends.cudnn.allow_tf32 = enabled
 
 
+def use_deterministic_algorithms(enabled: bool) -> None:
+    """Bit-reproducible GPU runs (a resume equal to the run that went on, to the last bit): torch's deterministic
+    kernels, an error where an op has none, and cuBLAS's deterministic workspace, which its handles read when they
+    are created (so before the first matmul; a value already in the environment is kept)."""
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(enabled)
+
+
 def wrap_ddp(model: nn.Module, ctx: DistributedContext, compress: Optional[torch.dtype] = None) -> nn.Module:
     """DDP over the process group, with gradients optionally all-reduced in fp16 or bf16 to halve traffic."""
     if not ctx.enabled:

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -385,6 +385,7 @@ def main() -> None:
     p.add_argument("--tmp", type=Path, default=None, help="where the working folder goes (default: $TMPDIR)")
     p.add_argument("--ceiling_rounds", type=int, default=5,
                    help="rounds of the machine-ceiling control before each stage (0: none)")
+    p.add_argument("--json", type=Path, help="also write each size's stages and single-shard reference here")
     args = p.parse_args()
     if not args.vocab_file.is_file():
         raise SystemExit(f"error: {args.vocab_file}: vocab not found (pass --vocab_file or set BERT_SHARED_DATA)")
@@ -397,6 +398,10 @@ def main() -> None:
         results[size] = run_size(size, args, pieces, args.vocab_file)
         show_totals(results[size][0], results[size][1])
     show_goals(results)
+    if args.json:
+        args.json.write_text(json.dumps([{"size_gb": size, "text_mb": mb, "stages": [asdict(s) for s in stages],
+                                          "reference": ref} for size, (mb, stages, ref, _) in results.items()],
+                                        indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ fp32 inference on full windows.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import tempfile
 import time
@@ -30,7 +29,15 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from gemm_peak import Peak, forward_flops, fraction_of_peak, gemm_peak, peak_line  # benchmarks/, beside this file
+from gemm_peak import (  # benchmarks/, beside this file
+    Peak,
+    forward_flops,
+    fraction_of_peak,
+    gemm_peak,
+    peak_line,
+    precision_context,
+    synchronize,
+)
 
 from bertrecipe.common.hardware import Host, detect, host_line, host_record, pick_precisions
 from bertrecipe.deploy.onnx_export import TritonSignature, export_onnx, open_qa_session, qa_logits
@@ -135,21 +142,23 @@ def infer_step(model: torch.nn.Module, is_peer: bool, compile_model: bool = Fals
 
 
 def sequences_per_second(steps: dict[str, Callable[[Batch], None]], batches: list[Batch], precision: str,
-                         warmup: int, rounds: int) -> dict[str, float]:
+                         warmup: int, rounds: int, device: str = "cpu") -> dict[str, float]:
     """Each step function over every batch, `rounds` times, the functions taking turns so that a busy moment of
-    the machine hits both alike; the median round of each, after `warmup` untimed steps."""
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    the machine hits both alike; the median round of each, after `warmup` untimed steps. The batches live on
+    `device`; a round's clock stops when its kernels are done."""
     sequences = sum(b[0].shape[0] for b in batches)
     rates: dict[str, list[float]] = {name: [] for name in steps}
-    with autocast:
+    with precision_context(device, precision):
         for step in steps.values():
             for i in range(warmup):
                 step(batches[i % len(batches)])
         for _ in range(rounds):
             for name, step in steps.items():
+                synchronize(device)
                 tick = time.perf_counter()
                 for batch in batches:
                     step(batch)
+                synchronize(device)
                 rates[name].append(sequences / (time.perf_counter() - tick))
     return {name: sorted(r)[len(r) // 2] for name, r in rates.items()}
 
@@ -158,17 +167,18 @@ LABELS = {"ours": "ours", "ours_compiled": "ours compiled", "ours_onnxruntime": 
           "peer": "transformers"}
 
 
-def build_steps(config: BertConfig, phase: str, compiled: bool, onnx_folder: Path | None = None
-                ) -> dict[str, Callable[[Batch], None]]:
-    """Ours and the peer, from the same seed; with `compiled` also ours under torch.compile, a model of its own,
-    and with `onnx_folder` ours exported there and run on ONNX Runtime."""
+def build_steps(config: BertConfig, phase: str, compiled: bool, onnx_folder: Path | None = None,
+                device: str = "cpu") -> dict[str, Callable[[Batch], None]]:
+    """Ours and the peer, from the same seed, on `device`; with `compiled` also ours under torch.compile, a model
+    of its own, and with `onnx_folder` ours exported there and run on ONNX Runtime (on the CPU)."""
     names = ["ours", *(["ours_compiled"] if compiled else []), *(["ours_onnxruntime"] if onnx_folder else []),
              "peer"]
     steps = {}
     for name in names:
         torch.manual_seed(0)
         is_peer = name == "peer"
-        model = peer(config) if is_peer else ours(config)
+        with torch.device("cpu" if name == "ours_onnxruntime" else device):  # initialised where it runs
+            model = peer(config) if is_peer else ours(config)
         if name == "ours_onnxruntime":
             steps[name] = onnxruntime_step(model, onnx_folder)
         elif phase == "training":

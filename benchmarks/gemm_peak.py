@@ -3,23 +3,32 @@
 gemm_peak() times torch.matmul on the GEMMs of a BERT layer ([tokens, hidden] x [hidden, 3*hidden | hidden |
 intermediate] and [tokens, intermediate] x [intermediate, hidden], weights transposed as nn.Linear stores them)
 and on one large square GEMM, in the calling thread setting, best of a few repeats: the rate a model made of
-these GEMMs could at most reach here. forward_flops() counts a BertForQuestionAnswering forward analytically,
-so that achieved GFLOP/s = forward_flops / time, and fraction_of_peak says what share of the peak that is.
+these GEMMs could at most reach here. On a GPU (--device cuda) each repeat is timed with CUDA events over enough
+back-to-back calls to last about 10 ms. tf32 is fp32 tensors with TF32 matmuls (float32 matmul precision
+"high", meant for CUDA GPUs). forward_flops() counts a BertForQuestionAnswering forward analytically, so that
+achieved GFLOP/s = forward_flops / time, and fraction_of_peak says what share of the peak that is.
 
     python benchmarks/gemm_peak.py --precision fp32 bf16       # the peak alone, BERT-base shapes, batch 4 x 384
+    python benchmarks/gemm_peak.py --device cuda --precision bf16 fp16 tf32 --square 8192
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import time
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import torch
 
 from bertrecipe.model.bert import BertConfig
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# tf32: float32 tensors whose matmuls run in TF32 (matmul_precision); bf16 and fp16 are autocast's dtypes.
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+AUTOCAST = ("bf16", "fp16")
 SQUARE = 2048  # a large square GEMM, the shape a matmul library is tuned for
+CUDA_REPEAT_SECONDS = 0.01  # one timed repeat on a GPU: long enough that launch gaps and event resolution vanish
 
 
 @dataclass(frozen=True)
@@ -35,22 +44,73 @@ def bert_gemm_shapes(config: BertConfig, tokens: int, square: int = SQUARE) -> l
     return [(tokens, 3 * h, h), (tokens, h, h), (tokens, i, h), (tokens, h, i), (square, square, square)]
 
 
-def gemm_gflops(m: int, n: int, k: int, dtype: torch.dtype, repeats: int = 5) -> float:
-    """GFLOP/s of the fastest of `repeats` [m, k] x [k, n] matmuls, after one untimed warm-up."""
-    g = torch.Generator().manual_seed(0)
-    a = torch.randn(m, k, generator=g).to(dtype)
-    w = torch.randn(n, k, generator=g).to(dtype)  # nn.Linear's layout: the GEMM reads it transposed
-    torch.matmul(a, w.t())
-    best = float("inf")
-    for _ in range(repeats):
-        tick = time.perf_counter()
-        torch.matmul(a, w.t())
-        best = min(best, time.perf_counter() - tick)
+def is_cuda(device: str) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def synchronize(device: str) -> None:
+    """Waits for the device's queued work, so that a host clock read next counts it (a no-op on a CPU)."""
+    if is_cuda(device):
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str) -> Iterator[None]:
+    """fp32 matmuls in TF32 for "tf32", in full fp32 otherwise; the setting before is restored."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+@contextlib.contextmanager
+def precision_context(device: str, precision: str) -> Iterator[None]:
+    """The code inside runs at `precision` on `device`: fp32, tf32 (matmul_precision), or bf16/fp16 autocast."""
+    autocast = (torch.autocast(torch.device(device).type, dtype=DTYPES[precision]) if precision in AUTOCAST
+                else contextlib.nullcontext())
+    with matmul_precision(precision), autocast:
+        yield
+
+
+def seconds_per_call(run: Callable[[], object], device: str, calls: int = 1) -> float:
+    """Seconds per call of `calls` back-to-back calls: CUDA events on a GPU (the kernels' time, the host's
+    launches overlapped as in training), perf_counter on a CPU."""
+    if is_cuda(device):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            run()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / calls
+    tick = time.perf_counter()
+    for _ in range(calls):
+        run()
+    return (time.perf_counter() - tick) / calls
+
+
+def gemm_gflops(m: int, n: int, k: int, precision: str, repeats: int = 5, device: str = "cpu") -> float:
+    """GFLOP/s of the fastest of `repeats` [m, k] x [k, n] matmuls at `precision`, after one untimed warm-up; on
+    a GPU each repeat averages as many calls as fill CUDA_REPEAT_SECONDS."""
+    g = torch.Generator(device).manual_seed(0)
+    a = torch.randn(m, k, generator=g, device=device).to(DTYPES[precision])
+    w = torch.randn(n, k, generator=g, device=device).to(DTYPES[precision])  # nn.Linear's layout: read transposed
+    with matmul_precision(precision):
+        torch.matmul(a, w.t())  # warm-up: the library picks its kernel (and a GPU loads it)
+        if is_cuda(device):
+            once = seconds_per_call(lambda: torch.matmul(a, w.t()), device)
+            calls = min(1000, math.ceil(CUDA_REPEAT_SECONDS / max(once, 1e-7)))
+        else:
+            calls = 1
+        best = min(seconds_per_call(lambda: torch.matmul(a, w.t()), device, calls) for _ in range(repeats))
     return 2 * m * n * k / best / 1e9
 
 
-def gemm_peak(config: BertConfig, tokens: int, precision: str, repeats: int = 5, square: int = SQUARE) -> Peak:
-    by_shape = {f"{m}x{n}x{k}": gemm_gflops(m, n, k, DTYPES[precision], repeats)
+def gemm_peak(config: BertConfig, tokens: int, precision: str, repeats: int = 5, square: int = SQUARE,
+              device: str = "cpu") -> Peak:
+    by_shape = {f"{m}x{n}x{k}": gemm_gflops(m, n, k, precision, repeats, device)
                 for m, n, k in bert_gemm_shapes(config, tokens, square)}
     return Peak(precision, max(by_shape.values()), by_shape)
 
@@ -85,9 +145,12 @@ def main() -> None:
     parser.add_argument("--precision", nargs="+", default=["fp32"], choices=list(DTYPES))
     parser.add_argument("--tokens", type=int, default=4 * 384, help="GEMM rows: batch x sequence length")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--square", type=int, default=SQUARE, help="side of the large square GEMM")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     for precision in args.precision:
-        print(peak_line(gemm_peak(BertConfig(), args.tokens, precision, args.repeats)), flush=True)
+        peak = gemm_peak(BertConfig(), args.tokens, precision, args.repeats, args.square, args.device)
+        print(peak_line(peak), flush=True)
 
 
 if __name__ == "__main__":

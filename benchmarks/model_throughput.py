@@ -7,25 +7,33 @@ FLOP/s is reported as a fraction of this machine's matrix-multiply peak, measure
     python benchmarks/model_throughput.py                       # BERT-base, seq 128 and 512, fp32 and bf16
                                                                 # (fp32 alone where the CPU has no native bf16)
     python benchmarks/model_throughput.py --seq 128 --precision bf16 --steps 3
+    python benchmarks/model_throughput.py --device cuda --config large --batch 64 --precision bf16 fp16
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
+import functools
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
-from gemm_peak import SQUARE, gemm_gflops  # benchmarks/, beside this file
+from gemm_peak import DTYPES, SQUARE, gemm_gflops, precision_context  # benchmarks/, beside this file
 
 from bertrecipe.common.hardware import detect, host_line, host_record, pick_precisions
 from bertrecipe.model.bert import BertConfig, BertForPreTraining
 from bertrecipe.training.optimization import Lamb, weight_decay_groups
 
 MASKED_PER_SEQ = {128: 20, 512: 80}
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+Batch = tuple[torch.Tensor, ...]  # input_ids, token_type_ids, attention_mask, masked-LM labels (-1: none), NSP labels
+LARGE = BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
+
+
+def masked_per_seq(seq: int) -> int:
+    """Masked positions per sequence: NVIDIA's 20 at 128 and 80 at 512, else 15 %."""
+    return MASKED_PER_SEQ.get(seq, max(1, round(seq * 0.15)))
 
 
 def training_flops(config: BertConfig, batch: int, seq: int, masked: int) -> float:
@@ -39,7 +47,7 @@ def training_flops(config: BertConfig, batch: int, seq: int, masked: int) -> flo
     return 3 * forward
 
 
-def make_batch(config: BertConfig, batch: int, seq: int, masked: int, seed: int = 0):
+def make_batch(config: BertConfig, batch: int, seq: int, masked: int, seed: int = 0) -> Batch:
     g = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(1000, config.vocab_size, (batch, seq), generator=g)
     token_type_ids = (torch.arange(seq) >= seq // 2).long().expand(batch, seq).contiguous()
@@ -53,51 +61,105 @@ def make_batch(config: BertConfig, batch: int, seq: int, masked: int, seed: int 
     return input_ids, token_type_ids, attention_mask, labels, nsp
 
 
-def ours_step(config: BertConfig, batch) -> Callable[[], float]:
-    model = BertForPreTraining(config).train()
-    optimizer = Lamb(weight_decay_groups(model, 0.01), lr=1e-4, compiled=True)  # compiles in the warm-up
-    input_ids, token_type_ids, attention_mask, labels, nsp = batch
+@dataclass(frozen=True)
+class StepOptions:
+    """Where and how a training step runs: the device, the precision (gemm_peak.DTYPES: fp16 adds a GradScaler),
+    the model under torch.compile (in place, as run_pretraining.py --compile does) and, for ours, LAMB's update
+    fused by torch.compile (run_pretraining.py --compile_optimizer)."""
 
-    def step() -> float:
-        loss = model(input_ids, token_type_ids, attention_mask, masked_lm_labels=labels, next_sentence_labels=nsp).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item()
-
-    return step
+    device: str = "cpu"
+    precision: str = "fp32"
+    compile_model: bool = False
+    compile_backend: str = "inductor"
+    compiled_optimizer: bool = True
 
 
-def peer_step(config: BertConfig, batch) -> Callable[[], float]:
+@dataclass
+class Trainer:
+    """A model, its optimizer and how a batch becomes its loss; step() is one training step at the options'
+    precision (autocast around the forward and loss only, as the recipe's stepper does)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loss_of: Callable[[Batch], torch.Tensor]
+    options: StepOptions
+
+    def __post_init__(self) -> None:
+        fp16 = self.options.precision == "fp16"
+        self.scaler = torch.amp.GradScaler(torch.device(self.options.device).type) if fp16 else None
+
+    def step(self, batch: Batch) -> float:
+        with precision_context(self.options.device, self.options.precision):
+            loss = self.loss_of(batch)
+        if self.scaler is None:
+            loss.backward()
+            self.optimizer.step()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.item()  # waits for the step's kernels, as the recipe's loop does once a step
+
+
+def to_device(batch: Batch, device: str) -> Batch:
+    return tuple(t.to(device) for t in batch)
+
+
+def built(model: torch.nn.Module, options: StepOptions) -> torch.nn.Module:
+    model = model.to(options.device).train()
+    if options.compile_model:
+        model.compile(backend=options.compile_backend)  # in place, compiled on the first (warm-up) step
+    return model
+
+
+def ours_trainer(config: BertConfig, options: StepOptions = StepOptions()) -> Trainer:
+    with torch.device(options.device):  # initialised where it trains: no copy of BERT-large through the host
+        model = built(BertForPreTraining(config), options)
+    optimizer = Lamb(weight_decay_groups(model, 0.01), lr=1e-4, compiled=options.compiled_optimizer)
+
+    def loss_of(batch: Batch) -> torch.Tensor:
+        input_ids, token_type_ids, attention_mask, labels, nsp = batch
+        return model(input_ids, token_type_ids, attention_mask, masked_lm_labels=labels,
+                     next_sentence_labels=nsp).loss
+
+    return Trainer(model, optimizer, loss_of, options)
+
+
+def peer_trainer(config: BertConfig, options: StepOptions = StepOptions()) -> Trainer:
     import transformers
 
     hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "extra"})
-    model = transformers.BertForPreTraining(hf_config).train()
+    with torch.device(options.device):
+        model = built(transformers.BertForPreTraining(hf_config), options)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    input_ids, token_type_ids, attention_mask, labels, nsp = batch
-    hf_labels = labels.masked_fill(labels < 0, -100)
 
-    def step() -> float:
-        loss = model(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
-                     labels=hf_labels, next_sentence_label=nsp).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+    def loss_of(batch: Batch) -> torch.Tensor:
+        input_ids, token_type_ids, attention_mask, labels, nsp = batch
+        return model(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                     labels=labels.masked_fill(labels < 0, -100), next_sentence_label=nsp).loss
 
-    return step
+    return Trainer(model, optimizer, loss_of, options)
 
 
-def time_steps(step: Callable[[], float], precision: str, warmup: int, steps: int) -> float:
-    """Seconds per step, median of `steps` after `warmup`."""
-    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext())
+def ours_step(config: BertConfig, batch: Batch, options: StepOptions = StepOptions()) -> Callable[[], float]:
+    trainer = ours_trainer(config, options)
+    return functools.partial(trainer.step, to_device(batch, options.device))
+
+
+def peer_step(config: BertConfig, batch: Batch, options: StepOptions = StepOptions()) -> Callable[[], float]:
+    trainer = peer_trainer(config, options)
+    return functools.partial(trainer.step, to_device(batch, options.device))
+
+
+def time_steps(step: Callable[[], float], warmup: int, steps: int) -> float:
+    """Seconds per step, median of `steps` after `warmup` (each step waits for its kernels: Trainer.step)."""
     times = []
-    with autocast:
-        for i in range(warmup + steps):
-            start = time.perf_counter()
-            step()
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        step()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
 
 
@@ -108,32 +170,33 @@ def main() -> None:
     parser.add_argument("--seq", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--precision", nargs="+", choices=sorted(DTYPES),
                         help="default: fp32 and bf16, fp32 alone where the CPU has no native bf16")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
-    presets = {"base": BertConfig(), "large": BertConfig(hidden_size=1024, num_hidden_layers=24,
-                                                         num_attention_heads=16, intermediate_size=4096)}
+    presets = {"base": BertConfig(), "large": LARGE}
     config = presets.get(args.config) or BertConfig.from_json_file(args.config)
     torch.manual_seed(0)
-    host = detect("cpu")  # both models run on the CPU
+    host = detect(torch.device(args.device).type)  # both models run there
     precisions = pick_precisions(host, args.precision, ["fp32", "bf16"])
     print(f"{host_line(host, ' and '.join(precisions))}, {torch.get_num_threads()} threads; BERT {args.config}, "
           f"batch {args.batch}")
     # The practical ceiling of the dense layers: the best of 10 square 2048^3 GEMMs, in FLOP/s.
-    peaks = {p: gemm_gflops(SQUARE, SQUARE, SQUARE, DTYPES[p], repeats=10) * 1e9 for p in precisions}
+    peaks = {p: gemm_gflops(SQUARE, SQUARE, SQUARE, p, repeats=10, device=args.device) * 1e9 for p in precisions}
     for p, flops in peaks.items():
         print(f"matmul peak {p}: {flops / 1e12:.3f} TFLOP/s")
     results = []
     for seq in args.seq:
-        masked = MASKED_PER_SEQ.get(seq, max(1, round(seq * 0.15)))
+        masked = masked_per_seq(seq)
         batch = make_batch(config, args.batch, seq, masked)
         flops = training_flops(config, args.batch, seq, masked)
         for precision in precisions:
             row = {"seq": seq, "masked": masked, "batch": args.batch, **host_record(host, precision)}
+            options = StepOptions(args.device, precision)
             for name, build in (("ours", ours_step), ("peer", peer_step)):
-                seconds = time_steps(build(config, batch), precision, args.warmup, args.steps)
+                seconds = time_steps(build(config, batch, options), args.warmup, args.steps)
                 row[f"{name}_seq_per_s"] = args.batch / seconds
                 row[f"{name}_peak_fraction"] = flops / seconds / peaks[precision]
             row["speedup"] = row["ours_seq_per_s"] / row["peer_seq_per_s"]

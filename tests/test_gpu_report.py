@@ -1,0 +1,156 @@
+"""benchmarks/gpu_report.sh --tiny: the GPU report's logic on this CPU (a tiny BERT, 1-2 steps a measurement).
+Its JSON holds every section with numbers or an error line in their place, and its Markdown names the device,
+torch and the precision; the batch-size search, pytest's counts and the error lines are checked alone."""
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ENV, REPO_ROOT
+
+BENCHMARKS = REPO_ROOT / "benchmarks"
+# The numbers each section's rows must carry (or, for each "<part>_", an error line under "<part>_error").
+NUMBERS = {
+    "cuda_tests": ["passed", "failed", "skipped", "errors"],
+    "gemm_peak": ["gflops"],
+    "model_step": ["ours_seq_per_s", "peer_seq_per_s"],
+    "max_micro_batch": ["ours_largest_micro_batch", "peer_largest_micro_batch"],
+    "loop": ["loop_seq_per_s", "model_step_seq_per_s"],
+    "finetune": ["ours_seq_per_s", "peer_seq_per_s"],
+    "profile": ["total_ms_per_step"],
+    "compiled_step": ["ours_seq_per_s", "peer_seq_per_s"],
+    "data_prep": ["mb_per_s_per_process"],
+}
+
+
+@pytest.fixture
+def gpu_report(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the benchmarks import each other as scripts do
+    return importlib.import_module("gpu_report")
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tmp_path_factory) -> tuple[dict, str]:
+    out = tmp_path_factory.mktemp("gpu_report")
+    env = {**ENV, "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_report.sh"), "--tiny", "--output_dir", str(out),
+                           "--profile", "--data_prep"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_report.json", "gpu_report.md"]  # no temporaries left
+    return json.loads((out / "gpu_report.json").read_text()), (out / "gpu_report.md").read_text()
+
+
+def carries(row: dict, key: str) -> bool:
+    """The number under `key`, or the error line that stands in its place."""
+    part = key.split("_")[0]
+    number = row.get(key)
+    return (isinstance(number, (int, float)) and number >= 0) or bool(row.get(f"{part}_error") or row.get("error"))
+
+
+@pytest.mark.slow
+def test_the_tiny_report_has_every_section_with_numbers_or_an_error_line(tiny_report, gpu_report) -> None:
+    data, _ = tiny_report
+    assert list(data["sections"]) == list(gpu_report.SECTIONS)
+    for name, section in data["sections"].items():
+        assert "skipped" not in section and "error" not in section, (name, section)
+        assert section["rows"], name
+        for row in section["rows"]:
+            for key in NUMBERS[name]:
+                assert carries(row, key), (name, key, row)
+    model = data["sections"]["model_step"]["rows"]
+    assert {(r["seq"], r["precision"]) for r in model} == {(32, "bf16"), (32, "fp16"), (64, "bf16"), (64, "fp16")}
+    assert all("ours_of_peak" in r and "speedup" in r for r in model)  # measured against the GEMM peak and the peer
+    assert {r["precision"] for r in data["sections"]["gemm_peak"]["rows"]} == {"bf16", "fp16", "tf32"}
+    assert data["sections"]["cuda_tests"]["rows"][0]["command"].startswith("-m pytest -m cuda tests")
+    assert data["sections"]["cuda_tests"]["rows"][0]["returncode"] is not None  # not cut off
+
+
+@pytest.mark.slow
+def test_the_tiny_report_names_device_torch_and_precision(tiny_report) -> None:
+    data, markdown = tiny_report
+    header = data["header"]
+    assert header["torch"] == torch.__version__ and header["driver"] == "n/a (CPU)" and header["tiny"]
+    assert header["device"] in markdown.splitlines()[0]
+    assert f"torch {torch.__version__}" in markdown
+    assert "precision: model steps bf16 and fp16 autocast, GEMM peak bf16, fp16, tf32" in markdown
+    table = [line for line in markdown.splitlines() if line.startswith("| model step |")]
+    assert table and all(" bf16 |" in line or " fp16 |" in line for line in table)
+    assert "### Where the time goes: seq 32" in markdown  # --profile's tables
+
+
+def test_the_batch_search_doubles_then_bisects(gpu_report) -> None:
+    tried = []
+
+    def fits(size: int) -> bool:
+        tried.append(size)
+        return size <= 100
+
+    assert gpu_report.largest_fitting(fits, 8, 1024) == (100, "101 does not fit")
+    assert tried == [8, 16, 32, 64, 128, 96, 112, 104, 100, 102, 101]
+    assert gpu_report.largest_fitting(lambda n: n <= 5, 8, 1024) == (5, "6 does not fit")  # below the start
+    assert gpu_report.largest_fitting(lambda n: False, 1, 8) == (0, "1 does not fit")
+    assert gpu_report.largest_fitting(lambda n: True, 1, 8) == (8, "reached the cap of 8")
+
+
+def test_pytest_counts_come_from_the_closing_line(gpu_report) -> None:
+    output = "x\nFAILED tests/a.py::t - boom\n1 failed, 3 passed, 2 skipped, 1268 deselected, 2 errors in 7.14s\n"
+    assert gpu_report.pytest_counts(output) == {"passed": 3, "failed": 1, "skipped": 2, "errors": 2,
+                                                "deselected": 1268}
+    assert gpu_report.pytest_counts("1269 deselected, 1 error in 5.00s")["errors"] == 1
+    assert gpu_report.pytest_counts("no tests ran in 0.01s")["passed"] == 0
+    cut_off = "tests/test_cuda.py::test_a PASSED  [ 4%]\ntests/test_cuda.py::test_b[x] FAILED  [ 8%]\ntests/test_cu"
+    assert gpu_report.pytest_counts(cut_off) == {"passed": 1, "failed": 1, "skipped": 0, "errors": 0,
+                                                 "deselected": 0}
+
+
+def test_an_error_line_names_what_failed(gpu_report) -> None:
+    failed = subprocess.CalledProcessError(1, [sys.executable, "run_pretraining.py"],
+                                           stderr=b"Traceback\n  ...\ntorch.OutOfMemoryError: CUDA out of memory\n\n")
+    assert gpu_report.error_line(failed) == ("run_pretraining.py exited with 1: torch.OutOfMemoryError: CUDA out of "
+                                             "memory")
+    assert gpu_report.error_line(ModuleNotFoundError("No module named 'blingfire'\nmore")) == (
+        "ModuleNotFoundError: No module named 'blingfire'")
+    assert "time budget" in gpu_report.Deadline(0.0).lacks(10) and gpu_report.Deadline(None).lacks(10**6) is None
+
+
+def test_a_failed_measurement_keeps_its_row(gpu_report, tmp_path) -> None:
+    """measured() turns a failure into the row's error line; the Markdown shows it where the number would be."""
+    def out_of_memory() -> dict:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    row = {"seq": 512, "batch": 32, "precision": "bf16", "compiled": False, "peer_seq_per_s": 200.0}
+    row.update({f"ours_{k}": v for k, v in gpu_report.measured("cpu", out_of_memory).items()})
+    header = {"device": "NVIDIA H100 80GB HBM3", "tiny": False, "date": "today", "driver": "570.1", "cuda": "13.0",
+              "torch": "2.11.0+cu130", "transformers": "5.17.0", "python": "3.12", "cpus": 16, "model": "BERT-large",
+              "precisions": {"model_step": ["bf16"], "gemm_peak": ["bf16"], "others": "bf16"}, "command": "x",
+              "lamb": "multi-tensor (foreach) update"}
+    report = gpu_report.Report(tmp_path, header)
+    report.open("model_step")
+    report.add("model_step", row)
+    markdown = (tmp_path / "gpu_report.md").read_text()
+    line = next(line for line in markdown.splitlines() if line.startswith("| model step |"))
+    assert "ours: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" in line and "200 seq/s" in line
+    assert json.loads((tmp_path / "gpu_report.json").read_text())["sections"]["model_step"]["rows"] == [row]
+
+
+@pytest.mark.slow
+def test_a_command_past_its_time_is_killed_with_its_children_and_keeps_its_output(gpu_report) -> None:
+    parent = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "
+              "time.sleep(60)']); print('child', child.pid, flush=True); time.sleep(60)")
+    tick = time.monotonic()
+    status, output = gpu_report.run_group([sys.executable, "-c", parent], timeout=2)
+    assert status is None and time.monotonic() - tick < 30
+    child = int(output.split()[-1])  # printed before the cut: kept
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{child}").exists():  # init reaps it (seconds here)
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists()
+    assert gpu_report.run_group([sys.executable, "-c", "print('done')"], timeout=60) == (0, "done\n")

@@ -29,33 +29,45 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Optional[Tensor], labels: Tensor,
                 dtype: torch.dtype) -> Tensor:
-        rows = hidden.shape[0]
+        rows, vocab = hidden.shape[0], weight.shape[0]
         w = weight.to(dtype)
         b = bias.to(dtype) if bias is not None else None
+        # The chunks' [rows, vocab] tensors are written into the same buffers: fresh ones of that size would each
+        # cost the CPU allocator new pages (and their zeroing) per chunk.
+        size = min(CHUNK_ROWS, rows)
+        logits_buffer = hidden.new_empty((size, vocab), dtype=dtype)
+        probs_buffer = hidden.new_empty((size, vocab), dtype=torch.float32)
+        grad_buffer = hidden.new_empty((size, vocab), dtype=dtype)
+        weight_grad_buffer = torch.empty_like(w)
         grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32)
+        grad_weight: Optional[Tensor] = None
         grad_bias = torch.zeros_like(bias, dtype=torch.float32) if bias is not None else None
         total = torch.zeros((), dtype=torch.float64, device=hidden.device)
         for start in range(0, rows, CHUNK_ROWS):
-            h = hidden[start: start + CHUNK_ROWS].to(dtype)
+            chunk = hidden[start: start + CHUNK_ROWS]
             y = labels[start: start + CHUNK_ROWS]
-            logits = torch.addmm(b, h, w.t()) if b is not None else h @ w.t()
-            # One pass from the compute dtype to float32 log-probabilities (no float32 copy, max, exp and log of
-            # their own); their exp is the softmax, in place.
-            log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+            logits = logits_buffer[: len(y)]
+            torch.addmm(b, chunk.to(dtype), w.t(), out=logits) if b is not None else torch.mm(
+                chunk.to(dtype), w.t(), out=logits)
+            # From the compute dtype to float32 log-probabilities in one pass; their exp is the softmax, in place.
+            log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32, out=probs_buffer[: len(y)])
             total -= log_probs.gather(1, y[:, None]).sum(dtype=torch.float64)
             grad_logits = log_probs.exp_()
             grad_logits[torch.arange(len(y), device=y.device), y] -= 1.0
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
-            g = grad_logits.to(dtype)
+            g = grad_buffer[: len(y)].copy_(grad_logits)
             grad_hidden[start: start + CHUNK_ROWS] = g @ w
-            grad_weight += (g.t() @ h).float()
-        # The loss is the mean over the rows: its 1 / rows goes on the gradients once, not on every chunk's logits.
+            # The loss is the mean over the rows: 1 / rows scales the small [chunk, hidden] factor, not [vocab, hidden].
+            torch.mm(g.t(), (chunk / rows).to(dtype), out=weight_grad_buffer)
+            if grad_weight is None:  # a copy even in float32, where .float() would hand back the buffer itself
+                grad_weight = weight_grad_buffer.to(torch.float32, copy=True)
+            else:
+                grad_weight.add_(weight_grad_buffer)
         grad_hidden /= rows
-        grad_weight /= rows
         if grad_bias is not None:
             grad_bias /= rows
+        assert grad_weight is not None  # rows > 0: chunked_linear_cross_entropy refuses none
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype),
                               grad_bias.to(bias.dtype) if grad_bias is not None else None)
         return (total / rows).float()

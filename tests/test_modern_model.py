@@ -300,3 +300,15 @@ def test_the_modernbert_presets_read_alike_here_and_in_transformers(name):
     assert (ours.hidden_size, ours.num_hidden_layers, ours.intermediate_size) == \
         ((768, 22, 1152) if "base" in name else (1024, 28, 2624))
     assert ours.max_position_embeddings == (8192 if name.endswith("8k") else 1024)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotate_equals_the_textbook_rotary_formula_to_the_last_bit(dtype):
+    """x * cos + rotate_half(x) * sin in fp32 (RoFormer; transformers' rotate_half), computed here by halves."""
+    from bertrecipe.model.modern import RotaryPositions, rotate
+
+    x = torch.randn(2, 3, 40, 16, generator=torch.Generator().manual_seed(0)).to(dtype)
+    cos, sin = RotaryPositions(16, 160000.0)(torch.arange(40).expand(2, 40) * 7)
+    x32 = x.float()
+    rotated_half = torch.cat((-x32[..., 8:], x32[..., :8]), dim=-1)
+    assert torch.equal(rotate(x, cos, sin), (x32 * cos + rotated_half * sin).to(dtype))

@@ -62,11 +62,14 @@ class RotaryPositions:
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [batch, heads, seq, head_dim] turned by the rotary angles (in fp32, returned in x's dtype)."""
-    x32 = x.float()
-    half = x32.shape[-1] // 2
-    rotated_half = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
-    return (x32 * cos + rotated_half * sin).to(x.dtype)
+    """x [..., head_dim] turned by the rotary angles (cos, sin broadcast to it; in fp32, returned in x's dtype):
+    x * cos + rotate_half(x) * sin, written by halves since both halves of cos and sin are the same angles. A bf16
+    x times fp32 angles is computed in fp32 without a float copy of x, and without rotate_half's negation and
+    concatenation: the same values to the last bit, a third less work for q and k of every layer."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[..., :half], sin[..., :half]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
 
 
 class ModernBertEmbeddings(nn.Module):

@@ -3,12 +3,12 @@ Its JSON holds every section with numbers or an error line in their place, and i
 torch and the precision; the batch-size search, pytest's counts and the error lines are checked alone."""
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,10 +30,13 @@ NUMBERS = {
 }
 
 
-@pytest.fixture
-def gpu_report(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the benchmarks import each other as scripts do
-    return importlib.import_module("gpu_report")
+def beside_the_benchmarks(code: str, *args: str) -> Any:
+    """What `code` prints as JSON, run with gpu_report imported in benchmarks/ (the benchmarks import each other
+    as scripts do, so they run as scripts do: from their folder, in a process of their own; sys.argv[1:] = args)."""
+    result = subprocess.run([sys.executable, "-c", "import json, sys, gpu_report\n" + code, *args], cwd=BENCHMARKS,
+                            env={**ENV, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +59,9 @@ def carries(row: dict, key: str) -> bool:
 
 
 @pytest.mark.slow
-def test_the_tiny_report_has_every_section_with_numbers_or_an_error_line(tiny_report, gpu_report) -> None:
+def test_the_tiny_report_has_every_section_with_numbers_or_an_error_line(tiny_report) -> None:
     data, _ = tiny_report
-    assert list(data["sections"]) == list(gpu_report.SECTIONS)
+    assert list(data["sections"]) == beside_the_benchmarks("print(json.dumps(list(gpu_report.SECTIONS)))")
     for name, section in data["sections"].items():
         assert "skipped" not in section and "error" not in section, (name, section)
         assert section["rows"], name
@@ -86,71 +89,97 @@ def test_the_tiny_report_names_device_torch_and_precision(tiny_report) -> None:
     assert "### Where the time goes: seq 32" in markdown  # --profile's tables
 
 
-def test_the_batch_search_doubles_then_bisects(gpu_report) -> None:
-    tried = []
+BATCH_SEARCH = """
+tried = []
+def fits(size):
+    tried.append(size)
+    return size <= 100
+found = gpu_report.largest_fitting(fits, 8, 1024)
+print(json.dumps([found, tried, gpu_report.largest_fitting(lambda n: n <= 5, 8, 1024),
+                  gpu_report.largest_fitting(lambda n: False, 1, 8), gpu_report.largest_fitting(lambda n: True, 1, 8)]))
+"""
 
-    def fits(size: int) -> bool:
-        tried.append(size)
-        return size <= 100
 
-    assert gpu_report.largest_fitting(fits, 8, 1024) == (100, "101 does not fit")
+def test_the_batch_search_doubles_then_bisects() -> None:
+    found, tried, below_start, none_fits, all_fit = beside_the_benchmarks(BATCH_SEARCH)
+    assert found == [100, "101 does not fit"]
     assert tried == [8, 16, 32, 64, 128, 96, 112, 104, 100, 102, 101]
-    assert gpu_report.largest_fitting(lambda n: n <= 5, 8, 1024) == (5, "6 does not fit")  # below the start
-    assert gpu_report.largest_fitting(lambda n: False, 1, 8) == (0, "1 does not fit")
-    assert gpu_report.largest_fitting(lambda n: True, 1, 8) == (8, "reached the cap of 8")
+    assert below_start == [5, "6 does not fit"]
+    assert none_fits == [0, "1 does not fit"] and all_fit == [8, "reached the cap of 8"]
 
 
-def test_pytest_counts_come_from_the_closing_line(gpu_report) -> None:
+def test_pytest_counts_come_from_the_closing_line() -> None:
     output = "x\nFAILED tests/a.py::t - boom\n1 failed, 3 passed, 2 skipped, 1268 deselected, 2 errors in 7.14s\n"
-    assert gpu_report.pytest_counts(output) == {"passed": 3, "failed": 1, "skipped": 2, "errors": 2,
-                                                "deselected": 1268}
-    assert gpu_report.pytest_counts("1269 deselected, 1 error in 5.00s")["errors"] == 1
-    assert gpu_report.pytest_counts("no tests ran in 0.01s")["passed"] == 0
     cut_off = "tests/test_cuda.py::test_a PASSED  [ 4%]\ntests/test_cuda.py::test_b[x] FAILED  [ 8%]\ntests/test_cu"
-    assert gpu_report.pytest_counts(cut_off) == {"passed": 1, "failed": 1, "skipped": 0, "errors": 0,
-                                                 "deselected": 0}
+    counts = beside_the_benchmarks("print(json.dumps([gpu_report.pytest_counts(a) for a in sys.argv[1:]]))",
+                                   output, "1269 deselected, 1 error in 5.00s", "no tests ran in 0.01s", cut_off)
+    assert counts[0] == {"passed": 3, "failed": 1, "skipped": 2, "errors": 2, "deselected": 1268}
+    assert counts[1]["errors"] == 1 and counts[2]["passed"] == 0
+    assert counts[3] == {"passed": 1, "failed": 1, "skipped": 0, "errors": 0, "deselected": 0}
 
 
-def test_an_error_line_names_what_failed(gpu_report) -> None:
-    failed = subprocess.CalledProcessError(1, [sys.executable, "run_pretraining.py"],
-                                           stderr=b"Traceback\n  ...\ntorch.OutOfMemoryError: CUDA out of memory\n\n")
-    assert gpu_report.error_line(failed) == ("run_pretraining.py exited with 1: torch.OutOfMemoryError: CUDA out of "
-                                             "memory")
-    assert gpu_report.error_line(ModuleNotFoundError("No module named 'blingfire'\nmore")) == (
-        "ModuleNotFoundError: No module named 'blingfire'")
-    assert "time budget" in gpu_report.Deadline(0.0).lacks(10) and gpu_report.Deadline(None).lacks(10**6) is None
+ERROR_LINES = """
+import subprocess
+failed = subprocess.CalledProcessError(1, [sys.executable, "run_pretraining.py"],
+                                       stderr=b"Traceback\\n  ...\\ntorch.OutOfMemoryError: CUDA out of memory\\n\\n")
+print(json.dumps([gpu_report.error_line(failed),
+                  gpu_report.error_line(ModuleNotFoundError("No module named 'blingfire'\\nmore")),
+                  gpu_report.Deadline(0.0).lacks(10), gpu_report.Deadline(None).lacks(10**6)]))
+"""
 
 
-def test_a_failed_measurement_keeps_its_row(gpu_report, tmp_path) -> None:
+def test_an_error_line_names_what_failed() -> None:
+    exited, missing, out_of_time, in_time = beside_the_benchmarks(ERROR_LINES)
+    assert exited == "run_pretraining.py exited with 1: torch.OutOfMemoryError: CUDA out of memory"
+    assert missing == "ModuleNotFoundError: No module named 'blingfire'"
+    assert "time budget" in out_of_time and in_time is None
+
+
+FAILED_MEASUREMENT = """
+import torch
+from pathlib import Path
+from typing import Any
+def out_of_memory():
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+row = {"seq": 512, "batch": 32, "precision": "bf16", "compiled": False, "peer_seq_per_s": 200.0}
+row.update({f"ours_{k}": v for k, v in gpu_report.measured("cpu", out_of_memory).items()})
+header = {"device": "NVIDIA H100 80GB HBM3", "tiny": False, "date": "today", "driver": "570.1", "cuda": "13.0",
+          "torch": "2.11.0+cu130", "transformers": "5.17.0", "python": "3.12", "cpus": 16, "model": "BERT-large",
+          "precisions": {"model_step": ["bf16"], "gemm_peak": ["bf16"], "others": "bf16"}, "command": "x",
+          "lamb": "multi-tensor (foreach) update"}
+report = gpu_report.Report(Path(sys.argv[1]), header)
+report.open("model_step")
+report.add("model_step", row)
+print(json.dumps(row))
+"""
+
+
+def test_a_failed_measurement_keeps_its_row(tmp_path) -> None:
     """measured() turns a failure into the row's error line; the Markdown shows it where the number would be."""
-    def out_of_memory() -> dict:
-        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-
-    row = {"seq": 512, "batch": 32, "precision": "bf16", "compiled": False, "peer_seq_per_s": 200.0}
-    row.update({f"ours_{k}": v for k, v in gpu_report.measured("cpu", out_of_memory).items()})
-    header = {"device": "NVIDIA H100 80GB HBM3", "tiny": False, "date": "today", "driver": "570.1", "cuda": "13.0",
-              "torch": "2.11.0+cu130", "transformers": "5.17.0", "python": "3.12", "cpus": 16, "model": "BERT-large",
-              "precisions": {"model_step": ["bf16"], "gemm_peak": ["bf16"], "others": "bf16"}, "command": "x",
-              "lamb": "multi-tensor (foreach) update"}
-    report = gpu_report.Report(tmp_path, header)
-    report.open("model_step")
-    report.add("model_step", row)
+    row = beside_the_benchmarks(FAILED_MEASUREMENT, str(tmp_path))
+    assert row["ours_error"].startswith("OutOfMemoryError: CUDA out of memory")
     markdown = (tmp_path / "gpu_report.md").read_text()
     line = next(line for line in markdown.splitlines() if line.startswith("| model step |"))
     assert "ours: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" in line and "200 seq/s" in line
     assert json.loads((tmp_path / "gpu_report.json").read_text())["sections"]["model_step"]["rows"] == [row]
 
 
+RUN_GROUP = """
+status, output = gpu_report.run_group(sys.argv[1:], timeout=2)
+print(json.dumps([status, output, gpu_report.run_group([sys.executable, "-c", "print('done')"], timeout=60)]))
+"""
+
+
 @pytest.mark.slow
-def test_a_command_past_its_time_is_killed_with_its_children_and_keeps_its_output(gpu_report) -> None:
+def test_a_command_past_its_time_is_killed_with_its_children_and_keeps_its_output() -> None:
     parent = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "
               "time.sleep(60)']); print('child', child.pid, flush=True); time.sleep(60)")
     tick = time.monotonic()
-    status, output = gpu_report.run_group([sys.executable, "-c", parent], timeout=2)
+    status, output, quick = beside_the_benchmarks(RUN_GROUP, sys.executable, "-c", parent)
     assert status is None and time.monotonic() - tick < 30
     child = int(output.split()[-1])  # printed before the cut: kept
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and Path(f"/proc/{child}").exists():  # init reaps it (seconds here)
         time.sleep(0.05)
     assert not Path(f"/proc/{child}").exists()
-    assert gpu_report.run_group([sys.executable, "-c", "print('done')"], timeout=60) == (0, "done\n")
+    assert quick == [0, "done\n"]

@@ -169,7 +169,7 @@ def main() -> None:
                         help="of the loop and the peer (default: bf16 where the CPU has it natively, else fp32)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    for path in (args.text or args.vocab, args.vocab):
+    for path in (p for p in (args.text, args.vocab) if p is not None):  # no --text: the embedded corpus
         if not path.is_file():
             raise SystemExit(f"error: {path} not found (pass --text and --vocab)")
     host = detect("cpu")  # loop and peer both run on the CPU

@@ -256,12 +256,13 @@ def matmul_relative_error(device: torch.device) -> float:
 
 
 def test_tf32_flag_turns_on_tf32_matmuls_and_off_is_full_fp32(cuda_device, tf32_flags_restored):
-    """allow_tf32(True) sets both flags; fp32 matmuls then err at TF32's precision, at fp32's with TF32 off."""
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    fp32_error = matmul_relative_error(cuda_device)
+    """allow_tf32(True) sets both flags and fp32 matmuls then err at TF32's precision; allow_tf32(False) turns
+    them off again, back to fp32's."""
     allow_tf32(True)
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
     tf32_error = matmul_relative_error(cuda_device)
+    allow_tf32(False)
+    fp32_error = matmul_relative_error(cuda_device)
     print(f"fp32 matmul relative error {fp32_error:.2e}, TF32 {tf32_error:.2e}")
     assert fp32_error < 1e-5
     assert 1e-4 < tf32_error < 1e-2

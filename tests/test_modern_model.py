@@ -309,6 +309,8 @@ def test_rotate_equals_the_textbook_rotary_formula_to_the_last_bit(dtype):
 
     x = torch.randn(2, 3, 40, 16, generator=torch.Generator().manual_seed(0)).to(dtype)
     cos, sin = RotaryPositions(16, 160000.0)(torch.arange(40).expand(2, 40) * 7)
+    assert cos.shape == (2, 1, 40, 8)
     x32 = x.float()
     rotated_half = torch.cat((-x32[..., 8:], x32[..., :8]), dim=-1)
-    assert torch.equal(rotate(x, cos, sin), (x32 * cos + rotated_half * sin).to(dtype))
+    textbook = x32 * torch.cat((cos, cos), dim=-1) + rotated_half * torch.cat((sin, sin), dim=-1)
+    assert torch.equal(rotate(x, cos, sin), textbook.to(dtype))

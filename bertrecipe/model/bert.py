@@ -451,16 +451,18 @@ class BertLMPredictionHead(nn.Module):
         self.decoder.weight = word_embeddings.weight
         self.bias = nn.Parameter(torch.zeros(config.padded_vocab_size))
 
+    def token_rows(self) -> tuple[Tensor, Tensor]:
+        """The decoder's weight and bias rows of the vocab's tokens: the padding rows past them never stand for a
+        token, so they stay out of the logits and the softmax."""
+        return self.decoder.weight[: self.vocab_size], self.bias[: self.vocab_size]
+
     def forward(self, x: Tensor) -> Tensor:
-        logits = F.linear(self.transform(x), self.decoder.weight, self.bias)
-        # The padding rows never stand for a token: leave them out of the softmax.
-        return logits[..., : self.vocab_size]
+        return F.linear(self.transform(x), *self.token_rows())
 
     def loss(self, x: Tensor, labels: Tensor) -> tuple[Optional[Tensor], Tensor]:
         """(logits or None, masked-LM cross-entropy in fp32) of the predicted positions' hidden states x [rows, H]
         (chunked_cross_entropy.masked_lm_loss: no logits while training in bf16 or fp32)."""
-        vocab = self.vocab_size  # the padding rows never stand for a token
-        return masked_lm_loss(self.transform(x), self.decoder.weight[:vocab], self.bias[:vocab], labels)
+        return masked_lm_loss(self.transform(x), *self.token_rows(), labels)
 
 
 class BertPreTrainingHeads(nn.Module):

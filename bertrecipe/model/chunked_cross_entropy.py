@@ -47,8 +47,10 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             chunk = hidden[start: start + CHUNK_ROWS]
             y = labels[start: start + CHUNK_ROWS]
             logits = logits_buffer[: len(y)]
-            torch.addmm(b, chunk.to(dtype), w.t(), out=logits) if b is not None else torch.mm(
-                chunk.to(dtype), w.t(), out=logits)
+            if b is not None:
+                torch.addmm(b, chunk.to(dtype), w.t(), out=logits)
+            else:
+                torch.mm(chunk.to(dtype), w.t(), out=logits)
             # From the compute dtype to float32 log-probabilities in one pass; their exp is the softmax, in place.
             log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32, out=probs_buffer[: len(y)])
             total -= log_probs.gather(1, y[:, None]).sum(dtype=torch.float64)

@@ -55,21 +55,21 @@ class RotaryPositions:
         self.inverse_frequencies = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
 
     def __call__(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """positions [batch, seq] -> cos, sin [batch, 1, seq, head_dim], broadcast over heads."""
-        frequencies = positions[..., None].float() * self.inverse_frequencies.to(positions.device)
-        angles = torch.cat((frequencies, frequencies), dim=-1)[:, None]
-        return angles.cos(), angles.sin()
+        """positions [batch, seq] -> cos, sin [batch, 1, seq, head_dim // 2] of the angles, broadcast over heads
+        (each angle turns a pair of features, one from each half of the head; see rotate)."""
+        angles = positions[..., None].float() * self.inverse_frequencies.to(positions.device)
+        return angles[:, None].cos(), angles[:, None].sin()
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [..., head_dim] turned by the rotary angles (cos, sin broadcast to it; in fp32, returned in x's dtype):
-    x * cos + rotate_half(x) * sin, written by halves since both halves of cos and sin are the same angles. A bf16
-    x times fp32 angles is computed in fp32 without a float copy of x, and without rotate_half's negation and
-    concatenation: the same values to the last bit, a third less work for q and k of every layer."""
+    """x [..., head_dim] turned by the rotary angles (cos, sin [..., head_dim // 2] broadcast to its halves; in
+    fp32, returned in x's dtype): the pair (x1[i], x2[i]) of the two halves turns by angle i, which is
+    x * cat(cos, cos) + rotate_half(x) * cat(sin, sin) (RoFormer, transformers) written by halves: a bf16 x times
+    fp32 angles is computed in fp32 without a float copy of x, rotate_half's negation or the angles' duplication,
+    to the same values to the last bit."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[..., :half], sin[..., :half]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 class ModernBertEmbeddings(nn.Module):
@@ -121,7 +121,7 @@ class ModernBertAttention(nn.Module):
 
     def _attend_spans(self, qkv: Tensor, spans: DocumentSpans, rotary: tuple[Tensor, Tensor]) -> Tensor:
         """qkv of the attended tokens ([T, 3 * width], or every position's [B, S, 3 * width]) through the varlen
-        kernel, with rotary cos/sin [T, 1, head_dim] in token order; returns the context in qkv's layout."""
+        kernel, with rotary cos/sin [T, 1, head_dim // 2] in token order; returns the context in qkv's layout."""
         width = qkv.shape[-1] // 3
         tokens = qkv.reshape(-1, 3, self.num_heads, width // self.num_heads)
         q, k, v = tokens.unbind(1)
@@ -235,11 +235,11 @@ class ModernBertModel(nn.Module):
         if torch.jit.is_tracing() or (packing is None and not bool((document_ids > 0).all())):
             return None
         return kernel_for(document_ids.device, dtype, config.hidden_size // config.num_attention_heads,
-                          config.attention_dropout, self.training, local)
+                          config.attention_dropout, self.training, local=local)
 
     def _rotary(self, local: bool, positions: Tensor, packing: Optional[TokenPacking],
                 spans: bool) -> tuple[Tensor, Tensor]:
-        """cos, sin [B, 1, S, head_dim]; for the varlen kernel [T, 1, head_dim] of the tokens in order."""
+        """cos, sin [B, 1, S, head_dim // 2]; for the varlen kernel [T, 1, head_dim // 2], the tokens in order."""
         if not spans:
             return self.rotary[local](positions)
         cos, sin = self.rotary[local](in_token_order(positions, packing.index if packing else None)[None])

@@ -23,7 +23,7 @@ MAX_HEAD_DIM = 256  # FlashAttention-2's largest head size
 
 @dataclass(frozen=True)
 class DocumentSpans:
-    """The documents of a batch's tokens in token order (see token_order): cu_seqlens int32 [documents + 1] where
+    """The documents of a batch's tokens in token order (see in_token_order): cu_seqlens int32 [documents + 1] where
     each starts, then the number of tokens; the longest one's length; the kernel that attends within them."""
 
     cu_seqlens: Tensor

@@ -106,6 +106,7 @@ class Settings:
     sections: list[str]
     time_budget: float | None
     tests_timeout: float
+    tests_paths: list[str]  # where pytest looks for the cuda tier
     data_prep_gb: float
     data_prep_processes: list[int]
 
@@ -118,7 +119,7 @@ def gpu_settings(args: argparse.Namespace, device: str, sections: list[str]) -> 
         gemm_square=8192, gemm_tokens=16384, warmup=3, steps=10, compile_backend="inductor", compile_seqs=[128, 512],
         compiled_optimizer=False, search_start=32, search_cap=2048, loop_steps=20, corpus_chars=2_000_000,
         finetune_seq=384, finetune_batch=32, finetune_steps=4, sections=sections, time_budget=args.time_budget,
-        tests_timeout=180, data_prep_gb=0.05, data_prep_processes=[1, 2, 4, 8, 16])
+        tests_timeout=180, tests_paths=["tests"], data_prep_gb=0.05, data_prep_processes=[1, 2, 4, 8, 16])
 
 
 def tiny_settings(args: argparse.Namespace, device: str, sections: list[str]) -> Settings:
@@ -129,7 +130,9 @@ def tiny_settings(args: argparse.Namespace, device: str, sections: list[str]) ->
         amp=["bf16", "fp16"], gemm_precisions=["bf16", "fp16", "tf32"], gemm_square=128, gemm_tokens=64, warmup=1,
         steps=2, compile_backend="eager", compile_seqs=[32], compiled_optimizer=False, search_start=1, search_cap=4,
         loop_steps=6, corpus_chars=60_000, finetune_seq=64, finetune_batch=2, finetune_steps=1, sections=sections,
-        time_budget=args.time_budget, tests_timeout=300, data_prep_gb=0.0005, data_prep_processes=[1, 2])
+        time_budget=args.time_budget, tests_timeout=300, data_prep_gb=0.0005,
+        # the plumbing only (on a CPU every cuda test skips): one module, not the whole suite's collection
+        tests_paths=["tests/test_cuda.py"], data_prep_processes=[1, 2])
 
 
 class Deadline:
@@ -268,7 +271,7 @@ def run_group(command: list[str], timeout: float) -> tuple[int | None, str]:
 def cuda_tests(run: Run) -> None:
     """The cuda-marked tests; collection errors of modules needing packages the GPU host lacks (matplotlib,
     hypothesis) are counted, not fatal, so that the cuda tests of the other modules still run."""
-    command = [sys.executable, "-m", "pytest", "-m", "cuda", "tests", "-v", "-p", "no:cacheprovider",
+    command = [sys.executable, "-m", "pytest", "-m", "cuda", *run.settings.tests_paths, "-v", "-p", "no:cacheprovider",
                "--continue-on-collection-errors"]
     timeout = min(run.settings.tests_timeout, max(run.deadline.left(), 30))
     tick = time.perf_counter()

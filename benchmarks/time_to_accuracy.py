@@ -584,7 +584,7 @@ def peer_optimizer(model: torch.nn.Module, total_steps: int, spec: Optional[Peer
     no_decay = [p for n, p in named if n.endswith("bias") or id(p) in norms]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=spec.lr if lr is None else lr,
-                                  betas=spec.betas, eps=spec.eps)
+                                  betas=spec.betas, eps=spec.eps, fused=True)  # the Trainer's default kernel
     scheduler = transformers.get_scheduler(spec.schedule, optimizer, num_warmup_steps=int(spec.warmup * total_steps),
                                            num_training_steps=total_steps,
                                            scheduler_specific_kwargs=schedule_kwargs(spec, total_steps))

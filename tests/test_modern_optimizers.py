@@ -94,7 +94,7 @@ def test_stable_adamw_equals_reference_with_and_without_update_clipping():
 
 def test_adamw_equals_torchs_formula_by_hand():
     optimizer, _ = run_against_reference("adamw")
-    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["foreach"]
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"]  # the kernel that ran
 
 
 @pytest.mark.parametrize("kind", ["adamw", "stable_adamw"])

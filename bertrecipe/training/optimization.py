@@ -239,11 +239,19 @@ def build_lamb(param_groups: list[dict[str, Any]], lr: float, compiled: bool = F
     return Lamb(param_groups, lr=lr, compiled=compiled, **kwargs)
 
 
+def adamw_kernel(param_groups: list[dict[str, Any]]) -> dict[str, bool]:
+    """torch's fused AdamW kernel where every tensor allows it (floating point on the CPU or CUDA: one pass over
+    memory per tensor, about 5x faster than the multi-tensor path on a CPU), else the multi-tensor one. It is also
+    what transformers' Trainer picks by default (`adamw_torch_fused`)."""
+    params = [p for g in param_groups for p in g["params"]]
+    fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    return {"fused": True} if fused else {"foreach": True}
+
+
 def build_adamw(model: nn.Module, lr: float, weight_decay: float = 0.01) -> torch.optim.Optimizer:
-    """AdamW for fine-tuning, without decay on biases and LayerNorm parameters (fused kernel on CUDA)."""
+    """AdamW for fine-tuning, without decay on biases and LayerNorm parameters (adamw_kernel's kernel)."""
     groups = weight_decay_groups(model, weight_decay)
-    fused = any(p.is_cuda for g in groups for p in g["params"])
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, fused=fused or None)
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, **adamw_kernel(groups))
 
 
 class StableAdamW(torch.optim.Optimizer):
@@ -316,16 +324,13 @@ class StableAdamW(torch.optim.Optimizer):
 
 def build_adam_optimizer(kind: str, param_groups: list[dict[str, Any]], lr: float, betas: tuple[float, float],
                          eps: float) -> torch.optim.Optimizer:
-    """--optimizer adamw (torch's AdamW: its fused kernel on CUDA, the multi-tensor one elsewhere) or stable_adamw
-    over `param_groups` (weight_decay_groups': each group keeps its own decay)."""
+    """--optimizer adamw (torch's AdamW with adamw_kernel's kernel) or stable_adamw over `param_groups`
+    (weight_decay_groups': each group keeps its own decay)."""
     if kind == "stable_adamw":
         return StableAdamW(param_groups, lr=lr, betas=betas, eps=eps)
     if kind != "adamw":
         raise ValueError(f"unknown optimizer {kind!r}; expected one of {OPTIMIZERS}")
-    params = [p for g in param_groups for p in g["params"]]
-    fused = bool(params) and all(p.is_cuda and p.is_floating_point() for p in params)
-    return torch.optim.AdamW(param_groups, lr=lr, betas=betas, eps=eps,
-                             **({"fused": True} if fused else {"foreach": True}))
+    return torch.optim.AdamW(param_groups, lr=lr, betas=betas, eps=eps, **adamw_kernel(param_groups))
 
 
 def restart_optimizer_steps(optimizer: torch.optim.Optimizer) -> None:

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import h5py
 import pytest
@@ -28,6 +29,15 @@ TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "in
         "attention_probs_dropout_prob": 0.1}
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores: one thread per process avoids oversubscription
 HOLMES_HELD_OUT_FROM = 200  # line of tests/data/books/pg1661.txt (a paragraph break) where the held-out text starts
+
+
+def beside_the_benchmarks(code: str, *args: str) -> Any:
+    """What `code` prints last, as JSON, run from benchmarks/ in a process of its own (sys.argv[1:] = args): the
+    benchmarks import each other as scripts do, so their functions are tested where they run."""
+    result = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO_ROOT / "benchmarks",
+                            env={**ENV, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@ torch.utils.flop_counter counts on a tiny model, and achieved GFLOP/s and the sh
 computed as stated. Only tiny GEMMs are timed."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from benchmarks import gemm_peak as gemm_peak_module
 from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
+from conftest import beside_the_benchmarks
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 TINY = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48,
@@ -65,11 +65,7 @@ print(json.dumps(finetune_throughput.peak_fields(peaks, "bf16", 50 * 10**9, {"ou
 
 
 def test_peak_fields_give_each_model_its_share_of_the_runs_precision() -> None:
-    # Run beside the benchmarks, which import each other as scripts do.
-    result = subprocess.run([sys.executable, "-c", PEAK_FIELDS], cwd=BENCHMARKS, capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr
-    row = json.loads(result.stdout)
+    row = beside_the_benchmarks(PEAK_FIELDS)
     assert row["gemm_peak_gflops"] == 400.0 and row["gemm_peak_fp32_gflops"] == 100.0
     assert row["ours_gflops"] == pytest.approx(200.0) and row["ours_of_peak"] == pytest.approx(0.5)
     assert row["peer_gflops"] == pytest.approx(100.0) and row["peer_of_peak"] == pytest.approx(0.25)

@@ -8,14 +8,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from conftest import ENV, REPO_ROOT
+from conftest import ENV, REPO_ROOT, beside_the_benchmarks
 
 BENCHMARKS = REPO_ROOT / "benchmarks"
+IMPORTS = "import json, sys, gpu_report\n"  # what the code run beside the benchmarks uses
 # The numbers each section's rows must carry (or, for each "<part>_", an error line under "<part>_error").
 NUMBERS = {
     "cuda_tests": ["passed", "failed", "skipped", "errors"],
@@ -28,15 +28,6 @@ NUMBERS = {
     "compiled_step": ["ours_seq_per_s", "peer_seq_per_s"],
     "data_prep": ["mb_per_s_per_process"],
 }
-
-
-def beside_the_benchmarks(code: str, *args: str) -> Any:
-    """What `code` prints as JSON, run with gpu_report imported in benchmarks/ (the benchmarks import each other
-    as scripts do, so they run as scripts do: from their folder, in a process of their own; sys.argv[1:] = args)."""
-    result = subprocess.run([sys.executable, "-c", "import json, sys, gpu_report\n" + code, *args], cwd=BENCHMARKS,
-                            env={**ENV, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +52,7 @@ def carries(row: dict, key: str) -> bool:
 @pytest.mark.slow
 def test_the_tiny_report_has_every_section_with_numbers_or_an_error_line(tiny_report) -> None:
     data, _ = tiny_report
-    assert list(data["sections"]) == beside_the_benchmarks("print(json.dumps(list(gpu_report.SECTIONS)))")
+    assert list(data["sections"]) == beside_the_benchmarks(IMPORTS + "print(json.dumps(list(gpu_report.SECTIONS)))")
     for name, section in data["sections"].items():
         assert "skipped" not in section and "error" not in section, (name, section)
         assert section["rows"], name
@@ -101,7 +92,7 @@ print(json.dumps([found, tried, gpu_report.largest_fitting(lambda n: n <= 5, 8, 
 
 
 def test_the_batch_search_doubles_then_bisects() -> None:
-    found, tried, below_start, none_fits, all_fit = beside_the_benchmarks(BATCH_SEARCH)
+    found, tried, below_start, none_fits, all_fit = beside_the_benchmarks(IMPORTS + BATCH_SEARCH)
     assert found == [100, "101 does not fit"]
     assert tried == [8, 16, 32, 64, 128, 96, 112, 104, 100, 102, 101]
     assert below_start == [5, "6 does not fit"]
@@ -111,7 +102,7 @@ def test_the_batch_search_doubles_then_bisects() -> None:
 def test_pytest_counts_come_from_the_closing_line() -> None:
     output = "x\nFAILED tests/a.py::t - boom\n1 failed, 3 passed, 2 skipped, 1268 deselected, 2 errors in 7.14s\n"
     cut_off = "tests/test_cuda.py::test_a PASSED  [ 4%]\ntests/test_cuda.py::test_b[x] FAILED  [ 8%]\ntests/test_cu"
-    counts = beside_the_benchmarks("print(json.dumps([gpu_report.pytest_counts(a) for a in sys.argv[1:]]))",
+    counts = beside_the_benchmarks(IMPORTS + "print(json.dumps([gpu_report.pytest_counts(a) for a in sys.argv[1:]]))",
                                    output, "1269 deselected, 1 error in 5.00s", "no tests ran in 0.01s", cut_off)
     assert counts[0] == {"passed": 3, "failed": 1, "skipped": 2, "errors": 2, "deselected": 1268}
     assert counts[1]["errors"] == 1 and counts[2]["passed"] == 0
@@ -129,7 +120,7 @@ print(json.dumps([gpu_report.error_line(failed),
 
 
 def test_an_error_line_names_what_failed() -> None:
-    exited, missing, out_of_time, in_time = beside_the_benchmarks(ERROR_LINES)
+    exited, missing, out_of_time, in_time = beside_the_benchmarks(IMPORTS + ERROR_LINES)
     assert exited == "run_pretraining.py exited with 1: torch.OutOfMemoryError: CUDA out of memory"
     assert missing == "ModuleNotFoundError: No module named 'blingfire'"
     assert "time budget" in out_of_time and in_time is None
@@ -156,7 +147,7 @@ print(json.dumps(row))
 
 def test_a_failed_measurement_keeps_its_row(tmp_path) -> None:
     """measured() turns a failure into the row's error line; the Markdown shows it where the number would be."""
-    row = beside_the_benchmarks(FAILED_MEASUREMENT, str(tmp_path))
+    row = beside_the_benchmarks(IMPORTS + FAILED_MEASUREMENT, str(tmp_path))
     assert row["ours_error"].startswith("OutOfMemoryError: CUDA out of memory")
     markdown = (tmp_path / "gpu_report.md").read_text()
     line = next(line for line in markdown.splitlines() if line.startswith("| model step |"))
@@ -175,7 +166,7 @@ def test_a_command_past_its_time_is_killed_with_its_children_and_keeps_its_outpu
     parent = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "
               "time.sleep(60)']); print('child', child.pid, flush=True); time.sleep(60)")
     tick = time.monotonic()
-    status, output, quick = beside_the_benchmarks(RUN_GROUP, sys.executable, "-c", parent)
+    status, output, quick = beside_the_benchmarks(IMPORTS + RUN_GROUP, sys.executable, "-c", parent)
     assert status is None and time.monotonic() - tick < 30
     child = int(output.split()[-1])  # printed before the cut: kept
     deadline = time.monotonic() + 10

@@ -101,8 +101,8 @@ def add_optimizer_flags(p: argparse.ArgumentParser) -> None:
     """The optimizer and the learning-rate schedule: LAMB and poly by default (NVIDIA's recipe), AdamW or
     StableAdamW and warmup-stable-decay for modern encoders (ModernBERT)."""
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="lamb",
-                   help="lamb (NVIDIA's), adamw (torch's, fused on CUDA) or stable_adamw (AdamW with per-tensor update "
-                        "clipping, Wortsman et al. 2023; ModernBERT's)")
+                   help="lamb (NVIDIA's), adamw (torch's, its fused kernel wherever the tensors allow it) or "
+                        "stable_adamw (AdamW with per-tensor update clipping, Wortsman et al. 2023; ModernBERT's)")
     p.add_argument("--adam_beta1", type=float, default=None, help="adamw/stable_adamw: beta1 (default 0.9)")
     p.add_argument("--adam_beta2", type=float, default=None,
                    help="adamw/stable_adamw: beta2 (default 0.999; ModernBERT uses 0.98)")

@@ -131,7 +131,9 @@ def test_torch_varlen_kernel_runs_the_modern_model_on_cuda(monkeypatch):
     with torch.autocast("cuda", dtype=torch.bfloat16):
         varlen_logits, varlen_grads = run(net, ids, document_ids)
     # global layers always; local ones where the installed torch's kernel takes a window
-    assert served == {False: True, True: varlen_attention.takes_a_window(varlen_attention._torch_varlen())}
+    from torch.nn.attention.varlen import varlen_attn  # importable here: kernel_for found it above
+
+    assert served == {False: True, True: varlen_attention.takes_a_window(varlen_attn)}
     monkeypatch.setattr(modern, "kernel_for", lambda *args, **kwargs: None)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         usual_logits, usual_grads = run(net, ids, document_ids)

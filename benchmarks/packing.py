@@ -68,7 +68,10 @@ def article_weights(words: list[int], mean_words: float) -> np.ndarray:
     for _ in range(200):
         rate = (low + high) / 2
         low, high = (rate, high) if weighted(rate)[1] > mean_words else (low, rate)
-    return weighted((low + high) / 2)[0]
+    weights, reached = weighted((low + high) / 2)
+    if abs(reached - mean_words) > 1e-6 * mean_words:  # so close to an end that a rate within +-1 cannot reach it
+        raise ValueError(f"a mean of {mean_words} words is too close to the articles' shortest or longest")
+    return weights
 
 
 def row_lengths(wiki: Path, seq: int, mean_words: float) -> tuple[list[int], list[float]]:
@@ -118,7 +121,10 @@ def main() -> None:
                              f"{WIKIPEDIA_MEAN_WORDS}); 0: the dump's articles drawn evenly")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    lengths, weights = row_lengths(args.wiki, args.seq, args.mean_words)
+    try:
+        lengths, weights = row_lengths(args.wiki, args.seq, args.mean_words)
+    except ValueError as error:
+        parser.error(f"--mean_words with {args.wiki}: {error}")
     fill = np.average(lengths, weights=weights)
     drawn = f"articles weighted to a mean of {args.mean_words:.0f} words" if args.mean_words else "articles as drawn"
     print(f"# {host_line(detect('cpu'), 'fp32')}, {args.threads} threads; {args.wiki.name}, {drawn}:"

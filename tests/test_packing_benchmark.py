@@ -41,3 +41,8 @@ def test_no_other_weighting_with_that_mean_is_closer_to_even():
 def test_a_mean_outside_the_articles_lengths_is_refused(mean):
     with pytest.raises(ValueError, match="is not between the articles' 4 and 14000"):
         article_weights(WORDS, mean)
+
+
+def test_a_mean_that_no_rate_reaches_is_refused():
+    with pytest.raises(ValueError, match="too close to the articles' shortest or longest"):
+        article_weights([100, 101, 5_000], 100.01)  # at rate 1 the 101-word article still weighs e^-1

@@ -754,6 +754,9 @@ def arguments(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = arguments(argv)
+    # Started in the background by a shell without job control, this process ignores SIGINT and its launches
+    # would inherit that, shrugging off the SIGINT faults: a Python handler is reset to the default at exec.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     settings = Settings(max_steps=args.max_steps, checkpoint_every=args.num_steps_per_checkpoint, nproc=args.nproc)
     temporary = None if args.output_dir else tempfile.mkdtemp(prefix="fault_injection_")
     root = args.output_dir or Path(temporary)

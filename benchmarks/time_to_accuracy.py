@@ -29,7 +29,8 @@ Runs (all in the same precision: bf16 where the hardware has it natively, else f
               from a sweep (--peer_tuned_lrs, each a run of --sweep_minutes, default a fifth of the budget, with
               its own schedule over that length; the best final held-out accuracy wins). Not offered by
               transformers, so not given: LAMB (AdamW stays), the --max_predictions_per_seq cap, the wall-clock
-              schedule (a step count from the calibration instead).
+              schedule (a step count instead, at the speed the sweep's runs measured: minutes of steps, steadier
+              than the calibration's few, which undercounted a step by about a tenth).
   nvidia      run_pretraining.py with NVIDIA's phase-1 choices: LAMB, NSP + MLM, static masks, poly schedule with
               warm-up, the config's dropout; --max_steps from a calibration run so that it ends near the budget.
               Warm-up 0.1 as the quick start (NVIDIA's 0.2843 at batch 65536 is far too long here); lr 3e-3, not
@@ -193,6 +194,13 @@ def planned_steps(budget_minutes: float, seconds_per_step: float) -> int:
     if seconds_per_step <= 0:
         raise ValueError(f"seconds per step must be > 0, got {seconds_per_step}")
     return max(1, int(budget_minutes * 60 / seconds_per_step))
+
+
+def measured_seconds_per_step(runs: Sequence[dict[str, Any]], calibrated: float) -> float:
+    """Seconds per step to size the budget run's schedule: the median of what train_peer runs measured (their
+    minutes of steps), else (no run took a step) the calibration's."""
+    measured = [BATCH / run["sequences_per_second"] for run in runs if run["steps"]]
+    return statistics.median(measured) if measured else calibrated
 
 
 def steps_from_throughput(budget_minutes: float, sequences_per_second: float, batch: int) -> int:
@@ -393,7 +401,7 @@ def peer_spec_from_options(family: str, options: Sequence[str], warmup: float, l
                           float(option_value(options, "--adam_beta2", "0.999"))),
                 "eps": float(option_value(options, "--adam_epsilon", "1e-6"))}
     missing = {"lamb": ["LAMB (AdamW instead)"], "stable_adamw": ["StableAdamW (torch's AdamW instead)"]}
-    not_offered = [*missing.get(optimizer, []), "the wall-clock schedule (a step count from a calibration)"]
+    not_offered = [*missing.get(optimizer, []), "the wall-clock schedule (a step count from the measured speed)"]
     if "--dynamic_masking" in options and option_value(options, "--max_predictions_per_seq"):
         not_offered.append("the cap of --max_predictions_per_seq masked tokens a row")
     for flag, what in (("--pack_sequences", "packed rows (the peer pads them)"),
@@ -751,24 +759,29 @@ def run_peer(out: Path, corpus: Corpus, budget: float, every: float, device: str
         return peer_batches(train, collator, SEED)
 
     seconds_per_step = time_peer_steps(make_model, spec, batches(), cast, CALIBRATION_STEPS, device)
-    total = planned_steps(budget, seconds_per_step)
-    print(f"{name}: calibrated {seconds_per_step:.3f} s/step -> schedule of {total} steps", flush=True)
-    lr, sweep = spec.lr, {}
+    print(f"{name}: calibrated {seconds_per_step:.3f} s/step", flush=True)
+    lr, sweep, sweep_runs = spec.lr, {}, []
     if spec.sweep_lrs and sweep_minutes > 0:
         steps = planned_steps(sweep_minutes, seconds_per_step)
         for candidate in spec.sweep_lrs:
-            sweep[candidate] = train_peer(f"{name} sweep, lr {candidate:g}", spec, candidate, make_model(), steps,
-                                          sweep_minutes, sweep_minutes, batches(), heldout, cast)["curve"]
+            sweep_runs.append(train_peer(f"{name} sweep, lr {candidate:g}", spec, candidate, make_model(), steps,
+                                         sweep_minutes, sweep_minutes, batches(), heldout, cast))
+            sweep[candidate] = sweep_runs[-1]["curve"]
         lr = pick_lr(sweep)
         print(f"{name}: sweep of {sweep_minutes:g} minutes a value: "
               + ", ".join(f"lr {k:g} {v[-1][1]:.2%}" if v else f"lr {k:g} n/a" for k, v in sweep.items())
               + f" -> lr {lr:g}", flush=True)
+    planned_seconds = measured_seconds_per_step(sweep_runs, seconds_per_step)
+    total = planned_steps(budget, planned_seconds)
+    print(f"{name}: schedule of {total} steps at {planned_seconds:.3f} s/step", flush=True)
     model = make_model()
     result = train_peer(name, spec, lr, model, total, budget, every, batches(), heldout, cast)
     model.save_pretrained(str(folder))
     return {**result, "checkpoint": str(folder), "config": str(config_file),
-            "calibrated_seconds_per_step": seconds_per_step, "lr": lr,
-            "sweep": [{"lr": k, "curve": v} for k, v in sweep.items()], "sweep_minutes": sweep_minutes if sweep else 0,
+            "calibrated_seconds_per_step": seconds_per_step, "planned_seconds_per_step": planned_seconds, "lr": lr,
+            "sweep": [{"lr": k, "curve": run["curve"], "seconds_per_step": BATCH / run["sequences_per_second"]}
+                      for k, run in zip(sweep, sweep_runs, strict=True)],
+            "sweep_minutes": sweep_minutes if sweep else 0,
             "parameters": sum(p.numel() for p in model.parameters()), "settings": dataclasses.asdict(spec)}
 
 

@@ -4,6 +4,7 @@ made from tests/data's books, and the location of the large real data that only 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -116,6 +117,14 @@ def write_formatted(articles, path: Path) -> Path:
 def cuda_device() -> torch.device:
     """The GPU of the cuda tier (device 0); a test that takes it is marked cuda, so skipped where there is none."""
     return torch.device("cuda", 0)
+
+
+def pytest_configure(config) -> None:
+    # A shell without job control starts a background command (`bash scripts/test.sh &`, nohup) with SIGINT
+    # ignored, and every process the tests start would inherit that: the Ctrl-C tests' runs would then train on
+    # (one waited 240 s). A Python handler is reset to the default in a child at exec, where SIG_IGN is kept.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -5,6 +5,7 @@ modern family's two runs with budgets of about a second."""
 import dataclasses
 import json
 import math
+import statistics
 import types
 from pathlib import Path
 
@@ -25,6 +26,13 @@ def test_planned_steps_fill_the_budget_at_the_calibrated_speed():
         tta.planned_steps(10, 0.0)
     with pytest.raises(ValueError):
         tta.steps_from_throughput(10, 0.0, 64)
+
+
+def test_the_budget_run_is_sized_at_the_speed_the_sweep_measured():
+    runs = [{"steps": 100, "sequences_per_second": 64.0}, {"steps": 90, "sequences_per_second": 40.0},
+            {"steps": 95, "sequences_per_second": 50.0}]
+    assert tta.measured_seconds_per_step(runs, calibrated=0.1) == pytest.approx(tta.BATCH / 50.0)  # the median
+    assert tta.measured_seconds_per_step([], calibrated=0.1) == 0.1  # no sweep: the calibration's
 
 
 def test_minutes_to_reach_interpolates_the_first_crossing():
@@ -385,6 +393,9 @@ def test_a_smoke_run_of_the_modern_family_gives_curves_a_table_and_scores_our_ch
     peer, ours = record["runs"]["modern_peer"], record["runs"]["modern"]
     assert [entry["lr"] for entry in peer["sweep"]] == [1e-3, 2e-3] and peer["lr"] in (1e-3, 2e-3)
     assert peer["lr"] == tta.pick_lr({entry["lr"]: entry["curve"] for entry in peer["sweep"]})
+    assert peer["planned_seconds_per_step"] == pytest.approx(
+        statistics.median(entry["seconds_per_step"] for entry in peer["sweep"]))
+    assert peer["planned_steps"] == tta.planned_steps(0.02, peer["planned_seconds_per_step"])
     assert abs(ours["parameters"] / peer["parameters"] - 1) < 0.001  # the same model, transformers' and ours
     assert record["modern_model"]["num_hidden_layers"] == 6
     table = (out / "table.md").read_text()

@@ -198,9 +198,8 @@ def planned_steps(budget_minutes: float, seconds_per_step: float) -> int:
 
 def measured_seconds_per_step(runs: Sequence[dict[str, Any]], calibrated: float) -> float:
     """Seconds per step to size the budget run's schedule: the median of what train_peer runs measured (their
-    minutes of steps), else (no run took a step) the calibration's."""
-    measured = [BATCH / run["sequences_per_second"] for run in runs if run["steps"]]
-    return statistics.median(measured) if measured else calibrated
+    minutes of steps), else (no runs: no sweep) the calibration's."""
+    return statistics.median(run["seconds_per_step"] for run in runs) if runs else calibrated
 
 
 def steps_from_throughput(budget_minutes: float, sequences_per_second: float, batch: int) -> int:
@@ -721,7 +720,8 @@ def train_peer(name: str, spec: PeerSpec, lr: float, model: torch.nn.Module, tot
             print(f"{name}: {clock / 60:5.2f} min, step {steps}, loss {loss:.3f}, held-out accuracy "
                   f"{curve[-1][1]:.2%}", flush=True)
             next_eval = (int(clock // (every * 60)) + 1) * every * 60
-    return {"curve": curve, "steps": steps, "planned_steps": total, "sequences_per_second": steps * BATCH / clock}
+    return {"curve": curve, "steps": steps, "planned_steps": total, "seconds_per_step": clock / steps,
+            "sequences_per_second": steps * BATCH / clock}
 
 
 def run_peer(out: Path, corpus: Corpus, budget: float, every: float, device: str, precision: str,
@@ -779,7 +779,7 @@ def run_peer(out: Path, corpus: Corpus, budget: float, every: float, device: str
     model.save_pretrained(str(folder))
     return {**result, "checkpoint": str(folder), "config": str(config_file),
             "calibrated_seconds_per_step": seconds_per_step, "planned_seconds_per_step": planned_seconds, "lr": lr,
-            "sweep": [{"lr": k, "curve": run["curve"], "seconds_per_step": BATCH / run["sequences_per_second"]}
+            "sweep": [{"lr": k, "curve": run["curve"], "seconds_per_step": run["seconds_per_step"]}
                       for k, run in zip(sweep, sweep_runs, strict=True)],
             "sweep_minutes": sweep_minutes if sweep else 0,
             "parameters": sum(p.numel() for p in model.parameters()), "settings": dataclasses.asdict(spec)}

@@ -29,9 +29,8 @@ def test_planned_steps_fill_the_budget_at_the_calibrated_speed():
 
 
 def test_the_budget_run_is_sized_at_the_speed_the_sweep_measured():
-    runs = [{"steps": 100, "sequences_per_second": 64.0}, {"steps": 90, "sequences_per_second": 40.0},
-            {"steps": 95, "sequences_per_second": 50.0}]
-    assert tta.measured_seconds_per_step(runs, calibrated=0.1) == pytest.approx(tta.BATCH / 50.0)  # the median
+    runs = [{"seconds_per_step": 0.5}, {"seconds_per_step": 0.8}, {"seconds_per_step": 0.64}]
+    assert tta.measured_seconds_per_step(runs, calibrated=0.1) == 0.64  # the median
     assert tta.measured_seconds_per_step([], calibrated=0.1) == 0.1  # no sweep: the calibration's
 
 

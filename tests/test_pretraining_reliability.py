@@ -8,7 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import h5py
 import numpy as np
@@ -265,7 +267,7 @@ def test_nan_loss_is_skipped_with_a_warning_then_stops_naming_the_step(workspace
     err = capsys.readouterr().err
     assert "warning: step 3: the loss or gradients are not finite; step skipped (1 in a row" in err
     assert "error: step 12: the loss was not finite for 10 steps in a row" in err
-    assert "the last good checkpoint is" in err and "ckpt_2.pt" in err
+    assert "the newest good checkpoint is" in err and "ckpt_2.pt" in err
     for path in (workspace / "out").glob("ckpt_*.pt"):
         state = torch.load(path, weights_only=True)["model"]
         assert all(torch.isfinite(t).all() for t in state.values() if t.is_floating_point())
@@ -502,7 +504,8 @@ def test_ctrl_c_exits_130_naming_the_checkpoint_to_resume_from(workspace):
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     last = stderr.strip().splitlines()[-1]
     newest = checkpoint_names(workspace / "out")[-1]
-    assert last == f"interrupted (Ctrl-C): resume from {workspace / 'out' / newest} with --resume_from_checkpoint"
+    assert last == (f"interrupted (Ctrl-C): the newest good checkpoint is {workspace / 'out' / newest}: resume from it "
+                    "with --resume_from_checkpoint")
     assert not (workspace / "out" / ".run.lock").exists()
 
 
@@ -565,6 +568,41 @@ def test_modern_family_nan_losses_are_skipped_then_stop_and_a_full_disk_keeps_th
         run_pretraining.main(flags(workspace, "--num_steps_per_checkpoint", 2, "--max_steps", 6, out="again"))
     assert torch.load(workspace / "again" / "ckpt_2.pt", weights_only=True)["config"]["model_type"] == "modernbert"
     assert not list((workspace / "again").glob("ckpt_4*"))
+
+
+@contextmanager
+def small_tmpfs(folder: Path, size_bytes: int) -> Iterator[Path]:
+    """A real tmpfs of about size_bytes mounted at folder, for a disk that fills (needs root: skipped elsewhere)."""
+    folder.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(folder)],
+                           capture_output=True, text=True)
+    if mount.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({mount.stderr.strip()}): needs root")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("family", ["bert", "modern"])
+def test_a_real_full_disk_while_saving_is_one_line_naming_the_newest_good_checkpoint(workspace, family):
+    """torch's zip writer turns the OSError of a full disk into its own RuntimeError (47 lines of its internals);
+    the run says one line naming the file and the checkpoint to resume from, on a real tmpfs that fills."""
+    if family == "modern":
+        (workspace / "bert_config.json").write_text(json.dumps(MODERN_CONFIG))
+    assert pretrain(workspace, "--max_steps", 2, out="sizing").returncode == 0
+    size = (workspace / "sizing" / "ckpt_2.pt").stat().st_size
+    with small_tmpfs(workspace / "disk", size + size // 2) as disk:  # room for one checkpoint, not two
+        command = flags(workspace, "--num_steps_per_checkpoint", 2, "--max_steps", 6, out="disk/out")
+        command[command.index("--json-summary") + 1] = str(workspace / "log.json")
+        result = subprocess.run([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *command], env=ENV,
+                                capture_output=True, text=True, timeout=300)
+        first = disk / "out" / "ckpt_2.pt"
+        line = one_line_error(result, f"{disk / 'out' / 'ckpt_4.pt'}: cannot write the checkpoint (No space left on "
+                                      f"device)", f"the newest good checkpoint is {first}: resume from it")
+        assert "RuntimeError" not in line and "inline_container" not in result.stderr
+        assert sorted(p.name for p in (disk / "out").iterdir() if p.name != "tensorboard") == ["ckpt_2.pt"]
+        assert torch.load(first, weights_only=True)["phase_step"] == 2
 
 
 def test_deterministic_runs_train_under_torch_deterministic_mode_and_repeat_to_the_last_bit(workspace):

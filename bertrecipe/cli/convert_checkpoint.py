@@ -33,8 +33,15 @@ from bertrecipe.model.weights import (
     read_config,
     read_weights,
     save_torch_atomic,
+    vocab_export_name,
 )
-from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, check_vocab_for_model, load_vocab
+from bertrecipe.tokenization.vocab_files import (
+    identity_from_record,
+    identity_of,
+    load_vocab_file,
+    refuse_other_tokenizer,
+)
+from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, check_vocab_for_model
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,7 +71,8 @@ def check_paths(args: argparse.Namespace, kind: str) -> None:
     if args.vocab_file is not None and not args.vocab_file.is_file():
         raise InputError(f"{args.vocab_file}: --vocab_file not found")
     if kind == "huggingface":
-        names = ["config.json", "model.safetensors"] + (["vocab.txt"] if args.vocab_file else [])
+        names = ["config.json", "model.safetensors"] + ([vocab_export_name(args.vocab_file)] if args.vocab_file
+                                                         else [])
         targets = [args.dst / name for name in names]
         check_export_target(args.dst, names, args.overwrite)
     else:
@@ -94,15 +102,18 @@ def main(argv: list[str] | None = None) -> None:
     if config is None:
         raise InputError(f"{args.src}: carries no model config; pass --config_file bert_config.json")
     if args.vocab_file is not None:  # placed beside the model: it must be the model's
-        check_vocab_for_model(load_vocab(args.vocab_file), model_vocab_size=config.vocab_size,
-                              allow_mismatch=args.allow_vocab_mismatch)
+        vocab = load_vocab_file(args.vocab_file)
+        check_vocab_for_model(vocab, model_vocab_size=config.vocab_size, allow_mismatch=args.allow_vocab_mismatch)
+        refuse_other_tokenizer(identity_of(vocab), identity_from_record(weights.tokenizer, str(args.src)),
+                               "pass the vocab the checkpoint was trained with", args.allow_vocab_mismatch)
     model = model_for_weights(weights, config)
     load_weights_into(model, weights, args.src)
     kind = args.to or target_kind(args.dst, weights.source_format)
     if kind == "huggingface":
         export_huggingface(model, args.dst, vocab_file=args.vocab_file, overwrite=args.overwrite)
     else:
-        save_torch_atomic({"model": export_state_dict(model, naming=kind), "config": config.to_dict()}, args.dst)
+        save_torch_atomic({"model": export_state_dict(model, naming=kind), "config": config.to_dict(),
+                           "tokenizer": weights.tokenizer}, args.dst)
     print(f"{args.src} ({weights.source_format}, {type(model).__name__}) -> {args.dst} ({kind})")
 
 

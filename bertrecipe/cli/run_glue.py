@@ -31,6 +31,7 @@ from bertrecipe.finetuning.model_loading import build_model, config_and_weights,
 from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
 from bertrecipe.finetuning.timed_inference import latency_summary, timed_inference
 from bertrecipe.model.families import ModelConfig, sequence_classification_model
+from bertrecipe.tokenization.vocab_files import AnyVocab
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.process_group import DistributedContext, barrier, init_distributed, shutdown
 from bertrecipe.training.stepper import Precision, make_precision, seed_everything
@@ -163,6 +164,7 @@ class GlueRun:
     config: ModelConfig
     model: torch.nn.Module
     splits: dict[str, glue.GlueFeatures]  # "train", "dev", "dev_mm", "test": those the run needs
+    vocab: AnyVocab  # --vocab_file's, whose identity the fine-tuned model records
 
 
 def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
@@ -179,7 +181,7 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
             if args.do_train:
                 results.update(train(state, log))
                 if ctx.is_main:
-                    stage_finetuned(stage, state.model, state.config)
+                    stage_finetuned(stage, state.model, state.config, state.vocab)
                 barrier(ctx)
             if ctx.is_main and (args.do_eval or args.do_predict):
                 results.update(evaluate(state, stage))
@@ -207,7 +209,7 @@ def prepare(args: argparse.Namespace, ctx: DistributedContext) -> GlueRun:
                         args.allow_vocab_mismatch).to(ctx.device)
     torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
     bar = ctx.is_main and not args.disable_progress_bar
-    return GlueRun(args, ctx, task, precision, bar, config, model, splits)
+    return GlueRun(args, ctx, task, precision, bar, config, model, splits, tokenizer.vocab)
 
 
 def open_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> MetricLogger:

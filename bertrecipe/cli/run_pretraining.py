@@ -29,11 +29,13 @@ from bertrecipe.model.weights import read_config
 from bertrecipe.pretraining import masking
 from bertrecipe.pretraining.data import BertPretrainingCriterion
 from bertrecipe.pretraining.loop import LoopSettings, TrainingSetup, evaluate, train_loop
-from bertrecipe.pretraining.resume_rules import check_resume, find_resume_checkpoint, stream_lanes
+from bertrecipe.pretraining.resume_rules import check_resume, find_resume_checkpoint, stream_lanes, with_fingerprints
+from bertrecipe.pretraining.run_tokenizer import refuse_checkpoint_of_another_tokenizer, run_tokenizer
 from bertrecipe.pretraining.shard_schema import ShardInfo, find_shards, inspect_shard
 from bertrecipe.pretraining.startup import ResumePoint, build_model, masking_spec, sample_stream, set_up_optimizer
 from bertrecipe.pretraining.token_budget import BatchRamp, batch_ramp
-from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH
+from bertrecipe.tokenization.vocab_files import AnyVocab, TokenizerIdentity, load_vocab_file
+from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, check_vocab_for_model
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import MetricLogger, check_log_paths
 from bertrecipe.training.optimization import DECAY_SHAPES, LR_SCHEDULES, OPTIMIZERS
@@ -181,10 +183,12 @@ def add_stream_flags(p: argparse.ArgumentParser) -> None:
                         "better at equal compute); --max_predictions_per_seq caps it and may then exceed the shards'")
     p.add_argument("--whole_word_masking", action="store_true",
                    help="with --dynamic_masking: mask all pieces of a word together (needs --vocab_file)")
-    p.add_argument("--vocab_file", help="with --dynamic_masking: the shards' vocab.txt (default: read [CLS], [SEP] "
-                                        "and [MASK] off the first shard)")
+    p.add_argument("--vocab_file", help="with --dynamic_masking: the shards' vocab.txt or tokenizer.json (default: "
+                                        "the ids the shards record, or [CLS], [SEP] and [MASK] read off the first "
+                                        "shard)")
     p.add_argument(ALLOW_VOCAB_MISMATCH, action="store_true",
-                   help="warn instead of refusing a --vocab_file with far fewer tokens than the model's embeddings")
+                   help="warn instead of refusing a tokenizer that does not look like the model's: far fewer tokens "
+                        "than its embeddings, or another tokenizer than the shards' or the checkpoint's")
     p.add_argument("--bin_by_length", action="store_true",
                    help="group each step's samples into micro-batches of like lengths (as NVIDIA's LDDL bins): "
                         "less attention over padding with gradient accumulation; the step's samples are unchanged")
@@ -344,17 +348,27 @@ def main(argv: Optional[list[str]] = None) -> None:
         run(args, ctx)
     except KeyboardInterrupt:
         if ctx.is_main:
-            saved = checkpointing.list_checkpoints(args.output_dir)
-            where = (f"resume from {saved[-1][1]} with --resume_from_checkpoint" if saved
-                     else f"no checkpoint in {args.output_dir} yet")
-            print(f"interrupted (Ctrl-C): {where}", file=sys.stderr, flush=True)
+            print(f"interrupted (Ctrl-C): {checkpointing.where_to_resume(args.output_dir)}", file=sys.stderr,
+                  flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
     finally:
         shutdown(ctx)
 
 
-def inspect_inputs(args: argparse.Namespace, config: ModelConfig) -> tuple[list[ShardInfo], list[ShardInfo]]:
-    """The training and held-out shards, their keys, shapes and attributes checked against the flags and config."""
+def load_run_vocab(args: argparse.Namespace, config: ModelConfig) -> Optional[AnyVocab]:
+    """--vocab_file (a vocab.txt or a tokenizer.json), checked against the model's word embeddings; None without
+    the flag."""
+    if not args.vocab_file:
+        return None
+    vocab = load_vocab_file(args.vocab_file)
+    check_vocab_for_model(vocab, model_vocab_size=config.vocab_size, allow_mismatch=args.allow_vocab_mismatch)
+    return vocab
+
+
+def inspect_inputs(args: argparse.Namespace, config: ModelConfig,
+                   ctx: DistributedContext) -> tuple[list[ShardInfo], list[ShardInfo]]:
+    """The training and held-out shards, their keys, shapes and attributes checked against the flags and config;
+    the training shards with their content fingerprints, which checkpoints record and a resume compares."""
     limits = {"vocab_size": config.vocab_size, "max_positions": config.max_position_embeddings,
               "type_vocab_size": config.type_vocab_size}
     train_shards = []
@@ -364,6 +378,7 @@ def inspect_inputs(args: argparse.Namespace, config: ModelConfig) -> tuple[list[
         train_shards = [inspect_shard(f, max_seq_length=args.max_seq_length, max_predictions=shard_predictions,
                                       **limits)
                         for f in find_shards(args.input_dir, "training")]
+        train_shards = with_fingerprints(train_shards, ctx)
     eval_shards = [inspect_shard(f, **limits) for f in find_shards(args.eval_dir)] if args.eval_dir else []
     return train_shards, eval_shards
 
@@ -393,23 +408,28 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     precision = make_precision(ctx.device, args.fp16, args.bf16, args.init_loss_scale)
     allow_tf32(args.tf32)
     use_deterministic_algorithms(args.deterministic)
-    train_shards, eval_shards = inspect_inputs(args, config)
+    train_shards, eval_shards = inspect_inputs(args, config, ctx)
+    vocab = load_run_vocab(args, config)
+    tokenizer = run_tokenizer(train_shards + eval_shards, vocab, config.vocab_size, args.allow_vocab_mismatch)
     check_output_paths(args, train_shards, eval_shards)
     # The lock is the first write: the resume point is chosen, and the checkpoints written, by one run at a time.
     with locked_output_folder(args.output_dir, ctx.is_main, lambda flag: any_process(flag, ctx)) as lock:
         existing = checkpointing.survey(args.output_dir)  # each checkpoint's phase, read once
         resume_from = find_resume_checkpoint(args, config, existing)
+        if resume_from is not None:
+            refuse_checkpoint_of_another_tokenizer(tokenizer, resume_from[1].get("tokenizer"), str(resume_from[0]),
+                                                   args.allow_vocab_mismatch)
         steps_left, changes = (check_resume(args, ctx, train_shards, resume_from, existing) if args.do_train
                                else (0, []))
         spec = None
         if args.do_train:
             args.data_lanes = stream_lanes(args, ctx, resume_from)
-            spec = masking_spec(args, train_shards, config, warn=ctx.is_main)
+            spec = masking_spec(args, train_shards, config, vocab, warn=ctx.is_main)
         seed_everything(args.seed + ctx.rank)
-        model = build_model(args, config, ctx.device)  # reads --init_checkpoint
+        model = build_model(args, config, ctx.device, tokenizer)  # reads --init_checkpoint
         if ctx.is_main:
             remove_stale_temporaries(args.output_dir, checkpointing.CHECKPOINT_NAME)
-        settings = loop_settings(args, ctx)
+        settings = loop_settings(args, ctx, tokenizer)
         log = open_log(args, ctx, settings.progress_bar)
         for change in changes:
             log.log("PARAMETER", {"resume_applies": change}, echo=False)
@@ -418,7 +438,8 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
         ddp_model, optimizer, scheduler, resume = set_up_optimizer(args, ctx, model, precision, log, resume_from)
         setup = TrainingSetup(ctx, config, ddp_model, optimizer, scheduler, precision, log, eval_shards, lock,
                               start_time)
-        final = train_and_evaluate(args, setup, settings, train_shards, spec, resume, steps_left)
+        with checkpointing.failures_name_the_checkpoint(args.output_dir):
+            final = train_and_evaluate(args, setup, settings, train_shards, spec, resume, steps_left)
     if final.get("stopped_by") == "SIGTERM":
         if ctx.is_main:
             print(f"stopped by SIGTERM at step {final['global_step']} before the end of the phase; checkpoint "
@@ -427,11 +448,14 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
         raise SystemExit(128 + signal.SIGTERM)
 
 
-def loop_settings(args: argparse.Namespace, ctx: DistributedContext) -> LoopSettings:
-    """The loop's settings from the flags; the checkpoints record every flag that is a plain value."""
+def loop_settings(args: argparse.Namespace, ctx: DistributedContext,
+                  tokenizer: Optional[TokenizerIdentity] = None) -> LoopSettings:
+    """The loop's settings from the flags; the checkpoints record every flag that is a plain value, and the run's
+    tokenizer."""
     flags = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}
     return LoopSettings(
-        output_dir=args.output_dir, flags=flags, num_workers=args.num_workers, log_freq=args.log_freq,
+        output_dir=args.output_dir, flags=flags, tokenizer=tokenizer.record() if tokenizer is not None else None,
+        num_workers=args.num_workers, log_freq=args.log_freq,
         num_steps_per_checkpoint=args.num_steps_per_checkpoint, skip_checkpoint=args.skip_checkpoint,
         phase2=args.phase2, phase1_end_step=args.phase1_end_step, do_eval=args.do_eval, eval_steps=args.eval_steps,
         eval_batch_size=args.eval_batch_size or args.train_batch_size // args.gradient_accumulation_steps,

@@ -210,7 +210,7 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
             if args.do_train:
                 results.update(train(args, ctx, model, tokenizer, inputs["train"], precision, bar, log))
                 if ctx.is_main:
-                    stage_finetuned(stage, model, inputs["config"])
+                    stage_finetuned(stage, model, inputs["config"], tokenizer.vocab)
                 barrier(ctx)
             staged = None
             if ctx.is_main and args.do_predict:

@@ -12,6 +12,7 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.model.families import ModelConfig
 from bertrecipe.model.weights import LoadedWeights, load_weights_into, read_config, read_weights
 from bertrecipe.tokenization.bpe import BpeTokenizer, BpeVocab, is_bpe_file, load_bpe
+from bertrecipe.tokenization.vocab_files import identity_from_record, identity_of, refuse_other_tokenizer
 from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab, check_vocab_for_model, load_vocab
 
 
@@ -49,6 +50,9 @@ def build_model(make: Callable[[ModelConfig], nn.Module], config: ModelConfig, w
     """make(config) with the checkpoint's weights; the vocab (check_vocab_for_model: its size against the config's
     vocab_size) and the sequence length must fit the config."""
     check_vocab_for_model(vocab, model_vocab_size=config.vocab_size, allow_mismatch=allow_vocab_mismatch)
+    if weights is not None:  # a checkpoint of ours records the tokenizer it was trained with
+        refuse_other_tokenizer(identity_of(vocab), identity_from_record(weights.tokenizer, source or "checkpoint"),
+                               "pass the vocab the checkpoint was trained with", allow_vocab_mismatch)
     if max_seq_length > config.max_position_embeddings:
         raise InputError(f"--max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
                          f"{config.max_position_embeddings}")

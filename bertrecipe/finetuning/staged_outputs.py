@@ -6,14 +6,15 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Sequence
+from typing import Any, BinaryIO, Callable, Optional, Sequence
 
-import torch
 from torch import nn
 
 from bertrecipe.common.atomic_files import remove_stale_temporaries, write_temporary
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.families import ModelConfig, config_record
+from bertrecipe.model.weights import save_torch_to
+from bertrecipe.tokenization.vocab_files import AnyVocab, identity_of
 from bertrecipe.training.stepper import unwrap
 
 MODEL_FILES = ("pytorch_model.bin", "bert_config.json")
@@ -98,17 +99,22 @@ class StagedOutputs:
         self.discard()  # after commit() nothing is left to discard
 
 
-def stage_finetuned(stage: StagedOutputs, model: nn.Module, config: ModelConfig) -> Path:
-    """Stages pytorch_model.bin ({"model": state_dict}) and bert_config.json; returns the model's temporary path."""
-    path = stage.write("pytorch_model.bin", lambda f: torch.save({"model": unwrap(model).state_dict()}, f))
+def stage_finetuned(stage: StagedOutputs, model: nn.Module, config: ModelConfig,
+                    vocab: Optional[AnyVocab] = None) -> Path:
+    """Stages pytorch_model.bin ({"model": state_dict, "tokenizer": the identity of the vocab it was fine-tuned
+    with}) and bert_config.json; returns the model's temporary path."""
+    payload = {"model": unwrap(model).state_dict(),
+               "tokenizer": identity_of(vocab).record() if vocab is not None else None}
+    path = stage.write("pytorch_model.bin", lambda f: save_torch_to(payload, f))
     record = config_record(unwrap(model), config)
     stage.write_text("bert_config.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
     return path
 
 
-def save_finetuned(model: nn.Module, config: ModelConfig, output_dir: str | Path) -> Path:
-    """Writes output_dir/pytorch_model.bin ({"model": state_dict}) and bert_config.json, together."""
+def save_finetuned(model: nn.Module, config: ModelConfig, output_dir: str | Path,
+                   vocab: Optional[AnyVocab] = None) -> Path:
+    """Writes output_dir/pytorch_model.bin and bert_config.json (stage_finetuned), together."""
     with StagedOutputs(output_dir, MODEL_FILES) as stage:
-        stage_finetuned(stage, model, config)
+        stage_finetuned(stage, model, config, vocab)
         stage.commit()
     return Path(output_dir) / "pytorch_model.bin"

@@ -35,6 +35,7 @@ from bertrecipe.model.modern import (
     ModernBertForSequenceClassification,
     ModernBertModel,
 )
+from bertrecipe.tokenization.bpe import is_bpe_file
 
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 CONFIG_FILES = ("config.json", "bert_config.json")
@@ -59,6 +60,7 @@ class LoadedWeights:
     state_dict: dict[str, Tensor]  # in our (= Hugging Face BertForPreTraining or ModernBertForMaskedLM) names
     config: Optional[ModelConfig]  # None when the source carries no configuration (NVIDIA's checkpoints)
     source_format: str  # "ours", "nvidia" or "huggingface"
+    tokenizer: Optional[dict[str, Any]] = None  # the "tokenizer" record of our checkpoints (vocab_files' identity)
 
 
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since torch 1.6
@@ -182,9 +184,11 @@ def read_weights(path: str | Path) -> LoadedWeights:
                                ) from None
     else:
         raw = load_torch_file(path)
+    tokenizer = None
     if isinstance(raw, dict) and isinstance(raw.get("model"), dict):
         if isinstance(raw.get("config"), dict):
             config = config_from_dict(raw["config"], source=f"{path} (its 'config' entry)")
+        tokenizer = raw.get("tokenizer")
         raw = raw["model"]
     if not isinstance(raw, dict) or not any(isinstance(v, Tensor) for v in raw.values()):
         raise WeightsError(f"{path}: holds no state dict (expected tensors, or a dict with a 'model' entry)")
@@ -193,7 +197,7 @@ def read_weights(path: str | Path) -> LoadedWeights:
         raise WeightsError(f"{path}: holds no weights (no tensor under a parameter name)")
     if config is None:
         config = _find_config_beside(path)
-    return LoadedWeights(state_dict, config, source_format)
+    return LoadedWeights(state_dict, config, source_format, tokenizer)
 
 
 def _fit_vocab_rows(tensor: Tensor, rows: int) -> Tensor:
@@ -360,10 +364,11 @@ def _hf_config(model: nn.Module) -> dict[str, Any]:
 
 def export_huggingface(model: nn.Module, out_dir: str | Path, vocab_file: Optional[str | Path] = None,
                        overwrite: bool = False) -> Path:
-    """Writes a Hugging Face directory: config.json, model.safetensors and (when given) vocab.txt, each atomically.
-    An existing directory keeps every other file; an export file already there is refused unless `overwrite`."""
+    """Writes a Hugging Face directory: config.json, model.safetensors and (when given) the vocab as vocab.txt, or
+    a tokenizer.json as itself, each atomically. An existing directory keeps every other file; an export file
+    already there is refused unless `overwrite`."""
     out_dir = Path(out_dir)
-    names = ["config.json", "model.safetensors"] + (["vocab.txt"] if vocab_file is not None else [])
+    names = ["config.json", "model.safetensors"] + ([vocab_export_name(vocab_file)] if vocab_file is not None else [])
     check_export_target(out_dir, names, overwrite)
     config_text = json.dumps(_hf_config(model), indent=2) + "\n"
     tensors = safetensors_bytes(export_state_dict(model), metadata={"format": "pt"})
@@ -371,8 +376,13 @@ def export_huggingface(model: nn.Module, out_dir: str | Path, vocab_file: Option
     write_atomic(out_dir / "model.safetensors", lambda f: f.write(tensors))
     if vocab_file is not None:
         vocab = Path(vocab_file).read_bytes()
-        write_atomic(out_dir / "vocab.txt", lambda f: f.write(vocab))
+        write_atomic(out_dir / names[-1], lambda f: f.write(vocab))
     return out_dir
+
+
+def vocab_export_name(vocab_file: str | Path) -> str:
+    """The name a model folder gives its vocab: tokenizer.json for a byte-level BPE one, else vocab.txt."""
+    return "tokenizer.json" if is_bpe_file(vocab_file) else "vocab.txt"
 
 
 def check_export_target(out_dir: Path, names: list[str], overwrite: bool) -> None:
@@ -387,5 +397,19 @@ def check_export_target(out_dir: Path, names: list[str], overwrite: bool) -> Non
 
 
 def save_torch_atomic(obj: Any, path: str | Path) -> None:
-    """torch.save to a temporary name beside `path`, then rename: a reader never sees a half-written file."""
-    write_atomic(path, lambda f: torch.save(obj, f))
+    """torch.save to a temporary name beside `path`, then rename: a reader never sees a half-written file. A write
+    that fails (a full disk) is the OSError behind it, whatever torch's writer made of it."""
+    write_atomic(path, lambda f: save_torch_to(obj, f))
+
+
+def save_torch_to(obj: Any, file: Any) -> None:
+    """torch.save(obj, file), with an OSError of the file's writes raised as itself: torch's zip writer catches it
+    and raises its own RuntimeError ("[enforce fail at inline_container.cc] unexpected pos") with the OSError only
+    as context."""
+    try:
+        torch.save(obj, file)
+    except RuntimeError as error:
+        cause = error.__cause__ or error.__context__
+        if isinstance(cause, OSError):
+            raise cause from None
+        raise

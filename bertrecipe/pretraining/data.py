@@ -178,8 +178,12 @@ class PretrainingData:
 
     def state_dict(self) -> dict[str, Any]:
         """The stream's checkpoint state: its position (whole steps handed out) and what the position counts."""
-        return {"stream_position": self.position, "seed": self.seed, "lanes": self.stream.lanes,
-                "files": [shard.path.name for shard in self.shards], "global_batch": self.shape.samples_per_step}
+        state = {"stream_position": self.position, "seed": self.seed, "lanes": self.stream.lanes,
+                 "files": [shard.path.name for shard in self.shards], "global_batch": self.shape.samples_per_step}
+        fingerprints = [shard.fingerprint for shard in self.shards]
+        if None not in fingerprints:  # the files by content (resume_rules compares them)
+            state["fingerprints"] = fingerprints
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Goes on from a checkpoint's position (before reading starts). ValueError for the state of another

@@ -55,6 +55,7 @@ class LoopSettings:
     output_dir: str
     eval_batch_size: int  # --eval_batch_size, or the training micro-batch
     flags: dict[str, Any] = field(default_factory=dict)  # every flag, as each checkpoint records them ("args")
+    tokenizer: Optional[dict[str, Any]] = None  # the run's tokenizer (vocab_files' record), None when unknown
     num_workers: int = 0  # DataLoader workers per process
     log_freq: int = 1
     num_steps_per_checkpoint: int = 100
@@ -363,6 +364,7 @@ def checkpoint_payload(state: LoopState, rng_per_rank: list[dict[str, Any]]) -> 
         "phase_step": state.phase_step,
         "config": setup.config.to_dict(),
         "args": dict(settings.flags),
+        "tokenizer": settings.tokenizer,  # fine-tuning, conversion and resumes compare theirs with it
         "skipped_steps": state.stepper.skipped_steps,  # the log's counter goes on after a resume
         "train_seconds": state.train_seconds,  # a --train_budget_minutes run goes on with what is left
         "tokens": state.tokens,  # so does a --max_tokens run, and the batch-size warm-up
@@ -371,10 +373,8 @@ def checkpoint_payload(state: LoopState, rng_per_rank: list[dict[str, Any]]) -> 
 
 def stop_with_error(state: LoopState, error: TrainingFailure) -> NoReturn:
     """One line naming the step and the checkpoint to resume from, and exit status 1."""
-    output_dir = state.settings.output_dir
-    saved = checkpointing.list_checkpoints(output_dir)
-    last = f"the last good checkpoint is {saved[-1][1]}" if saved else f"no checkpoint in {output_dir}"
-    print(f"error: step {state.current_step}: {error}; stopping, {last}", file=sys.stderr, flush=True)
+    where = checkpointing.where_to_resume(state.settings.output_dir)
+    print(f"error: step {state.current_step}: {error}; stopping, {where}", file=sys.stderr, flush=True)
     raise SystemExit(1)
 
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +21,11 @@ from typing import Any, Optional
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.families import ModelConfig, is_modern_config
 from bertrecipe.pretraining.sample_order import check_lanes, default_lanes
+from bertrecipe.pretraining.shard_schema import ShardInfo, content_fingerprint
 from bertrecipe.pretraining.token_budget import batch_ramp
 from bertrecipe.training import checkpointing
 from bertrecipe.training.checkpointing import SavedCheckpoint, move_aside
-from bertrecipe.training.process_group import DistributedContext
+from bertrecipe.training.process_group import DistributedContext, all_gather_objects
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,9 @@ RULES = (
 )
 # Compared outside RULES, with the same words in the docs' table.
 OTHER_CHECKS = (
-    ("the input shards (--input_dir)", "refused", "the stream's position counts samples of those very files"),
+    ("the input shards (--input_dir), by name and content", "refused",
+     "the stream's position counts samples of those very files (compared by a fingerprint of each shard's "
+     "attributes, shapes and first rows)"),
     ("the global batch (train_batch_size x processes)", "refused", "the stream's position counts whole steps"),
     ("`--no_nsp`", "refused", "the optimizer holds state for the heads that were trained"),
     ("--phase2 / --phase1_end_step", "see the phases", "a phase-1 run never continues a phase-2 checkpoint"),
@@ -161,7 +165,48 @@ def same_value(old: Any, new: Any) -> bool:
     return old == new
 
 
-def compare_flags(path: Path, ckpt: dict[str, Any], args: argparse.Namespace, shard_names: list[str],
+def with_fingerprints(shards: list[ShardInfo], ctx: DistributedContext) -> list[ShardInfo]:
+    """The shards with their content fingerprints (shard_schema.content_fingerprint), each process hashing its
+    share (every world_size-th shard) and all of them gathering the rest; a shard that cannot be read stops every
+    process with the same line."""
+    mine: dict[int, str] = {}
+    problem = None
+    for index in range(ctx.rank, len(shards), ctx.world_size):
+        try:
+            mine[index] = content_fingerprint(shards[index].path)
+        except InputError as error:
+            problem = str(error)
+            break
+    everyone = all_gather_objects((mine, problem), ctx)
+    problems = [found for _, found in everyone if found]
+    if problems:
+        raise InputError(problems[0])
+    merged = {index: value for part, _ in everyone for index, value in part.items()}
+    return [dataclasses.replace(shard, fingerprint=merged[index]) for index, shard in enumerate(shards)]
+
+
+def compare_shards(path: Path, data: dict[str, Any], shards: list[ShardInfo]) -> None:
+    """The shards a resume reads must be the checkpoint's, by name and by content (where the checkpoint recorded
+    their fingerprints: NVIDIA's layout gives every shard folder the same names)."""
+    files, names = data.get("files"), [shard.path.name for shard in shards]
+    if files is not None and list(files) != names:
+        gone, added = sorted(set(files) - set(names)), sorted(set(names) - set(files))
+        raise InputError(f"{path}: was trained on other shards than --input_dir holds now ({len(gone)} missing, e.g. "
+                         f"{gone[:2]}; {len(added)} new, e.g. {added[:2]}): the stream's position counts samples of "
+                         "those files; resume with the same shards")
+    saved = data.get("fingerprints")
+    if saved is None:
+        return
+    changed = [shard.path for shard, old in zip(shards, saved, strict=True) if old != shard.fingerprint]
+    if changed:
+        raise InputError(f"{path}: was trained on shards of the same names but other contents than --input_dir "
+                         f"holds now ({len(changed)} of {len(shards)} differ, e.g. {changed[0]}: another vocab, "
+                         "casing, dupe factor or seed makes other samples); the stream's position counts samples "
+                         "of those very files: resume with the shards it was trained on, or start from it with "
+                         "--init_checkpoint in a new --output_dir")
+
+
+def compare_flags(path: Path, ckpt: dict[str, Any], args: argparse.Namespace, shards: list[ShardInfo],
                   global_batch: int) -> list[str]:
     """The changes a resume applies, one line each; InputError naming old and new for a refused one."""
     saved = ckpt.get("args") or {}
@@ -176,12 +221,7 @@ def compare_flags(path: Path, ckpt: dict[str, Any], args: argparse.Namespace, sh
             raise InputError(f"{path}: was trained with --{rule.flag} {old}, this run has {new}: {rule.why}; resume "
                              f"with --{rule.flag} {old}, or start from it with --init_checkpoint in a new --output_dir")
         applied.append(f"--{rule.flag} {old} -> {new} ({rule.why})")
-    files = data.get("files")
-    if files is not None and list(files) != list(shard_names):
-        gone, added = sorted(set(files) - set(shard_names)), sorted(set(shard_names) - set(files))
-        raise InputError(f"{path}: was trained on other shards than --input_dir holds now ({len(gone)} missing, e.g. "
-                         f"{gone[:2]}; {len(added)} new, e.g. {added[:2]}): the stream's position counts samples of "
-                         "those files; resume with the same shards")
+    compare_shards(path, data, shards)
     saved_batch = data.get("global_batch")
     if saved_batch is not None and int(saved_batch) != global_batch:
         raise InputError(f"{path}: was trained with a global batch of {saved_batch} sequences, this run has "
@@ -243,8 +283,10 @@ def check_resume(args: argparse.Namespace, ctx: DistributedContext, shards: list
         path, ckpt = resume_from
         if bool(ckpt.get("phase2")) == bool(args.phase2):  # continuing a phase (a hand-over starts one afresh)
             start = int(ckpt["phase_step"])
-            changes = compare_flags(path, ckpt, args, [s.path.name for s in shards],
-                                                 args.train_batch_size * ctx.world_size)
+            changes = compare_flags(path, ckpt, args, shards, args.train_batch_size * ctx.world_size)
+            if ctx.is_main and "fingerprints" not in (ckpt.get("data") or {}):
+                print(f"warning: {path}: was written before checkpoints recorded their shards' contents; the shards "
+                      "of --input_dir are compared with it by name only", file=sys.stderr, flush=True)
             if start > args.max_steps:
                 raise InputError(f"{path}: is at step {start} of this phase, beyond --max_steps {args.max_steps}; "
                                  f"pass --max_steps {start} or more to go on")

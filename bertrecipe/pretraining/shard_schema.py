@@ -6,15 +6,17 @@ its shards and checks each against this schema before it starts (inspect_shard: 
 writer's attributes, without reading the data); data.py checks the values as it reads the rows."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import h5py
 import numpy as np
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.pretraining import masking
+from bertrecipe.tokenization.vocab_files import BPE, WORDPIECE, TokenizerIdentity
 
 FORMAT_VERSION = 1  # the shard's `format_version` attribute
 # Array name -> (dtype, number of dimensions).
@@ -67,6 +69,8 @@ class ShardInfo:
     block_rows: int = DEFAULT_BLOCK_ROWS  # rows of the HDF5 chunks: reading fewer decompresses as much
     kind: str = SENTENCE_PAIRS
     special: Optional[SpecialTokenIds] = None  # document chunks only
+    tokenizer: Optional[TokenizerIdentity] = None  # what the writer recorded (None: NVIDIA's shards record nothing)
+    fingerprint: Optional[str] = None  # content_fingerprint's, where the run computed it
 
 
 def find_shards(directory: str | Path, name_must_contain: str = "") -> list[Path]:
@@ -109,7 +113,51 @@ def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_lengt
                          f"{max_predictions}; pass --max_predictions_per_seq {preds} or matching shards")
     _check_vocab_size(path, attrs, vocab_size)
     special = _special_ids(path, attrs) if kind == DOCUMENT_CHUNKS else None
-    return ShardInfo(path, n, seq, preds, type_vocab_size, block_rows_for(n, chunks), kind, special)
+    return ShardInfo(path, n, seq, preds, type_vocab_size, block_rows_for(n, chunks), kind, special,
+                     _recorded_tokenizer(path, attrs))
+
+
+def _recorded_tokenizer(path: Path, attrs: dict) -> Optional[TokenizerIdentity]:
+    """The tokenizer create_pretraining_data.py recorded (vocab_sha256, vocab_size and, for document chunks, its
+    kind; sentence pairs are WordPiece's); None for a shard that records none."""
+    sha256 = attrs.get("vocab_sha256")
+    if sha256 is None:
+        return None
+    kind = attrs.get("tokenizer", WORDPIECE)
+    kind, sha256 = (v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in (kind, sha256))
+    if kind not in (WORDPIECE, BPE) or not isinstance(sha256, str):
+        raise InputError(f"{path}: attributes tokenizer {kind!r} and vocab_sha256 {sha256!r} name no tokenizer; "
+                         "rewrite the shard")
+    return TokenizerIdentity(str(kind), int(attrs.get("vocab_size", 0)), sha256, str(path))
+
+
+FINGERPRINT_ROWS = 8  # rows of every array hashed: each array's first chunk is read and decompressed, no more
+
+
+def content_fingerprint(path: Path) -> str:
+    """A shard's identity by content: a hash of its attributes, every array's dtype and shape, and the values of
+    its first FINGERPRINT_ROWS rows. Another vocab, casing, dupe factor, seed or masking under the same file name
+    changes it (the rows are drawn and shuffled anew); reading it costs one chunk of each array."""
+    digest = hashlib.blake2b(digest_size=16)
+    try:
+        with h5py.File(path, "r") as f:
+            for name in sorted(f.attrs):
+                digest.update(f"{name}={_plain(f.attrs[name])!r};".encode())
+            for name in sorted(f):
+                data = f[name]
+                digest.update(f"{name}:{data.dtype.str}:{data.shape};".encode())
+                digest.update(np.ascontiguousarray(data[:FINGERPRINT_ROWS]).tobytes())
+    except (OSError, KeyError, RuntimeError, ValueError) as error:  # h5py's errors for damaged data
+        raise InputError(f"{path}: cannot read the shard ({error}); rewrite it or move it out of the folder"
+                         ) from None
+    return digest.hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    """An attribute as plain Python (numpy scalars and arrays print alike across numpy versions)."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _read_layout(path: Path) -> tuple[str, dict[str, tuple], dict, list[tuple[int, int]]]:

@@ -21,8 +21,10 @@ from bertrecipe.model.weights import load_weights_into, read_weights
 from bertrecipe.pretraining import masking
 from bertrecipe.pretraining.data import PretrainingData, StepShape, read_rows
 from bertrecipe.pretraining.resume_rules import saved_optimizer
+from bertrecipe.pretraining.run_tokenizer import refuse_checkpoint_of_another_tokenizer
 from bertrecipe.pretraining.shard_schema import ShardInfo, check_run_kinds
-from bertrecipe.tokenization.wordpiece import check_vocab_for_model, load_vocab
+from bertrecipe.tokenization.bpe import BpeVocab
+from bertrecipe.tokenization.vocab_files import AnyVocab, TokenizerIdentity
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.optimization import (
@@ -50,15 +52,20 @@ def with_dropout(config: ModelConfig, probability: float) -> ModelConfig:
     return dataclasses.replace(config, hidden_dropout_prob=probability, attention_probs_dropout_prob=probability)
 
 
-def build_model(args: argparse.Namespace, config: ModelConfig, device: torch.device) -> torch.nn.Module:
-    """The model the flags ask for (args: run_pretraining's), on `device`: --init_checkpoint's weights, the
-    --pretrain_dropout, the NSP head frozen with --no_nsp, compiled with --compile."""
+def build_model(args: argparse.Namespace, config: ModelConfig, device: torch.device,
+                tokenizer: Optional[TokenizerIdentity] = None) -> torch.nn.Module:
+    """The model the flags ask for (args: run_pretraining's), on `device`: --init_checkpoint's weights (refused
+    when they record another tokenizer than the run's), the --pretrain_dropout, the NSP head frozen with --no_nsp,
+    compiled with --compile."""
     if args.pretrain_dropout is not None:  # the model's own copy: the checkpoint keeps the config's dropout
         config = with_dropout(config, args.pretrain_dropout)
     model = pretraining_model(config)
     model.set_checkpoint_activations(args.checkpoint_activations)
     if args.init_checkpoint:
-        load_weights_into(model, read_weights(args.init_checkpoint), args.init_checkpoint)
+        weights = read_weights(args.init_checkpoint)
+        refuse_checkpoint_of_another_tokenizer(tokenizer, weights.tokenizer, args.init_checkpoint,
+                                               args.allow_vocab_mismatch)
+        load_weights_into(model, weights, args.init_checkpoint)
     if args.no_nsp and not is_modern_config(config):  # the modern family has no NSP head to freeze
         # Frozen, so that neither LAMB nor DDP waits for gradients that never come (DDP would fail on unused
         # parameters); they are saved as they are.
@@ -201,10 +208,11 @@ def set_up_optimizer(args: argparse.Namespace, ctx: DistributedContext, model: t
     return wrap_ddp(model, ctx, compress), optimizer, scheduler, resume
 
 
-def masking_spec(args: argparse.Namespace, shards: list, config: ModelConfig,
+def masking_spec(args: argparse.Namespace, shards: list, config: ModelConfig, vocab: Optional[AnyVocab],
                  warn: bool = True) -> Optional[masking.MaskingSpec]:
-    """What --dynamic_masking needs: the special and mask ids, from --vocab_file, the attributes of document-chunk
-    shards or read off the first shard. Refuses a mix of shard kinds, and document chunks without --no_nsp."""
+    """What --dynamic_masking needs: the special and mask ids, from --vocab_file (loaded: `vocab`, a vocab.txt or a
+    tokenizer.json), the attributes of document-chunk shards or read off the first shard. Refuses a mix of shard
+    kinds, and document chunks without --no_nsp."""
     check_run_kinds(shards, args.no_nsp)  # document chunks without --dynamic_masking: inspect_shard refused them
     if not args.dynamic_masking:
         return None
@@ -215,11 +223,15 @@ def masking_spec(args: argparse.Namespace, shards: list, config: ModelConfig,
               f"{args.max_seq_length}-token sequence; pass --max_predictions_per_seq {wanted} for the full rate",
               file=sys.stderr, flush=True)
     try:
-        if args.vocab_file:
-            vocab = load_vocab(args.vocab_file)
-            check_vocab_for_model(vocab, model_vocab_size=config.vocab_size, allow_mismatch=args.allow_vocab_mismatch)
-            tokens = vocab.tokens
-            return masking.spec_from_vocab(tokens, args.masked_lm_prob, args.max_predictions_per_seq,
+        if isinstance(vocab, BpeVocab):  # byte-level BPE: no '##' pieces to find whole words by
+            if args.whole_word_masking:
+                raise InputError(f"{args.vocab_file}: --whole_word_masking finds words by WordPiece's '##' pieces, "
+                                 "which a tokenizer.json has none of; drop the flag")
+            return masking.spec_from_special_ids(vocab.id("[CLS]"), vocab.id("[SEP]"), vocab.id("[PAD]"),
+                                                 vocab.id("[MASK]"), len(vocab), args.masked_lm_prob,
+                                                 args.max_predictions_per_seq)
+        if vocab is not None:
+            return masking.spec_from_vocab(vocab.tokens, args.masked_lm_prob, args.max_predictions_per_seq,
                                            args.whole_word_masking)
         special = shards[0].special
         if special is not None:  # a document-chunk shard records its ids: it holds no [MASK] to find them by

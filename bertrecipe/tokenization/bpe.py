@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Sequence, Sized, Union
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -78,7 +78,7 @@ def load_bpe(path: str | Path) -> BpeVocab:
                     hashlib.sha256(raw).hexdigest(), special)
 
 
-def bpe_size_problem(vocab: BpeVocab, model_vocab_size: int) -> tuple[str | None, bool]:
+def bpe_size_problem(vocab: Sized, model_vocab_size: int) -> tuple[str | None, bool]:
     """(problem, whether --allow_vocab_mismatch may pass it) for a model of model_vocab_size word embeddings."""
     n = len(vocab)
     if n > model_vocab_size:

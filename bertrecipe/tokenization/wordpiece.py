@@ -16,7 +16,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence, Sized
 
 import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
@@ -51,7 +51,7 @@ class Vocab:
         return self.ids[token]
 
     def size_problem(self, model_vocab_size: int) -> tuple[Optional[str], bool]:
-        return _size_problem(self, model_vocab_size)
+        return wordpiece_size_problem(self, model_vocab_size)
 
     def casing_problem(self, do_lower_case: bool) -> Optional[str]:
         return _casing_problem(self, do_lower_case)
@@ -146,8 +146,9 @@ def padded_vocab_size(tokens: int) -> int:
     return -(-tokens // CONFIG_VOCAB_MULTIPLE) * CONFIG_VOCAB_MULTIPLE
 
 
-def _size_problem(vocab: Vocab, model_vocab_size: int) -> tuple[Optional[str], bool]:
-    """(problem, whether the override may pass it) for a model of model_vocab_size word embeddings."""
+def wordpiece_size_problem(vocab: Sized, model_vocab_size: int) -> tuple[Optional[str], bool]:
+    """(problem, whether the override may pass it) for a model of model_vocab_size word embeddings and a WordPiece
+    vocab of len(vocab) tokens."""
     n = len(vocab)
     if n > model_vocab_size:  # the extra ids would index past the embeddings: no override makes that work
         return (f"the vocab has {n:,} tokens but the model embeds only {model_vocab_size:,}: ids from "

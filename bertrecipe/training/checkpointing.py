@@ -10,9 +10,10 @@ from __future__ import annotations
 import random
 import re
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -111,9 +112,8 @@ def save_checkpoint(output_dir: str | Path, global_step: int, payload: dict[str,
     try:
         save_torch_atomic({**payload, "global_step": global_step}, path)
     except OSError as error:
-        raise InputError(f"{path}: cannot write the checkpoint ({error.strerror or error}); the earlier checkpoints "
-                         f"in {output_dir} are intact: free space there and resume with --resume_from_checkpoint"
-                         ) from None
+        raise InputError(f"{path}: cannot write the checkpoint ({error.strerror or error}); nothing of it is left "
+                         f"and the earlier checkpoints in {output_dir} are intact") from None
     phase = checkpoint_phase(payload)
     loadable = []
     for saved in survey(output_dir):
@@ -173,3 +173,35 @@ def load_newest_checkpoint(output_dir: str | Path, step: Optional[int] = None) -
             print(f"warning: skipping {error}", file=sys.stderr, flush=True)
     raise InputError(f"{output_dir}: every checkpoint is unreadable (see the warnings above); restore one or start "
                      "afresh in a new --output_dir")
+
+
+def newest_good_checkpoint(output_dir: str | Path) -> Optional[Path]:
+    """The newest checkpoint of output_dir that loads (read memory-mapped: its index and structure only)."""
+    for _, path in reversed(list_checkpoints(output_dir)):
+        try:
+            load_checkpoint(path, mmap=True)
+        except InputError:
+            continue
+        return path
+    return None
+
+
+def where_to_resume(output_dir: str | Path) -> str:
+    """The end of a stopped run's line: the checkpoint to resume from, or that there is none yet."""
+    newest = newest_good_checkpoint(output_dir)
+    if newest is None:
+        return f"no checkpoint in {output_dir} yet"
+    return f"the newest good checkpoint is {newest}: resume from it with --resume_from_checkpoint"
+
+
+@contextmanager
+def failures_name_the_checkpoint(output_dir: str | Path) -> Iterator[None]:
+    """A run's one-line failures (InputError) and its I/O failures (OSError: a full disk, a file gone) during the
+    block end with the checkpoint to resume from; an OSError becomes one line naming its file."""
+    try:
+        yield
+    except InputError as error:
+        raise InputError(f"{error}; {where_to_resume(output_dir)}") from None
+    except OSError as error:
+        where = error.filename or output_dir
+        raise InputError(f"{where}: {error.strerror or error}; {where_to_resume(output_dir)}") from None

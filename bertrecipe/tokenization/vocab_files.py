@@ -1,0 +1,89 @@
+"""A --vocab_file of either kind, known by its content: a WordPiece vocab.txt or a byte-level BPE tokenizer.json
+loaded alike (load_vocab_file), and a tokenizer's identity (its kind, size and the sha256 of its file), which
+shards (their vocab_sha256 attribute) and checkpoints (their "tokenizer" entry) record, so that wherever a model
+meets a tokenizer the two are compared by content, never by name."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from bertrecipe.common.errors import DataError, InputError
+from bertrecipe.tokenization.bpe import BpeVocab, bpe_size_problem, is_bpe_file, load_bpe
+from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, Vocab, load_vocab, wordpiece_size_problem
+
+AnyVocab = Union[Vocab, BpeVocab]
+WORDPIECE, BPE = "wordpiece", "bpe"
+
+
+def load_vocab_file(path: str | Path) -> AnyVocab:
+    """The tokenizer of a --vocab_file: a tokenizer.json (any `.json`) is byte-level BPE, anything else a
+    vocab.txt; DataError naming the file when it is neither."""
+    return load_bpe(path) if is_bpe_file(path) else load_vocab(path)
+
+
+@dataclass(frozen=True)
+class TokenizerIdentity:
+    """Which tokenizer made some ids: its kind, token count and the sha256 of its file. `source` says where the
+    identity was read (a vocab file, a shard, a checkpoint) for the messages. It is a tokenization.wordpiece
+    ModelVocab: check_vocab_for_model applies the size rules of its kind to it."""
+
+    kind: str
+    size: int
+    sha256: str
+    source: str
+
+    @property
+    def path(self) -> str:  # ModelVocab's: the name that a size problem is reported against
+        return self.source
+
+    def __len__(self) -> int:
+        return self.size
+
+    def size_problem(self, model_vocab_size: int) -> tuple[Optional[str], bool]:
+        if self.kind == BPE:
+            return bpe_size_problem(self, model_vocab_size)
+        return wordpiece_size_problem(self, model_vocab_size)
+
+    def casing_problem(self, do_lower_case: bool) -> Optional[str]:
+        return None  # the tokens are not at hand; the vocab file's own check reads them
+
+    def record(self) -> dict[str, Any]:
+        """What a checkpoint stores ("tokenizer")."""
+        return {"kind": self.kind, "size": self.size, "sha256": self.sha256}
+
+    def describe(self) -> str:
+        return f"{self.kind}, {self.size:,} tokens, sha256 {self.sha256[:12]}"
+
+
+def identity_of(vocab: AnyVocab) -> TokenizerIdentity:
+    """The identity of a loaded --vocab_file."""
+    return TokenizerIdentity(BPE if isinstance(vocab, BpeVocab) else WORDPIECE, len(vocab), vocab.sha256,
+                             str(vocab.path))
+
+
+def identity_from_record(record: Any, source: str) -> Optional[TokenizerIdentity]:
+    """A checkpoint's "tokenizer" entry as an identity; None when it has none (older checkpoints, NVIDIA's, Hugging
+    Face's: nothing to compare)."""
+    if not isinstance(record, dict):
+        return None
+    try:
+        return TokenizerIdentity(str(record["kind"]), int(record["size"]), str(record["sha256"]), source)
+    except (KeyError, TypeError, ValueError):
+        raise InputError(f"{source}: its 'tokenizer' entry {record!r} is not a tokenizer record (kind, size, "
+                         "sha256); it was not written by run_pretraining.py") from None
+
+
+def refuse_other_tokenizer(given: Optional[TokenizerIdentity], expected: Optional[TokenizerIdentity], fix: str,
+                           allow_mismatch: bool = False) -> None:
+    """One line naming both when `given` is another tokenizer than `expected` (either unknown: nothing to
+    compare); with allow_mismatch, a warning instead."""
+    if given is None or expected is None or given.sha256 == expected.sha256:
+        return
+    problem = (f"its tokenizer ({given.describe()}) is not the one of {expected.source} ({expected.describe()}): the "
+               "same ids stand for other tokens")
+    if allow_mismatch:
+        print(f"warning: {given.source}: {problem}; going on ({ALLOW_VOCAB_MISMATCH})", file=sys.stderr, flush=True)
+        return
+    raise DataError(given.source, f"{problem}; {fix} (or {ALLOW_VOCAB_MISMATCH} to go on)")

@@ -605,6 +605,60 @@ def test_a_real_full_disk_while_saving_is_one_line_naming_the_newest_good_checkp
         assert torch.load(first, weights_only=True)["phase_step"] == 2
 
 
+def test_two_runs_into_one_json_summary_are_one_run_and_one_refusal(workspace):
+    """Runs with different --output_dir appended every step to a --json-summary they shared; the log is now
+    locked as the output folder is."""
+    shared = workspace / "logs" / "shared.json"
+    command = flags(workspace, "--max_steps", 100000, "--skip_checkpoint", out="a")
+    command[command.index("--json-summary") + 1] = str(shared)
+    first = subprocess.Popen([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *command], env=ENV,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not shared.is_file() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # the first record: the run holds both locks by now
+        assert shared.is_file(), first.stderr.read() if first.poll() is not None else "no log after 120 s"
+        second = flags(workspace, "--max_steps", 2, out="b")
+        second[second.index("--json-summary") + 1] = str(shared)
+        with pytest.raises(InputError, match=rf"^{shared}: another run is using this --json-summary \(host .*process "
+                                             rf"{first.pid}.*lock {shared.parent / '.shared.json.lock'}\)"):
+            run_pretraining.main(second)
+        assert not (workspace / "b").exists()
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)
+    assert not (shared.parent / ".shared.json.lock").exists()  # released with the run
+
+
+@pytest.mark.slow
+def test_a_write_failure_of_the_first_process_is_one_line_from_each_process_of_two(workspace):
+    """The first process cannot write its log (a full device): it says so; the second, whose next collective finds
+    its peer gone, says that in one line instead of gloo's traceback."""
+    command = flags(workspace, "--max_steps", 4)
+    command[command.index("--json-summary") + 1] = "/dev/full"
+    result = subprocess.run([sys.executable, "-m", "bertrecipe.cli.launch", "--nproc_per_node=2",
+                             str(REPO_ROOT / "run_pretraining.py"), *command], env=ENV, capture_output=True,
+                            text=True, timeout=300, cwd=REPO_ROOT)
+    assert result.returncode in (1, 2), result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr and "Connection closed" not in result.stderr, result.stderr
+    assert any(line.startswith("error: /dev/full: cannot write the JSON log (No space left on device)")
+               for line in lines), result.stderr
+    assert any(line.startswith("error: process 1: another process of this run stopped") for line in lines), lines
+    # torch's elastic agent may add its own warning that it ended the other worker.
+    assert all(line.startswith("error: ") or "closing signal" in line for line in lines), result.stderr
+
+
+def test_without_json_summary_the_log_goes_into_the_output_dir(workspace, monkeypatch):
+    monkeypatch.chdir(workspace)
+    command = flags(workspace, "--max_steps", 1)
+    at = command.index("--json-summary")
+    del command[at:at + 2]
+    run_pretraining.main(command)
+    assert read_log(workspace / "out" / "dllogger.json")[-1]["data"]["global_step"] == 1
+    assert not (workspace / "results").exists()
+
+
 def test_deterministic_runs_train_under_torch_deterministic_mode_and_repeat_to_the_last_bit(workspace):
     """--deterministic: every op of the training path has a deterministic kernel here (a missing one raises in
     that mode), cuBLAS's workspace setting is in the environment, and two runs end with equal weights."""

@@ -118,8 +118,10 @@ def check_output_paths(args: argparse.Namespace, inputs: Paths, files: Sequence[
 
 
 def locked_output_dir(args: argparse.Namespace, ctx: DistributedContext) -> ContextManager[Optional[RunLock]]:
-    """--output_dir's run lock (run_lock.py), held by the first process while the block runs."""
-    return locked_output_folder(args.output_dir, ctx.is_main, lambda flag: any_process(flag, ctx))
+    """--output_dir's run lock (run_lock.py), and --json-summary's where it lies elsewhere, held by the first
+    process while the block runs."""
+    return locked_output_folder(args.output_dir, ctx.is_main, lambda flag: any_process(flag, ctx),
+                                log_file=args.json_summary)
 
 
 def check_positive(args: argparse.Namespace, *names: str) -> None:

@@ -39,7 +39,13 @@ from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, check_vocab_
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import MetricLogger, check_log_paths
 from bertrecipe.training.optimization import DECAY_SHAPES, LR_SCHEDULES, OPTIMIZERS
-from bertrecipe.training.process_group import DistributedContext, any_process, init_distributed, shutdown
+from bertrecipe.training.process_group import (
+    DistributedContext,
+    any_process,
+    init_distributed,
+    peer_has_gone,
+    shutdown,
+)
 from bertrecipe.training.run_lock import locked_output_folder
 from bertrecipe.training.stepper import allow_tf32, make_precision, seed_everything, use_deterministic_algorithms
 
@@ -60,6 +66,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     check_optimizer_flags(args)
     args.max_steps = int(args.max_steps)
     args.log_freq = max(1, int(args.log_freq))
+    if args.json_summary is None:  # the run's own folder: runs with other output folders never share a log
+        args.json_summary = str(Path(args.output_dir) / "dllogger.json")
     return args
 
 
@@ -167,7 +175,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval_dir", help="directory of held-out *.hdf5 shards")
     p.add_argument("--eval_steps", type=int, default=0, help="evaluate every N steps (0: at the end only)")
     p.add_argument("--eval_batch_size", type=int, default=0, help="default: the training micro-batch")
-    p.add_argument("--json-summary", dest="json_summary", default="results/dllogger.json")
+    p.add_argument("--json-summary", dest="json_summary", default=None,
+                   help="the dllogger JSON-lines log (default: dllogger.json in --output_dir); one run writes it at "
+                        "a time")
     p.add_argument("--steps_this_run", type=int, default=-1, help="stop this run after N steps (-1: max_steps)")
     p.add_argument("--disable_progress_bar", action="store_true")
 
@@ -351,6 +361,13 @@ def main(argv: Optional[list[str]] = None) -> None:
             print(f"interrupted (Ctrl-C): {checkpointing.where_to_resume(args.output_dir)}", file=sys.stderr,
                   flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
+    except RuntimeError as error:
+        if not peer_has_gone(error, ctx):
+            raise
+        # The process that stopped first said why; this one's traceback would only bury that line.
+        print(f"error: process {ctx.rank}: another process of this run stopped (its own line says why); "
+              f"{checkpointing.where_to_resume(args.output_dir)}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     finally:
         shutdown(ctx)
 
@@ -413,7 +430,8 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     tokenizer = run_tokenizer(train_shards + eval_shards, vocab, config.vocab_size, args.allow_vocab_mismatch)
     check_output_paths(args, train_shards, eval_shards)
     # The lock is the first write: the resume point is chosen, and the checkpoints written, by one run at a time.
-    with locked_output_folder(args.output_dir, ctx.is_main, lambda flag: any_process(flag, ctx)) as lock:
+    with locked_output_folder(args.output_dir, ctx.is_main, lambda flag: any_process(flag, ctx),
+                              log_file=args.json_summary) as lock:
         existing = checkpointing.survey(args.output_dir)  # each checkpoint's phase, read once
         resume_from = find_resume_checkpoint(args, config, existing)
         if resume_from is not None:

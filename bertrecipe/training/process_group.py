@@ -80,6 +80,18 @@ def all_gather_objects(value: Any, ctx: DistributedContext) -> list[Any]:
     return gathered
 
 
+# How gloo words a collective whose peer process has gone (NCCL raises torch.distributed.DistError).
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def peer_has_gone(error: BaseException, ctx: DistributedContext) -> bool:
+    """True when `error` is a collective failing because another process of the run has stopped (it says why in
+    its own line)."""
+    if not ctx.enabled or not isinstance(error, RuntimeError):
+        return False
+    return isinstance(error, dist.DistError) or any(words in str(error) for words in PEER_GONE)
+
+
 def barrier(ctx: DistributedContext) -> None:
     if ctx.enabled:
         dist.barrier()

@@ -189,9 +189,13 @@ class RunLock:
     """`with RunLock(folder):` holds the folder's lock for the block (see the module). `acquire()` raises
     InputError naming the holder when another live run has it."""
 
-    def __init__(self, folder: str | Path, flag: str = "--output_dir") -> None:
+    def __init__(self, folder: str | Path, flag: str = "--output_dir", name: str = LOCK_NAME,
+                 subject: Optional[str | Path] = None) -> None:
+        """The lock of `folder` (its file `name` there); `subject`, what the refusal says is in use (the folder,
+        or a file in it such as a --json-summary log), and `flag`, the flag that named it."""
         self.folder = Path(folder)
-        self.path = self.folder / LOCK_NAME
+        self.path = self.folder / name
+        self.subject = Path(subject) if subject is not None else self.folder
         self.flag = flag
         self.holder: Optional[LockHolder] = None
         self._stop = threading.Event()
@@ -233,7 +237,7 @@ class RunLock:
             # Another host: its st_ino cannot be compared with ours, so a copied lock waits for the lease.
             copy_hint = (f"; the lock was taken for {holder.folder_path}: if this folder is a copy of that one, "
                          f"delete {self.path}")
-        return (f"{self.folder}: another run is using this {self.flag} ({holder.describe()}; lock {self.path})"
+        return (f"{self.subject}: another run is using this {self.flag} ({holder.describe()}; lock {self.path})"
                 f"{copy_hint}; wait for it to end, or choose another {self.flag}")
 
     def _write_error(self, error: OSError) -> InputError:
@@ -305,7 +309,7 @@ class RunLock:
     def _take_over(self, stale: Optional[LockHolder], me: LockHolder) -> bool:
         """Replaces the stale lock by ours, one taker at a time: a marker file created with O_EXCL is the mutex,
         and the lock is replaced only if it still holds the stale token."""
-        marker = self.path.with_name(LOCK_NAME + ".takeover")
+        marker = self.path.with_name(self.path.name + ".takeover")
         try:
             fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
@@ -374,29 +378,47 @@ def _inode(path: Path) -> int:
         return -1
 
 
+def log_lock(log_file: str | Path) -> RunLock:
+    """The lock of a log that runs append to (--json-summary): `.<name>.lock` beside it, so that two runs with
+    different output folders never write one log together."""
+    log = Path(log_file)
+    return RunLock(log.parent, "--json-summary", name=f".{log.name}.lock", subject=log)
+
+
+def outside(path: str | Path, folder: str | Path) -> bool:
+    """True when path does not lie in folder (whose lock then does not cover it)."""
+    return not Path(path).resolve().is_relative_to(Path(folder).resolve())
+
+
 @contextmanager
 def locked_output_folder(folder: str | Path, is_main: bool, any_process: Callable[[bool], bool] = bool,
-                         flag: str = "--output_dir") -> Iterator[Optional[RunLock]]:
-    """Holds folder's lock on the main process for the block (None on the others); `any_process(flag)` tells
-    every process whether any has the flag set (process_group.any_process), so that all stop when the lock cannot
-    be taken: the main one with the line naming the holder, the others silently. A folder this made is removed
-    again when the block fails while it is still empty."""
-    created = make_dirs(Path(folder)) if is_main else []
-    lock = RunLock(folder, flag) if is_main else None
+                         flag: str = "--output_dir", log_file: Optional[str | Path] = None
+                         ) -> Iterator[Optional[RunLock]]:
+    """Holds folder's lock on the main process for the block (None on the others), and log_file's (log_lock) when
+    the log lies outside the folder; `any_process(flag)` tells every process whether any has the flag set
+    (process_group.any_process), so that all stop when a lock cannot be taken: the main one with the line naming
+    the holder, the others silently. Folders this made are removed again when the block fails while empty."""
+    shared_log = log_file and outside(log_file, folder) and (Path(log_file).is_file() or not Path(log_file).exists())
+    locks = [RunLock(folder, flag)] + ([log_lock(log_file)] if shared_log else [])  # not /dev/stdout's folder
+    created: list[list[Path]] = []
+    held: list[RunLock] = []
     refusal = None
-    if lock is not None:
+    if is_main:
         try:
-            lock.acquire()
+            for lock in locks:
+                created.append(make_dirs(lock.folder))
+                lock.acquire()
+                held.append(lock)
         except InputError as error:
             refusal = error
-    if any_process(refusal is not None):
-        remove_empty_dirs(created)
-        if refusal is not None:
-            raise refusal
-        raise SystemExit(2)
     try:
-        yield lock
+        if any_process(refusal is not None):
+            if refusal is not None:
+                raise refusal
+            raise SystemExit(2)
+        yield held[0] if held else None
     finally:
-        if lock is not None:
+        for lock in reversed(held):
             lock.release()
-        remove_empty_dirs(created)  # only while empty: a refused run leaves no folder, a run that wrote keeps it
+        for folders in created:  # only while empty: a refused run leaves no folder, a run that wrote keeps it
+            remove_empty_dirs(folders)

@@ -446,6 +446,20 @@ def test_a_resume_applies_a_new_learning_rate_and_says_so(workspace):
     assert torch.load(out / "ckpt_4.pt", weights_only=True)["args"]["learning_rate"] == 2e-3
 
 
+def test_resume_lines_name_only_what_the_user_changed_and_never_say_refused(workspace, capsys):
+    """An applied change is never printed with '(... refused)' inside; --warmup_proportion, derived from
+    --warmup_tokens, is not named by a run that never passed it."""
+    run_pretraining.main(flags(workspace, "--max_steps", 4, "--steps_this_run", 2, "--max_tokens", 10000,
+                               "--warmup_tokens", 1000))
+    capsys.readouterr()
+    run_pretraining.main(flags(workspace, "--max_steps", 8, "--steps_this_run", 1, "--resume_from_checkpoint",
+                               "--max_tokens", 20000, "--warmup_tokens", 1000))
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("resume: ")]
+    assert lines == ["resume: --max_steps 4 -> 8 (the decay now ends at the new step)",
+                     "resume: --max_tokens 10000 -> 20000 (the schedule goes on from the checkpoint's token count "
+                     "with the new budget)"]
+
+
 @pytest.mark.slow
 def test_a_resume_refuses_another_seed_other_shards_and_another_global_batch_naming_old_and_new(workspace):
     assert pretrain(workspace, "--max_steps", 4, "--steps_this_run", 2).returncode == 0

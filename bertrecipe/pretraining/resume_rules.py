@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.model.families import ModelConfig, is_modern_config
+from bertrecipe.model.families import ModelConfig, is_modern_config, recorded_config
 from bertrecipe.pretraining.sample_order import check_lanes, default_lanes
 from bertrecipe.pretraining.shard_schema import ShardInfo, content_fingerprint
 from bertrecipe.pretraining.token_budget import batch_ramp
@@ -34,15 +34,17 @@ class ResumeRule:
     action: str  # "applied" or "refused"
     why: str
     before: Any = None  # the value of checkpoints older than the flag (None: those are not compared)
+    limit: str = ""  # when an applied change is refused or does nothing after all (the docs' table, not the line)
 
 
 RULES = (
     ResumeRule("learning_rate", "applied", "the schedule goes on from the checkpoint's step with the new peak"),
     ResumeRule("warmup_proportion", "applied", "the schedule goes on from the checkpoint's step with the new warm-up"),
-    ResumeRule("max_steps", "applied", "the decay now ends at the new step (below the checkpoint's step: refused)"),
+    ResumeRule("max_steps", "applied", "the decay now ends at the new step",
+               limit="below the checkpoint's step: refused"),
     ResumeRule("train_budget_minutes", "applied", "the budget's schedule goes on with the new budget"),
-    ResumeRule("max_tokens", "applied", "the schedule goes on from the checkpoint's token count with the new budget "
-                                        "(reached already: nothing left to train)", before=0),
+    ResumeRule("max_tokens", "applied", "the schedule goes on from the checkpoint's token count with the new budget",
+               before=0, limit="reached already: nothing left to train"),
     ResumeRule("warmup_tokens", "applied", "the schedule goes on from the checkpoint's token count with the new "
                                            "warm-up"),
     ResumeRule("batch_size_warmup_tokens", "applied", "the next steps take the batch the new ramp gives at the "
@@ -92,7 +94,8 @@ OTHER_CHECKS = (
 def docs_table() -> str:
     """The markdown table docs/reliability.md shows (a test keeps the two the same)."""
     rows = ["| flag | on resume | why |", "|---|---|---|"]
-    rows += [f"| `--{rule.flag}` | {rule.action} | {rule.why} |" for rule in RULES]
+    rows += [f"| `--{rule.flag}` | {rule.action} | {rule.why}{f' ({rule.limit})' if rule.limit else ''} |"
+             for rule in RULES]
     rows += [f"| {what} | {action} | {why} |" for what, action, why in OTHER_CHECKS]
     return "\n".join(rows)
 
@@ -213,6 +216,8 @@ def compare_flags(path: Path, ckpt: dict[str, Any], args: argparse.Namespace, sh
     data = ckpt.get("data") or {}
     applied = []
     for rule in RULES:
+        if rule.flag == "warmup_proportion" and args.warmup_tokens is not None:
+            continue  # derived from --warmup_tokens and --max_tokens, whose own rules name the change
         old = saved.get(rule.flag, rule.before)
         if (rule.flag not in saved and rule.before is None) or same_value(old, getattr(args, rule.flag)):
             continue
@@ -260,7 +265,7 @@ def find_resume_checkpoint(args: argparse.Namespace, config: ModelConfig,
                         "resume from it; pass it as --init_checkpoint in a new --output_dir instead")
     saved = ckpt.get("config")
     if isinstance(saved, dict):
-        ours = config.to_dict()
+        saved, ours = recorded_config(saved), config.to_dict()
         # The modern family's context extension: phase 2 may take longer rows with other rotary bases.
         extending = args.phase2 and not ckpt.get("phase2") and is_modern_config(config)
         changed = [f"{key} {saved.get(key)} -> {ours.get(key)}" for key in sorted(set(saved) | set(ours))

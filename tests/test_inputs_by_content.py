@@ -216,3 +216,13 @@ def test_conversion_refuses_a_vocab_file_of_another_tokenizer_than_the_checkpoin
     convert_checkpoint.main([str(workspace / "out" / "ckpt_2.pt"), str(workspace / "hf"), "--to", "huggingface",
                              "--vocab_file", str(VOCAB_EXCERPT)])
     assert (workspace / "hf" / "vocab.txt").read_bytes() == VOCAB_EXCERPT.read_bytes()
+
+
+@pytest.mark.parametrize("text", ["\u200b\u200c\n\n\x01\x02\n", " \t\n\ufeff\n"])
+def test_text_that_tokenizes_to_nothing_is_refused_like_an_empty_file(tmp_path, text):
+    source = tmp_path / "blank.txt"
+    source.write_text(text, encoding="utf-8")
+    with pytest.raises(InputError, match=rf"^{source}: input holds no text \(no line that tokenizes to a word piece"):
+        create_pretraining_data.main(["--input_file", str(source), "--output_file", str(tmp_path / "out.hdf5"),
+                                      "--vocab_file", str(VOCAB_EXCERPT)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blank.txt"]

@@ -118,7 +118,7 @@ def test_bad_squad_files_are_input_errors_naming_the_file(tmp_path, content, mes
     assert str(error.value).startswith(str(path)) and message in str(error.value)
 
 
-@pytest.mark.parametrize("question", ["", "   ", "\n\t\u3000", None])
+@pytest.mark.parametrize("question", ["", "   ", "\n\t\u3000", None, "\u200b\ufeff", "\x00\x1b"])
 @pytest.mark.parametrize("is_training", [True, False])
 def test_empty_question_is_an_input_error_naming_the_file_and_the_question(tmp_path, question, is_training):
     # Before, "" was read as a question and became windows "[CLS] [SEP] context [SEP]" without a word of it.

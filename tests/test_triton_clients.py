@@ -80,11 +80,14 @@ def test_squad_client_output_dir_that_is_a_file_is_one_line(vocab, predict_file,
     assert "--output_dir" in line and (tmp_path / "out").read_text() == "keep me", line
 
 
-@pytest.mark.parametrize("question, said", [("", "empty"), ("  ", "only whitespace")])
+NO_TEXT = "holds no text (only whitespace, control or zero-width characters, which tokenize to nothing)"
+
+
+@pytest.mark.parametrize("question, said", [("", "is empty"), ("  ", NO_TEXT), ("\u200b", NO_TEXT)])
 def test_client_refuses_an_empty_question_before_asking_the_server(vocab, question, said):
     line = one_line_error("client.py", "--vocab_file", vocab, "--do_lower_case", "--question", question, "--context",
                           "Ann went home.", "--url", f"127.0.0.1:{closed_port()}")
-    assert line == f"error: --question is {said}; ask a question"
+    assert line == f"error: --question {said}; ask a question"
 
 
 def test_squad_client_predictions_onto_the_predict_file_are_refused(vocab, predict_file, tmp_path):

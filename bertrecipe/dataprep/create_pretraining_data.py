@@ -215,8 +215,9 @@ def _read_documents(cfg: ShardConfig, tokenize: Callable[[Iterable[str], Callabl
               desc=f"tokenize {Path(cfg.output_file).name}", disable=disable, leave=False) as bar:
         docs = tokenize(texts, bar.update)
     if docs.num_documents == 0:
-        raise DataError(cfg.input_file, "input holds no text (no non-empty line); --input_file takes text of one "
-                                        "sentence a line, documents separated by blank lines")
+        raise DataError(cfg.input_file, "input holds no text (no line that tokenizes to a word piece: empty, "
+                                        "blank, or control and zero-width characters only); --input_file takes "
+                                        "text of one sentence a line, documents separated by blank lines")
     return docs, input_bytes
 
 

@@ -16,6 +16,7 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import model_loading, squad, squad_answers
 from bertrecipe.finetuning.timed_inference import timed_inference
 from bertrecipe.model.families import is_modern_config, question_answering_model
+from bertrecipe.tokenization.basic_tokenizer import holds_no_text
 from bertrecipe.tokenization.bpe import BpeVocab, FineTuningTokenizer
 from bertrecipe.tokenization.wordpiece import Vocab
 from bertrecipe.training.stepper import make_precision
@@ -29,10 +30,14 @@ DEFAULT_WINDOW = squad.WindowSettings()
 DEFAULT_ANSWER = squad_answers.AnswerSettings()
 
 def check_question(question: str, flag: str = "--question") -> None:
-    """InputError for an empty or whitespace-only question: the model would answer "[CLS] [SEP] context [SEP]",
-    an answer to nothing (SQuAD files refuse such questions too)."""
-    if not question.strip():
-        raise InputError(f"{flag} is {'only whitespace' if question else 'empty'}; ask a question")
+    """InputError for a question that tokenizes to nothing (empty, whitespace, control or zero-width characters):
+    the model would answer "[CLS] [SEP] context [SEP]", an answer to nothing (SQuAD files refuse such questions
+    too)."""
+    if not question:
+        raise InputError(f"{flag} is empty; ask a question")
+    if holds_no_text(question):
+        raise InputError(f"{flag} holds no text (only whitespace, control or zero-width characters, which tokenize "
+                         "to nothing); ask a question")
 
 
 def keep_document_logits(features: squad.SquadFeatures, logits: np.ndarray) -> np.ndarray:

@@ -29,6 +29,7 @@ import numpy as np
 from bertrecipe.common.atomic_files import write_atomic
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.files import parse_json_text, read_json_text
+from bertrecipe.tokenization.basic_tokenizer import holds_no_text
 from bertrecipe.tokenization.bpe import BpeVocab, FineTuningTokenizer
 from bertrecipe.tokenization.wordpiece import Vocab
 
@@ -206,8 +207,9 @@ def _question_text(qa: dict[str, Any]) -> str:
     # The reference code accepts an empty question and trains or predicts on "[CLS] [SEP] context [SEP]":
     # an answer with no question to answer, almost surely a broken entry, so it is refused.
     question = qa["question"]
-    if not isinstance(question, str) or not question.strip():
-        raise _BadEntry(f"the question text is {question!r}; write the question or remove this entry")
+    if not isinstance(question, str) or holds_no_text(question):  # whitespace, control or zero-width characters
+        raise _BadEntry(f"the question text is {question!r}, which tokenizes to nothing; write the question or "
+                        "remove this entry")
     return question
 
 

@@ -44,6 +44,12 @@ def clean_text(text: str) -> str:
     return "".join(" " if is_whitespace(c) else c for c in text if not (c in "\x00\ufffd" or is_control(c)))
 
 
+def holds_no_text(text: str) -> bool:
+    """True for a text that tokenizes to nothing: empty, or only whitespace, control, format (zero-width) and
+    NUL characters, which Google's tokenizer drops (clean_text)."""
+    return not clean_text(text).strip()
+
+
 def strip_accents(word: str) -> str:
     """The word in NFD without its combining marks (Mn)."""
     return "".join(c for c in unicodedata.normalize("NFD", word) if unicodedata.category(c) != "Mn")

@@ -163,3 +163,18 @@ def test_only_triton_init_touches_the_import_path_or_module_table():
                  if path != REPO_ROOT / "triton" / "__init__.py" and path != Path(__file__).resolve()
                  for word in words if word in path.read_text(encoding="utf-8")]
     assert not offenders
+
+
+def test_the_package_map_names_every_module_in_its_sub_packages_row():
+    """bertrecipe/README.md is the map a newcomer opens first: each sub-package's row names every module of it
+    (cli/ included: its commands are listed by name)."""
+    rows = {}
+    for line in (PACKAGE / "README.md").read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[1].startswith("`") and cells[1].endswith("/`"):
+            rows[cells[1].strip("`/")] = cells[2]
+    assert set(rows) == set(LAYER_OF), sorted(rows)
+    missing = [f"{folder.name}/{module.name}" for folder in PACKAGE.iterdir() if folder.name in rows
+               for module in sorted(folder.glob("*.py"))
+               if module.name != "__init__.py" and f"`{module.name}`" not in rows[folder.name]]
+    assert missing == [], f"bertrecipe/README.md does not name {missing}"

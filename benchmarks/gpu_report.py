@@ -18,7 +18,9 @@ Sections, in order; each against a peer measured in the same run:
   compiled_step   model_step's rows with both models under torch.compile (last: compiling takes minutes);
   data_prep       (--data_prep) data_prep_scale.py at 1, 2, 4, 8 and 16 processes.
 A measurement that fails records its error line and the run goes on; the files are rewritten (atomically) after
-every row, so a run cut off keeps what it measured. --time_budget skips the rows that no longer fit.
+every row, so a run cut off keeps what it measured. --time_budget skips the rows that no longer fit. Each goal
+is met, NOT met, or, where a number it needs was not measured (the peer not installed, a failed or skipped row),
+"not measured (why)": never missed for want of a measurement.
 --tiny runs the same code with a tiny BERT, tiny batches and 1-2 steps on the CPU (or GPU): the CI's check.
 """
 from __future__ import annotations
@@ -228,8 +230,20 @@ def reset_peak_memory(device: str) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def goal(text: str, met: bool) -> dict[str, Any]:
-    return {"goal": text, "met": bool(met)}
+def goal(text: str, value: float | None, at_least: float, missing: str) -> dict[str, Any]:
+    """The goal `value >= at_least`: met or missed ("met": true or false). Where its measurement did not run (value
+    None: the peer not installed, a step out of memory, the time budget spent) it is not measured ("met": null),
+    `missing` saying why, and never counts as missed."""
+    if value is None:
+        return {"goal": text, "met": None, "not_measured": missing}
+    return {"goal": text, "met": bool(value >= at_least)}
+
+
+def why_absent(row: dict[str, Any], parts: list[str]) -> str:
+    """Why the numbers of `parts` (ours, peer, loop, model_step) are absent from `row`: their error lines, else the
+    row's own (a skipped row's time budget)."""
+    errors = [f"{part}: {row[f'{part}_error']}" for part in parts if row.get(f"{part}_error")]
+    return "; ".join(errors) or row.get("error") or f"no number of {' or '.join(parts)}"
 
 
 # --- cuda_tests -------------------------------------------------------------------------------------------------
@@ -322,14 +336,15 @@ def time_trainer(build: Callable[..., Trainer], options: StepOptions, run: Run, 
 
 
 def model_goals(row: dict[str, Any], run: Run) -> list[dict[str, Any]]:
-    goals = []
-    if "speedup" in row:
-        goals.append(goal("ours >= 1.5x transformers", row["speedup"] >= 1.5))
-    device = run.report.data["header"]["device"]
-    if "ours_seq_per_s" in row and row["seq"] == 128 and "H100" in device:
-        goals.append(goal(">= 1,400 seq/s at seq 128 on one H100", row["ours_seq_per_s"] >= 1400))
-    if "ours_of_peak" in row and row["precision"] == "bf16":
-        goals.append(goal(">= 45 % of the bf16 GEMM peak", row["ours_of_peak"] >= 0.45))
+    """The goals of a model-step row (a skipped one included), each met, missed or not measured."""
+    unmeasured = [name for name in ("ours", "peer") if f"{name}_seq_per_s" not in row]
+    goals = [goal("ours >= 1.5x transformers", row.get("speedup"), 1.5, why_absent(row, unmeasured))]
+    if row["seq"] == 128 and "H100" in run.report.data["header"]["device"]:
+        goals.append(goal(">= 1,400 seq/s at seq 128 on one H100", row.get("ours_seq_per_s"), 1400,
+                          why_absent(row, ["ours"])))
+    if row["precision"] == "bf16":
+        missing = why_absent(row, ["ours"]) if "ours_seq_per_s" not in row else "no bf16 GEMM peak was measured"
+        goals.append(goal(">= 45 % of the bf16 GEMM peak", row.get("ours_of_peak"), 0.45, missing))
     return goals
 
 
@@ -358,15 +373,20 @@ def model_row(run: Run, seq: int, precision: str, compiled: bool) -> dict[str, A
 def model_section(run: Run) -> None:
     for seq, precision in itertools.product(run.settings.seqs, run.settings.amp):
         skip = run.deadline.lacks(NEEDS_SECONDS["model_step"])
-        run.add("model_step", {"seq": seq, "precision": precision, "error": skip} if skip
+        run.add("model_step", skipped_model_row(run, seq, precision, skip) if skip
                 else model_row(run, seq, precision, compiled=False))
+
+
+def skipped_model_row(run: Run, seq: int, precision: str, why: str) -> dict[str, Any]:
+    row: dict[str, Any] = {"seq": seq, "precision": precision, "error": why}
+    return {**row, "goals": model_goals(row, run)}
 
 
 def compiled_section(run: Run) -> None:
     precision = run.settings.amp[0]
     for seq in run.settings.compile_seqs:
         skip = run.deadline.lacks(NEEDS_SECONDS["compiled_step"])
-        run.add("compiled_step", {"seq": seq, "precision": precision, "error": skip} if skip
+        run.add("compiled_step", skipped_model_row(run, seq, precision, skip) if skip
                 else model_row(run, seq, precision, compiled=True))
 
 
@@ -428,8 +448,8 @@ def max_batch_section(run: Run) -> None:
         skip = run.deadline.lacks(NEEDS_SECONDS["max_micro_batch"])
         result = {"error": skip} if skip else measured(run.settings.device, search_batch, build, run, seq)
         row.update({f"{name}_{key}": value for key, value in result.items()})
-    if row.get("peer_largest_micro_batch"):
-        row["ratio"] = row.get("ours_largest_micro_batch", 0) / row["peer_largest_micro_batch"]
+    if row.get("peer_largest_micro_batch") and "ours_largest_micro_batch" in row:  # no ratio of a failed search
+        row["ratio"] = row["ours_largest_micro_batch"] / row["peer_largest_micro_batch"]
     run.add("max_micro_batch", row)
 
 
@@ -493,15 +513,21 @@ def loop_row(run: Run, seq: int) -> dict[str, Any]:
     row["loop_error"] = row.pop("error", None)
     if "loop_seq_per_s" in row and "model_step_seq_per_s" in row:
         row["loop_over_model_step"] = row["loop_seq_per_s"] / row["model_step_seq_per_s"]
-        row["goals"] = [goal("the loop within 5 % of the model step", row["loop_over_model_step"] >= 0.95)]
     return {key: value for key, value in row.items() if value is not None}
+
+
+def loop_goals(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The loop's goal, met, missed or (a loop or model step that failed or was skipped) not measured."""
+    unmeasured = [part for part in ("loop", "model_step") if f"{part}_seq_per_s" not in row]
+    return [goal("the loop within 5 % of the model step", row.get("loop_over_model_step"), 0.95,
+                 why_absent(row, unmeasured))]
 
 
 def loop_section(run: Run) -> None:
     for seq in run.settings.seqs:
         skip = run.deadline.lacks(NEEDS_SECONDS["loop"])
-        run.add("loop", {"seq": seq, "error": skip} if skip else
-                {"seq": seq, **measured(run.settings.device, loop_row, run, seq)})
+        row = {"seq": seq, "error": skip} if skip else {"seq": seq, **measured(run.settings.device, loop_row, run, seq)}
+        run.add("loop", {**row, "goals": loop_goals(row)})
 
 
 # --- finetune ---------------------------------------------------------------------------------------------------

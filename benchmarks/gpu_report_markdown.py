@@ -34,15 +34,25 @@ def ratio(value: float | None) -> str:
     return f"{value:.2f}x" if value is not None else ""
 
 
+def goal_state(goal: dict[str, Any]) -> str:
+    """met, **NOT met** (measured and missed), or not measured (why): a goal whose measurement did not run (the
+    peer not installed, a failed step) was not missed."""
+    if goal.get("met") is None:
+        return f"not measured ({goal.get('not_measured') or 'no number'})"
+    return "met" if goal["met"] else "**NOT met**"
+
+
 def goals_text(row: dict[str, Any]) -> str:
-    return "; ".join(f"{g['goal']}: {'met' if g['met'] else '**NOT met**'}" for g in row.get("goals", []))
+    return "; ".join(f"{g['goal']}: {goal_state(g)}" for g in row.get("goals", []))
 
 
 def notes(row: dict[str, Any], *keys: str) -> str:
-    """The row's goals and the error lines under `keys` (an error line stands where its number would be)."""
-    parts = [goals_text(row)] if row.get("goals") else []
+    """The row's goals and the error lines under `keys` (an error line stands where its number would be), each
+    error line once: a goal not measured may quote it already."""
+    goals = goals_text(row)
+    parts = [goals] if goals else []
     parts += [f"{key.replace('_error', '').replace('error', '').strip('_') or 'error'}: {row[key]}"
-              for key in keys if row.get(key)]
+              for key in keys if row.get(key) and str(row[key]) not in goals]
     return "; ".join(parts).replace("|", "\\|")
 
 
@@ -153,7 +163,8 @@ def render(data: dict[str, Any]) -> str:
              *table([COLUMNS, ["---"] * len(COLUMNS)])]
     for name, section in data["sections"].items():
         lines += table(section_lines(name, section))
-    missed = sum(not g["met"] for s in data["sections"].values() for r in s.get("rows", []) for g in r.get("goals", []))
+    goals = [g for s in data["sections"].values() for r in s.get("rows", []) for g in r.get("goals", [])]
+    missed = sum(g.get("met") is False for g in goals)  # a goal not measured is not a missed one
     profiled = any("top" in r for r in data["sections"].get("profile", {}).get("rows", []))
     if missed and not profiled:
         lines += ["", f"{missed} goal(s) not met: rerun with --profile for where the time of our step goes."]

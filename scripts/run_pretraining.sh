@@ -60,8 +60,10 @@ RESULTS_DIR=${RESULTS_DIR:-"$CODEDIR/results"}
 CHECKPOINTS_DIR=$RESULTS_DIR/checkpoints
 PYTHON=${PYTHON:-python3}
 EXTRA_ARGS=${EXTRA_ARGS:-}           # e.g. "--eval_dir DIR --compile_optimizer --steps_this_run 100"
-# Seconds the workers get after a SIGTERM or Ctrl-C to finish their step and checkpoint before they are killed
-# (torchrun's default, 30 s, can cut a large checkpoint short; run.sub signals 300 s before the time limit).
+# Seconds the workers get after a SIGTERM or Ctrl-C to finish their step and checkpoint before they are killed,
+# passed to the launcher as --shutdown_timeout. 300 here, as run.sub's SIGTERM comes 300 s before the time limit;
+# without the flag (run_squad.sh, run_glue.sh, the launcher by hand) it is torchrun's default:
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s, which can cut a large checkpoint short.
 SHUTDOWN_TIMEOUT=${SHUTDOWN_TIMEOUT:-300}
 
 # The arguments only this script reads are checked before anything runs; run_pretraining.py checks the others

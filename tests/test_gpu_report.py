@@ -155,6 +155,57 @@ def test_a_failed_measurement_keeps_its_row(tmp_path) -> None:
     assert json.loads((tmp_path / "gpu_report.json").read_text())["sections"]["model_step"]["rows"] == [row]
 
 
+GOAL_STATES = """
+from pathlib import Path
+import model_throughput
+header = {"device": "NVIDIA H100 80GB HBM3", "tiny": False, "date": "today", "driver": "570.1", "cuda": "13.0",
+          "torch": "2.11.0+cu130", "transformers": "not installed", "python": "3.12", "cpus": 16,
+          "model": "BERT-large", "precisions": {"model_step": ["fp16", "bf16"], "gemm_peak": ["bf16"],
+          "others": "fp16"}, "command": "x", "lamb": "multi-tensor (foreach) update"}
+run = gpu_report.Run(None, gpu_report.Report(Path(sys.argv[1]), header), gpu_report.Deadline(0.0), Path(sys.argv[1]))
+sys.modules["transformers"] = None  # the peer not installed: its import fails as on a machine without it
+met = {"seq": 128, "batch": 8, "precision": "fp16", "ours_seq_per_s": 1500.0, "peer_seq_per_s": 500.0, "speedup": 3.0}
+missed = {"seq": 512, "batch": 8, "precision": "fp16", "ours_seq_per_s": 120.0, "peer_seq_per_s": 100.0,
+          "speedup": 1.2}
+no_peer = {"seq": 128, "batch": 8, "precision": "bf16", "ours_seq_per_s": 1500.0}
+no_peer.update({f"peer_{k}": v for k, v in gpu_report.measured("cpu", model_throughput.peer_trainer,
+                                                                   model_throughput.LARGE).items()})
+run.report.open("model_step")
+for row in (met, missed, no_peer):
+    run.add("model_step", {**row, "goals": gpu_report.model_goals(row, run)})
+run.add("model_step", gpu_report.skipped_model_row(run, 512, "fp16", run.deadline.lacks(100)))
+run.report.open("loop")
+loop = {"seq": 128, "batch": 8, "loop_seq_per_s": 90.0, "model_step_error": "OutOfMemoryError: CUDA out of memory"}
+run.add("loop", {**loop, "goals": gpu_report.loop_goals(loop)})
+print(json.dumps(run.report.data["sections"]))
+"""
+
+
+def test_a_goal_is_met_missed_or_not_measured_never_missed_for_a_peer_not_installed(tmp_path) -> None:
+    """Measured goals are met or NOT met; one whose measurement did not run (transformers not installed, the GEMM
+    peak or the model step missing, the time budget spent) is "not measured (why)" and no missed goal."""
+    sections = beside_the_benchmarks(IMPORTS + GOAL_STATES, str(tmp_path))
+    no_peer_goals = sections["model_step"]["rows"][2]["goals"]
+    halted = "peer: ModuleNotFoundError: import of transformers halted; None in sys.modules"
+    assert no_peer_goals == [
+        {"goal": "ours >= 1.5x transformers", "met": None, "not_measured": halted},
+        {"goal": ">= 1,400 seq/s at seq 128 on one H100", "met": True},
+        {"goal": ">= 45 % of the bf16 GEMM peak", "met": None, "not_measured": "no bf16 GEMM peak was measured"}]
+    markdown = (tmp_path / "gpu_report.md").read_text()
+    met, missed, no_peer, skipped = [line for line in markdown.splitlines() if line.startswith("| model step |")]
+    assert "ours >= 1.5x transformers: met; >= 1,400 seq/s at seq 128 on one H100: met |" in met
+    assert "ours >= 1.5x transformers: **NOT met** |" in missed
+    assert (f"ours >= 1.5x transformers: not measured ({halted}); >= 1,400 seq/s at seq 128 on one H100: met; "
+            ">= 45 % of the bf16 GEMM peak: not measured (no bf16 GEMM peak was measured) |") in no_peer
+    assert no_peer.count("ModuleNotFoundError") == 1  # the error line is not repeated after the goal quoting it
+    assert "ours >= 1.5x transformers: not measured (skipped: 0 s of the 0 s time budget left" in skipped
+    [loop] = [line for line in markdown.splitlines() if line.startswith("| loop |")]
+    assert ("the loop within 5 % of the model step: not measured (model_step: OutOfMemoryError: CUDA out of "
+            "memory) |") in loop
+    assert "**NOT met**" not in no_peer + skipped + loop
+    assert "\n1 goal(s) not met: rerun with --profile" in markdown  # the missed one alone
+
+
 RUN_GROUP = """
 status, output = gpu_report.run_group(sys.argv[1:], timeout=2)
 print(json.dumps([status, output, gpu_report.run_group([sys.executable, "-c", "print('done')"], timeout=60)]))

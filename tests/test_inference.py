@@ -2,6 +2,8 @@
 safetensors without a QA head, so the answers are not judged, only their form) and with a stand-in model whose
 logits are known."""
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -216,3 +218,75 @@ def test_answers_on_a_long_context_equal_those_before_the_linear_memory_change(e
           "recent services to one of the royal houses of Europe have shown that you are one who may safely be trusted "
           "with matters which are of", "! Alice opened the door and found that it", "though this was not a"])]
     assert [round(r["nbest"][0]["probability"], 6) for r in results] == [0.108775, 0.108674]
+
+
+# A command through run_cli whose output's reader goes away: `many` prints more than a pipe holds, `buffered` still
+# holds its lines in Python's buffer when main() returns (after stdin closes), `other pipe` breaks a pipe of its own.
+BROKEN_PIPE_COMMAND = """
+import os, sys
+from bertrecipe.common.command_line import run_cli
+
+def main():
+    if sys.argv[1] == "many":
+        for i in range(100_000):
+            print(f"line {i}")
+    elif sys.argv[1] == "buffered":
+        print("one")
+        print("two")
+        sys.stdin.read()
+    else:
+        reader, writer = os.pipe()
+        os.close(reader)
+        os.write(writer, b"nobody reads this")
+
+run_cli(main)
+"""
+SIGPIPE_STATUS = 128 + signal.SIGPIPE  # 141, what a shell shows for `yes | head -1`'s yes
+
+
+def start_with_pipes(command):
+    # Buffered, as a command's output into a pipe is unless PYTHONUNBUFFERED is set (it may be where tests run).
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO, env={**env, "PYTHONPATH": str(REPO)})
+
+
+def finish(process):
+    """Closes stdin, returns (exit status, stderr); stdout was closed by the test (the reader went away)."""
+    process.stdin.close()
+    stderr = process.stderr.read()
+    return process.wait(timeout=120), stderr
+
+
+def test_run_cli_ends_quietly_with_141_when_the_reader_of_its_output_goes_away():
+    many = start_with_pipes([sys.executable, "-c", BROKEN_PIPE_COMMAND, "many"])
+    assert many.stdout.readline() == "line 0\n"
+    many.stdout.close()  # as `| head -1` does
+    assert finish(many) == (SIGPIPE_STATUS, "")
+    # The lines were still in the buffer when main() returned: without run_cli's flush they met the closed pipe at
+    # exit, in "Exception ignored ... BrokenPipeError" and exit status 120.
+    buffered = start_with_pipes([sys.executable, "-c", BROKEN_PIPE_COMMAND, "buffered"])
+    buffered.stdout.close()
+    assert finish(buffered) == (SIGPIPE_STATUS, "")
+    # A broken pipe that is not the output's (a socket, a pipe of its own) is a real error, still shown.
+    other = start_with_pipes([sys.executable, "-c", BROKEN_PIPE_COMMAND, "other pipe"])
+    status, stderr = finish(other)
+    assert other.stdout.read() == "" and status == 1 and "BrokenPipeError" in stderr
+
+
+@pytest.mark.slow
+def test_inference_piped_into_a_reader_that_leaves_ends_quietly_with_141(encoder):
+    """`inference.py ... | head -1` with questions on stdin: the second answer meets the closed pipe."""
+    folder, _, _ = encoder
+    process = start_with_pipes([sys.executable, str(REPO / "inference.py"), "--init_checkpoint", str(folder),
+                                "--vocab_file", str(folder / "vocab.txt"), "--do_lower_case", "--context", CONTEXT,
+                                "--max_seq_length", "128", "--n_best_size", "5"])
+    process.stdin.write("Who won Super Bowl 50?\n")
+    process.stdin.flush()
+    assert json.loads(process.stdout.readline())["question"] == "Who won Super Bowl 50?"
+    process.stdout.close()
+    process.stdin.write("Which season?\n")
+    status, stderr = finish(process)
+    assert status == SIGPIPE_STATUS
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr and "Exception ignored" not in stderr
+    assert "untrained" in stderr  # its own warning (the encoder has no QA head) still reaches the console

@@ -289,3 +289,55 @@ def test_a_log_write_failure_gives_up_the_log_with_one_warning(tmp_path, monkeyp
                                     "device); the output goes on to the console only\n")
     with pytest.raises(InputError):  # the checks the launch makes first are metric_logger's
         launch.check_log_file(tmp_path)
+
+
+@pytest.mark.parametrize("args", [[], ["--standalone", "--nproc_per_node=2"]])
+def test_no_training_script_is_one_line_naming_it_and_exit_2(args):
+    """torchrun printed its 19-line usage here; now it is one line like every other refused argument."""
+    result = subprocess.run([sys.executable, "-m", "bertrecipe.cli.launch", *args], env=ENV, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: python -m bertrecipe.cli.launch: no training script given")
+    assert result.stderr.count("\n") == 1
+
+
+# Each torchrun refused with its usage, a traceback or (for a signal name) a warning with a traceback.
+REFUSED = [
+    (["--no_such_option"], "unrecognized arguments: --no_such_option"),
+    (["--monitor_interval", "often"], "invalid float value: 'often'"),
+    (["--nnodes", "2:1"], "min_nodes must be > 0 and <= max_nodes"),
+    (["--max_restarts", "-1"], "max_restarts must be >= 0"),
+    (["--local_ranks_filter", "first"], "--local_ranks_filter must be a comma-separated list of integers"),
+    (["--redirects", "9"], "9 does not match"),
+    (["--rdzv_conf", "timeout"], "option 'timeout' must have a value"),
+    (["--no_python", "-m"], "--no-python' flag and the '--module' flag"),
+    (["--master_port", "99999999"], "port number of the rendezvous endpoint '127.0.0.1:99999999'"),
+    (["--rdzv_backend", "c10d", "--rdzv_endpoint", "host:port"], "port number of the rendezvous endpoint 'host:port'"),
+    (["--shutdown_timeout", "-5"], "--shutdown_timeout -5: must be 0 or more seconds"),
+    (["--signals_to_handle", "SIGTERM,SIGFOO"], "SIGFOO is not a signal"),
+    (["--log_dir", "{file}"], "--log_dir exists and is a file"),
+]
+
+
+@pytest.mark.parametrize("args, problem", REFUSED, ids=[" ".join(args) for args, _ in REFUSED])
+def test_torchrun_argument_errors_are_one_line_and_nothing_runs(tmp_path, capsys, args, problem):
+    script = tmp_path / "script.py"
+    script.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    (tmp_path / "a_file").write_text("")
+    args = [arg.replace("{file}", str(tmp_path / "a_file")) for arg in args]
+    with pytest.raises(SystemExit) as stop:
+        launch.run_launch([*args, str(script)])
+    assert stop.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1, captured.err
+    assert problem in captured.err and "Traceback" not in captured.err
+    assert not (tmp_path / "ran").exists()
+
+
+def test_an_unusable_shutdown_timeout_variable_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "5min")
+    with pytest.raises(SystemExit) as stop:
+        launch.run_launch(["--standalone", str(tmp_path / "never_run.py")])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == ("error: TORCH_ELASTIC_SHUTDOWN_TIMEOUT=5min: not a whole number of seconds; "
+                                       "set it to one, or unset it\n")

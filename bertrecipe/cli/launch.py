@@ -6,8 +6,14 @@ torchrun (torch.distributed.run) run in this process, so that a launch ends the 
   killed by signal N. No traceback and no error summary: the worker has printed its own line already.
 - SIGINT and SIGTERM are handed to the workers, each time one arrives (torchrun starts every worker in a session
   of its own, so a terminal's Ctrl-C reaches them only this way), and the launch waits for them to finish: they
-  get --shutdown_timeout seconds (torchrun's, default 30) after the first signal, then are killed. A signal that
-  comes before any worker runs ends the launch with 128+N. With --max_restarts above 0 signals are torchrun's.
+  get --shutdown_timeout seconds after the first signal, then are killed. Without the flag that is what torchrun
+  takes: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s. scripts/run_pretraining.sh passes the flag (its
+  SHUTDOWN_TIMEOUT, default 300 s); run_squad.sh and run_glue.sh do not (so 30 s, or the variable's). A signal
+  that comes before any worker runs ends the launch with 128+N. With --max_restarts above 0 signals are
+  torchrun's.
+- Arguments torchrun would refuse with its 19-line usage or a traceback (no training script, an unknown option,
+  a bad value, --nnodes 2:1, a rendezvous port out of range, ...) are one line, `error: ...`, and exit 2, before
+  anything starts.
 - --log_file PATH: the launch's output (the workers' and torchrun's stdout and stderr, which still go to the
   console as they are) is also appended to PATH, after a line naming the script and the run's start; a log
   never replaces an earlier run's. --log_after PATH (the run's dllogger JSON): the log is opened only once PATH
@@ -18,6 +24,8 @@ Everything else (options, rendezvous, OMP_NUM_THREADS, restarts) is torchrun's.
 """
 from __future__ import annotations
 
+import argparse
+import copy
 import logging
 import os
 import shlex
@@ -32,11 +40,13 @@ from typing import Any, NoReturn, Optional
 
 from bertrecipe.common.command_line import fail
 from bertrecipe.common.errors import InputError
-from bertrecipe.common.output_paths import check_writable_file
+from bertrecipe.common.output_paths import check_writable_file, check_writable_folder
 
 HOLD_LIMIT = 1 << 20  # output held before the log opens: one refusal line is far less; a working run passes it
 PARTIAL_LIMIT = 1 << 16  # a line longer than this (a progress bar's \r updates) goes to the log in pieces
 TAKEN_OVER = {"SIGINT", "SIGTERM"}  # the signals the launcher hands to the workers itself
+PROG = "python -m bertrecipe.cli.launch"
+DEFAULT_SHUTDOWN_TIMEOUT = 30  # torchrun's (its LaunchConfig), when neither the flag nor the variable sets one
 
 
 @dataclass
@@ -298,8 +308,24 @@ def check_log_file(path: Optional[Path]) -> None:
         check_writable_file(path, "--log_file", example="logfile.txt")
 
 
+def parse_torchrun_args(argv: list[str], torchrun: Any) -> argparse.Namespace:
+    """torchrun's command line, parsed by its own parser whose errors are one line (exit 2) like every other
+    command's, not its 19-line usage."""
+    parser = torchrun.get_args_parser()
+    parser.prog = PROG
+
+    def one_line_error(message: str) -> NoReturn:
+        if message.startswith("the following arguments are required: training_script"):
+            message = f"no training script given (usage: {PROG} [options] script.py [its arguments])"
+        fail(f"{PROG}: {message}; see --help")
+
+    parser.error = one_line_error  # argparse calls self.error for every refusal
+    return parser.parse_args(argv)
+
+
 def check_launch(args: Any, torchrun: Any) -> None:
-    """torchrun's own values that it would refuse with a traceback, refused with one line instead."""
+    """torchrun's own values that it would refuse with a traceback (or, for a signal name, a warning with one),
+    refused with one line instead."""
     try:
         torchrun.parse_min_max_nnodes(args.nnodes)
     except (ValueError, RuntimeError) as error:
@@ -310,6 +336,57 @@ def check_launch(args: Any, torchrun: Any) -> None:
         fail(f"--nproc_per_node {args.nproc_per_node}: {error}")
     if processes < 1:
         fail(f"--nproc_per_node {args.nproc_per_node}: must be at least 1")
+    shutdown_timeout(args)
+    for name in signal_names(args):
+        if not isinstance(getattr(signal, name, None), signal.Signals):
+            fail(f"--signals_to_handle {args.signals_to_handle}: {name} is not a signal; give names such as SIGTERM")
+    if args.log_dir is not None:
+        try:
+            check_writable_folder(args.log_dir, "--log_dir")
+        except InputError as error:
+            fail(str(error))
+    check_torchrun_config(args, torchrun)
+
+
+def check_torchrun_config(args: Any, torchrun: Any) -> None:
+    """The rest of torchrun's checks, those of config_from_args and of the rendezvous endpoint, run on a copy of
+    the arguments before anything starts, so that what they refuse is one line, not a traceback."""
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    trial = copy.deepcopy(args)
+    trial.log_dir = os.devnull  # torchrun creates it (a temporary folder when unset): check_launch checked it
+    if trial.master_port is None:
+        trial.master_port = 29500  # as torchrun's run() sets it
+    omp_threads = os.environ.get("OMP_NUM_THREADS")
+    torchrun_log = logging.getLogger(torchrun.__name__)
+    was_disabled, torchrun_log.disabled = torchrun_log.disabled, True  # its warnings come when it runs, once
+    try:
+        config, _, _ = torchrun.config_from_args(trial)
+        if not args.standalone:  # --standalone replaces the endpoint with localhost:0
+            parse_rendezvous_endpoint(config.rdzv_endpoint, default_port=-1)
+    except (ValueError, AssertionError, RuntimeError) as error:
+        fail(f"{PROG}: {str(error).rstrip('.')}; see --help")
+    finally:
+        torchrun_log.disabled = was_disabled
+        if omp_threads is None:  # config_from_args sets it for more than one process; run() will again
+            os.environ.pop("OMP_NUM_THREADS", None)
+
+
+def signal_names(args: Any) -> list[str]:
+    return [name.strip() for name in args.signals_to_handle.split(",") if name.strip()]
+
+
+def shutdown_timeout(args: Any) -> int:
+    """The seconds the workers get after the first SIGINT or SIGTERM: --shutdown_timeout, else (as torchrun's
+    LaunchConfig reads it) TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else torchrun's default, 30."""
+    if args.shutdown_timeout is not None:
+        if args.shutdown_timeout < 0:
+            fail(f"--shutdown_timeout {args.shutdown_timeout}: must be 0 or more seconds")
+        return args.shutdown_timeout
+    value = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(DEFAULT_SHUTDOWN_TIMEOUT))
+    if not value.strip().isdigit():
+        fail(f"TORCH_ELASTIC_SHUTDOWN_TIMEOUT={value}: not a whole number of seconds; set it to one, or unset it")
+    return int(value)
 
 
 def take_over_signals(args: Any) -> Optional[SignalForwarder]:
@@ -317,13 +394,10 @@ def take_over_signals(args: Any) -> Optional[SignalForwarder]:
     out of; None with --max_restarts above 0: torchrun keeps them all, as it must not restart stopped workers."""
     if args.max_restarts > 0:
         return None
-    names = [name.strip() for name in args.signals_to_handle.split(",") if name.strip()]
+    names = signal_names(args)
     # torchrun needs at least one name (an empty one is a warning with a traceback): SIGHUP, from its defaults.
     args.signals_to_handle = ",".join(name for name in names if name not in TAKEN_OVER) or "SIGHUP"
-    timeout = args.shutdown_timeout
-    if timeout is None:  # as torchrun's LaunchConfig reads it
-        timeout = int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
-    return SignalForwarder(timeout, [getattr(signal, name) for name in sorted(TAKEN_OVER & set(names))])
+    return SignalForwarder(shutdown_timeout(args), [getattr(signal, name) for name in sorted(TAKEN_OVER & set(names))])
 
 
 def launch(args: Any, torchrun: Any, forwarder: Optional[SignalForwarder]) -> int:
@@ -360,7 +434,7 @@ def run_launch(argv: list[str]) -> int:
         fail(str(error))
     from torch.distributed import run as torchrun
 
-    args = torchrun.parse_args(rest)
+    args = parse_torchrun_args(rest, torchrun)
     check_launch(args, torchrun)
     forwarder = take_over_signals(args)
     log = LogCopy(options, header(args, start)) if options.log_file is not None else None

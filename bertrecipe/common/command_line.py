@@ -1,10 +1,15 @@
 """The commands' shared front: an argparse parser whose errors are one line, and run_cli, which turns a main()'s
-InputError into `error: <file>: <problem>` and exit status 2 (Ctrl-C: 130)."""
+InputError into `error: <file>: <problem>` and exit status 2 (Ctrl-C: 130; the reader of its output gone, as in
+`| head -1`: 141, quietly)."""
 from __future__ import annotations
 
 import argparse
+import io
+import os
+import select
+import signal
 import sys
-from typing import Callable, NoReturn
+from typing import Callable, NoReturn, Optional, TextIO
 
 from bertrecipe.common.errors import InputError
 
@@ -32,12 +37,47 @@ def _without_worker_traceback(message: str) -> str:
     return last.split(": ", 1)[1] if last.startswith(InputError.__name__ + ": ") or ".InputError: " in last else last
 
 
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a Unix tool killed by SIGPIPE: 141
+
+
+def _reader_gone(stream: Optional[TextIO]) -> bool:
+    """True when `stream` writes into a pipe or socket whose reader has closed it (poll reports POLLERR or
+    POLLHUP for its end); False for a terminal, a file, or a stream without a file descriptor."""
+    try:
+        fd = stream.fileno() if stream is not None else -1
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return False
+    if fd < 0:
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)  # no events asked for: only the ones always reported, errors and hang-ups
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _end_quietly_after_the_reader_left() -> NoReturn:
+    """Python's recipe for SIGPIPE (the `signal` module's docs): the closed output is pointed at os.devnull, so that
+    flushing it again at exit cannot print "Exception ignored ... BrokenPipeError"; the status is SIGPIPE's."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        if _reader_gone(stream):
+            os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+    raise SystemExit(EXIT_BROKEN_PIPE)
+
+
 def run_cli(main: Callable[[], object]) -> NoReturn:
-    """Runs an entry point's main(): InputError becomes the one-line exit-2 report, Ctrl-C exit 130."""
+    """Runs an entry point's main(): InputError becomes the one-line exit-2 report, Ctrl-C exit 130, and a reader
+    of the output that went away (`| head -1`) a quiet exit 141, as for any Unix tool."""
     try:
         main()
+        if sys.stdout is not None:
+            sys.stdout.flush()  # output still buffered meets a closed pipe here, not at exit where it cannot be caught
     except InputError as error:
         fail(_without_worker_traceback(str(error)))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+    except BrokenPipeError:
+        if not (_reader_gone(sys.stdout) or _reader_gone(sys.stderr)):
+            raise  # another pipe or a socket (a server's connection) broke: not the reader of our output
+        _end_quietly_after_the_reader_left()
     raise SystemExit(0)

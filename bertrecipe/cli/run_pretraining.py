@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from bertrecipe.common.atomic_files import remove_stale_temporaries
-from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.command_line import ArgumentParser, Terminated, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable_folder, refuse_input_as_output
 from bertrecipe.model.families import ModelConfig, is_modern_config
@@ -361,6 +361,11 @@ def main(argv: Optional[list[str]] = None) -> None:
             print(f"interrupted (Ctrl-C): {checkpointing.where_to_resume(args.output_dir)}", file=sys.stderr,
                   flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
+    except Terminated:  # before the loop's own SIGTERM handler, or after it: a step's checkpoint is not due
+        if ctx.is_main:
+            print(f"stopped by SIGTERM outside the steps: {checkpointing.where_to_resume(args.output_dir)}",
+                  file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGTERM) from None
     except RuntimeError as error:
         if not peer_has_gone(error, ctx):
             raise

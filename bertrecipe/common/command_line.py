@@ -65,9 +65,26 @@ def _end_quietly_after_the_reader_left() -> NoReturn:
     raise SystemExit(EXIT_BROKEN_PIPE)
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is, as Ctrl-C raises KeyboardInterrupt: the outputs being written are
+    discarded on the way out (atomic_files, StagedOutputs), where the default action would leave them behind."""
+
+
+def _raise_terminated(signum: int, frame: object) -> NoReturn:
+    raise Terminated()
+
+
+def stop_line(what: str) -> str:
+    """A signal's one line: outputs are only ever kept whole, so a second run finishes what is missing."""
+    return f"{what}: stopped before the end; nothing half-written was kept, run the command again to finish"
+
+
 def run_cli(main: Callable[[], object]) -> NoReturn:
-    """Runs an entry point's main(): InputError becomes the one-line exit-2 report, Ctrl-C exit 130, and a reader
-    of the output that went away (`| head -1`) a quiet exit 141, as for any Unix tool."""
+    """Runs an entry point's main(): InputError becomes the one-line exit-2 report, Ctrl-C one line and exit 130,
+    SIGTERM (where nothing else handles it) one line and exit 143, and a reader of the output that went away
+    (`| head -1`) a quiet exit 141, as for any Unix tool."""
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # a launcher's or a loop's own handler stays
+        signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         main()
         if sys.stdout is not None:
@@ -75,7 +92,11 @@ def run_cli(main: Callable[[], object]) -> NoReturn:
     except InputError as error:
         fail(_without_worker_traceback(str(error)))
     except KeyboardInterrupt:
-        raise SystemExit(130) from None
+        print(stop_line("interrupted (Ctrl-C)"), file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None
+    except Terminated:
+        print(stop_line("SIGTERM"), file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGTERM) from None
     except BrokenPipeError:
         if not (_reader_gone(sys.stdout) or _reader_gone(sys.stderr)):
             raise  # another pipe or a socket (a server's connection) broke: not the reader of our output

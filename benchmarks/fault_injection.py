@@ -23,6 +23,18 @@ The planned steps are spread over the run, so faults land from before the first 
 more fault, besides the --faults asked for, aims at the write of the final checkpoint). The schedule comes from a
 random.Random(--seed): a failing schedule is replayed with the same seed.
 
+A full disk (--disk_faults N, fault kind DISKFULL): the faulted run's output folder is then a tmpfs mounted for
+the campaign (Settings.disk_megabytes; needs root, refused in one line otherwise) and, at the checkpoint moment, a
+filler file takes all its free space, so that the rest of the write fails with ENOSPC (or, when the write was
+quicker than the filler, the next write: the log or the next checkpoint). The run must end by itself: one
+`error:` line per process naming the file, or the other process, and the checkpoint to resume from (`the newest
+good checkpoint is ...` or `no checkpoint in ... yet`), a non-zero exit status (torchrun's 1, run_pretraining.py's
+2), no worker traceback, no temporary left, every checkpoint loading. The filler is then removed, as an operator
+would free space, and the run restarted. The DISKFULL faults take their places in the schedule among the signals.
+
+Both model families: --family bert (the tiny BERT, NSP, LAMB) or --family modern (a tiny ModernBERT config.json on
+the same shards: the masked LM alone, AdamW).
+
 Checked: the final checkpoint (and every other checkpoint both runs kept) equals the reference's in every tensor
 and number (model, LAMB state, scheduler, RNG of every rank, data position; only the wall-clock `train_seconds`
 and the output paths in `args` differ); every step record logged by any launch (a step redone after a SIGKILL is
@@ -35,12 +47,15 @@ at the end.
     python benchmarks/fault_injection.py --faults 40 --seed 7 --output_dir /tmp/fi --json /tmp/fi/faults.json
     python benchmarks/fault_injection.py --nproc 1                # run_pretraining.py without torchrun: its own
                                                                   # exit statuses (143, 130, -9) are checked
+    python benchmarks/fault_injection.py --family modern --disk_faults 5   # ModernBERT, 25 signals, 5 full disks
 
-Exit status 0 when the run is bit for bit the reference and no check failed, 1 otherwise.
+Exit status 0 when the run is bit for bit the reference and no check failed, 1 otherwise; 2 and one line for a
+flag refused, or --disk_faults where no tmpfs can be mounted.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import random
@@ -55,12 +70,15 @@ import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import h5py
 import numpy as np
 import torch
 
+from bertrecipe.common.atomic_files import make_dirs, remove_empty_dirs
+from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.common.errors import InputError
 from bertrecipe.common.hardware import detect, host_line
 from bertrecipe.training.run_lock import process_start
 
@@ -70,7 +88,16 @@ VOCAB, SEQ, PREDS, ROWS = 128, 16, 3, 64
 CONFIG = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
           "intermediate_size": 64, "max_position_embeddings": 32, "type_vocab_size": 2, "hidden_act": "gelu",
           "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "initializer_range": 0.02}
+# The modern family (docs/modern-encoders.md) at the same scale: it reads the same shards, segments ignored.
+MODERN_CONFIG = {"model_type": "modernbert", "vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "intermediate_size": 48, "max_position_embeddings": 64,
+                 "local_attention": 8, "pad_token_id": 0}
+FAMILIES = {"bert": (CONFIG, "lamb"), "modern": (MODERN_CONFIG, "adamw")}  # config.json, --optimizer
+FAMILY_NAMES = {"bert": "BERT config, masked LM + NSP", "modern": "ModernBERT config, masked LM alone"}
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
+DISK_FULL = "DISKFULL"  # the fourth fault kind: not a signal, the output folder's disk filled
+KINDS = [*SIGNALS, DISK_FULL]
+FILLER = ".fault_injection_filler"  # the file that takes a full disk's space, in the output folder's tmpfs
 MOMENTS = {"startup": 0.2, "step": 0.4, "checkpoint": 0.4}  # how often each is drawn
 MARKER = "FAULT_INJECTION_JOB"  # in every process of a launch's environment: finds them all, orphans included
 TEMPORARY = re.compile(r"^\.ckpt_(\d+)\.pt\..*\.tmp$")
@@ -82,6 +109,7 @@ LINES = {"stopped_by_sigterm": re.compile(r"stopped by SIGTERM at step (\d+)"),
          "stale_removed": re.compile(r"removed (\S+), left by a killed write"),
          "nothing_left": re.compile(r"nothing left to train"),
          "error": re.compile(r"^error: (.*)$", re.MULTILINE)}
+RESUME_HINT = re.compile(r"the newest good checkpoint is \S+|no checkpoint in \S+ yet")
 
 
 @dataclass
@@ -94,14 +122,16 @@ class Settings:
     batch: int = 4  # --train_batch_size, per process
     accumulation: int = 2
     train_seed: int = 42
+    family: str = "bert"  # a key of FAMILIES
+    disk_megabytes: int = 8  # the tmpfs of the faulted run's output folder (with disk faults): ~20 checkpoints
     launch_timeout: float = 240.0  # a launch that neither reaches its moment nor ends in this time hangs
     exit_timeout: float = 90.0  # from the signal to the launcher's exit (torchrun waits 30 s, then SIGKILLs)
 
 
 @dataclass
 class Fault:
-    signal: str
-    target: str  # "job" (every process of the launch) or "launcher" (torchrun's process group)
+    signal: str  # a key of SIGNALS, or DISK_FULL
+    target: str  # "job" (every process of the launch), "launcher" (torchrun's process group) or "disk"
     moment: str  # "startup", "step" or "checkpoint"
     step: int  # step and checkpoint: the step whose record (or checkpoint write, at or after it) is waited for
     delay: float  # startup: seconds after the launch (at the latest the step's record); step: after the record
@@ -118,6 +148,8 @@ class Launch:
     seconds_to_signal: float = 0.0
     step_seen: int = 0  # the newest step this launch logged before the signal (or before its end)
     in_write: bool = False  # a checkpoint temporary of this launch existed when the signal went
+    write_at_fill: Optional[int] = None  # DISKFULL: the step of the checkpoint being written when the disk filled
+    full_disk_file: str = ""  # DISKFULL: the file the run said it could not write (its name)
     temporaries_left: list[str] = field(default_factory=list)  # a write cut short (SIGKILL), seen after the exit
     exit_code: Optional[int] = None  # the launcher's: torchrun's, or run_pretraining.py's with --nproc 1
     seconds_to_exit: float = 0.0
@@ -135,6 +167,18 @@ class Launch:
             return "in a checkpoint write"
         return "during the steps" if self.step_seen > self.resumed_from else "before the first step"
 
+    @property
+    def full_disk_failed_at(self) -> str:
+        """DISKFULL: the write that failed, read from the file the run named: the checkpoint being written when
+        the disk filled, a later one, the log or the TensorBoard events ("none": the run had ended first)."""
+        name = self.full_disk_file
+        match = CHECKPOINT.match(name)
+        if match:
+            return "the write it filled" if int(match.group(1)) == self.write_at_fill else "the next checkpoint"
+        if name.startswith("events.out.tfevents"):
+            return "the TensorBoard events"
+        return name or "none"
+
 
 @dataclass
 class Campaign:
@@ -151,6 +195,7 @@ class Campaign:
     unreadable_log_lines: int  # lines of the faulted run's log cut by a SIGKILL
     temporaries_at_end: list[str]
     problems: list[str]
+    disk_faults_asked: int = 0
 
     @property
     def faults(self) -> list[Launch]:
@@ -166,9 +211,9 @@ class Campaign:
 
 
 # --- The workspace and the command ---------------------------------------------------------------------------
-def make_workspace(root: Path) -> Path:
+def make_workspace(root: Path, family: str = "bert") -> Path:
     """Two random shards (as create_pretraining_data writes them: ids in the vocab, two segments, positions 1..3
-    masked) and the tiny config, under root/inputs."""
+    masked) and the family's tiny config, under root/inputs."""
     inputs = root / "inputs"
     (inputs / "data").mkdir(parents=True, exist_ok=True)
     for shard in range(2):
@@ -183,7 +228,7 @@ def make_workspace(root: Path) -> Path:
         with h5py.File(inputs / "data" / f"tiny_training_{shard}.hdf5", "w") as f:
             for key, value in arrays.items():
                 f.create_dataset(key, data=value)
-    (inputs / "bert_config.json").write_text(json.dumps(CONFIG))
+    (inputs / "bert_config.json").write_text(json.dumps(FAMILIES[family][0]))
     return inputs
 
 
@@ -195,7 +240,8 @@ def command(inputs: Path, out: Path, settings: Settings) -> list[str]:
              "--max_predictions_per_seq", str(PREDS), "--train_batch_size", str(settings.batch),
              "--gradient_accumulation_steps", str(settings.accumulation), "--learning_rate", "1e-3",
              "--max_steps", str(settings.max_steps), "--num_steps_per_checkpoint", str(settings.checkpoint_every),
-             "--seed", str(settings.train_seed), "--do_train", "--resume_from_checkpoint", "--disable_progress_bar"]
+             "--seed", str(settings.train_seed), "--do_train", "--resume_from_checkpoint", "--disable_progress_bar",
+             "--optimizer", FAMILIES[settings.family][1]]
     if settings.nproc == 1:
         return [sys.executable, script, *flags]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(settings.nproc),
@@ -367,6 +413,95 @@ def step_records(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], int]:
     return records, unreadable
 
 
+# --- A full disk -------------------------------------------------------------------------------------------------
+class NoTmpfs(InputError):
+    """--disk_faults where a tmpfs cannot be mounted (not root): refused before anything runs."""
+
+
+def mount_tmpfs(folder: Path, megabytes: int) -> None:
+    """A real tmpfs of `megabytes` mounted at folder, whose disk a DISKFULL fault fills; refused (NoTmpfs) where
+    it cannot be, leaving no folder it made."""
+    created = make_dirs(folder)
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(folder)],
+                                 capture_output=True, text=True)
+        why = " ".join(mounted.stderr.split()) or f"mount exited with {mounted.returncode}"
+    except FileNotFoundError:
+        mounted, why = None, "no mount command"
+    if mounted is None or mounted.returncode:
+        remove_empty_dirs(created)
+        raise NoTmpfs(f"--disk_faults: cannot mount a tmpfs at {folder} ({why}); run as root (a container needs "
+                      "CAP_SYS_ADMIN), or pass --disk_faults 0")
+
+
+def unmount_keeping_files(folder: Path) -> None:
+    """Unmounts the tmpfs at folder and puts its files into the folder beneath, so that a work folder stays
+    inspectable after the campaign, as it is without disk faults."""
+    with tempfile.TemporaryDirectory(dir=folder.parent) as scratch:
+        kept = Path(scratch) / folder.name
+        shutil.copytree(folder, kept, symlinks=True)
+        subprocess.run(["umount", "-l", str(folder)], check=True, capture_output=True)
+        shutil.copytree(kept, folder, symlinks=True, dirs_exist_ok=True)
+
+
+def fill_disk(folder: Path) -> Path:
+    """Creates folder/FILLER holding all the free space of folder's file system, so that the next block any
+    writer needs fails with ENOSPC; the filler's path."""
+    filler = folder / FILLER
+    descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        for _ in range(20):  # a writer takes blocks meanwhile, and fallocate of more than is free fails whole
+            stats = os.statvfs(folder)
+            free = stats.f_bavail * stats.f_frsize
+            if free == 0:
+                break
+            try:
+                os.posix_fallocate(descriptor, os.fstat(descriptor).st_size, free)
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
+    finally:
+        os.close(descriptor)
+    return filler
+
+
+# A frame of the recipe's own code: a worker's traceback (torchrun's ChildFailedError runs in torch alone).
+WORKER_FRAME = re.compile(rf'File "{re.escape(str(REPO))}/(?:bertrecipe/|run_pretraining\.py)')
+
+
+def worker_traceback(text: str) -> Optional[str]:
+    """The exception line of the first traceback in a launch's output that passes through the recipe's code,
+    None when there is none."""
+    for block in text.split("Traceback (most recent call last):")[1:]:
+        if WORKER_FRAME.search(block):
+            unindented = [line for line in block.splitlines() if line.strip() and not line[0].isspace()]
+            return unindented[0] if unindented else "(a traceback cut short)"
+    return None
+
+
+def full_disk_problems(exit_code: Optional[int], errors: list[str], nproc: int, finished: bool,
+                       traceback: Optional[str]) -> list[str]:
+    """What is wrong with how a launch whose disk filled ended: it must end by itself with a non-zero status
+    (torchrun's 1, run_pretraining.py's 2), in one `error:` line per process (one of them naming what it
+    could not write) that says where to resume, and without a worker's traceback. A run that had written its
+    last file before the disk filled ends well (finished, no error)."""
+    if finished and exit_code == 0 and not errors:
+        return []
+    problems = []
+    expected = 1 if nproc > 1 else 2
+    if exit_code != expected:
+        problems.append(f"full disk: exit status {exit_code}, expected {expected}")
+    if len(errors) != nproc:
+        problems.append(f"full disk: {len(errors)} 'error:' lines, expected one per process ({nproc})")
+    if not any("No space left on device" in line for line in errors):
+        problems.append("full disk: no 'error:' line names a file with 'No space left on device'")
+    problems += [f"full disk: a line without the checkpoint to resume from: {line}" for line in errors
+                 if not RESUME_HINT.search(line)]
+    if traceback is not None:
+        problems.append(f"full disk: a traceback from a worker: {traceback}")
+    return problems
+
+
 # --- Comparison --------------------------------------------------------------------------------------------------
 def differences(a: Any, b: Any, path: str = "") -> list[str]:
     """The keys where two checkpoints differ: tensors by torch.equal (with dtype and shape), numbers exactly."""
@@ -423,18 +558,24 @@ def compare_records(reference: Path, faulted: Path) -> tuple[int, list[str], int
 
 # --- The schedule ------------------------------------------------------------------------------------------------
 def plan(rng: random.Random, faults: int, settings: Settings, startup_seconds: float,
-         step_seconds: float) -> list[Fault]:
-    """`faults` faults with their planned steps spread over steps 1 .. max_steps - 2 (a run is never finished by
-    one of them), then one at the final checkpoint's write."""
+         step_seconds: float, disk_faults: int = 0) -> list[Fault]:
+    """`faults` signals and `disk_faults` full disks (at checkpoint writes) in random places, their planned steps
+    spread over steps 1 .. max_steps - 2 (a run is never finished by one of them), then a signal at the final
+    checkpoint's write. Without disk faults the draws are those of earlier versions: a seed replays as it did."""
+    total = faults + disk_faults
     span = max(settings.max_steps - 2, 1)
+    disks = set(rng.sample(range(total), disk_faults)) if disk_faults else set()
     schedule = []
-    for index in range(faults + 1):
-        final = index == faults
+    for index in range(total + 1):
+        final = index == total
+        low = 1 + index * span // total
+        high = max(low, (index + 1) * span // total)
+        if index in disks:
+            schedule.append(Fault(DISK_FULL, "disk", "checkpoint", min(rng.randint(low, high), span), 0.0))
+            continue
         name = rng.choice(sorted(SIGNALS))
         target = "job" if name == "SIGKILL" else rng.choice(["job", "launcher"])
         moment = "checkpoint" if final else rng.choices(list(MOMENTS), weights=list(MOMENTS.values()))[0]
-        low = 1 + index * span // faults
-        high = max(low, (index + 1) * span // faults)
         step = settings.max_steps if final else min(rng.randint(low, high), span)
         delay = rng.uniform(0.0, startup_seconds) if moment == "startup" else rng.uniform(0.0, step_seconds)
         schedule.append(Fault(name, target, moment, step, round(delay, 4), final))
@@ -484,6 +625,7 @@ def run_launch(index: int, cmd: list[str], out: Path, fault: Optional[Fault], se
     launch.lines = read_lines(text)
     launch.newest_after = max(checkpoints(out), default=0)
     check_launch(launch, out, settings, text)
+    (out / FILLER).unlink(missing_ok=True)  # the space freed, as an operator would, before the restart
     return launch
 
 
@@ -525,10 +667,15 @@ def wait_and_send(process: subprocess.Popen, token: str, fault: Fault, out: Path
         if not fault.final and newest >= fault.step + settings.checkpoint_every + 1:
             break  # the write was too quick to be seen: signalled between steps instead (in_write tells)
         time.sleep(0.001)
-    launch.in_write = bool(temporaries(out) - stale)
+    writing = [int(TEMPORARY.match(name).group(1)) for name in temporaries(out) - stale]
+    launch.in_write = bool(writing)
     launch.step_seen = tail.poll()
     launch.seconds_to_signal = round(time.monotonic() - began, 3)
-    send(process, token, fault, seen)
+    if fault.signal == DISK_FULL:
+        launch.write_at_fill = max(writing, default=None)
+        fill_disk(out)
+    else:
+        send(process, token, fault, seen)
     return True
 
 
@@ -541,17 +688,25 @@ def read_lines(text: str) -> dict[str, Any]:
     return found
 
 
-def check_launch(launch: Launch, out: Path, settings: Settings, text: str) -> None:
-    """What every launch must leave: checkpoints that load; a restart never refused; the exit status that is
-    guaranteed; after a SIGTERM during training, the stop line and its checkpoint."""
+def unloadable_checkpoints(out: Path) -> list[str]:
+    """A problem for each ckpt_*.pt of the folder that torch.load refuses."""
+    problems = []
     for _, path in sorted(checkpoints(out).items()):
         try:
             torch.load(path, weights_only=True, map_location="cpu")
         except Exception as error:  # a half-written file under a checkpoint's name
-            launch.problems.append(f"{path.name} does not load: {type(error).__name__}: {error}")
-    if "error" in launch.lines:
-        launch.problems.append(f"the run reported an error: {launch.lines['error'][0]}")
+            problems.append(f"{path.name} does not load: {type(error).__name__}: {error}")
+    return problems
+
+
+def check_launch(launch: Launch, out: Path, settings: Settings, text: str) -> None:
+    """What every launch must leave: checkpoints that load; a restart never refused; the exit status that is
+    guaranteed; after a SIGTERM during training, the stop line and its checkpoint; after a full disk, the lines."""
+    launch.problems += unloadable_checkpoints(out)
     fault = launch.fault
+    disk_full = launch.fired and fault.signal == DISK_FULL
+    if "error" in launch.lines and not disk_full:
+        launch.problems.append(f"the run reported an error: {launch.lines['error'][0]}")
     # Without torchrun the output is run_pretraining.py's own: once it trains, a signal ends it in a line, never
     # a traceback (a Ctrl-C during Python's imports is Python's KeyboardInterrupt traceback).
     if settings.nproc == 1 and "Traceback" in text and (fault is None or launch.landed != "before the first step"):
@@ -560,6 +715,9 @@ def check_launch(launch: Launch, out: Path, settings: Settings, text: str) -> No
     if not launch.fired:
         if launch.exit_code != 0:
             launch.problems.append(f"ended by itself with exit status {launch.exit_code}")
+        return
+    if disk_full:
+        check_full_disk(launch, settings, text)
         return
     number = SIGNALS[fault.signal]
     if number == signal.SIGKILL:
@@ -590,6 +748,17 @@ def check_launch(launch: Launch, out: Path, settings: Settings, text: str) -> No
             launch.problems.append(f"Ctrl-C during training: exit status {launch.exit_code}, not 130")
 
 
+def check_full_disk(launch: Launch, settings: Settings, text: str) -> None:
+    """full_disk_problems, and no temporary left by the failed write; notes the file the run could not write."""
+    errors = launch.lines.get("error", [])
+    named = [line.split(": ", 1)[0] for line in errors if "No space left on device" in line]
+    launch.full_disk_file = Path(named[0]).name if named else ""
+    finished = launch.newest_after >= settings.max_steps
+    launch.problems += full_disk_problems(launch.exit_code, errors, settings.nproc, finished, worker_traceback(text))
+    if launch.temporaries_left:
+        launch.problems.append(f"full disk: temporaries left: {', '.join(launch.temporaries_left)}")
+
+
 # --- The campaign ------------------------------------------------------------------------------------------------
 def reference_timing(log: Path, started: float) -> tuple[float, float]:
     """(seconds from the reference's launch to its first step's record, seconds a step)."""
@@ -599,31 +768,66 @@ def reference_timing(log: Path, started: float) -> tuple[float, float]:
 
 
 def run_campaign(root: Path, faults: int = 25, seed: int = 0, settings: Optional[Settings] = None,
-                 echo: bool = True) -> Campaign:
+                 echo: bool = True, disk_faults: int = 0) -> Campaign:
     """The reference run, then the faulted one: launched again and again, each launch given the next fault of
-    the schedule, until the faults asked for were sent and a launch ran to the end. Then the comparisons."""
+    the schedule, until the faults asked for were sent and a launch ran to the end. Then the comparisons. With
+    disk faults the faulted run's folder is a tmpfs for the campaign (NoTmpfs, before any run, where it cannot
+    be)."""
     settings = settings or Settings()
+    if faults + disk_faults < 1:
+        raise ValueError("a campaign needs at least one fault")
     say = (lambda text: print(text, flush=True)) if echo else (lambda text: None)
-    root.mkdir(parents=True, exist_ok=True)
-    inputs = make_workspace(root)
     reference, faulted = root / "reference", root / "faulted"
-    for folder in (reference, faulted):
-        if folder.exists():
-            shutil.rmtree(folder)
+    if os.path.ismount(faulted):  # the tmpfs of a campaign that was killed
+        subprocess.run(["umount", "-l", str(faulted)], check=True, capture_output=True)
+    if faulted.exists():  # an earlier campaign's
+        shutil.rmtree(faulted)
+    if disk_faults:  # first: refused before anything else is written or removed where it cannot be
+        mount_tmpfs(faulted, settings.disk_megabytes)
+    try:
+        if reference.exists():
+            shutil.rmtree(reference)
+        inputs = make_workspace(root, settings.family)
+        return campaign_in(inputs, reference, faulted, faults, disk_faults, seed, settings, say)
+    finally:
+        if disk_faults:
+            unmount_keeping_files(faulted)
+
+
+def campaign_in(inputs: Path, reference: Path, faulted: Path, faults: int, disk_faults: int, seed: int,
+                settings: Settings, say: Callable[[str], None]) -> Campaign:
+    """run_campaign's runs and comparisons, once the folders are ready."""
     began = time.monotonic()
     ref = run_launch(0, command(inputs, reference, settings), reference, None, settings)
     reference_seconds = time.monotonic() - began
     if ref.exit_code != 0 or settings.max_steps not in checkpoints(reference):
         raise RuntimeError(f"the reference run failed (exit status {ref.exit_code}); see "
-                           f"{root / 'reference_launch_000.txt'}")
+                           f"{reference.parent / 'reference_launch_000.txt'}")
     startup_seconds, step_seconds = reference_timing(reference / "log.json", ref.started)
-    say(f"reference: {settings.max_steps} steps in {reference_seconds:.1f} s ({startup_seconds:.1f} s to the first "
-        f"step, {step_seconds * 1000:.0f} ms a step); fault schedule seed {seed}")
-    schedule = plan(random.Random(seed), faults, settings, startup_seconds, step_seconds)
+    say(f"{settings.family} family, reference: {settings.max_steps} steps in {reference_seconds:.1f} s "
+        f"({startup_seconds:.1f} s to the first step, {step_seconds * 1000:.0f} ms a step); fault schedule seed {seed}")
+    schedule = plan(random.Random(seed), faults, settings, startup_seconds, step_seconds, disk_faults)
+    began = time.monotonic()
+    launches, problems = run_faulted(command(inputs, faulted, settings), faulted, schedule, settings, say)
+    seconds = time.monotonic() - began
+    compared, found = compare_checkpoints(reference, faulted)
+    if f"ckpt_{settings.max_steps}.pt" not in compared:
+        problems.append(f"ckpt_{settings.max_steps}.pt missing from one of the runs")
+    checked, mismatches, unreadable = compare_records(reference / "log.json", faulted / "log.json")
+    left = sorted(temporaries(faulted))
+    if left:
+        problems.append(f"temporaries left at the end: {', '.join(left)}")
+    return Campaign(seed, faults, settings, launches, round(reference_seconds, 1), round(seconds, 1), compared, found,
+                    checked, mismatches, unreadable, left, problems, disk_faults)
+
+
+def run_faulted(cmd: list[str], faulted: Path, schedule: list[Fault], settings: Settings,
+                say: Callable[[str], None]) -> tuple[list[Launch], list[str]]:
+    """The faulted run's launches, each given the schedule's next fault, until one ends the run; the problems
+    of the whole (too few faults sent, no end)."""
+    asked = len(schedule) - 1  # the final checkpoint's fault may come too late to be sent
     launches: list[Launch] = []
     problems: list[str] = []
-    began = time.monotonic()
-    cmd = command(inputs, faulted, settings)
     index = 0
     while True:
         fired = sum(launch.fired for launch in launches)
@@ -636,22 +840,12 @@ def run_campaign(root: Path, faults: int = 25, seed: int = 0, settings: Optional
         launches.append(launch)
         say(describe(launch))
         if launch.exit_code == 0 and max(checkpoints(faulted), default=0) >= settings.max_steps:
-            if fired + launch.fired < faults:
-                problems.append(f"the run finished after {fired + launch.fired} faults, fewer than {faults}")
-            break
-        if len(launches) > 3 * (faults + 1) + 10:
+            if fired + launch.fired < asked:
+                problems.append(f"the run finished after {fired + launch.fired} faults, fewer than {asked}")
+            return launches, problems
+        if len(launches) > 3 * (asked + 1) + 10:
             problems.append(f"{len(launches)} launches without reaching the end")
-            break
-    seconds = time.monotonic() - began
-    compared, found = compare_checkpoints(reference, faulted)
-    if f"ckpt_{settings.max_steps}.pt" not in compared:
-        problems.append(f"ckpt_{settings.max_steps}.pt missing from one of the runs")
-    checked, mismatches, unreadable = compare_records(reference / "log.json", faulted / "log.json")
-    left = sorted(temporaries(faulted))
-    if left:
-        problems.append(f"temporaries left at the end: {', '.join(left)}")
-    return Campaign(seed, faults, settings, launches, round(reference_seconds, 1), round(seconds, 1), compared, found,
-                    checked, mismatches, unreadable, left, problems)
+            return launches, problems
 
 
 def describe(launch: Launch) -> str:
@@ -660,8 +854,10 @@ def describe(launch: Launch) -> str:
     else:
         f = launch.fault
         at = f"+{f.delay:.2f} s" if f.moment == "startup" else f"step {f.step}"
-        what = f"{f.signal:7} to {f.target:8} {f.moment:10} ({at}) at {launch.seconds_to_signal:5.2f} s"
+        what = f"{f.signal:8} to {f.target:8} {f.moment:10} ({at}) at {launch.seconds_to_signal:5.2f} s"
     write = " in a write" if launch.in_write else ""
+    if launch.fired and launch.fault.signal == DISK_FULL:
+        write += f", failed at {launch.full_disk_failed_at}"
     left = f", left {len(launch.temporaries_left)} temporary" if launch.temporaries_left else ""
     trouble = f"  PROBLEM: {'; '.join(launch.problems)}" if launch.problems else ""
     return (f"launch {launch.index:3}: from ckpt {launch.resumed_from:3}: {what}{write}: step {launch.step_seen:3}, "
@@ -671,8 +867,12 @@ def describe(launch: Launch) -> str:
 # --- Report ------------------------------------------------------------------------------------------------------
 def summary(campaign: Campaign) -> dict[str, Any]:
     faults = campaign.faults
+    disk = [launch for launch in faults if launch.fault.signal == DISK_FULL]
+    whole = campaign.bit_exact and not campaign.problems  # a fault is survived when its run ended as the reference
     return {
+        "family": campaign.settings.family,
         "faults": len(faults),
+        "survived": dict(Counter(launch.fault.signal for launch in faults if whole and not launch.problems)),
         "launches": len(campaign.launches),
         "restarts": len(campaign.launches) - 1,
         "by_signal": dict(Counter(launch.fault.signal for launch in faults)),
@@ -684,7 +884,12 @@ def summary(campaign: Campaign) -> dict[str, Any]:
         "before_first_checkpoint": sum(launch.resumed_from == 0 and launch.newest_after == 0 for launch in faults),
         "during_final_checkpoint": sum(launch.fault.final for launch in faults),
         "launcher_exit_codes": {f"{sig}": dict(Counter(str(f.exit_code) for f in faults if f.fault.signal == sig))
-                                for sig in SIGNALS},
+                                for sig in KINDS},
+        "disk_faults_asked": campaign.disk_faults_asked,
+        "disk_full_failed_at": dict(Counter(launch.full_disk_failed_at for launch in disk)),
+        "disk_full_error_lines": sum(len(launch.lines.get("error", [])) for launch in disk),
+        "disk_full_no_checkpoint_yet": sum("no checkpoint in" in " ".join(launch.lines.get("error", []))
+                                           for launch in disk),
         "sigterm_stop_lines": sum("stopped_by_sigterm" in launch.lines for launch in faults),
         "ctrl_c_lines": sum("ctrl_c" in launch.lines for launch in faults),
         "waited_for_ends": sum(launch.seconds_to_reaped > 0.1 for launch in campaign.launches),
@@ -706,10 +911,28 @@ def summary(campaign: Campaign) -> dict[str, Any]:
     }
 
 
+def family_line(family: str) -> str:
+    return f"{family} ({FAMILY_NAMES[family]}, --optimizer {FAMILIES[family][1]})"
+
+
+def full_disk_line(s: dict[str, Any]) -> str:
+    """The table's line on the DISKFULL faults: which write each one failed, and the lines the runs said."""
+    if not s["disk_faults_asked"]:
+        return "none asked (--disk_faults 0)"
+    failed = ", ".join(f"{k} {v}" for k, v in sorted(s["disk_full_failed_at"].items())) or "none"
+    return (f"{s['by_signal'].get(DISK_FULL, 0)} of {s['disk_faults_asked']} asked; the write that failed: {failed}; "
+            f"{s['disk_full_error_lines']} 'error:' lines ({s['disk_full_no_checkpoint_yet']} with 'no checkpoint "
+            f"yet'); the filler removed and the run restarted after each")
+
+
 def table(campaign: Campaign) -> str:
     s = summary(campaign)
-    rows = [("faults injected", f"{s['faults']} in {s['launches']} launches ({s['restarts']} restarts)"),
-            ("by signal", ", ".join(f"{k} {v}" for k, v in sorted(s["by_signal"].items()))),
+    survived = sum(s["survived"].values())
+    rows = [("model family", family_line(s["family"])),
+            ("faults survived", f"{survived} of {s['faults']}: "
+                                + ", ".join(f"{k} {s['survived'].get(k, 0)}" for k in KINDS if k in s["by_signal"])),
+            ("faults injected", f"{s['faults']} in {s['launches']} launches ({s['restarts']} restarts)"),
+            ("by kind", ", ".join(f"{k} {v}" for k, v in sorted(s["by_signal"].items()))),
             ("sent to", ", ".join(f"{k} {v}" for k, v in sorted(s["by_target"].items()))),
             ("by planned moment", ", ".join(f"{k} {v}" for k, v in sorted(s["by_moment"].items()))),
             ("where it landed", ", ".join(f"{k} {v}" for k, v in sorted(s["landed"].items()))),
@@ -717,6 +940,7 @@ def table(campaign: Campaign) -> str:
                                           f"{s['half_written_left_by_sigkill']}; the final checkpoint's: "
                                           f"{s['during_final_checkpoint']})"),
             ("before the first checkpoint", str(s["before_first_checkpoint"])),
+            ("full disks", full_disk_line(s)),
             ("launcher exit status", "; ".join(f"{k}: " + ", ".join(f"{c} x{n}" for c, n in sorted(v.items()))
                                                for k, v in s["launcher_exit_codes"].items() if v)),
             ("lines", f"'stopped by SIGTERM' {s['sigterm_stop_lines']}, 'interrupted (Ctrl-C)' {s['ctrl_c_lines']}, "
@@ -725,21 +949,26 @@ def table(campaign: Campaign) -> str:
             ("killed job ended after", f"up to {s['longest_zombie_wait']:.1f} s (waited for before "
                                         f"{s['waited_for_ends']} restarts)"),
             ("steps redone", f"{s['steps_redone']} ({s['step_records_checked']} step records checked, "
-                             f"{s['unreadable_log_lines']} log lines cut by a SIGKILL)"),
+                             f"{s['unreadable_log_lines']} log lines cut by a SIGKILL or a full disk)"),
             ("checkpoints compared", ", ".join(s["checkpoints_compared"])),
             ("bit for bit", "yes" if s["bit_exact"] else f"NO: {s['differences'] + s['record_mismatches']}"),
             ("wall time", f"reference {s['reference_seconds']} s, faulted run {s['faulted_seconds']} s"),
             ("problems", "; ".join(s["problems"]) or "none"),
             ("replay", f"--seed {s['seed']} --faults {campaign.faults_asked} --max_steps {campaign.settings.max_steps} "
                        f"--num_steps_per_checkpoint {campaign.settings.checkpoint_every} --nproc "
-                       f"{campaign.settings.nproc}")]
+                       f"{campaign.settings.nproc} --family {s['family']} --disk_faults {campaign.disk_faults_asked}")]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
 def arguments(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--faults", type=int, default=25, help="faults to survive (one more aims at the final write)")
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--faults", type=int, default=25,
+                        help="signals to survive (one more aims at the final write)")
+    parser.add_argument("--disk_faults", type=int, default=0,
+                        help="full disks during checkpoint writes, besides the signals (needs root: a tmpfs)")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="bert",
+                        help="bert: the tiny BERT with LAMB; modern: a tiny ModernBERT with AdamW")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault schedule (random.Random)")
     parser.add_argument("--output_dir", type=Path, help="work folder (default: a temporary one, removed after)")
     parser.add_argument("--max_steps", type=int, default=40)
@@ -747,8 +976,13 @@ def arguments(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--nproc", type=int, default=2, help="processes; 1 runs run_pretraining.py without torchrun")
     parser.add_argument("--json", type=Path, help="also write the summary and every launch here")
     args = parser.parse_args(argv)
-    if args.faults < 1 or args.max_steps < 4 or args.num_steps_per_checkpoint < 1 or args.nproc < 1:
-        parser.error("--faults >= 1, --max_steps >= 4, --num_steps_per_checkpoint >= 1, --nproc >= 1")
+    if min(args.faults, args.disk_faults) < 0 or args.faults + args.disk_faults < 1:
+        raise InputError(f"--faults {args.faults} --disk_faults {args.disk_faults}: each must be >= 0 and together "
+                         ">= 1; ask for at least one fault")
+    for flag, value, least in (("--max_steps", args.max_steps, 4), ("--nproc", args.nproc, 1),
+                               ("--num_steps_per_checkpoint", args.num_steps_per_checkpoint, 1)):
+        if value < least:
+            raise InputError(f"{flag} {value}: must be at least {least}; pass a larger one")
     return args
 
 
@@ -757,19 +991,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     # Started in the background by a shell without job control, this process ignores SIGINT and its launches
     # would inherit that, shrugging off the SIGINT faults: a Python handler is reset to the default at exec.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    settings = Settings(max_steps=args.max_steps, checkpoint_every=args.num_steps_per_checkpoint, nproc=args.nproc)
+    settings = Settings(max_steps=args.max_steps, checkpoint_every=args.num_steps_per_checkpoint, nproc=args.nproc,
+                        family=args.family)
     temporary = None if args.output_dir else tempfile.mkdtemp(prefix="fault_injection_")
     root = args.output_dir or Path(temporary)
     host = detect("cpu")
     try:
-        campaign = run_campaign(root, args.faults, args.seed, settings)
+        campaign = run_campaign(root, args.faults, args.seed, settings, disk_faults=args.disk_faults)
         print()
         print(table(campaign))
         print(f"host: {host_line(host, 'fp32')}, {os.cpu_count()} logical CPUs")
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({"summary": summary(campaign), "host": asdict(host),
-                                             "launches": [{**asdict(launch), "landed": launch.landed}
+                                             "launches": [{**asdict(launch), "landed": launch.landed,
+                                                           "full_disk_failed_at": launch.full_disk_failed_at}
                                                           for launch in campaign.launches]},
                                             indent=1, default=str))
         return 0 if campaign.ok else 1
@@ -779,4 +1015,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(lambda: sys.exit(main()))  # a refusal (InputError: a flag, no tmpfs) is one line, exit 2

@@ -3,6 +3,7 @@ written by a refused run, one-line argument errors. Tiny corpora and vocabs buil
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Callable
 
@@ -14,8 +15,8 @@ from bertrecipe.cli import bert_prep as bertPrep
 from bertrecipe.cli import build_default_corpus
 from bertrecipe.cli import create_pretraining_data as cpd
 from bertrecipe.common.command_line import run_cli
-from bertrecipe.common.errors import DataError
-from bertrecipe.dataprep import layout
+from bertrecipe.common.errors import DataError, InputError
+from bertrecipe.dataprep import download, layout
 from bertrecipe.dataprep.sharding import ShardingConfig, shard_corpus
 from bertrecipe.dataprep.text_formatting import book_groups, format_corpus, format_tasks
 from bertrecipe.dataprep.vocab_training import train_vocab
@@ -51,13 +52,16 @@ def _cli(main: Callable[[list[str]], None], argv: list[str], capsys) -> tuple[in
 
 
 def _snapshot(folder: Path) -> dict[str, object]:
-    """Every entry under folder (symlinks not followed) with its bytes, link target or 'dir'."""
+    """Every entry under folder (symlinks not followed) with its bytes, link target or 'dir'; a FIFO or device
+    node (never read: a FIFO would block) by its inode, type and device number."""
     out: dict[str, object] = {}
     for dirpath, dirnames, filenames in os.walk(folder):
         for name in dirnames + filenames:
             path = Path(dirpath) / name
             key = str(path.relative_to(folder))
-            out[key] = (os.readlink(path) if path.is_symlink() else "dir" if path.is_dir() else path.read_bytes())
+            info = os.lstat(path)
+            out[key] = (os.readlink(path) if path.is_symlink() else "dir" if path.is_dir()
+                        else path.read_bytes() if path.is_file() else (info.st_ino, info.st_mode, info.st_rdev))
     return out
 
 
@@ -169,6 +173,113 @@ def test_formatted_text_inside_the_book_folder_is_refused(tmp_path, monkeypatch,
     code, err = _cli(bertPrep.main, ["--action", "text_formatting", "--dataset", "bookscorpus"], capsys)
     assert code == 2 and len(err.strip().split("\n")) == 1, err
     assert "would be written inside the book folder" in err and str(books) in err, err
+    assert _snapshot(tmp_path) == before
+
+
+# ---------------------------------------------------------------- outputs through symlinks, special files refused
+def _shard_arrays(path: Path) -> dict[str, object]:
+    with h5py.File(path, "r") as f:
+        return {**{k: f[k][:].tolist() for k in f}, **{f"attr {k}": np.asarray(v).tolist() for k, v in f.attrs.items()}}
+
+
+@pytest.mark.parametrize("form", ["a link", "a chain of links", "a dangling link"])
+def test_output_file_that_is_a_symlink_writes_its_target_and_keeps_the_link(form, tmp_path, capsys):
+    vocab, text = _vocab(tmp_path), _text(tmp_path / "in" / "text.txt")
+    plain = tmp_path / "plain.hdf5"  # the oracle: the same shard written to a plain file
+    assert _cli(cpd.main, _cpd_args(text, plain, vocab), capsys)[0] == 0
+    shared = tmp_path / "shared"  # shared storage the run folder links to
+    shared.mkdir()
+    target = shared / "books_0.hdf5"
+    out = tmp_path / "run" / "shard.hdf5"
+    out.parent.mkdir()
+    if form != "a dangling link":
+        target.write_bytes(b"an earlier shard")
+    if form == "a chain of links":
+        (shared / "latest.hdf5").symlink_to(target)
+        out.symlink_to(shared / "latest.hdf5")
+    else:
+        out.symlink_to(target)
+    links = {p: os.readlink(p) for p in (out, shared / "latest.hdf5") if p.is_symlink()}
+    code, err = _cli(cpd.main, _cpd_args(text, out, vocab), capsys)
+    assert code == 0, err
+    assert {p: os.readlink(p) for p in links} == links, "a link was replaced"
+    assert not target.is_symlink() and _shard_arrays(target) == _shard_arrays(plain)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["shard.hdf5"]
+    chain = ["latest.hdf5"] if form == "a chain of links" else []
+    assert sorted(p.name for p in shared.iterdir()) == ["books_0.hdf5", *chain]  # no temporary left
+
+
+def _special_file(path: Path, kind: str) -> None:
+    if kind == "FIFO":
+        os.mkfifo(path)
+        return
+    if os.geteuid() != 0:
+        pytest.skip("making a device node needs root")
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # what /dev/null is
+    except PermissionError:
+        pytest.skip("this container may not make device nodes")
+
+
+@pytest.mark.parametrize("through_link", [False, True], ids=["named", "through a link"])
+@pytest.mark.parametrize("kind,what", [("FIFO", "a FIFO (named pipe)"), ("device", "a character device")])
+def test_output_file_that_is_a_device_or_fifo_is_refused_untouched(kind, what, through_link, tmp_path, capsys):
+    vocab, text = _vocab(tmp_path), _text(tmp_path / "in" / "text.txt")
+    special = tmp_path / "out" / "null"
+    special.parent.mkdir()
+    _special_file(special, kind)
+    output = special
+    if through_link:
+        output = tmp_path / "out" / "shard.hdf5"
+        output.symlink_to(special)
+    before = _snapshot(tmp_path)
+    code, err = _cli(cpd.main, _cpd_args(text, output, vocab), capsys)
+    lines = err.strip().split("\n")
+    assert code == 2 and len(lines) == 1, err
+    link = f"a symlink to {special}, " if through_link else ""
+    assert lines[0] == (f"error: {output}: --output_file is {link}{what}: writing the output there would replace "
+                        "it; move it away, or choose another place for --output_file"), lines[0]
+    assert _snapshot(tmp_path) == before, "the refused run changed the folder"
+
+
+def test_sharding_writes_a_symlinked_shard_through_the_link_and_refuses_a_fifo_first(tmp_path):
+    formatted = tmp_path / "formatted.txt"
+    formatted.write_text("".join(f"Article {i} says a thing. And another.\n\n" for i in range(6)), encoding="utf-8")
+    plain = shard_corpus(ShardingConfig((formatted,), tmp_path / "plain", "c", 2, 0, 0.0)).paths["training"]
+    shared, out = tmp_path / "shared", tmp_path / "out"
+    shared.mkdir()
+    out.mkdir()
+    (out / "c_training_1.txt").symlink_to(shared / "books_1.txt")  # dangling: the shard will be its target
+    os.mkfifo(out / "c_training_0.txt")
+    before = _snapshot(tmp_path)
+    with pytest.raises(DataError, match=r"c_training_0.txt: the text shard is a FIFO \(named pipe\): writing the "
+                                        "output there would replace it; move it away, or choose another place for the "
+                                        "text shard"):
+        shard_corpus(ShardingConfig((formatted,), out, "c", 2, 0, 0.0))
+    assert _snapshot(tmp_path) == before
+    (out / "c_training_0.txt").unlink()
+    shard_corpus(ShardingConfig((formatted,), out, "c", 2, 0, 0.0))
+    assert os.readlink(out / "c_training_1.txt") == str(shared / "books_1.txt")
+    assert (shared / "books_1.txt").read_bytes() == plain[1].read_bytes()
+    assert (out / "c_training_0.txt").read_bytes() == plain[0].read_bytes()
+    assert sorted(p.name for p in shared.iterdir()) == ["books_1.txt"]
+
+
+def test_a_download_is_written_through_a_symlink_and_refused_onto_a_fifo(tmp_path):
+    source = tmp_path / "served" / "dev-v1.1.json"  # a file: URL stands for the server; nothing is downloaded
+    source.parent.mkdir()
+    source.write_bytes(b'{"data": []}')
+    shared, squad = tmp_path / "shared", tmp_path / "squad"
+    shared.mkdir()
+    squad.mkdir()
+    (squad / "dev-v1.1.json").symlink_to(shared / "dev-v1.1.json")  # dangling until the download
+    assert download.fetch(source.as_uri(), squad / "dev-v1.1.json")
+    assert os.readlink(squad / "dev-v1.1.json") == str(shared / "dev-v1.1.json")
+    assert (shared / "dev-v1.1.json").read_bytes() == source.read_bytes()
+    os.mkfifo(squad / "train-v1.1.json")
+    before = _snapshot(tmp_path)
+    with pytest.raises(InputError, match=r"train-v1.1.json: is a FIFO \(named pipe\): writing the output there "):
+        download.fetch(source.as_uri(), squad / "train-v1.1.json")
     assert _snapshot(tmp_path) == before
 
 

@@ -22,12 +22,12 @@ from bertrecipe.common.errors import DataError
 from bertrecipe.dataprep import download, engine, layout, text_formatting
 from bertrecipe.dataprep.create_pretraining_data import (
     ShardConfig,
-    check_paths,
+    check_shard_paths,
     expected_attributes,
     shard_task,
     validate,
 )
-from bertrecipe.dataprep.outputs import inside, refuse_input_as_output
+from bertrecipe.dataprep.outputs import inside, refuse_data_input_as_output
 from bertrecipe.dataprep.shard_writer import is_complete
 from bertrecipe.dataprep.sharding import ShardingConfig, segment_tasks, shard_corpus
 from bertrecipe.dataprep.vocab_training import train_bpe, train_vocab, vocab_path
@@ -126,7 +126,7 @@ def _format_sources(cfg: PrepConfig, corpus: str) -> list:
         dumps = sorted(source.glob("*.xml.bz2")) + sorted(source.glob("*.xml"))
         if not dumps:
             raise DataError(source, "no Wikipedia dump (*.xml.bz2 or *.xml) found; run --action download")
-        refuse_input_as_output(output, "the formatted text", [("dump", d) for d in dumps],
+        refuse_data_input_as_output(output, "the formatted text", [("dump", d) for d in dumps],
                                f"make {output.parent} a folder of its own")
         return dumps
     if corpus == "bookscorpus":
@@ -223,7 +223,7 @@ def do_create_hdf5_files(cfg: PrepConfig) -> None:
     validate(jobs[0])
     expected = expected_attributes(jobs[0])  # reads the vocab (or tokenizer.json): a bad one is refused here
     for job in jobs:
-        check_paths(job)  # no shard may be the vocab or a text shard, whatever symlinks the working dir holds
+        check_shard_paths(job)  # no shard may be the vocab or a text shard, whatever symlinks the working dir holds
     # A shard that exists with the same parameters is complete (it was renamed into place): skip it.
     todo = [j for j in jobs if not is_complete(j.output_file, expected)]
     print(f"{len(jobs) - len(todo)} of {len(jobs)} shards already complete")

@@ -7,17 +7,27 @@ this machine (or the pid is ours but this process did not make it: an earlier ru
 container, had our pid). The names of earlier versions are cleaned the same way: `.<target>.tmp-<pid>` (the data
 tools') and `.<target>.<8 random>.tmp` (the rest; no pid, so always removed). Nothing else is ever deleted, and
 never through a symlink.
+
+An output is written through symlinks or refused, never replaced: when the output's name is a symlink (a chain of
+them, or a dangling one whose target folder exists) the content goes to the final target, under a temporary name
+beside the TARGET renamed onto it, and the link stays as it was (a link to shared storage keeps pointing there).
+An output that exists and is neither a regular file nor a folder (a device node, a FIFO, a socket: a rename would
+replace it, and as root delete /dev/null) is refused with an InputError naming it, before anything is written.
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
 import shutil
+import stat
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator, Optional
+
+from bertrecipe.common.errors import InputError
 
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789_"  # tempfile's, as in the names earlier versions wrote
 _RANDOM = rf"[{_ALPHABET}]{{8}}"
@@ -28,6 +38,53 @@ _LEGACY_RANDOM = re.compile(rf"\.(?P<target>.+)\.{_RANDOM}\.tmp")
 # Temporaries this process made and has not finished with (staged ones stay until exit): though they carry our
 # pid they are never stale.
 _ACTIVE: set[Path] = set()
+
+
+_SPECIAL_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                  (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_file_kind(path: str | Path) -> Optional[str]:
+    """What path is ("a character device", "a FIFO (named pipe)", ...) when it exists and is neither a regular
+    file nor a folder; None otherwise. Symlinks are followed."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # missing, or a link that leads nowhere: nothing there to replace
+        return None
+    return next((kind for is_kind, kind in _SPECIAL_KINDS if is_kind(mode)), None)
+
+
+def _final_target(path: Path) -> Path:
+    """path, or when it is a symlink (a chain of them, a dangling one) where the links finally lead."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def output_problem(path: str | Path) -> tuple[Path, Optional[str]]:
+    """(where a write of path puts its content, why it must not be written there, or None).
+
+    The place is path itself or, when path is a symlink, the link's final target (see the module). The problems:
+    a symlink loop, a link into a folder that does not exist, or something that is not a regular file or a folder
+    (a device node, a FIFO, a socket), which a rename would replace."""
+    path = Path(path)
+    target = _final_target(path)
+    if target.is_symlink():  # realpath stops inside a loop
+        return target, "is a symlink loop"
+    link = f"is a symlink to {target}, " if target != path else "is "
+    if target != path and not target.parent.is_dir():
+        return target, f"{link}whose folder {target.parent} does not exist"
+    kind = special_file_kind(target)
+    if kind is not None:
+        return target, f"{link}{kind}: writing the output there would replace it"
+    return target, None
+
+
+def output_target(path: str | Path) -> Path:
+    """Where a write of path puts its content (output_problem); InputError naming path and the problem when it
+    must not be written."""
+    target, problem = output_problem(path)
+    if problem is not None:
+        raise InputError(f"{path}: {problem}; choose another name for this output")
+    return target
 
 
 def temporary_name(path: Path) -> Path:
@@ -53,15 +110,18 @@ def atomic_output(path: str | Path, clean: bool = True) -> Iterator[Path]:
 
     Missing folders are created and path's stale temporaries removed first (clean=False: the caller did, with
     remove_stale_temporaries_of). On any failure the temporary and the folders created here (when empty) are
-    removed: the location is left as it was found."""
+    removed: the location is left as it was found. A symlink path is written through (its target gets the
+    content, the temporary is made beside the target, whose stale temporaries are removed too); a device node,
+    FIFO or socket at path is an InputError before anything is written (see the module)."""
     path = Path(path)
-    created = make_dirs(path.parent)
-    tmp = temporary_name(path)
+    target = output_target(path)
+    created = make_dirs(target.parent)
+    tmp = temporary_name(target)
     try:
-        if clean:
-            remove_stale_temporaries_of([path])
+        stale_beside = ([path] if clean else []) + ([target] if target != path else [])
+        remove_stale_temporaries_of(stale_beside)
         yield tmp
-        os.replace(tmp, path)
+        os.replace(tmp, target)
         _ACTIVE.discard(tmp)
     except BaseException:
         _discard(tmp)
@@ -87,16 +147,39 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], None], clean: boo
 
 def write_temporary(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     """Runs write(file) on a new temporary file beside `path` (its folder created) and returns it, for a caller
-    that renames several files into place together. The temporary is removed when write() fails."""
+    that renames several files into place together, with move_onto(tmp, path). The temporary is removed when
+    write() fails. A symlink path: the temporary is made beside its target (whose stale temporaries are removed);
+    a device node, FIFO or socket: an InputError before anything is written."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_name(path)
+    target = output_target(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target != path:  # the caller cleans beside path, where it looks for its outputs
+        remove_stale_temporaries_of([target])
+    tmp = temporary_name(target)
     try:
         _write_synced(tmp, write)
     except BaseException:
         _discard(tmp)
         raise
     return tmp
+
+
+def move_onto(source: str | Path, path: str | Path) -> Path:
+    """Renames the finished file `source` onto path's target (output_target): through a symlink, never replacing
+    the link, a device node, a FIFO or a socket. A source on another file system (a scratch folder beside a link
+    to shared storage) is first copied to a temporary beside the target. Returns the target."""
+    source = Path(source)
+    target = output_target(path)
+    try:
+        os.replace(source, target)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+        with open(source, "rb") as original:
+            write_atomic(target, lambda f: shutil.copyfileobj(original, f), clean=False)
+        source.unlink()
+    _ACTIVE.discard(source)
+    return target
 
 
 @contextmanager

@@ -1,7 +1,8 @@
 """How every command chooses its outputs: never onto one of its inputs, and only where they can be written (the
 one home of the writability checks: folders, files, logs).
 The writing itself (a temporary name renamed into place, stale temporaries of killed runs cleaned, nothing left
-behind by a failed write) is atomic_files.py's.
+behind by a failed write, symlinks written through) is atomic_files.py's; what it would refuse mid-run (a device
+node, a FIFO or a socket where an output goes) these checks refuse before any work.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from bertrecipe.common.atomic_files import output_problem
 from bertrecipe.common.errors import InputError
 
 # (path, problem) -> the error to raise; the data tools pass DataError.
@@ -47,13 +49,24 @@ def refuse_input_as_output(output: str | Path, output_flag: str, inputs: Iterabl
                                 f"the input: {fix or 'choose another ' + output_flag}")
 
 
+def refuse_special_output(output: str | Path, output_flag: str, error: ErrorFactory = _input_error) -> Path:
+    """Where an output that is replaced by a rename goes (through symlinks: atomic_files.output_problem);
+    error(output, ...) naming what is there when it is a device node, a FIFO or a socket (the rename would
+    replace it), a symlink loop or a link into a missing folder. Logs, which are appended to, need not call it."""
+    target, problem = output_problem(output)
+    if problem is not None:
+        raise error(output, f"{output_flag} {problem}; move it away, or choose another place for {output_flag}")
+    return target
+
+
 def check_writable(output: str | Path, output_flag: str, error: ErrorFactory = _input_error) -> None:
-    """Refuse, without writing anything, an output that is a folder or whose nearest existing folder cannot
-    be written (the folders themselves are created only when the output is written)."""
+    """Refuse, without writing anything, an output that is a folder, a device node, a FIFO or a socket, or
+    whose nearest existing folder cannot be written (the folders themselves are created only when the output is
+    written). A symlink output is judged by its target, which the write goes to."""
     output = Path(output)
     if output.is_dir():
         raise error(output, f"is a directory; {output_flag} must name a file")
-    folder = output.absolute().parent
+    folder = refuse_special_output(output, output_flag, error).absolute().parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
@@ -101,10 +114,16 @@ def check_writable_file(path: str | Path, what: str, example: str = "dllogger.js
 
 
 def check_writable_folder(folder: str | Path, what: str) -> None:
-    """InputError when files cannot be created in `folder`: it is a file, it is not writable, or it cannot be
-    created (a file or an unwritable folder on the way). Creates nothing."""
+    """InputError when files cannot be created in `folder`: it is a file, a device node, a FIFO or a socket, a
+    symlink to a folder that does not exist (mkdir cannot make it through the link), it is not writable, or it
+    cannot be created (a file or an unwritable folder on the way). Creates nothing. A symlink to a folder is that
+    folder."""
     folder = Path(folder)
     try:
+        refuse_special_output(folder, what)
+        if folder.is_symlink() and not folder.exists():  # mkdir cannot make a folder through a link
+            raise InputError(f"{folder}: {what} is a symlink to {os.path.realpath(folder)}, which does not exist; "
+                             "create that folder or choose another output folder")
         if folder.exists():
             if not folder.is_dir():
                 raise InputError(f"{folder}: {what} exists and is a file; move it or choose another output folder")

@@ -28,7 +28,7 @@ from bertrecipe.dataprep.instances import (
     pair_spans,
     truncate_spans,
 )
-from bertrecipe.dataprep.outputs import check_writable, refuse_input_as_output
+from bertrecipe.dataprep.outputs import check_data_output_writable, refuse_data_input_as_output
 from bertrecipe.dataprep.shard_writer import write_shard_blocks
 from bertrecipe.pretraining.shard_schema import DOCUMENT_CHUNKS, KIND_ATTRIBUTE, SpecialTokenIds
 from bertrecipe.tokenization.bpe import BpeVocab, is_bpe_file, load_bpe
@@ -98,18 +98,18 @@ def shard_attributes(cfg: ShardConfig, vocab_size: int, vocab_sha256: str) -> di
     }
 
 
-def check_paths(cfg: ShardConfig) -> list[Path]:
+def check_shard_paths(cfg: ShardConfig) -> list[Path]:
     """The input files; refuses, before anything is written, an output that is one of the inputs, the vocab,
     a .txt that a folder input would read next time, or a place that cannot be written."""
     named, files = input_paths(cfg.input_file), input_files(cfg.input_file)
     output = Path(cfg.output_file)
     inputs = [("--input_file", p) for p in named + files] + [("--vocab_file", Path(cfg.vocab_file))]
-    refuse_input_as_output(output, "--output_file", inputs)
+    refuse_data_input_as_output(output, "--output_file", inputs)
     for folder in (p for p in named if p.is_dir()):
         if output.suffix == ".txt" and output.resolve().parent == folder.resolve():
             raise DataError(output, f"--output_file is inside the --input_file folder {folder}, whose .txt files "
                                     "are all read as input; choose another --output_file")
-    check_writable(output, "--output_file")
+    check_data_output_writable(output, "--output_file")
     return files
 
 
@@ -208,7 +208,7 @@ def create_shard(cfg: ShardConfig, progress: bool | None = None) -> ShardResult:
 def _read_documents(cfg: ShardConfig, tokenize: Callable[[Iterable[str], Callable[[int], None] | None], Documents],
                     disable: bool | None) -> tuple[Documents, int]:
     """The input's documents, tokenized, and its size in bytes; refuses an input without text."""
-    files = input_files(cfg.input_file) if cfg.checked_by_caller else check_paths(cfg)
+    files = input_files(cfg.input_file) if cfg.checked_by_caller else check_shard_paths(cfg)
     texts = [read_text(path) for path in files]  # all decoded before any output: bad bytes fail early
     input_bytes = sum(path.stat().st_size for path in files)
     with tqdm(total=sum(len(t) for t in texts), unit="char", unit_scale=True,

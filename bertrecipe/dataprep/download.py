@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 from typing import Callable
 
-from bertrecipe.common.atomic_files import atomic_output, scratch_folder
+from bertrecipe.common.atomic_files import atomic_output, move_onto, output_target, scratch_folder
 from bertrecipe.common.errors import DataError
 from bertrecipe.common.files import read_text_file
 
@@ -73,6 +73,7 @@ def fetch(url: str, dest: Path, on_bytes: Callable[[int], None] | None = None, t
     """Download url to dest unless dest exists; resumes `<dest>.part`. True when something was fetched."""
     if dest.is_file():
         return False
+    output_target(dest)  # a device node or FIFO there: refused before the download, never replaced
     part = dest.with_name(dest.name + ".part")
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -90,10 +91,10 @@ def fetch(url: str, dest: Path, on_bytes: Callable[[int], None] | None = None, t
         if expected_total is not None and part.stat().st_size != expected_total:
             raise DataError(url, f"download ended early ({part.stat().st_size} of {expected_total} bytes); run again "
                                  "to resume")
-        os.replace(part, dest)
+        move_onto(part, dest)
     except urllib.error.HTTPError as err:
         if err.code == 416 and part.is_file():  # the part file already holds everything
-            os.replace(part, dest)
+            move_onto(part, dest)
             return True
         raise DataError(url, f"download failed (HTTP {err.code} {err.reason}); check the URL, or try again "
                              "later") from None

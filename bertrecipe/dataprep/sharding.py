@@ -35,11 +35,17 @@ from typing import Callable, Iterator, Sequence
 import blingfire
 import numpy as np
 
-from bertrecipe.common.atomic_files import make_dirs, remove_empty_dirs, remove_stale_temporaries_of, scratch_folder
+from bertrecipe.common.atomic_files import (
+    make_dirs,
+    move_onto,
+    remove_empty_dirs,
+    remove_stale_temporaries_of,
+    scratch_folder,
+)
 from bertrecipe.common.errors import DataError
 from bertrecipe.dataprep.engine import Runner, in_order
 from bertrecipe.dataprep.layout import SPLITS
-from bertrecipe.dataprep.outputs import refuse_input_as_output
+from bertrecipe.dataprep.outputs import refuse_data_input_as_output
 
 FAN_OUT = 128  # most shards written by one write-out task
 WRITE_TASKS = 64  # write-out tasks wanted (fewer when there are fewer shards, more when FAN_OUT needs it)
@@ -146,7 +152,7 @@ def _check(cfg: ShardingConfig) -> None:
         raise DataError("--fraction_test_set", f"must be in [0, 1), got {cfg.fraction_test_set}")
     inputs = [("formatted text", path) for path in cfg.inputs]
     for path in (p for ps in shard_paths(cfg).values() for p in ps):
-        refuse_input_as_output(path, "the text shard", inputs, "write the shards to a folder apart from the "
+        refuse_data_input_as_output(path, "the text shard", inputs, "write the shards to a folder apart from the "
                                                                "formatted text")
 
 
@@ -185,7 +191,7 @@ def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = No
             staged = [str(scratch / path.name) for path in targets]
             _write_out(parts, staged, run)
             for source, target in zip(staged, targets, strict=True):
-                os.replace(source, target)
+                move_onto(source, target)  # a symlinked shard gets the text; the link stays
     except BaseException as err:
         remove_empty_dirs(created)
         if isinstance(err, OSError):

@@ -20,7 +20,7 @@ from tokenizers.implementations import BertWordPieceTokenizer
 
 from bertrecipe.common.atomic_files import atomic_output
 from bertrecipe.common.errors import DataError
-from bertrecipe.dataprep.outputs import check_writable, refuse_input_as_output
+from bertrecipe.dataprep.outputs import check_data_output_writable, refuse_data_input_as_output
 from bertrecipe.tokenization.bpe import load_bpe
 from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, load_vocab
 
@@ -229,9 +229,9 @@ def _check(inputs: Sequence[Path], output: Path, vocab_size: int, minimum: int =
     for path in inputs:
         if not path.is_file():
             raise DataError(path, "formatted text not found (run --action text_formatting first)")
-    refuse_input_as_output(output, "--vocab_file", [("formatted text", path) for path in inputs])
+    refuse_data_input_as_output(output, "--vocab_file", [("formatted text", path) for path in inputs])
     if output.exists() or output.is_symlink():
         # Shards and models made with a vocab stop matching it when it is replaced.
         raise DataError(output, "--vocab_file already exists and create_vocab does not replace a vocab; delete "
                                 "it or choose another --vocab_file")
-    check_writable(output, "--vocab_file")
+    check_data_output_writable(output, "--vocab_file")

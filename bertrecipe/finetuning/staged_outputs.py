@@ -10,7 +10,7 @@ from typing import Any, BinaryIO, Callable, Optional, Sequence
 
 from torch import nn
 
-from bertrecipe.common.atomic_files import remove_stale_temporaries, write_temporary
+from bertrecipe.common.atomic_files import output_target, remove_stale_temporaries, write_temporary
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.families import ModelConfig, config_record
 from bertrecipe.model.weights import save_torch_to
@@ -79,11 +79,12 @@ class StagedOutputs:
         models = [name for name in MODEL_FILES if name in self._staged]
         described = [name for name in self._staged if name not in MODEL_FILES]
         if models:
-            for name in described:
-                (self.output_dir / name).unlink(missing_ok=True)
+            for name in described:  # a symlinked output loses its target's old copy; the link stays
+                output_target(self.output_dir / name).unlink(missing_ok=True)
         done = []
         for name in models + described:
-            os.replace(self._staged.pop(name), self.output_dir / name)
+            # onto the target of a symlinked output, beside which write_temporary put the temporary
+            os.replace(self._staged.pop(name), output_target(self.output_dir / name))
             done.append(self.output_dir / name)
         return done
 

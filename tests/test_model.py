@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from bertrecipe.model.bert import (
+    BERT_KEYS,
     BertConfig,
     BertForPreTraining,
     BertForQuestionAnswering,
@@ -23,6 +24,7 @@ from bertrecipe.model.weights import (
     export_huggingface,
     export_state_dict,
     load_weights_into,
+    read_config,
     read_weights,
     save_torch_atomic,
 )
@@ -81,15 +83,36 @@ def assert_close(a, b, tol=TOL):
     assert diff < tol, f"max abs difference {diff}"
 
 
-def test_config_keeps_unknown_keys_and_pads_vocab(tmp_path):
+def test_config_keeps_the_keys_of_other_readers_and_pads_vocab(tmp_path):
     path = tmp_path / "bert_config.json"
-    path.write_text(json.dumps({**TINY, "hidden_act": "gelu", "my_note": "kept"}))
+    path.write_text(json.dumps({**TINY, "hidden_act": "gelu", "transformers_version": "4.8.2"}))
     config = BertConfig.from_json_file(path)
     assert config.padded_vocab_size == 104 and config.layer_norm_eps == 1e-12
     config.to_json_file(tmp_path / "out.json")
     written = json.loads((tmp_path / "out.json").read_text())
-    assert written["my_note"] == "kept" and written["vocab_size"] == 101
+    assert written["transformers_version"] == "4.8.2" and written["vocab_size"] == 101
     assert BertConfig(vocab_size=30522).padded_vocab_size == 30528
+
+
+def test_the_accepted_keys_cover_what_transformers_and_our_exports_write(tmp_path):
+    """Every key transformers writes into a BERT config (BertConfig and its PretrainedConfig base, and the
+    generation settings it drops on reading) is one we accept, so that a future one is caught here; its file and
+    each of our exports read back with the same model."""
+    theirs = transformers.BertConfig(**TINY, hidden_act="gelu_new", type_vocab_size=3)
+    written = set(theirs.to_dict()) | set(json.loads(theirs.to_json_string(use_diff=False)))
+    written |= set(transformers.PretrainedConfig().to_dict())
+    written |= set(transformers.GenerationConfig._get_default_generation_params())
+    assert written <= BERT_KEYS, sorted(written - BERT_KEYS)
+    (tmp_path / "config.json").write_text(theirs.to_json_string(use_diff=False))
+    ours = read_config(tmp_path / "config.json")
+    assert (ours.hidden_act, ours.type_vocab_size, ours.vocab_size) == ("gelu_new", 3, 101)
+    config = BertConfig(**TINY)
+    for model in (BertForPreTraining(config), BertForQuestionAnswering(config),
+                  BertForSequenceClassification(config, 1), BertForSequenceClassification(config, 3)):
+        folder = tmp_path / f"{type(model).__name__}{getattr(model, 'num_labels', '')}"
+        export_huggingface(model, folder)
+        back = read_config(folder / "config.json")
+        assert {k: v for k, v in back.to_dict().items() if k not in back.extra} == config.to_dict()
 
 
 def test_pretraining_outputs_equal_transformers_on_padded_batch(pair):

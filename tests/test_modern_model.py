@@ -17,9 +17,20 @@ from bertrecipe.model.bert import BertConfig, BertForPreTraining, ConfigError, a
 from bertrecipe.model.documents import document_attention_bias
 from bertrecipe.model.families import config_from_json_file, pretraining_model
 from bertrecipe.model.local_attention import Band, banded_attention
-from bertrecipe.model.modern import ModernBertForMaskedLM, ModernBertModel
-from bertrecipe.model.modern_config import ModernBertConfig
-from bertrecipe.model.weights import export_huggingface, load_weights_into, model_for_weights, read_weights
+from bertrecipe.model.modern import (
+    ModernBertForMaskedLM,
+    ModernBertForQuestionAnswering,
+    ModernBertForSequenceClassification,
+    ModernBertModel,
+)
+from bertrecipe.model.modern_config import MODERN_KEYS, ModernBertConfig
+from bertrecipe.model.weights import (
+    export_huggingface,
+    load_weights_into,
+    model_for_weights,
+    read_config,
+    read_weights,
+)
 from conftest import REPO_ROOT
 
 SMALL = dict(vocab_size=128, hidden_size=32, num_attention_heads=4, num_hidden_layers=4, intermediate_size=48,
@@ -131,10 +142,117 @@ def test_older_config_keys_build_the_same_model_as_transformers_reads_them(tmp_p
 
 def test_bert_configs_still_build_bert(tmp_path):
     (tmp_path / "bert.json").write_text(json.dumps({"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 1,
-                                                    "num_attention_heads": 2, "intermediate_size": 32}))
+                                                    "num_attention_heads": 2, "intermediate_size": 32,
+                                                    "max_position_embeddings": 64}))
     config = config_from_json_file(tmp_path / "bert.json")
     assert isinstance(config, BertConfig)
     assert isinstance(pretraining_model(config), BertForPreTraining)
+
+
+# The keys of the released ModernBERT-base config.json (written by transformers 4.47), sizes shrunk to SMALL's.
+RELEASED = {"architectures": ["ModernBertForMaskedLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "bos_token_id": 1, "classifier_activation": "gelu", "classifier_bias": False, "classifier_dropout": 0.0,
+            "classifier_pooling": "mean", "cls_token_id": 1, "decoder_bias": True, "deterministic_flash_attn": False,
+            "embedding_dropout": 0.0, "eos_token_id": 2, "global_attn_every_n_layers": 3,
+            "global_rope_theta": 160000.0, "gradient_checkpointing": False, "hidden_activation": "gelu",
+            "hidden_size": 32, "initializer_cutoff_factor": 2.0, "initializer_range": 0.02, "intermediate_size": 48,
+            "layer_norm_eps": 1e-05, "local_attention": 8, "local_rope_theta": 10000.0,
+            "max_position_embeddings": 128, "mlp_bias": False, "mlp_dropout": 0.0, "model_type": "modernbert",
+            "norm_bias": False, "norm_eps": 1e-05, "num_attention_heads": 4, "num_hidden_layers": 4,
+            "pad_token_id": 0, "position_embedding_type": "absolute", "sep_token_id": 2, "tie_word_embeddings": True,
+            "torch_dtype": "float32", "transformers_version": "4.47.0.dev0", "vocab_size": 128}
+
+
+def read_both(folder, values):
+    """(ours, transformers') reading of a config.json of `values`."""
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(values))
+    return config_from_json_file(folder / "config.json"), TheirConfig.from_pretrained(folder)
+
+
+def assert_same_model(ours, theirs):
+    assert ours.layer_types == theirs.layer_types and ours.local_attention == theirs.local_attention
+    assert ours.global_rope_theta == theirs.rope_parameters["full_attention"]["rope_theta"]
+    assert ours.local_rope_theta == theirs.rope_parameters["sliding_attention"]["rope_theta"]
+    assert (ours.num_hidden_layers, ours.hidden_size, ours.norm_eps) == \
+        (theirs.num_hidden_layers, theirs.hidden_size, theirs.norm_eps)
+
+
+def test_the_accepted_keys_cover_what_transformers_writes_and_the_released_config(tmp_path):
+    """Every key transformers' ModernBertConfig writes is one we accept (a future one is caught here); the
+    released checkpoints' file, and each of our exports, read back as transformers reads them."""
+    theirs = TheirConfig(**SMALL)
+    written = set(theirs.to_dict()) | set(json.loads(theirs.to_json_string(use_diff=False)))
+    assert written <= MODERN_KEYS, sorted(written - MODERN_KEYS)
+    assert_same_model(*read_both(tmp_path / "current", json.loads(theirs.to_json_string(use_diff=False))))
+    assert_same_model(*read_both(tmp_path / "released", RELEASED))
+    config = ModernBertConfig.from_dict({**SMALL, "model_type": "modernbert", "num_hidden_layers": 5,
+                                         "global_attn_every_n_layers": 2, "local_rope_theta": 5_000.0})
+    for model in (ModernBertForMaskedLM(config), ModernBertForQuestionAnswering(config),
+                  ModernBertForSequenceClassification(config, 1)):
+        export_huggingface(model, tmp_path / type(model).__name__)
+        ours = read_config(tmp_path / type(model).__name__ / "config.json")
+        assert ours.layer_types == config.layer_types and ours.local_rope_theta == 5_000.0
+        assert_same_model(ours, TheirConfig.from_pretrained(tmp_path / type(model).__name__))
+
+
+PATTERN_EVERY_2 = ["full_attention", "sliding_attention"] * 2
+ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 80_000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 5_000.0}}
+
+
+@pytest.mark.parametrize("agreeing, contradicting, first, second", [
+    ({"layer_types": PATTERN_EVERY_2, "global_attn_every_n_layers": 2},
+     {"layer_types": PATTERN_EVERY_2, "global_attn_every_n_layers": 3}, "layer_types", "global_attn_every_n_layers"),
+    ({"rope_parameters": ROPE, "global_rope_theta": 80_000.0, "local_rope_theta": 5_000.0},
+     {"rope_parameters": ROPE, "global_rope_theta": 160_000.0},
+     "rope_parameters.full_attention.rope_theta 80000.0", "global_rope_theta 160000.0"),
+    ({"rope_parameters": {"full_attention": ROPE["full_attention"]}, "local_rope_theta": 5_000.0},
+     {"rope_parameters": ROPE, "local_rope_theta": 10_000.0},
+     "rope_parameters.sliding_attention.rope_theta 5000.0", "local_rope_theta 10000.0"),
+    ({"global_rope_theta": 7_000.0, "local_rope_theta": 7_000.0, "rope_theta": 7_000.0}, {"rope_theta": 80_000.0},
+     "rope_theta 80000.0", "the full_attention layers' default 160000.0"),
+    ({"rope_parameters": {kind: {**params, "rope_theta": 5_000.0} for kind, params in ROPE.items()},
+      "rope_theta": 5_000.0},
+     {"rope_parameters": ROPE, "rope_theta": 80_000.0}, "rope_theta 80000.0",
+     "rope_parameters.sliding_attention.rope_theta 5000.0"),
+    ({"sliding_window": 4, "local_attention": 8}, {"sliding_window": 8}, "local_attention 8", "sliding_window 8"),
+    ({"sliding_window": 16, "local_attention": None}, {"sliding_window": 8, "local_attention": 8},
+     "local_attention 8", "sliding_window 8"),
+], ids=["layer-pattern", "global-base", "local-base", "single-base-default", "single-base", "window",
+        "window-alone"])
+def test_two_keys_that_contradict_are_refused_naming_both_and_agreeing_ones_read_as_transformers_reads_them(
+        tmp_path, agreeing, contradicting, first, second):
+    """transformers silently takes one of two contradicting keys (layer_types, rope_parameters, sliding_window) or
+    ignores one (rope_theta); we refuse them, naming both keys as the file spells them, and read two that agree
+    (or one alone) as transformers does."""
+    base = {**SMALL, "model_type": "modernbert"}
+    values = {k: v for k, v in {**base, **agreeing}.items() if v is not None}
+    assert_same_model(*read_both(tmp_path / "agreeing", values))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**base, **contradicting}))
+    with pytest.raises(ConfigError) as caught:
+        config_from_json_file(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message
+    assert f"{first} " in message and f"contradicts {second}" in message, message
+
+
+@pytest.mark.parametrize("values, spelled", [
+    ({"rope_parameters": {**ROPE, "full_attention": {"rope_type": "default", "rope_theta": -1}}},
+     "rope_parameters.full_attention.rope_theta is -1"),
+    ({"rope_parameters": {**ROPE, "sliding_attention": {"rope_type": "default", "rope_theta": "1e4"}}},
+     "rope_parameters.sliding_attention.rope_theta is '1e4'"),
+    ({"rope_theta": float("inf")}, "rope_theta is inf"),
+], ids=["rope_parameters-global", "rope_parameters-local", "single"])
+def test_a_rotary_base_error_names_the_key_as_the_file_spells_it(tmp_path, values, spelled):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**SMALL, "model_type": "modernbert", **values}))
+    with pytest.raises(ConfigError) as caught:
+        config_from_json_file(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: {spelled}, expected a finite number > 0"), message
+    assert all(key in values or key not in message for key in ("global_rope_theta", "local_rope_theta")), message
 
 
 @pytest.mark.parametrize("values, named", [

@@ -8,9 +8,11 @@ change a result (see `BertModel.skip_padding`).
 """
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import numbers
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
@@ -24,7 +26,7 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.common.files import read_text_file
 from bertrecipe.model.autocast import compute_dtype
 from bertrecipe.model.chunked_cross_entropy import masked_lm_loss
-from bertrecipe.model.documents import document_attention_bias, positions_within_documents
+from bertrecipe.model.documents import document_attention_bias, document_runs, positions_within_documents
 from bertrecipe.model.fast_dropout import Dropout, dropout
 
 VOCAB_PAD_MULTIPLE = 8  # tensor cores and AMX tiles want matrix sides that are multiples of 8
@@ -40,6 +42,38 @@ _SIZE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_h
 _MAX_SIZE = 2**31 - 1
 _PROBABILITY_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 _NON_NEGATIVE_KEYS = ("initializer_range", "layer_norm_eps")
+
+# The keys that shape the model: a config file must give them (Google's, NVIDIA's and Hugging Face's published
+# bert_config.json files always do), so that a forgotten one never builds a BERT-base-sized layer silently.
+# type_vocab_size may be left out: every BERT has the two segments A and B (a checkpoint of another size is
+# refused when its weights load), and layer_norm_eps is absent from Google's and NVIDIA's files.
+BERT_REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                      "max_position_embeddings")
+# Keys any transformers config may carry: PretrainedConfig's, current and of the 4.x releases, and the generation
+# settings that 4.x wrote into config.json (transformers drops those on reading). Both families accept them and
+# keep them in `extra`; test_model.py compares this list with the installed transformers.
+TRANSFORMERS_COMMON_KEYS = frozenset({
+    "_attn_implementation_autoset", "_commit_hash", "_name_or_path", "add_cross_attention", "architectures",
+    "assistant_confidence_threshold", "assistant_lookbehind", "attn_implementation", "bad_words_ids",
+    "begin_suppress_tokens", "bos_token_id", "chunk_size_feed_forward", "cross_attention_hidden_size",
+    "decoder_start_token_id", "diversity_penalty", "do_sample", "dtype", "early_stopping",
+    "encoder_no_repeat_ngram_size", "encoder_repetition_penalty", "eos_token_id", "epsilon_cutoff", "eta_cutoff",
+    "exponential_decay_length_penalty", "finetuning_task", "forced_bos_token_id", "forced_eos_token_id",
+    "gradient_checkpointing", "id2label", "is_decoder", "is_encoder_decoder", "label2id", "length_penalty",
+    "max_length", "min_length", "model_type", "no_repeat_ngram_size", "num_assistant_tokens",
+    "num_assistant_tokens_schedule", "num_beam_groups", "num_beams", "num_labels", "num_return_sequences",
+    "output_attentions", "output_hidden_states", "output_scores", "pad_token_id", "prefix", "problem_type",
+    "pruned_heads", "remove_invalid_values", "repetition_penalty", "return_dict", "return_dict_in_generate",
+    "sep_token_id", "suppress_tokens", "target_lookbehind", "task_specific_params", "temperature", "tf_legacy_loss",
+    "tie_encoder_decoder", "tie_word_embeddings", "tokenizer_class", "top_k", "top_p", "torch_dtype", "torchscript",
+    "transformers_version", "typical_p", "use_bfloat16", "use_cache",
+})
+# BERT keys our model has no use for: transformers' BertConfig (position_embedding_type is checked to be
+# "absolute"), NVIDIA's BertConfig (output_all_encoded_layers) and Google's multilingual and Chinese files.
+BERT_UNUSED_KEYS = frozenset({
+    "classifier_dropout", "position_embedding_type", "output_all_encoded_layers", "directionality",
+    "pooler_fc_size", "pooler_num_attention_heads", "pooler_num_fc_layers", "pooler_size_per_head", "pooler_type",
+})
 
 
 def _short(value: Any) -> str:
@@ -58,9 +92,47 @@ def size_problem(config: Any, keys: tuple[str, ...]) -> str:
     return ""
 
 
+def unknown_keys_problem(keys: Iterable[Any], known: Collection[str], family: str, own_fields: Collection[str],
+                         other_fields: Collection[str], other_family: str) -> str:
+    """"" when every key is known, else "unknown <family> config key A (did you mean B?), ...; <fix>". A misspelling
+    is named with the closest key: of this family's model settings, else the other family's, else any known one."""
+    unknown = [str(key) for key in keys if key not in known]
+    if not unknown:
+        return ""
+    described = []
+    for key in unknown:
+        name = key if key.isidentifier() and len(key) <= 60 else _short(key)  # never a newline in the line
+        if key in other_fields:
+            described.append(f"{name} (a {other_family} key)")
+            continue
+        # A looser match within this family's settings than elsewhere: "notes" is no misspelt norm_eps.
+        for candidates, whose, cutoff in ((own_fields, "", 0.6), (other_fields, f", a {other_family} key", 0.75),
+                                          (known, "", 0.75)):
+            close = difflib.get_close_matches(key, sorted(candidates), n=1, cutoff=cutoff)
+            if close:
+                described.append(f"{name} (did you mean {close[0]}{whose}?)")
+                break
+        else:
+            described.append(name)
+    many = len(unknown) > 1
+    return (f"unknown {family} config key{'s' if many else ''} {', '.join(described)}; correct the spelling or "
+            f"remove {'them' if many else 'it'}")
+
+
+def missing_keys_problem(values: Collection[str], required: tuple[str, ...], family: str, example: str) -> str:
+    """"" when `values` holds every required key, else the missing ones and the fix."""
+    missing = [key for key in required if key not in values]
+    if not missing:
+        return ""
+    return (f"{', '.join(missing)} {'are' if len(missing) > 1 else 'is'} missing; a {family} config must give "
+            f"the keys that shape the model ({', '.join(required)}): add {'them' if len(missing) > 1 else 'it'}, "
+            f"as {example} does")
+
+
 @dataclass
 class BertConfig:
-    """Google's `bert_config.json` fields; keys this class does not know are kept in `extra` and written back.
+    """Google's `bert_config.json` fields (defaults: BERT-base, for code; a file must give BERT_REQUIRED_KEYS). Keys
+    of transformers', NVIDIA's and Google's configs that the model does not use are kept in `extra` and written back.
     Values are checked on construction: ConfigError names the first key that cannot build a model."""
 
     vocab_size: int = 30522
@@ -109,19 +181,31 @@ class BertConfig:
         return math.ceil(self.vocab_size / VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
 
     @classmethod
-    def from_dict(cls, values: Any, source: str | Path = "config") -> "BertConfig":
-        """A config from parsed JSON; ConfigError "<source>: <key> is ..., expected ..." for a bad value."""
+    def from_dict(cls, values: Any, source: str | Path = "config", strict: bool = True,
+                  modern_keys: Collection[str] = ()) -> "BertConfig":
+        """A config from parsed JSON whose every key is known, whose required keys are present and whose values
+        can build a model; ConfigError "<source>: <problem>; <fix>" otherwise. `strict=False` is for a checkpoint's
+        own record: keys that older versions kept there without using them are dropped rather than refused.
+        `modern_keys` (families.py passes them) names a ModernBERT key met here as one."""
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: holds a JSON {type(values).__name__}, expected an object of BERT settings "
                               "such as bert_configs/base.json")
-        known = {f.name for f in fields(cls)} - {"extra"}
-        kwargs = {k: v for k, v in values.items() if k in known}
-        extra = values.get("extra", {})
+        extra = values.get("extra", {})  # the dataclass's own field, as asdict() writes it
         if not isinstance(extra, dict):
             raise ConfigError(f"{source}: extra is {type(extra).__name__}, expected an object; fix it in the config")
-        extra = {**extra, **{k: v for k, v in values.items() if k not in known and k != "extra"}}
+        given = {**extra, **{k: v for k, v in values.items() if k != "extra"}}
+        if not strict:
+            given = {k: v for k, v in given.items() if k in BERT_KEYS}
+        problem = unknown_keys_problem(given, BERT_KEYS, "BERT", BERT_FIELDS, modern_keys, "ModernBERT") or \
+            missing_keys_problem(given, BERT_REQUIRED_KEYS, "BERT", "bert_configs/base.json")
+        if problem:
+            raise ConfigError(f"{source}: {problem}")
+        problem = _unused_key_problem(given)
+        if problem:
+            raise ConfigError(f"{source}: {problem}; fix it in the config")
         try:
-            return cls(**kwargs, extra=extra)
+            return cls(**{k: v for k, v in given.items() if k in BERT_FIELDS},
+                       extra={k: v for k, v in given.items() if k not in BERT_FIELDS})
         except ConfigError as error:
             raise ConfigError(f"{source}: {error}; fix it in the config") from None
 
@@ -137,6 +221,23 @@ class BertConfig:
 
     def to_json_file(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+BERT_FIELDS = frozenset(f.name for f in fields(BertConfig)) - {"extra"}
+BERT_KEYS = BERT_FIELDS | BERT_UNUSED_KEYS | TRANSFORMERS_COMMON_KEYS
+
+
+def _unused_key_problem(given: dict[str, Any]) -> str:
+    """A key our BERT does not use that asks for a model it is not: "" when there is none."""
+    if given.get("model_type", "bert") != "bert":
+        return f"model_type is {_short(given['model_type'])}, expected bert (or modernbert for the modern family)"
+    if given.get("position_embedding_type", "absolute") != "absolute":
+        return (f"position_embedding_type is {_short(given['position_embedding_type'])}, expected absolute (the "
+                "only position embeddings this BERT has)")
+    for key in ("is_decoder", "add_cross_attention"):
+        if given.get(key):
+            return f"{key} is {_short(given[key])}, expected false (this BERT is a bidirectional encoder)"
+    return ""
 
 
 def read_config_json(path: str | Path) -> Any:
@@ -404,6 +505,8 @@ class BertModel(nn.Module):
         positions restart at each, and attention_mask is taken from them (0 at padding)."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
+        if document_ids is not None:
+            document_ids = document_runs(document_ids)  # the one rule of what a document is (documents.py)
         positions = None if document_ids is None else positions_within_documents(document_ids)
         if document_ids is not None:
             attention_mask = (document_ids != 0).long()

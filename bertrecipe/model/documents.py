@@ -1,8 +1,10 @@
 """Rows that hold several documents (packed rows): which token may attend to which, and where positions restart.
 
-A row's `document_ids` ([batch, seq] integers) number its documents 1, 2, ... in runs of consecutive tokens, with
-0 at padding. A token attends only to tokens of its own document (block-diagonal attention, so no document sees
-another), and positions count from 0 at each document's first token, as if every document were alone in its row.
+A row's `document_ids` ([batch, seq] integers) number its documents in runs of consecutive tokens, with 0 at
+padding. A document is an unbroken run of one id: an id that comes back later in the row starts another document
+(document_runs, the one rule, which the models apply before attention, positions and the CUDA spans read the ids).
+A token attends only to tokens of its own document (block-diagonal attention, so no document sees another), and
+positions count from 0 at each document's first token, as if every document were alone in its row.
 """
 from __future__ import annotations
 
@@ -10,6 +12,16 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+
+
+def document_runs(document_ids: Tensor) -> Tensor:
+    """document_ids renumbered so that each unbroken run of one id in a row is a document of its own (1, 2, ... in
+    row order; padding, 0, stays 0): after it, equal ids anywhere in a row and runs of equal ids are the same
+    documents, whichever of the two a consumer reads."""
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    runs = starts.to(document_ids.dtype).cumsum(dim=1)
+    return torch.where(document_ids > 0, runs, torch.zeros_like(runs))
 
 
 def positions_within_documents(document_ids: Tensor) -> Tensor:

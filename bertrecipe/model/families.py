@@ -1,6 +1,7 @@
 """The two model families a config file can choose: BERT (Google's and NVIDIA's) and the modern encoder
-(ModernBERT). A config with `"model_type": "modernbert"` or a key only ModernBERT has builds the modern family;
-every other config builds BERT, as before. The builders give each task's model of the config's family."""
+(ModernBERT). A config with `"model_type": "modernbert"`, or with no model_type and a key only ModernBERT has,
+builds the modern family; every other config builds BERT, as before. The builders give each task's model of the
+config's family."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +9,7 @@ from typing import Any, Union
 
 from torch import nn
 
+from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import (
     BertConfig,
     BertForPreTraining,
@@ -20,16 +22,27 @@ from bertrecipe.model.modern import (
     ModernBertForQuestionAnswering,
     ModernBertForSequenceClassification,
 )
-from bertrecipe.model.modern_config import ModernBertConfig, is_modern
+from bertrecipe.model.modern_config import MODERN_SETTINGS, ModernBertConfig, is_modern
 
 ModelConfig = Union[BertConfig, ModernBertConfig]
 
 
-def config_from_dict(values: Any, source: str | Path = "config") -> ModelConfig:
-    """The config of the family `values` (parsed JSON) describes; ConfigError "<source>: <key> is ..." else."""
+def config_from_dict(values: Any, source: str | Path = "config", strict: bool = True) -> ModelConfig:
+    """The config of the family `values` (parsed JSON) describes; ConfigError "<source>: <problem>; <fix>" else.
+    `strict=False` reads a checkpoint's own record: keys older versions kept there unused are dropped."""
     if isinstance(values, dict) and is_modern(values):
-        return ModernBertConfig.from_dict(values, source=source)
-    return BertConfig.from_dict(values, source=source)
+        return ModernBertConfig.from_dict(values, source=source, strict=strict)
+    return BertConfig.from_dict(values, source=source, strict=strict, modern_keys=MODERN_SETTINGS)
+
+
+def recorded_config(values: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's config record as this version writes it: without the keys older versions kept unused (a
+    resume compares it with the config file's, where such keys are now refused). A record that does not read is
+    returned as it is, for the comparison to name its keys."""
+    try:
+        return config_from_dict(values, strict=False).to_dict()
+    except InputError:
+        return values
 
 
 def config_from_json_file(path: str | Path) -> ModelConfig:

@@ -28,7 +28,7 @@ from bertrecipe.model.bert import (
     span_loss,
 )
 from bertrecipe.model.chunked_cross_entropy import masked_lm_loss
-from bertrecipe.model.documents import document_attention_bias, positions_within_documents
+from bertrecipe.model.documents import document_attention_bias, document_runs, positions_within_documents
 from bertrecipe.model.fast_dropout import Dropout
 from bertrecipe.model.local_attention import Band, banded_attention
 from bertrecipe.model.modern_config import ModernBertConfig
@@ -184,6 +184,7 @@ class ModernBertModel(nn.Module):
             document_ids = torch.ones_like(input_ids) if attention_mask is None else (attention_mask != 0).long()
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         else:
+            document_ids = document_runs(document_ids)  # the one rule of what a document is (documents.py)
             positions = positions_within_documents(document_ids)
         full_length = input_ids.shape[1]
         packing = TokenPacking.of((document_ids != 0).long()) if self.skip_padding else None

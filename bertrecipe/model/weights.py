@@ -187,7 +187,7 @@ def read_weights(path: str | Path) -> LoadedWeights:
     tokenizer = None
     if isinstance(raw, dict) and isinstance(raw.get("model"), dict):
         if isinstance(raw.get("config"), dict):
-            config = config_from_dict(raw["config"], source=f"{path} (its 'config' entry)")
+            config = config_from_dict(raw["config"], source=f"{path} (its 'config' entry)", strict=False)
         tokenizer = raw.get("tokenizer")
         raw = raw["model"]
     if not isinstance(raw, dict) or not any(isinstance(v, Tensor) for v in raw.values()):

@@ -40,7 +40,7 @@ from gemm_peak import (  # benchmarks/, beside this file
 )
 
 from bertrecipe.common.hardware import Host, detect, host_line, host_record, pick_precisions
-from bertrecipe.deploy.onnx_export import TritonSignature, export_onnx, open_qa_session, qa_logits
+from bertrecipe.deploy.onnx_export import TritonSignature, export_onnx, onnx_qa_logits, open_qa_session
 from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
 from bertrecipe.training.optimization import build_adamw
 
@@ -115,7 +115,7 @@ def onnxruntime_step(model: torch.nn.Module, folder: Path) -> Callable[[Batch], 
     session = open_qa_session(folder / "model.onnx", threads=torch.get_num_threads())
 
     def step(batch: Batch) -> None:
-        qa_logits(session, [t.numpy() for t in batch[:3]], len(batch[0]))
+        onnx_qa_logits(session, [t.numpy() for t in batch[:3]], len(batch[0]))
 
     return step
 

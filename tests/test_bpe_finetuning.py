@@ -63,7 +63,7 @@ def google_truncated_row(a, b, max_length):
 def test_glue_features_equal_transformers_tokenizer(bpe_folder, task, folder, length):
     spec = glue_data.get_task(task)
     examples = glue_data.read_examples(spec, TEST_DATA / "glue" / folder, "dev")[:40]
-    ours = glue_data.convert_examples_to_features(examples, spec, load_tokenizer(bpe_folder / "tokenizer.json",
+    ours = glue_data.glue_features(examples, spec, load_tokenizer(bpe_folder / "tokenizer.json",
                                                                                  False), length)
     theirs = their_tokenizer(bpe_folder)
     pairs = spec.text_b is not None

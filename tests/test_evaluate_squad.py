@@ -534,7 +534,7 @@ def test_failed_out_file_write_keeps_the_old_file_and_leaves_no_temporary(tmp_pa
 
 
 def test_cli_reads_the_data_file_once(tmp_path, monkeypatch, capsys):
-    """Its check and its scoring see one read of the file (squad.one_read_per_file), as run_squad.py's do."""
+    """Its check and its scoring see one read of the file (one squad.SquadFile passed on), as run_squad.py's do."""
     import builtins
 
     _, data, pred = write_v2_fixture(tmp_path, {"a": "Paris", "b": "", "c": "2", "d": "x", "e": ""})

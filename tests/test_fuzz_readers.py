@@ -28,12 +28,15 @@ from safetensors.torch import save_file as save_safetensors
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import glue, squad
-from bertrecipe.model.bert import ACTIVATIONS, BertConfig, BertModel, ConfigError
+from bertrecipe.model.bert import ACTIVATIONS, BERT_REQUIRED_KEYS, BertConfig, BertModel, ConfigError
+from bertrecipe.model.families import recorded_config
+from bertrecipe.model.modern_config import MODERN_REQUIRED_KEYS
 from bertrecipe.model.weights import LoadedWeights, WeightsError, read_config, read_weights
 from bertrecipe.pretraining.data import make_batch, read_rows
 from bertrecipe.pretraining.shard_schema import SHARD_KEYS, inspect_shard
 from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, BertTokenizer, load_vocab
 from bertrecipe.training.checkpointing import load_checkpoint
+from conftest import REPO_ROOT
 
 FAST_EXAMPLES = 50
 INTEGRATION_EXAMPLES = 1000
@@ -292,7 +295,7 @@ def test_fuzz_shard_reader(case: Case) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# SQuAD JSON (squad.read_squad_examples, which run_squad uses, and squad.load_squad_json beneath it)
+# SQuAD JSON (squad.read_squad_examples, which run_squad uses, and squad.read_squad_file beneath it)
 # ---------------------------------------------------------------------------------------------------------
 CONTEXT_TEXT = st.text(alphabet=st.sampled_from("ab cd\tE\n\u00e9\u4e2d\u3000\u200b\u202f"), max_size=30)
 
@@ -431,8 +434,9 @@ def bert_config_dict(draw: st.DrawFn) -> dict[str, Any]:
         "max_position_embeddings": draw(st.integers(1, 64)), "type_vocab_size": draw(st.integers(1, 3)),
         "initializer_range": 0.02, "layer_norm_eps": 1e-12,
     }
-    for key in draw(st.lists(st.sampled_from(sorted(values)), max_size=3)):
-        values.pop(key, None)  # missing keys take the defaults
+    optional = sorted(set(values) - set(BERT_REQUIRED_KEYS))
+    for key in draw(st.lists(st.sampled_from(optional), max_size=3)):
+        values.pop(key, None)  # optional keys take the defaults (a missing required one: the mutations)
     if draw(st.booleans()):
         values.update(model_type="bert", architectures=["BertForMaskedLM"], pad_token_id=0)  # Hugging Face's
     return values
@@ -637,6 +641,11 @@ TINY_CONFIG = {"vocab_size": 101, "hidden_size": 32, "num_hidden_layers": 2, "nu
     ({"hidden_act": "gelu_fancy"}, "hidden_act"),
     ({"hidden_act": ["gelu"]}, "hidden_act"),
     ({"extra": "notes"}, "extra"),
+    # keys our BERT does not use, with values that ask for another model
+    ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
+    ({"is_decoder": True}, "is_decoder"),
+    ({"add_cross_attention": True}, "add_cross_attention"),
+    ({"model_type": "roberta"}, "model_type"),
 ])
 def test_config_value_that_cannot_build_a_model_is_one_line_naming_file_and_key(tmp_path, change, key):
     path = tmp_path / "bert_config.json"
@@ -687,9 +696,80 @@ def test_config_built_in_code_is_checked_too():
 
 def test_checkpoint_config_entry_names_the_file_and_key(tmp_path):
     path = tmp_path / "pytorch_model.bin"
-    torch.save({"model": {"bert.pooler.dense.weight": torch.zeros(2, 2)}, "config": {"num_hidden_layers": 0}}, path)
+    torch.save({"model": {"bert.pooler.dense.weight": torch.zeros(2, 2)},
+                "config": {**TINY_CONFIG, "num_hidden_layers": 0}}, path)
     with pytest.raises(InputError, match=rf"^{re.escape(str(path))} \(its 'config' entry\): num_hidden_layers is 0"):
         read_weights(path)
+
+
+# Issue "Nothing lost, round three", case 2: a config is checked by its content.
+MODERN_CONFIG = {"model_type": "modernbert", "vocab_size": 101, "hidden_size": 32, "num_hidden_layers": 3,
+                 "num_attention_heads": 4, "intermediate_size": 48, "max_position_embeddings": 64,
+                 "local_attention": 8, "pad_token_id": 0}
+
+
+def config_error(path: Path, values: dict[str, Any]) -> str:
+    """read_config's one-line error for a file of `values` (it must refuse it)."""
+    path.write_text(json.dumps(values))
+    with pytest.raises(WeightsError) as caught:
+        read_config(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message, message
+    return message
+
+
+@pytest.mark.parametrize("values,named", [
+    ({**{k: v for k, v in TINY_CONFIG.items() if k != "num_hidden_layers"}, "num_hidden_layer": 2},
+     "unknown BERT config key num_hidden_layer (did you mean num_hidden_layers?)"),
+    ({**MODERN_CONFIG, "local_atention": 64}, "unknown ModernBERT config key local_atention (did you mean "
+                                              "local_attention?)"),
+    ({**TINY_CONFIG, "local_atention": 64}, "local_atention (did you mean local_attention, a ModernBERT key?)"),
+    ({**TINY_CONFIG, "model_type": "bert", "local_attention": 64}, "local_attention (a ModernBERT key)"),
+    ({**MODERN_CONFIG, "hidden_act": "gelu"}, "hidden_act (a BERT key)"),
+    ({**TINY_CONFIG, "notes": "my run", "hidden_dropout": 0.1},
+     "unknown BERT config keys notes, hidden_dropout (did you mean hidden_dropout_prob?); correct the spelling or "
+     "remove them"),
+], ids=["misspelt", "misspelt-modern", "modern-key-in-bert", "modern-key-beside-model-type-bert",
+        "bert-key-in-modern", "two-unknown"])
+def test_an_unknown_or_misspelt_config_key_is_one_line_naming_it_and_the_close_known_key(tmp_path, values, named):
+    assert named in config_error(tmp_path / "config.json", values)
+
+
+@pytest.mark.parametrize("family,values,required", [
+    *[("bert", TINY_CONFIG, key) for key in BERT_REQUIRED_KEYS],
+    *[("modern", MODERN_CONFIG, key) for key in MODERN_REQUIRED_KEYS]])
+def test_a_config_without_a_key_that_shapes_the_model_names_it(tmp_path, family, values, required):
+    message = config_error(tmp_path / "config.json", {k: v for k, v in values.items() if k != required})
+    assert f": {required} is missing;" in message
+    with_it = tmp_path / "complete.json"
+    with_it.write_text(json.dumps(values))
+    assert read_config(with_it).to_dict()[required] == values[required]
+
+
+@pytest.mark.parametrize("path", sorted([*(REPO_ROOT / "bert_configs").glob("*.json"),
+                                         *(REPO_ROOT / "tests" / "data").rglob("*config.json")]),
+                         ids=lambda path: path.name)
+def test_every_config_file_of_the_repository_loads_and_is_refused_without_a_required_key(tmp_path, path):
+    values = json.loads(path.read_text(encoding="utf-8"))
+    config = read_config(path)
+    required = MODERN_REQUIRED_KEYS if values.get("model_type") == "modernbert" else BERT_REQUIRED_KEYS
+    assert {key: getattr(config, key) for key in required} == {key: values[key] for key in required}
+    for key in required:
+        less = {k: v for k, v in values.items() if k != key}
+        assert f": {key} is missing;" in config_error(tmp_path / "config.json", less)
+
+
+def test_a_checkpoint_record_drops_the_keys_older_versions_kept_unused(tmp_path):
+    """Our checkpoints store config.to_dict(): one written before unknown keys were refused may hold one, and
+    must still load (and resume: recorded_config is what a resume compares)."""
+    path = tmp_path / "ckpt_2.pt"
+    record = {**BertConfig.from_dict(TINY_CONFIG).to_dict(), "notes": "my run", "architectures": ["BertModel"]}
+    torch.save({"model": {"bert.pooler.dense.weight": torch.zeros(2, 2)}, "config": record}, path)
+    config = read_weights(path).config
+    assert config.num_hidden_layers == TINY_CONFIG["num_hidden_layers"]
+    assert config.extra == {"architectures": ["BertModel"]}  # a transformers key stays, the unknown one is gone
+    assert recorded_config(record) == {k: v for k, v in record.items() if k != "notes"}
+    assert "notes" in config_error(tmp_path / "config.json", record)  # a config file with it is refused
 
 
 def _shard_with(tmp_path: Path, change: Callable[[h5py.File], Any]) -> Path:
@@ -769,11 +849,11 @@ def test_squad_entries_of_wrong_type_are_refused(tmp_path, fields, problem):
 @pytest.mark.parametrize("content", [b"[" * 3000, b'{"data": [], "n": ' + b"9" * 5000 + b"}"],
                          ids=["deep nesting", "5000-digit integer"])
 def test_squad_json_the_parser_trips_over_is_one_line(tmp_path, content):
-    """Before: RecursionError and ValueError (the 4300-digit limit) escaped load_squad_json."""
+    """Before: RecursionError and ValueError (the 4300-digit limit) escaped the SQuAD file reader."""
     path = tmp_path / "train.json"
     path.write_bytes(content)
     with pytest.raises(InputError, match="unusable JSON"):
-        squad.load_squad_json(path)
+        squad.read_squad_file(path)
 
 
 @pytest.mark.parametrize("score", ["nan", "NaN", "inf", "-inf", "1e400"])

@@ -200,7 +200,7 @@ def test_truncation_lengths_equal_the_pop_loop():
 def test_features_equal_reference_layout(tokenizer, folder, name, max_len, truncates):
     task = glue.get_task(name)
     examples = [e for split in ("train", "dev") for e in glue.read_examples(task, GLUE_EXCERPTS / folder, split)]
-    features = glue.convert_examples_to_features(examples, task, tokenizer, max_len)
+    features = glue.glue_features(examples, task, tokenizer, max_len)
     assert features.input_ids.shape == (len(examples), max_len) and features.input_ids.dtype == np.int32
     full = 0
     for i, example in enumerate(examples):
@@ -228,7 +228,7 @@ def test_features_equal_reference_layout(tokenizer, folder, name, max_len, trunc
 def test_test_split_features_have_no_labels(tmp_path, tokenizer):
     (tmp_path / "test.tsv").write_text("index\tsentence1\tsentence2\n0\tA.\tB.\n", encoding="utf-8")
     task = glue.get_task("rte")
-    features = glue.convert_examples_to_features(glue.read_examples(task, tmp_path, "test"), task, tokenizer, 16)
+    features = glue.glue_features(glue.read_examples(task, tmp_path, "test"), task, tokenizer, 16)
     assert features.labels.tolist() == [-1]
 
 
@@ -324,9 +324,9 @@ def test_max_seq_length_must_keep_a_token_of_every_sentence(tmp_path):
     single, pair = glue.get_task("sst-2"), glue.get_task("rte")
     one = [glue.GlueExample("0", "the movie", None, "1")]
     two = [glue.GlueExample("0", "the movie", "the plot", "entailment")]
-    assert glue.convert_examples_to_features(one, single, tokenizer, 3).input_ids.tolist() == [[2, 5, 3]]
-    assert glue.convert_examples_to_features(two, pair, tokenizer, 5).input_ids.tolist() == [[2, 5, 3, 5, 3]]
+    assert glue.glue_features(one, single, tokenizer, 3).input_ids.tolist() == [[2, 5, 3]]
+    assert glue.glue_features(two, pair, tokenizer, 5).input_ids.tolist() == [[2, 5, 3, 5, 3]]
     with pytest.raises(InputError, match="max_seq_length 2 is too short for sst-2: it needs at least 3"):
-        glue.convert_examples_to_features(one, single, tokenizer, 2)
+        glue.glue_features(one, single, tokenizer, 2)
     with pytest.raises(InputError, match="max_seq_length 4 is too short for rte: it needs at least 5"):
-        glue.convert_examples_to_features(two, pair, tokenizer, 4)  # would drop the second sentence whole
+        glue.glue_features(two, pair, tokenizer, 4)  # would drop the second sentence whole

@@ -12,7 +12,7 @@ import transformers
 from test_run_glue import glue, subset
 from test_run_squad import EXCERPT, squad, squad_subset
 
-from bertrecipe.deploy.onnx_export import TritonSignature, export_onnx, open_qa_session, qa_logits
+from bertrecipe.deploy.onnx_export import TritonSignature, export_onnx, onnx_qa_logits, open_qa_session
 from bertrecipe.model.weights import export_huggingface, load_weights_into, model_for_weights, read_weights
 from conftest import ENV, REPO_ROOT, TEST_DATA
 
@@ -106,7 +106,7 @@ def test_squad_fine_tunes_a_modern_folder_and_its_model_exports_to_transformers_
     assert torch.allclose(end[real], output.end_logits[real], rtol=1e-4, atol=1e-5)
     segments = torch.zeros_like(ids)
     export_onnx(TritonSignature(ours), (ids, segments, mask), tmp_path / "model.onnx", "squad", opset=17)
-    onnx_start, onnx_end = qa_logits(open_qa_session(tmp_path / "model.onnx"),
+    onnx_start, onnx_end = onnx_qa_logits(open_qa_session(tmp_path / "model.onnx"),
                                      [ids.numpy(), segments.numpy(), mask.numpy()], batch_size=2)
     assert torch.allclose(torch.from_numpy(onnx_start)[real], start[real], rtol=1e-3, atol=1e-4)
     assert torch.allclose(torch.from_numpy(onnx_end)[real], end[real], rtol=1e-3, atol=1e-4)

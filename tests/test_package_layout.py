@@ -178,3 +178,18 @@ def test_the_package_map_names_every_module_in_its_sub_packages_row():
                for module in sorted(folder.glob("*.py"))
                if module.name != "__init__.py" and f"`{module.name}`" not in rows[folder.name]]
     assert missing == [], f"bertrecipe/README.md does not name {missing}"
+
+
+COMMAND_PROTOCOL = {"main", "cli", "parse_args", "run"}  # every command module's entry points, alike by design
+
+
+def test_one_meaning_per_public_function_name():
+    """No two modules of the package define a public function of one name (bar the commands' own entry points):
+    a reader who meets a name knows which function it is."""
+    homes: dict[str, list[str]] = defaultdict(list)
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                homes[node.name].append(str(path.relative_to(REPO_ROOT)))
+    shared = {name: files for name, files in homes.items() if len(files) > 1 and name not in COMMAND_PROTOCOL}
+    assert shared == {}

@@ -13,13 +13,15 @@ from test_run_glue import GLUE_EXCERPTS, glue, subset
 
 from bertrecipe.cli import plot_logs
 from bertrecipe.training.metric_logger import read_log
-from conftest import REPO_ROOT, TEST_DATA
+from conftest import REPO_ROOT, TEST_DATA, VOCAB_EXCERPT
 
 matplotlib.use("Agg")
 
 
+# The shards are made with the vocab excerpt: a model of its size (a larger one is refused as another's).
+TINY_VOCAB = sum(1 for _ in VOCAB_EXCERPT.open(encoding="utf-8"))
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
-        "max_position_embeddings": 128, "vocab_size": 30522, "hidden_act": "gelu", "type_vocab_size": 2,
+        "max_position_embeddings": 128, "vocab_size": TINY_VOCAB, "hidden_act": "gelu", "type_vocab_size": 2,
         "initializer_range": 0.02, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

@@ -13,9 +13,10 @@ from bertrecipe.cli import run_pretraining as run_pretraining_command
 from bertrecipe.model.bert import BertConfig, BertForPreTraining, BertForSequenceClassification
 from bertrecipe.model.weights import load_weights_into, read_weights
 from bertrecipe.pretraining.data import BertPretrainingCriterion
-from bertrecipe.pretraining.startup import build_model
+from bertrecipe.pretraining.startup import build_pretraining_model
 from bertrecipe.training.metric_logger import read_log
 from bertrecipe.training.optimization import TimeBudgetScheduler
+from bertrecipe.training.process_group import DistributedContext
 from bertrecipe.training.stepper import seed_everything
 from conftest import TINY
 
@@ -121,13 +122,13 @@ def test_resume_refuses_a_change_of_no_nsp(corpus, tmp_path):
 def test_pretrain_dropout_replaces_the_configs_dropout_in_the_model_only(run_pretraining):
     args = run_pretraining.parse_args(REQUIRED + ["--pretrain_dropout", "0"])
     config = BertConfig(**TINY)
-    model = build_model(args, config, torch.device("cpu")).train()
+    model = build_pretraining_model(args, config, torch.device("cpu")).train()
     batch = tiny_batch(config)
     first, second = (model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                            masked_lm_labels=batch["masked_lm_labels"]).loss for _ in range(2))
     assert torch.equal(first, second)  # no dropout left in training mode
     assert config.hidden_dropout_prob == TINY["hidden_dropout_prob"]  # the run's (and checkpoint's) config
-    default = build_model(run_pretraining.parse_args(REQUIRED), config, torch.device("cpu")).train()
+    default = build_pretraining_model(run_pretraining.parse_args(REQUIRED), config, torch.device("cpu")).train()
     first, second = (default(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                              masked_lm_labels=batch["masked_lm_labels"]).loss for _ in range(2))
     assert not torch.equal(first, second)
@@ -144,8 +145,8 @@ def test_masked_lm_prob_draws_more_predictions_than_the_shards_hold(corpus, tmp_
                           "--max_seq_length", "64", "--dynamic_masking", "--masked_lm_prob", "0.3",
                           "--max_predictions_per_seq", "19"])
     config = BertConfig(**TINY)
-    shards, _ = rp.inspect_inputs(args, config)
-    spec = rp.masking_spec(args, shards, config)
+    shards, _ = rp.inspect_inputs(args, config, DistributedContext(0, 0, 1, torch.device("cpu")))
+    spec = rp.masking_spec(args, shards, config, None)
     assert shards[0].max_predictions == 10 and spec.max_predictions == 19 and spec.masked_lm_prob == 0.3
     capped = pretrain(corpus, tmp_path / "capped", "--train_batch_size", 8, "--max_steps", 1, "--dynamic_masking",
                       "--masked_lm_prob", 0.3)
@@ -235,8 +236,9 @@ def test_compiled_and_eager_models_give_the_same_loss_and_gradients():
 
 def test_compile_flag_compiles_the_model_in_place(run_pretraining):
     config = BertConfig(**TINY)
-    compiled = build_model(run_pretraining.parse_args(REQUIRED + ["--compile"]), config, torch.device("cpu"))
-    eager = build_model(run_pretraining.parse_args(REQUIRED), config, torch.device("cpu"))
+    compiled = build_pretraining_model(run_pretraining.parse_args(REQUIRED + ["--compile"]), config,
+                                       torch.device("cpu"))
+    eager = build_pretraining_model(run_pretraining.parse_args(REQUIRED), config, torch.device("cpu"))
     assert isinstance(compiled, BertForPreTraining) and compiled._compiled_call_impl is not None
     assert eager._compiled_call_impl is None
 

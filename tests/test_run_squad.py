@@ -3,6 +3,7 @@ tiny_bert, laid out as a pretrained encoder download): a few training steps on s
 prediction and evaluation on others, from the excerpt in tests/data/squad (mechanics, files and formats, not
 accuracy: see benchmarks/finetune_accuracy.py); and its refusals, staging and cleaning on a tiny model built in the
 test's folder."""
+import hashlib
 import json
 import os
 import shutil
@@ -86,7 +87,8 @@ def test_training_prediction_and_evaluation_write_files_and_final_log(trained, f
     assert 0 <= final["data"]["exact_match"] <= final["data"]["F1"] <= 100
     assert final["data"]["train_steps"] == 3
     checkpoint = torch.load(trained / "pytorch_model.bin", weights_only=True)
-    assert set(checkpoint) == {"model"} and "qa_outputs.weight" in checkpoint["model"]
+    assert set(checkpoint) == {"model", "tokenizer"} and "qa_outputs.weight" in checkpoint["model"]
+    assert checkpoint["tokenizer"]["sha256"] == hashlib.sha256((tiny_bert / "vocab.txt").read_bytes()).hexdigest()
     written = json.loads((trained / "bert_config.json").read_text())
     assert written["hidden_size"] == json.loads((tiny_bert / "config.json").read_text())["hidden_size"] == 32
 
@@ -386,3 +388,25 @@ def test_the_predict_file_is_read_once_in_a_predict_and_eval_run(squad_rerun, mo
                                        load_vocab(root / "model" / "vocab.txt"), False,
                                        squad_lib.WindowSettings(24, 8, 8), False, False)
     assert squad_lib.features_cache_path(root / "cache", key).is_file()
+
+
+def test_the_predict_file_is_read_once_for_features_scoring_check_and_scores(tiny_bert, files, tmp_path,
+                                                                              monkeypatch):
+    """One squad.SquadFile is passed to all that uses --predict_file (no module-global cache): the examples, the
+    feature-cache key, the scoring check and the scores see one read of it."""
+    import builtins
+
+    predict = files["predict"]
+    real_open, opened = builtins.open, []
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, (str, Path)) and Path(file).resolve() == predict.resolve():
+            opened.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    run_squad.main(["--output_dir", str(tmp_path / "out"), "--vocab_file", str(tiny_bert / "vocab.txt"),
+                    "--do_lower_case", "--disable_progress_bar", "--init_checkpoint", str(tiny_bert),
+                    "--predict_file", str(predict), "--do_predict", "--do_eval", "--skip_cache", *SHORT])
+    assert len(opened) == 1
+    assert (tmp_path / "out" / "predictions.json").is_file()

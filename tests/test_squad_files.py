@@ -63,12 +63,12 @@ def test_v2_impossible_questions(tmp_path):
     assert [e.is_impossible for e in examples] == [False, False, True]
     with pytest.raises(InputError, match="'n' has no answer .*version_2_with_negative"):
         squad.read_squad_examples(path, is_training=True, version_2_with_negative=False)
-    assert squad.is_squad_v2(squad.load_squad_json(path))
+    assert squad.is_squad_v2(squad.read_squad_file(path).data)
 
 
 def test_squad_version_is_recognized_from_the_file():
-    assert not squad.is_squad_v2(squad.load_squad_json(EXCERPT / "dev-v1.1.json"))
-    v2 = squad.load_squad_json(EXCERPT / "dev-v2.0.json")
+    assert not squad.is_squad_v2(squad.read_squad_file(EXCERPT / "dev-v1.1.json").data)
+    v2 = squad.read_squad_file(EXCERPT / "dev-v2.0.json").data
     assert squad.is_squad_v2(v2)
     del v2["version"]
     assert squad.is_squad_v2(v2)  # from is_impossible

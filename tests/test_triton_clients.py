@@ -103,7 +103,7 @@ def test_squad_client_predictions_onto_the_predict_file_are_refused(vocab, predi
 
 
 def test_squad_client_reads_the_predict_file_once(vocab, predict_file, tmp_path, monkeypatch, capsys):
-    """Its examples, feature-cache key and scoring see one read of the file (squad.one_read_per_file), as
+    """Its examples, feature-cache key and scoring see one read of the file (one squad.SquadFile passed on), as
     run_squad.py's do; a stand-in answers for the server."""
     import builtins
     from pathlib import Path

@@ -64,7 +64,7 @@ def target_kind(dst: Path, source_format: str) -> str:
     return "ours" if source_format == "nvidia" else "nvidia"
 
 
-def check_paths(args: argparse.Namespace, kind: str) -> None:
+def check_export_paths(args: argparse.Namespace, kind: str) -> None:
     """Refuses, before anything is read or written, a file to write that is one of the inputs (SRC and its files,
     --config_file, --vocab_file) or cannot be written, one that would be overwritten without --overwrite, and a
     --vocab_file that is not a file."""
@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     if not args.src.exists():
         raise InputError(f"{args.src}: no such checkpoint file or directory")
     # Whether DST is a directory or a file does not depend on the source's naming: check it before reading.
-    check_paths(args, "huggingface" if (args.to or target_kind(args.dst, "ours")) == "huggingface" else "checkpoint")
+    exporting = (args.to or target_kind(args.dst, "ours")) == "huggingface"
+    check_export_paths(args, "huggingface" if exporting else "checkpoint")
     weights = read_weights(args.src)
     config = read_config(args.config_file) if args.config_file else weights.config
     if config is None:

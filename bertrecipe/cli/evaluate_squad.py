@@ -22,7 +22,6 @@ from bertrecipe.common.atomic_files import write_atomic
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable, refuse_input_as_output
-from bertrecipe.finetuning.squad import one_read_per_file
 from bertrecipe.finetuning.squad_metrics import evaluate_files
 
 
@@ -85,8 +84,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     out_file = check_out_file(args.out_file, inputs) if args.out_file else None
     # `> pred.json` has emptied the predictions before this runs: say so rather than "malformed JSON".
     refuse_input_as_output("/dev/stdout", "the standard output", inputs, fix="send the output (>) to another file")
-    with one_read_per_file():  # the data file is read once, for its check and its scoring
-        result = evaluate_files(args.data_file, args.pred_file, args.na_prob_file, args.na_prob_thresh, args.strict)
+    result = evaluate_files(args.data_file, args.pred_file, args.na_prob_file, args.na_prob_thresh, args.strict)
     is_v2 = "exact" in result
     if out_file is not None:
         write_scores(out_file, result)

@@ -77,7 +77,7 @@ def check_common_arguments(args: argparse.Namespace) -> None:
     allow_tf32(args.tf32)
 
 
-def loop_settings(args: argparse.Namespace, progress_bar: bool, trim_padding: bool = False) -> LoopSettings:
+def finetuning_loop_settings(args: argparse.Namespace, progress_bar: bool, trim_padding: bool = False) -> LoopSettings:
     """The fine-tuning loop's settings from the common flags (checked): --train_batch_size is split into
     --gradient_accumulation_steps micro-batches."""
     return LoopSettings(micro_batch_size=args.train_batch_size // args.gradient_accumulation_steps,
@@ -103,7 +103,7 @@ def model_inputs(args: argparse.Namespace) -> Paths:
     return inputs
 
 
-def check_output_paths(args: argparse.Namespace, inputs: Paths, files: Sequence[str]) -> None:
+def check_run_outputs(args: argparse.Namespace, inputs: Paths, files: Sequence[str]) -> None:
     """Refuses, before the first write, an output that is one of the run's inputs (InputError naming both): the
     --output_dir folder (nor an input folder), the `files` this run writes in it, the --json-summary log; and an
     output file that cannot be written where it is named."""

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from bertrecipe.cli import finetuning_flags
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
-from bertrecipe.finetuning import glue, loop
+from bertrecipe.finetuning import glue, glue_task, loop
 from bertrecipe.finetuning.model_loading import build_model, config_and_weights, load_tokenizer
 from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
 from bertrecipe.finetuning.timed_inference import latency_summary, timed_inference
@@ -70,13 +70,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if args.max_seq_length < glue.min_seq_length(task):
         raise InputError(f"--max_seq_length {args.max_seq_length} is too small for {task.name}: it needs at least "
                          f"{glue.min_seq_length(task)} ([CLS], [SEP] and one token of each sentence)")
-    check_output_paths(args, task)
+    check_glue_outputs(args, task)
     args.max_steps = int(args.max_steps)
     args.log_freq = max(1, args.log_freq)
     return args
 
 
-def check_output_paths(args: argparse.Namespace, task: glue.GlueTask) -> None:
+def check_glue_outputs(args: argparse.Namespace, task: glue.GlueTask) -> None:
     """None of the files this run writes (model, predictions, results, log) may be one of its inputs: the task's
     folder and files, the model's files."""
     tasks = [task, glue.get_task("mnli-mm")] if task.name == "mnli" else [task]
@@ -88,17 +88,7 @@ def check_output_paths(args: argparse.Namespace, task: glue.GlueTask) -> None:
              *(("eval_predictions.tsv",) if args.do_eval else ()),
              *(("eval_mismatched_predictions.tsv",) if args.do_eval and task.name == "mnli" else ()),
              *(("test_predictions.tsv",) if args.do_predict else ())]
-    finetuning_flags.check_output_paths(args, inputs, files)
-
-
-def read_split(task: glue.GlueTask, args: argparse.Namespace, tokenizer: Any, split: str) -> glue.GlueFeatures:
-    """The features of one split; InputError naming the file when it holds no example."""
-    examples = glue.read_examples(task, args.data_dir, split)
-    if not examples:
-        flag = {"train": "--do_train", "dev": "--do_eval", "test": "--do_predict"}[split]
-        raise InputError(f"{glue.split_file(task, args.data_dir, split)}: no examples (the file holds no line "
-                         f"after its header); {flag} needs at least one")
-    return glue.convert_examples_to_features(examples, task, tokenizer, args.max_seq_length)
+    finetuning_flags.check_run_outputs(args, inputs, files)
 
 
 def read_splits(task: glue.GlueTask, args: argparse.Namespace, tokenizer: Any) -> dict[str, glue.GlueFeatures]:
@@ -106,41 +96,13 @@ def read_splits(task: glue.GlueTask, args: argparse.Namespace, tokenizer: Any) -
     splits = {}
     for split, wanted in (("train", args.do_train), ("dev", args.do_eval), ("test", args.do_predict)):
         if wanted:
-            splits[split] = read_split(task, args, tokenizer, split)
+            splits[split] = glue_task.split_features(task, args.data_dir, split, tokenizer, args.max_seq_length)
     mismatched = glue.get_task("mnli-mm")
     if task.name == "mnli" and args.do_eval and glue.split_file(mismatched, args.data_dir, "dev").is_file():
         # MNLI is reported on both dev sets, as GLUE does: matched (eval_*) and mismatched (eval_mm_*).
-        splits["dev_mm"] = read_split(mismatched, args, tokenizer, "dev")
+        splits["dev_mm"] = glue_task.split_features(mismatched, args.data_dir, "dev", tokenizer,
+                                                    args.max_seq_length)
     return splits
-
-
-def feature_arrays(features: glue.GlueFeatures) -> dict[str, np.ndarray]:
-    return {"input_ids": features.input_ids, "segment_ids": features.segment_ids,
-            "input_mask": features.input_mask, "labels": features.labels}
-
-
-def classification_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    return model(batch["input_ids"], batch["segment_ids"], batch["input_mask"], labels=batch["labels"])[0]
-
-
-def classification_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor]:
-    return (model(batch["input_ids"], batch["segment_ids"], batch["input_mask"])[1],)
-
-
-def predictions_of(task: glue.GlueTask, logits: np.ndarray) -> np.ndarray:
-    """Class indexes (int64 [N]), or the scores (float32 [N]) of a regression task."""
-    return logits[:, 0] if task.is_regression else logits.argmax(-1)
-
-
-def predictions_text(task: glue.GlueTask, preds: np.ndarray, labels: Optional[np.ndarray]) -> str:
-    """GLUE's submission layout (index, prediction as a label string or score), with the gold label on dev."""
-    def shown(values: np.ndarray, i: int) -> str:
-        return f"{float(values[i]):.6f}" if task.is_regression else task.labels[int(values[i])]
-
-    lines = ["index\tprediction" + ("\tlabel" if labels is not None else "")]
-    for i in range(len(preds)):
-        lines.append(f"{i}\t{shown(preds, i)}" + (f"\t{shown(labels, i)}" if labels is not None else ""))
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -173,18 +135,18 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
     state = prepare(args, ctx)
     # The lock is the run's first write into --output_dir: one run there at a time (run_lock.py).
     with finetuning_flags.locked_output_dir(args, ctx):
-        log = open_log(args, ctx, state.bar)
+        log = open_glue_log(args, ctx, state.bar)
         results: dict[str, Any] = {"task": state.task.name}
         # The model, the predictions and results.json are staged and renamed into place together at the end, so
         # that a failure on the way leaves the previous run's files as they were (StagedOutputs).
         with StagedOutputs(args.output_dir, OUTPUTS) as stage:
             if args.do_train:
-                results.update(train(state, log))
+                results.update(train_glue(state, log))
                 if ctx.is_main:
                     stage_finetuned(stage, state.model, state.config, state.vocab)
                 barrier(ctx)
             if ctx.is_main and (args.do_eval or args.do_predict):
-                results.update(evaluate(state, stage))
+                results.update(evaluate_and_predict(state, stage))
                 results["eval_batch_size"] = args.eval_batch_size
                 stage.write_json("results.json", results)
             if ctx.is_main:
@@ -212,7 +174,7 @@ def prepare(args: argparse.Namespace, ctx: DistributedContext) -> GlueRun:
     return GlueRun(args, ctx, task, precision, bar, config, model, splits, tokenizer.vocab)
 
 
-def open_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> MetricLogger:
+def open_glue_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> MetricLogger:
     log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar else print)
     log.log("PARAMETER", {k: v for k, v in vars(args).items() if not k.startswith("_")}, echo=False)
     for metric, unit in (("e2e_train_time", "s"), ("training_sequences_per_second", "sequences/s"),
@@ -223,16 +185,16 @@ def open_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> Me
     return log
 
 
-def train(state: GlueRun, log: MetricLogger) -> dict[str, Any]:
+def train_glue(state: GlueRun, log: MetricLogger) -> dict[str, Any]:
     args, ctx, features = state.args, state.ctx, state.splits["train"]
-    settings = finetuning_flags.loop_settings(args, state.bar, trim_padding=True)
-    results = loop.train_loop(state.model, feature_arrays(features), classification_loss, settings, state.precision,
-                              ctx, log)
+    settings = finetuning_flags.finetuning_loop_settings(args, state.bar, trim_padding=True)
+    results = loop.finetuning_loop(state.model, glue_task.glue_arrays(features), glue_task.glue_loss, settings,
+                              state.precision, ctx, log)
     return {**results, "train_examples": len(features),
             "train_steps": loop.optimizer_steps(len(features), settings, ctx)}
 
 
-def evaluate(state: GlueRun, stage: StagedOutputs) -> dict[str, Any]:
+def evaluate_and_predict(state: GlueRun, stage: StagedOutputs) -> dict[str, Any]:
     """Dev metrics and test predictions (staged); returns their results.json entries."""
     results: dict[str, Any] = {}
     if state.args.do_eval:
@@ -256,7 +218,7 @@ def score_dev(state: GlueRun, stage: StagedOutputs, task: glue.GlueTask, feature
     preds, latencies = predict_split(state, task, features)
     scores = {f"{prefix}_{k}": v for k, v in glue.compute_metrics(task, preds, features.labels).items()}
     scores[f"{prefix}_examples"] = len(features)
-    stage.write_text(file_name, predictions_text(task, preds, features.labels))
+    stage.write_text(file_name, glue_task.predictions_tsv(task, preds, features.labels))
     return scores, latencies
 
 
@@ -264,7 +226,7 @@ def predict_test(state: GlueRun, stage: StagedOutputs) -> dict[str, Any]:
     """Test predictions (staged as test_predictions.tsv) and the timings of that pass."""
     test = state.splits["test"]
     preds, latencies = predict_split(state, state.task, test)
-    stage.write_text("test_predictions.tsv", predictions_text(state.task, preds, None))
+    stage.write_text("test_predictions.tsv", glue_task.predictions_tsv(state.task, preds, None))
     timing = latency_summary(latencies, len(test))
     # The unprefixed keys belong to the dev pass when there is one; the test pass always keeps its own
     # prediction_* copy, so that running both never drops the prediction latency.
@@ -276,9 +238,9 @@ def predict_test(state: GlueRun, stage: StagedOutputs) -> dict[str, Any]:
 
 def predict_split(state: GlueRun, task: glue.GlueTask,
                   features: glue.GlueFeatures) -> tuple[np.ndarray, list[float]]:
-    (logits,), latencies = timed_inference(state.model, feature_arrays(features), state.args.eval_batch_size,
-                                           state.precision, classification_logits, state.bar, trim=True)
-    return predictions_of(task, logits), latencies
+    (logits,), latencies = timed_inference(state.model, glue_task.glue_arrays(features), state.args.eval_batch_size,
+                                           state.precision, glue_task.glue_logits, state.bar, trim=True)
+    return glue_task.glue_predictions(task, logits), latencies
 
 
 def cli() -> NoReturn:

@@ -28,11 +28,17 @@ from bertrecipe.model.families import ModelConfig, is_modern_config
 from bertrecipe.model.weights import read_config
 from bertrecipe.pretraining import masking
 from bertrecipe.pretraining.data import BertPretrainingCriterion
-from bertrecipe.pretraining.loop import LoopSettings, TrainingSetup, evaluate, train_loop
+from bertrecipe.pretraining.loop import LoopSettings, TrainingSetup, evaluate, pretraining_loop
 from bertrecipe.pretraining.resume_rules import check_resume, find_resume_checkpoint, stream_lanes, with_fingerprints
 from bertrecipe.pretraining.run_tokenizer import refuse_checkpoint_of_another_tokenizer, run_tokenizer
 from bertrecipe.pretraining.shard_schema import ShardInfo, find_shards, inspect_shard
-from bertrecipe.pretraining.startup import ResumePoint, build_model, masking_spec, sample_stream, set_up_optimizer
+from bertrecipe.pretraining.startup import (
+    ResumePoint,
+    build_pretraining_model,
+    masking_spec,
+    sample_stream,
+    set_up_optimizer,
+)
 from bertrecipe.pretraining.token_budget import BatchRamp, batch_ramp
 from bertrecipe.tokenization.vocab_files import AnyVocab, TokenizerIdentity, load_vocab_file
 from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, check_vocab_for_model
@@ -418,7 +424,7 @@ def open_log(args: argparse.Namespace, ctx: DistributedContext, bar_enabled: boo
 
 def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     """The command once the flags parse: inputs and resume point checked, model and optimizer set up, then
-    pretraining.loop.train_loop and the evaluation; exit 143 when a SIGTERM stopped the run before its end."""
+    pretraining.loop.pretraining_loop and the evaluation; exit 143 when a SIGTERM stopped the run before its end."""
     start_time = time.time()
     # Every input is checked before the first write: a refused run leaves --output_dir as it was.
     config = read_config(args.config_file)
@@ -449,7 +455,7 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
             args.data_lanes = stream_lanes(args, ctx, resume_from)
             spec = masking_spec(args, train_shards, config, vocab, warn=ctx.is_main)
         seed_everything(args.seed + ctx.rank)
-        model = build_model(args, config, ctx.device, tokenizer)  # reads --init_checkpoint
+        model = build_pretraining_model(args, config, ctx.device, tokenizer)  # reads --init_checkpoint
         if ctx.is_main:
             remove_stale_temporaries(args.output_dir, checkpointing.CHECKPOINT_NAME)
         settings = loop_settings(args, ctx, tokenizer)
@@ -510,7 +516,7 @@ def train_and_evaluate(args: argparse.Namespace, setup: TrainingSetup, settings:
     elif args.do_train:
         data = sample_stream(args, setup.ctx, shards, spec, resume, steps_left, setup.config.vocab_size)
         criterion = BertPretrainingCriterion(nsp=not args.no_nsp)
-        final.update(train_loop(setup, data, criterion, settings, resume, steps_left))
+        final.update(pretraining_loop(setup, data, criterion, settings, resume, steps_left))
     if args.do_eval and setup.eval_shards and "eval_mlm_accuracy" not in final:
         final.update(evaluate(setup, settings.eval_batch_size))
     setup.log.log([], final)

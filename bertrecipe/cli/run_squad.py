@@ -17,19 +17,17 @@ import argparse
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from bertrecipe.cli import finetuning_flags, squad_flags
-from bertrecipe.cli.squad_flags import evaluate, features_for
+from bertrecipe.cli.squad_flags import features_for
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable_folder
-from bertrecipe.finetuning import loop, squad, squad_answers
+from bertrecipe.finetuning import loop, squad, squad_task
 from bertrecipe.finetuning.model_loading import build_model, config_and_weights, load_tokenizer
 from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
-from bertrecipe.finetuning.timed_inference import latency_summary, timed_inference
 from bertrecipe.model.families import question_answering_model
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.process_group import DistributedContext, barrier, init_distributed, shutdown
@@ -70,13 +68,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                          f"least {args.max_query_length + 4}")
     if args.cache_dir:
         check_writable_folder(args.cache_dir, "--cache_dir")
-    check_output_paths(args)
+    check_squad_outputs(args)
     args.max_steps = int(args.max_steps)
     args.log_freq = max(1, args.log_freq)
     return args
 
 
-def check_output_paths(args: argparse.Namespace) -> None:
+def check_squad_outputs(args: argparse.Namespace) -> None:
     """None of the files this run writes (model, predictions, log) may be one of its inputs: the SQuAD files,
     the model's files, the evaluation script, the predictions that --do_eval alone scores."""
     inputs = [*finetuning_flags.model_inputs(args), ("--eval_script", args.eval_script),
@@ -87,72 +85,31 @@ def check_output_paths(args: argparse.Namespace) -> None:
     files = [*(MODEL_FILES if args.do_train else ()),
              *(("predictions.json", "nbest_predictions.json") if args.do_predict else ()),
              *(("null_odds.json",) if args.do_predict and args.version_2_with_negative else ())]
-    finetuning_flags.check_output_paths(args, inputs, files)
+    finetuning_flags.check_run_outputs(args, inputs, files)
 
 
-def check_scorable(predict_file: str) -> None:
-    """--do_eval scores with the metric of the file's own version, as the official scripts do: any file needs a
-    question, a SQuAD 1.1 file a gold answer for every question. Checked before the run writes anything."""
-    data = squad.load_squad_json(predict_file)
-    try:
-        questions = [qa for article in data["data"] for paragraph in article["paragraphs"]
-                     for qa in paragraph["qas"]]
-        unanswered = [] if squad.is_squad_v2(data) else [qa["id"] for qa in questions if not qa["answers"]]
-    except (KeyError, TypeError, AttributeError) as error:
-        raise InputError(f"{predict_file}: not a SQuAD file ({type(error).__name__}: {error})") from None
-    if not questions:
-        raise InputError(f"{predict_file}: no questions to score; --do_eval needs at least one")
-    if unanswered:
-        raise InputError(f"{predict_file}: question {unanswered[0]!r} ({len(unanswered)} in all) has no gold "
-                         "answer, which the SQuAD 1.1 metric cannot score; mark such questions "
-                         '"is_impossible": true (SQuAD 2.0) or drop --do_eval')
-
-
-def qa_arrays(features: squad.SquadFeatures, with_positions: bool) -> dict[str, np.ndarray]:
-    arrays = {"input_ids": features.input_ids, "segment_ids": features.segment_ids,
-              "input_mask": features.input_mask}
-    if with_positions:
-        arrays.update(start_positions=features.start_positions, end_positions=features.end_positions)
-    return arrays
-
-
-def qa_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    return model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                 batch["start_positions"], batch["end_positions"])[0]
-
-
-def qa_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    _, start, end = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"])
-    return start, end
-
-
-def predict(args: argparse.Namespace, model: torch.nn.Module, tokenizer: Any, precision: Precision,
-            progress_bar: bool, examples: list[squad.SquadExample], features: squad.SquadFeatures,
-            stage: StagedOutputs) -> tuple[dict[str, Any], dict[str, Path]]:
+def stage_predictions(args: argparse.Namespace, model: torch.nn.Module, tokenizer: Any, precision: Precision,
+                      progress_bar: bool, examples: list[squad.SquadExample], features: squad.SquadFeatures,
+                      stage: StagedOutputs) -> tuple[dict[str, Any], dict[str, Path]]:
     """Stages predictions.json, nbest_predictions.json (and null_odds.json for v2.0) for the features of
     --predict_file; returns the inference timings and the staged files by name."""
-    (start, end), latencies = timed_inference(model, qa_arrays(features, False), args.predict_batch_size, precision,
-                                              qa_logits, progress_bar)
-    predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab,
-                                                squad_flags.answer_settings(args))
-    files = {"predictions.json": predictions.answers, "nbest_predictions.json": predictions.nbest}
-    if args.version_2_with_negative:
-        files["null_odds.json"] = predictions.null_odds
-    staged = {name: stage.write_json(name, obj, indent=4) for name, obj in files.items()}  # squad_answers' layout
-    return {**latency_summary(latencies, len(features)), "predict_features": len(features)}, staged
+    predictions, timings = squad_task.predict_answers(model, tokenizer, examples, features, args.predict_batch_size,
+                                                      precision, squad_flags.answer_settings(args), progress_bar)
+    contents = squad_task.prediction_contents(predictions, args.version_2_with_negative)
+    staged = {name: stage.write_json(name, obj, indent=4) for name, obj in contents.items()}  # squad_answers' layout
+    return timings, staged
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
     ctx = init_distributed(args.no_cuda)
     try:
-        with squad.one_read_per_file():  # the predict file is read once, whatever uses it
-            run(args, ctx)
+        run(args, ctx)
     finally:
         shutdown(ctx)
 
 
-def open_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> MetricLogger:
+def open_squad_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> MetricLogger:
     log = MetricLogger(args.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar else print)
     log.log("PARAMETER", {k: v for k, v in vars(args).items() if not k.startswith("_")}, echo=False)
     for metric, unit in (("e2e_train_time", "s"), ("training_sequences_per_second", "sequences/s"),
@@ -167,7 +124,7 @@ def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: An
     """Everything the run reads, checked before it writes anything: the model, and on the first process the
     training and prediction features and the file to score (other processes read the training features later,
     from the cache the first one writes)."""
-    inputs: dict[str, Any] = {"model": None, "config": None, "train": None, "predict": None}
+    inputs: dict[str, Any] = {"model": None, "config": None, "train": None, "predict": None, "predict_file": None}
     if args.do_train or args.do_predict:
         config, weights = config_and_weights(args.config_file, args.init_checkpoint)
         seed_everything(args.seed)  # the same new QA head on every process
@@ -177,12 +134,16 @@ def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: An
         torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
     if not ctx.is_main:
         return inputs
+    # Each SQuAD file is read once: its examples, feature-cache key, scoring check and scores see the same bytes.
     if args.do_train:
-        inputs["train"] = features_for(args, tokenizer, args.train_file, True, cache_writes)[1]
+        inputs["train"] = features_for(args, tokenizer, squad.read_squad_file(args.train_file), True,
+                                       cache_writes)[1]
+    if args.do_predict or args.do_eval:
+        inputs["predict_file"] = squad.read_squad_file(args.predict_file)
     if args.do_predict:
-        inputs["predict"] = features_for(args, tokenizer, args.predict_file, False, cache_writes)
+        inputs["predict"] = features_for(args, tokenizer, inputs["predict_file"], False, cache_writes)
     if args.do_eval:
-        check_scorable(args.predict_file)
+        squad_task.check_scorable(inputs["predict_file"])
         predictions = Path(args.output_dir) / "predictions.json"
         if not args.do_predict and not predictions.is_file():
             raise InputError(f"{predictions}: --do_eval without --do_predict scores this file, which does not "
@@ -199,7 +160,7 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
     # Nothing was written before this point: a refused run leaves no log, cache or output folder behind.
     # The lock is the run's first write into --output_dir: one run there at a time (run_lock.py).
     with finetuning_flags.locked_output_dir(args, ctx):
-        log = open_log(args, ctx, bar)
+        log = open_squad_log(args, ctx, bar)
         for write in cache_writes:
             write()
         results: dict[str, Any] = {}
@@ -208,16 +169,18 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
         # on the way leaves the previous run's files as they were (StagedOutputs).
         with StagedOutputs(args.output_dir, OUTPUTS) as stage:
             if args.do_train:
-                results.update(train(args, ctx, model, tokenizer, inputs["train"], precision, bar, log))
+                results.update(train_squad(args, ctx, model, tokenizer, inputs["train"], precision, bar, log))
                 if ctx.is_main:
                     stage_finetuned(stage, model, inputs["config"], tokenizer.vocab)
                 barrier(ctx)
-            staged = None
+            staged = {name: Path(args.output_dir) / name for name in squad_task.PREDICTION_FILES}
             if ctx.is_main and args.do_predict:
-                timings, staged = predict(args, model, tokenizer, precision, bar, *inputs["predict"], stage)
+                timings, staged = stage_predictions(args, model, tokenizer, precision, bar, *inputs["predict"],
+                                                    stage)
                 results.update(timings)
             if ctx.is_main and args.do_eval:
-                results.update(evaluate(args, staged))
+                results.update(squad_task.score_prediction_files(inputs["predict_file"], staged,
+                                                                 args.version_2_with_negative, args.eval_script))
             if ctx.is_main:
                 stage.commit()
         barrier(ctx)
@@ -226,14 +189,15 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
     return results
 
 
-def train(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module, tokenizer: Any,
+def train_squad(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module, tokenizer: Any,
           features: Optional[squad.SquadFeatures], precision: Precision, bar: bool,
           log: MetricLogger) -> dict[str, Any]:
     barrier(ctx)  # the first process has written the feature cache
-    if features is None:
-        _, features = features_for(args, tokenizer, args.train_file, is_training=True)
-    settings = finetuning_flags.loop_settings(args, bar)
-    results = loop.train_loop(model, qa_arrays(features, True), qa_loss, settings, precision, ctx, log)
+    if features is None:  # another process than the first: the features come from the cache it wrote
+        _, features = features_for(args, tokenizer, squad.read_squad_file(args.train_file), is_training=True)
+    settings = finetuning_flags.finetuning_loop_settings(args, bar)
+    results = loop.finetuning_loop(model, squad_task.qa_arrays(features, True), squad_task.qa_loss, settings, precision,
+                              ctx, log)
     return {**results, "train_features": len(features),
             "train_steps": loop.optimizer_steps(len(features), settings, ctx)}
 

@@ -1,8 +1,7 @@
 """SQuAD from the command line: the flags that run_squad.py, inference.py, deployer.py and the Triton clients share
 (defined here once, so every entry point has the same names, defaults and help), the settings they make, and the
-two steps run_squad.py and triton/run_squad_client.py both take with parsed flags: the features of a SQuAD file
-(squad.examples_and_features, in the flags' cache folder) and the scores of predictions.json
-(squad_metrics.prediction_scores).
+features of a SQuAD file in the flags' cache folder (squad.examples_and_features), which run_squad.py and
+triton/run_squad_client.py both read.
 """
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from typing import Any, Callable, Optional
 
 from bertrecipe.finetuning import squad
 from bertrecipe.finetuning.squad_answers import AnswerSettings
-from bertrecipe.finetuning.squad_metrics import prediction_scores
 
 
 def add_window_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,31 +51,21 @@ def answer_settings(args: argparse.Namespace) -> AnswerSettings:
                           args.null_score_diff_threshold)
 
 
-def cache_dir_for(args: argparse.Namespace, data_file: str) -> Optional[Path]:
+def cache_dir_for(args: argparse.Namespace, data_file: Path) -> Optional[Path]:
     if args.skip_cache:
         return None
     if args.cache_dir:
         return Path(args.cache_dir)
-    beside = Path(data_file).resolve().parent  # NVIDIA caches beside the data; not possible on read-only data
+    beside = data_file.resolve().parent  # NVIDIA caches beside the data; not possible on read-only data
     return beside if os.access(beside, os.W_OK) else Path(args.output_dir)
 
 
-def features_for(args: argparse.Namespace, tokenizer: Any, data_file: str, is_training: bool,
+def features_for(args: argparse.Namespace, tokenizer: Any, squad_file: squad.SquadFile, is_training: bool,
                  cache_writes: Optional[list[Callable[[], None]]] = None,
                  ) -> tuple[list[squad.SquadExample], squad.SquadFeatures]:
     """squad.examples_and_features of a SQuAD file with the flags' window settings and cache folder. With
     `cache_writes`, a missing cache entry is not written but its write appended there, to run once every input is
     checked."""
-    return squad.examples_and_features(data_file, tokenizer, window_settings(args), is_training,
-                                       args.version_2_with_negative, cache_dir_for(args, data_file), cache_writes)
-
-
-def evaluate(args: argparse.Namespace, files: Optional[dict[str, Path]] = None) -> dict[str, float]:
-    """squad_metrics.prediction_scores of output_dir/predictions.json, or of this run's staged `files` (by name),
-    against --predict_file, with --eval_script when given."""
-    if files is None:
-        files = {name: Path(args.output_dir) / name for name in ("predictions.json", "null_odds.json")}
-    pred_file = files["predictions.json"]
-    null_odds = files.get("null_odds.json") if args.version_2_with_negative else None
-    na_file = null_odds if null_odds is not None and null_odds.is_file() else None
-    return prediction_scores(args.predict_file, pred_file, na_file, args.eval_script)
+    return squad.examples_and_features(squad_file, tokenizer, window_settings(args), is_training,
+                                       args.version_2_with_negative, cache_dir_for(args, squad_file.path),
+                                       cache_writes)

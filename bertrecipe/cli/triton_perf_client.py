@@ -86,7 +86,7 @@ def write_csv(rows: list[dict[str, float]], path: Path) -> None:
         writer.writerows({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()} for row in rows)
 
 
-def plot(rows: list[dict[str, float]], path: Path) -> None:
+def plot_throughput_and_latency(rows: list[dict[str, float]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -156,7 +156,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict[str, float]]:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "perf.csv")
-    plot(rows, out / "perf.png")
+    plot_throughput_and_latency(rows, out / "perf.png")
     print(out / "perf.csv")
     return rows
 

@@ -21,7 +21,7 @@ from bertrecipe.cli.triton_flags import add_server_arguments, check_server, clie
 from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable_folder, refuse_input_as_output
-from bertrecipe.finetuning import squad, squad_answers
+from bertrecipe.finetuning import squad, squad_answers, squad_task
 from bertrecipe.finetuning.model_loading import load_tokenizer
 
 
@@ -44,9 +44,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    with squad.one_read_per_file():  # the predict file is read once: examples, feature-cache key and scoring
-        return predict_and_score(args)
+    return predict_and_score(parse_args(argv))
 
 
 def predict_and_score(args: argparse.Namespace) -> dict[str, Any]:
@@ -61,7 +59,8 @@ def predict_and_score(args: argparse.Namespace) -> dict[str, Any]:
                                fix="choose another --output_dir")
     tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
     check_server(args)  # a dead server is reported before the features, which take a minute on a full dev set
-    examples, features = squad_flags.features_for(args, tokenizer, args.predict_file, is_training=False)
+    predict_file = squad.read_squad_file(args.predict_file)  # read once: examples, feature-cache key and scoring
+    examples, features = squad_flags.features_for(args, tokenizer, predict_file, is_training=False)
     qa = client_from_args(args)
     began = time.perf_counter()
     try:
@@ -71,8 +70,9 @@ def predict_and_score(args: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - began
     predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab,
                                                 squad_flags.answer_settings(args))
-    squad_answers.write_predictions(args.output_dir, predictions, args.version_2_with_negative)
-    scores = squad_flags.evaluate(args)
+    written = squad_answers.write_predictions(args.output_dir, predictions, args.version_2_with_negative)
+    scores = squad_task.score_prediction_files(predict_file, {path.name: path for path in written},
+                                               args.version_2_with_negative, args.eval_script)
     scores.update(e2e_inference_time=seconds, inference_sequences_per_second=len(features) / seconds)
     print(json.dumps(scores, indent=2))
     return scores

@@ -83,7 +83,7 @@ def check_vocab_fits(session: Any, path: Path, vocab_size: int) -> None:
                          f"not this model's vocab ({str(error).splitlines()[0]})") from None
 
 
-def qa_logits(session: Any, arrays: Sequence[np.ndarray], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+def onnx_qa_logits(session: Any, arrays: Sequence[np.ndarray], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Start and end logits, float32 [N, L], of windows given as (token ids, segment ids, mask) [N, L], batch_size
     windows a run."""
     ids, segments, mask = (np.asarray(a, dtype=np.int64) for a in arrays)
@@ -126,5 +126,5 @@ def onnx_logits_function(path: Path, vocab: Vocab | BpeVocab, batch_size: int, a
     session = open_qa_session(path)
     check_vocab_for_model(vocab, model_vocab_size=onnx_embedding_rows(session, path, len(vocab)),
                           allow_mismatch=allow_vocab_mismatch)
-    return lambda features: qa_logits(session, (features.input_ids, features.segment_ids, features.input_mask),
-                                      batch_size)
+    return lambda features: onnx_qa_logits(session, (features.input_ids, features.segment_ids,
+                                                      features.input_mask), batch_size)

@@ -195,7 +195,7 @@ def min_seq_length(task: GlueTask) -> int:
     return 3 if task.text_b is None else 5
 
 
-def convert_examples_to_features(
+def glue_features(
     examples: Sequence[GlueExample], task: GlueTask, tokenizer: FineTuningTokenizer, max_seq_length: int = 128
 ) -> GlueFeatures:
     """Tokenizes (in bulk) and lays out the examples; pairs are truncated longest-first to max_seq_length - 3,

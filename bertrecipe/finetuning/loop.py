@@ -1,5 +1,5 @@
 """The fine-tuning loop that run_squad.py and run_glue.py share on top of training.Stepper, in the shape of the
-pre-training loop (pretraining/loop.py): LoopSettings and train_loop, which runs AdamW under a linear warm-up over
+pre-training loop (pretraining/loop.py): LoopSettings and finetuning_loop, which runs AdamW under a linear warm-up over
 epochs of in-memory feature arrays, shuffled, split across processes and grouped into optimizer steps, with the
 loss logged."""
 from __future__ import annotations
@@ -42,7 +42,7 @@ class LoopSettings:
     trim_padding: bool = False  # see as_tensors
 
 
-def train_loop(model: nn.Module, arrays: Arrays, compute_loss: Callable[[nn.Module, Batch], torch.Tensor],
+def finetuning_loop(model: nn.Module, arrays: Arrays, compute_loss: Callable[[nn.Module, Batch], torch.Tensor],
                settings: LoopSettings, precision: Precision, ctx: DistributedContext,
                log: MetricLogger) -> dict[str, float]:
     """Fine-tunes `model` (on ctx.device, not yet wrapped for DDP) on the rows of `arrays`: optimizer_steps AdamW

@@ -19,10 +19,9 @@ import hashlib
 import json
 import logging
 import zipfile
-from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -85,47 +84,31 @@ def split_context(context: str) -> tuple[list[str], list[int]]:
     return words, char_to_word
 
 
-# Within one_read_per_file(): resolved path -> (parsed JSON, sha256 of the bytes) of the SQuAD files read.
-_READ_ONCE: Optional[dict[Path, tuple[dict[str, Any], str]]] = None
+@dataclass(frozen=True)
+class SquadFile:
+    """A SQuAD JSON file read once: its path, parsed JSON and the sha256 of its bytes. A run passes it to all that
+    uses the file (examples, the scoring check, the feature-cache key, the metric), so that all see the same
+    bytes even if the file changes meanwhile. The JSON is shared: read it, never change it."""
+
+    path: Path
+    data: dict[str, Any]
+    sha256: str
 
 
-@contextmanager
-def one_read_per_file() -> Iterator[None]:
-    """Within the block each SQuAD file is read from disk once: a run's examples, scoring check, feature-cache
-    key and evaluation all see the same bytes, even if the file changes meanwhile."""
-    global _READ_ONCE
-    outer, _READ_ONCE = _READ_ONCE, {} if _READ_ONCE is None else _READ_ONCE
-    try:
-        yield
-    finally:
-        _READ_ONCE = outer
-
-
-def _read_squad_file(path: str | Path) -> tuple[dict[str, Any], str]:
-    """A SQuAD file's parsed JSON and the sha256 of its bytes (once per one_read_per_file block)."""
-    key = Path(path).resolve()
-    if _READ_ONCE is not None and key in _READ_ONCE:
-        return _READ_ONCE[key]
+def read_squad_file(path: str | Path) -> SquadFile:
+    """The SQuAD file at path; InputError (naming the file) when it is missing, not UTF-8, not JSON or not an object
+    with a 'data' list."""
     # newline="": the text as it is, so that its UTF-8 bytes are the file's own (the cache key's sha256)
     text = read_json_text(path, "SQuAD JSON file", {"missing": "file not found"}, newline="")
     data = parse_json_text(path, text)
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise InputError(f"{path}: not a SQuAD file (expected an object with a 'data' list)")
-    loaded = data, hashlib.sha256(text.encode("utf-8")).hexdigest()
-    if _READ_ONCE is not None:
-        _READ_ONCE[key] = loaded
-    return loaded
+    return SquadFile(Path(path), data, hashlib.sha256(text.encode("utf-8")).hexdigest())
 
 
-def load_squad_json(path: str | Path) -> dict[str, Any]:
-    """The parsed SQuAD file (within one_read_per_file, shared by every caller: read it, never change it); InputError
-    (naming the file) when it is missing, not UTF-8 or not JSON."""
-    return _read_squad_file(path)[0]
-
-
-def squad_file_sha256(path: str | Path) -> str:
-    """The sha256 of a SQuAD file's bytes (its feature-cache key), from the one read of the file."""
-    return _read_squad_file(path)[1]
+def as_squad_file(source: SquadFile | str | Path) -> SquadFile:
+    """A SquadFile as it is, or the one at a path, read now."""
+    return source if isinstance(source, SquadFile) else read_squad_file(source)
 
 
 def is_squad_v2(data: dict[str, Any]) -> bool:
@@ -141,7 +124,7 @@ def is_squad_v2(data: dict[str, Any]) -> bool:
 
 
 def read_squad_examples(
-    path: str | Path, is_training: bool, version_2_with_negative: bool = False
+    source: SquadFile | str | Path, is_training: bool, version_2_with_negative: bool = False
 ) -> list[SquadExample]:
     """Examples of a SQuAD JSON file, in file order.
 
@@ -150,8 +133,8 @@ def read_squad_examples(
     question without answers is an error unless `version_2_with_negative` marks it impossible.
     Raises InputError naming the file and the question for malformed input.
     """
-    path = Path(path)
-    data = load_squad_json(path)
+    squad_file = as_squad_file(source)
+    path, data = squad_file.path, squad_file.data
     examples: list[SquadExample] = []
     skipped = 0
     where = "the file"
@@ -512,7 +495,7 @@ def cached_features(
     tokenizer: FineTuningTokenizer,
     settings: WindowSettings,
     is_training: bool,
-    data_file: str | Path,
+    squad_file: SquadFile | str | Path,
     version_2_with_negative: bool,
     cache_dir: Optional[str | Path],
     deferred_writes: Optional[list[Callable[[], None]]] = None,
@@ -523,7 +506,7 @@ def cached_features(
     if cache_dir is None:
         return convert_examples_to_features(examples, tokenizer, settings, is_training)
     key = features_cache_key(
-        squad_file_sha256(data_file), tokenizer.vocab, tokenizer.do_lower_case, settings, is_training,
+        as_squad_file(squad_file).sha256, tokenizer.vocab, tokenizer.do_lower_case, settings, is_training,
         version_2_with_negative,
     )
     path = features_cache_path(cache_dir, key)
@@ -538,7 +521,7 @@ def cached_features(
 
 
 def examples_and_features(
-    data_file: str | Path,
+    source: SquadFile | str | Path,
     tokenizer: FineTuningTokenizer,
     settings: WindowSettings,
     is_training: bool,
@@ -548,12 +531,13 @@ def examples_and_features(
 ) -> tuple[list[SquadExample], SquadFeatures]:
     """The examples and windowed features of a SQuAD file, the features through the cache (cached_features);
     InputError when the file holds no usable question or no question with a usable context."""
-    examples = read_squad_examples(data_file, is_training, version_2_with_negative)
+    squad_file = as_squad_file(source)
+    examples = read_squad_examples(squad_file, is_training, version_2_with_negative)
     if not examples:
-        raise InputError(f"{data_file}: no {'usable training ' if is_training else ''}questions "
+        raise InputError(f"{squad_file.path}: no {'usable training ' if is_training else ''}questions "
                          f"(--{'train' if is_training else 'predict'}_file needs at least one)")
-    features = cached_features(examples, tokenizer, settings, is_training, data_file, version_2_with_negative,
+    features = cached_features(examples, tokenizer, settings, is_training, squad_file, version_2_with_negative,
                                cache_dir, deferred_writes)
     if len(features) == 0:
-        raise InputError(f"{data_file}: no features (no questions with a usable context)")
+        raise InputError(f"{squad_file.path}: no features (no questions with a usable context)")
     return examples, features

@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.files import read_json_file
-from bertrecipe.finetuning.squad import is_squad_v2, load_squad_json
+from bertrecipe.finetuning.squad import SquadFile, as_squad_file, is_squad_v2
 
 _PUNCTUATION = frozenset(string.punctuation)  # ASCII only, as the official scripts
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
@@ -231,7 +231,7 @@ def _load_json_object(path: str | Path, what: str) -> dict[str, Any]:
 
 
 def evaluate_predictions(
-    data_file: str | Path,
+    data_file: SquadFile | str | Path,
     predictions: dict[str, str],
     na_probs: Optional[dict[str, float]] = None,
     na_prob_thresh: float = 1.0,
@@ -242,43 +242,45 @@ def evaluate_predictions(
     training scripts (in process) and the command line. For v2.0, na_probs (e.g. the null odds) adds best_*.
     Missing predictions are handled as the official scripts do, or refused with `strict`. `pred_file` names the
     predictions in error messages."""
-    data = load_squad_json(data_file)
+    squad_file = as_squad_file(data_file)
+    data = squad_file.data
     try:
         if not _questions(data["data"]):
-            raise InputError(f"{data_file}: the data file holds no questions to score")
+            raise InputError(f"{squad_file.path}: the data file holds no questions to score")
         if is_squad_v2(data):
             return evaluate_v2(data["data"], predictions, na_probs, na_prob_thresh, pred_file, strict)
         return evaluate_v1(data["data"], predictions, pred_file, strict)
     except (KeyError, TypeError, AttributeError) as error:
-        raise InputError(f"{data_file}: not a SQuAD file ({type(error).__name__}: {error})") from None
+        raise InputError(f"{squad_file.path}: not a SQuAD file ({type(error).__name__}: {error})") from None
 
 
 def evaluate_files(
-    data_file: str | Path,
+    data_file: SquadFile | str | Path,
     pred_file: str | Path,
     na_prob_file: Optional[str | Path] = None,
     na_prob_thresh: float = 1.0,
     strict: bool = False,
 ) -> dict[str, Any]:
     """evaluate_predictions with the predictions (and na-probs) read from JSON files."""
-    load_squad_json(data_file)  # a bad data file is reported first
+    squad_file = as_squad_file(data_file)  # a bad data file is reported first
     predictions = _load_json_object(pred_file, "predictions")
     na_probs = _load_json_object(na_prob_file, "na-prob") if na_prob_file else None
     try:
-        return evaluate_predictions(data_file, predictions, na_probs, na_prob_thresh, strict, str(pred_file))
+        return evaluate_predictions(squad_file, predictions, na_probs, na_prob_thresh, strict, str(pred_file))
     except InputError as error:
         if str(error).startswith("na-prob file:"):
             raise InputError(f"{na_prob_file}:{str(error).removeprefix('na-prob file:')}") from None
         raise
 
 
-def prediction_scores(data_file: str | Path, pred_file: str | Path, na_prob_file: Optional[str | Path] = None,
-                      eval_script: Optional[str] = None) -> dict[str, float]:
+def prediction_scores(data_file: SquadFile | str | Path, pred_file: str | Path,
+                      na_prob_file: Optional[str | Path] = None, eval_script: Optional[str] = None) -> dict[str, float]:
     """exact_match and F1 (and the summary's other numbers) of a predictions file against a SQuAD data file, by the
     official metric in process (evaluate_files) or by an official-style evaluation script; v2.0: "exact" read as
     exact_match."""
-    if eval_script:
-        scores = _run_eval_script(eval_script, data_file, pred_file, na_prob_file)
+    if eval_script:  # the script reads the file itself
+        path = data_file.path if isinstance(data_file, SquadFile) else data_file
+        scores = _run_eval_script(eval_script, path, pred_file, na_prob_file)
     else:
         scores = evaluate_files(data_file, pred_file, na_prob_file)
     result = {"exact_match": float(scores.get("exact_match", scores.get("exact", float("nan")))),

@@ -1,7 +1,7 @@
-"""The pre-training loop, as fine-tuning has its own (finetuning/loop.py: LoopSettings, train_loop): the steps of
+"""The pre-training loop, as fine-tuning has its own (finetuning/loop.py: LoopSettings, pretraining_loop): the steps of
 a run from its resume point on, each followed by what is due after it (the log record, an evaluation, a
 checkpoint), then the run's closing record. The command (cli/run_pretraining.py) checks the flags and inputs,
-sets up the model and optimizer (startup.py) and calls train_loop with:
+sets up the model and optimizer (startup.py) and calls pretraining_loop with:
 
 - a TrainingSetup: the model, LAMB, its schedule, precision, the process group, the log, --output_dir's lock;
 - the sample stream, data.PretrainingData (stateful: a checkpoint keeps its state_dict());
@@ -141,7 +141,7 @@ class LoopState:
         return ramp.micro_batches(self.tokens) if ramp is not None else self.data.shape.accumulation
 
 
-def train_loop(setup: TrainingSetup, data: PretrainingData, criterion: BertPretrainingCriterion,
+def pretraining_loop(setup: TrainingSetup, data: PretrainingData, criterion: BertPretrainingCriterion,
                settings: LoopSettings, resume: ResumePoint, steps: int) -> dict[str, Any]:
     """Takes `steps` optimizer steps over `data` (at its resume position) from `resume` on, stopping early on a
     SIGTERM, a spent --train_budget_minutes or --max_tokens; returns the run's closing record (closing_record).

@@ -52,7 +52,7 @@ def with_dropout(config: ModelConfig, probability: float) -> ModelConfig:
     return dataclasses.replace(config, hidden_dropout_prob=probability, attention_probs_dropout_prob=probability)
 
 
-def build_model(args: argparse.Namespace, config: ModelConfig, device: torch.device,
+def build_pretraining_model(args: argparse.Namespace, config: ModelConfig, device: torch.device,
                 tokenizer: Optional[TokenizerIdentity] = None) -> torch.nn.Module:
     """The model the flags ask for (args: run_pretraining's), on `device`: --init_checkpoint's weights (refused
     when they record another tokenizer than the run's), the --pretrain_dropout, the NSP head frozen with --no_nsp,

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from bertrecipe.training.metric_logger import read_log
+from bertrecipe.training.run_lock import RunLock
 from conftest import REPO_ROOT
 
 
@@ -58,3 +59,60 @@ def test_quickstart_trains_the_modern_family_with_one_flag(tmp_path):
     assert steps[-1] < steps[0] - 0.5
     summary = json.loads((out / "summary.json").read_text())
     assert 0.0 <= summary["phase2"]["eval_mlm_accuracy"] <= 1.0
+
+
+def files_under(folder):
+    """Every file under folder with its bytes: the oracle that a refused run changed nothing."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_a_second_run_keeps_the_first_and_says_what_to_do_in_the_quick_starts_terms(tmp_path):
+    """Issue "Nothing lost, round three", case 8: another QUICKSTART_STEPS (or --family) in the same folder is
+    refused in one line phrased in the quick start's own settings, before any write (it used to delete phase 1's
+    log, then advise run_pretraining.py's --phase2); a complete phase whose log is gone is reused with its figures
+    and curves; a stage that fails says what to do with the quick start; a stopped phase of the same run resumes
+    and appends to its log."""
+    env = {**os.environ, "QUICKSTART_STEPS": "4", "BERT_PREP_WORKING_DIR": str(tmp_path / "data"),
+           "OMP_NUM_THREADS": "2"}
+    out = tmp_path / "out"
+    command = ["bash", str(REPO_ROOT / "scripts" / "quickstart.sh"), "--output_dir", str(out)]
+    first = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    before = files_under(out)
+    assert "dllogger_phase1.json" in before and "checkpoints/ckpt_6.pt" in before
+
+    for steps, extra, advice in (("6", [], "QUICKSTART_STEPS=4"), ("4", ["--family", "modern"], "--family bert")):
+        refused = subprocess.run(command + extra, env={**env, "QUICKSTART_STEPS": steps}, capture_output=True,
+                                 text=True)
+        assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
+        lines = refused.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {out}: ") and advice in lines[0], lines
+        assert f"move {out} away" in lines[0]
+        # run_pretraining.py's flags are no advice to someone who runs the quick start
+        assert not any(flag in lines[0] for flag in ("--max_steps", "--phase2", "--phase1_end_step", "--resume"))
+        assert files_under(out) == before  # the first run's logs, checkpoints and configs untouched
+
+    figures = json.loads(before["summary.json"])["phase1"]
+    (out / "dllogger_phase1.json").unlink()  # an earlier version deleted it
+    again = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "phase 1: already complete" in again.stdout and "phase 2: already complete" in again.stdout
+    assert (out / "loss_curve.png").read_bytes() == before["loss_curve.png"]  # drawn from the lost log: kept
+    assert json.loads((out / "summary.json").read_text())["phase1"] == figures
+    assert not (out / "dllogger_phase1.json").exists()  # nothing trained again, no empty log made
+
+    (out / "checkpoints" / "ckpt_6.pt").unlink()  # as if phase 2 had been stopped after its first step
+    with RunLock(out / "checkpoints"):  # ... while another run holds its folder
+        held = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert held.returncode == 2, held.stdout[-3000:] + held.stderr[-3000:]
+    errors = [line for line in held.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "another run is using" in errors[0], held.stderr[-3000:]
+    assert "QUICKSTART_STEPS=4" in errors[0] and f"move {out} away" in errors[0]
+    assert "--resume_from_checkpoint" not in held.stderr and "choose another --output_dir" not in held.stderr
+
+    resumed = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "phase 1: already complete" in resumed.stdout
+    assert (out / "dllogger_phase2.json").read_bytes().startswith(before["dllogger_phase2.json"])  # appended
+    assert torch.load(out / "checkpoints" / "ckpt_6.pt", weights_only=True)["phase_step"] == 2

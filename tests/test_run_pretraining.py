@@ -460,10 +460,14 @@ def test_run_pretraining_sh_trains_the_modern_family_through_its_context_extensi
     for folder, seq, preds in (("p1", 128, 20), ("p2", 512, 80)):
         (tmp_path / folder).mkdir()
         make_shard(vocab_file, corpus / "alice.txt", tmp_path / folder / "books_training_0.hdf5", seq, preds)
-    configs = REPO_ROOT / "bert_configs"
+    configs = {}
+    for name in ("modernbert-tiny.json", "modernbert-tiny-512.json"):  # with the embeddings of the shards' vocab
+        config = json.loads((REPO_ROOT / "bert_configs" / name).read_text())
+        configs[name] = tmp_path / name
+        configs[name].write_text(json.dumps({**config, "vocab_size": TINY["vocab_size"]}))
     positional = [8, "1e-2", "bf16", 1, 0.1, 3, 2, "false", "false", "true", 2, 42, "job", "false", "false",
-                  4, "5e-3", 0.1, 2, 2, tmp_path / "p1", configs / "modernbert-tiny.json", tmp_path / "p2", REPO_ROOT,
-                  "None", "modern", 128, 40, 512, 160, configs / "modernbert-tiny-512.json"]
+                  4, "5e-3", 0.1, 2, 2, tmp_path / "p1", configs["modernbert-tiny.json"], tmp_path / "p2", REPO_ROOT,
+                  "None", "modern", 128, 40, 512, 160, configs["modernbert-tiny-512.json"]]
     env = {**ENV, "RESULTS_DIR": str(tmp_path / "results"), "PYTHON": sys.executable,
            "EXTRA_ARGS": "--disable_progress_bar"}
     result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_pretraining.sh"), *map(str, positional)],

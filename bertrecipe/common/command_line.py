@@ -11,7 +11,7 @@ import signal
 import sys
 from typing import Callable, NoReturn, Optional, TextIO
 
-from bertrecipe.common.errors import InputError
+from bertrecipe.common.errors import InputError, error_text
 
 
 def fail(message: str) -> NoReturn:
@@ -26,15 +26,6 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         fail(f"{self.prog}: {message}; see --help")
-
-
-def _without_worker_traceback(message: str) -> str:
-    """An error raised in a DataLoader worker reaches the main process with the worker's traceback in its
-    message; the user needs only its last line, the original message."""
-    if "Original Traceback" not in message:
-        return message
-    last = [line for line in message.splitlines() if line.strip()][-1].strip()
-    return last.split(": ", 1)[1] if last.startswith(InputError.__name__ + ": ") or ".InputError: " in last else last
 
 
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a Unix tool killed by SIGPIPE: 141
@@ -90,7 +81,7 @@ def run_cli(main: Callable[[], object]) -> NoReturn:
         if sys.stdout is not None:
             sys.stdout.flush()  # output still buffered meets a closed pipe here, not at exit where it cannot be caught
     except InputError as error:
-        fail(_without_worker_traceback(str(error)))
+        fail(error_text(error))
     except KeyboardInterrupt:
         print(stop_line("interrupted (Ctrl-C)"), file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None

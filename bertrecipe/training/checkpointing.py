@@ -18,7 +18,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
-from bertrecipe.common.errors import InputError
+from bertrecipe.common.errors import InputError, error_text
 from bertrecipe.model.weights import load_torch_file, save_torch_atomic
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
@@ -201,7 +201,7 @@ def failures_name_the_checkpoint(output_dir: str | Path) -> Iterator[None]:
     try:
         yield
     except InputError as error:
-        raise InputError(f"{error}; {where_to_resume(output_dir)}") from None
+        raise InputError(f"{error_text(error)}; {where_to_resume(output_dir)}") from None
     except OSError as error:
         where = error.filename or output_dir
         raise InputError(f"{where}: {error.strerror or error}; {where_to_resume(output_dir)}") from None

@@ -1,2 +1,3 @@
-"""The benchmarks are commands (`python benchmarks/<name>.py`); this file lets the tests import the two whose
-functions they check (time_to_accuracy, fault_injection)."""
+"""The benchmarks: each module is a command run from the repository root as `python -m benchmarks.<name>` (--help
+lists its flags); what several of them share is in benchmarks/common.py. The modules import each other, and the
+tests import them, as `benchmarks.<name>`."""

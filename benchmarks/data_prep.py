@@ -1,6 +1,6 @@
 """Benchmark of create_pretraining_data on ../shared/data/books (dupe_factor 5, max_seq_length 128).
 
-    flock /tmp/bert-bench.lock python benchmarks/data_prep.py [--segmenters]
+    flock /tmp/bert-bench.lock python -m benchmarks.data_prep [--segmenters]
 
 Prints, per HDF5 compression (none is the default): MB of raw text per second per process, instances per second
 and peak memory of one process making one shard of all the books, then the speed-up of 2 processes over 1 on
@@ -22,10 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import SHARED, SHARED_VOCAB
 from bertrecipe.common.hardware import detect, host_line
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 GOOGLE_MB_S = 0.27
 
 CHILD = """
@@ -35,8 +34,8 @@ from bertrecipe.dataprep.create_pretraining_data import ShardConfig, create_shar
 cfg = ShardConfig(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), True, 128, 20, 0.15, 0.1, 5, 12345,
                   compression=sys.argv[4])
 r = create_shard(cfg, progress=False)
-print(json.dumps({{"seconds": r.seconds, "instances": r.instances, "bytes": r.input_bytes,
-                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+print(json.dumps({"seconds": r.seconds, "instances": r.instances, "bytes": r.input_bytes,
+                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 
@@ -62,7 +61,7 @@ def prepare_inputs(folder: Path) -> tuple[Path, list[Path]]:
 
 def launch(text: Path, out: Path, vocab: Path, compression: str) -> subprocess.Popen:
     env = {**os.environ, "RAYON_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", CHILD.format(repo=str(REPO)), str(text), str(out), str(vocab),
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(text), str(out), str(vocab),
                              compression], stdout=subprocess.PIPE, text=True, env=env)
 
 
@@ -74,7 +73,7 @@ def result(proc: subprocess.Popen) -> dict:
 
 
 def run_benchmark(repeats: int) -> None:
-    vocab = SHARED / "minilm" / "vocab.txt"
+    vocab = SHARED_VOCAB
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         everything, halves = prepare_inputs(folder)

@@ -1,7 +1,7 @@
 """Benchmark of the whole data-prep chain at corpus scale: bertPrep.py text_formatting -> sharding -> create_hdf5_files.
 
-    flock /tmp/bert-bench.lock python benchmarks/data_prep_scale.py                  # 0.5 GB, 1 and 2 processes
-    flock /tmp/bert-bench.lock python benchmarks/data_prep_scale.py --size_gb 0.5 2  # the issue's comparison
+    flock /tmp/bert-bench.lock python -m benchmarks.data_prep_scale                  # 0.5 GB, 1 and 2 processes
+    flock /tmp/bert-bench.lock python -m benchmarks.data_prep_scale --size_gb 0.5 2  # the issue's comparison
 
 A corpus of --size_gb GB of text is generated from the embedded default corpus (data/default_corpus.py) and, when
 present, the books of ../shared/data/books: their text is cut into ~2 KB pieces at sentence ends and documents of
@@ -43,10 +43,9 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from benchmarks.common import REPO, SHARED, SHARED_VOCAB, middle, write_json
 from bertrecipe.common.hardware import detect, host_line
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 BERT_PREP = REPO / "data" / "bertPrep.py"
 DATASET = "bookscorpus"  # the only text corpus bertPrep formats from plain files
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -61,7 +60,7 @@ cfg = ShardConfig(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), True,
 r = create_shard(cfg, progress=False)
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so it would count the benchmark's memory at fork
 hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-print(json.dumps({{"seconds": r.seconds, "bytes": r.input_bytes, "peak_mb": hwm / 1024}}))
+print(json.dumps({"seconds": r.seconds, "bytes": r.input_bytes, "peak_mb": hwm / 1024}))
 """
 
 
@@ -263,14 +262,14 @@ def reference(text_dir: Path, work: Path, vocab: Path, megabytes: float, env: di
                 break
     runs = []
     for _ in range(rounds):  # a single run of ~4 s varies by up to 7 %: the median of a few
-        done = subprocess.run([sys.executable, "-c", REFERENCE.format(repo=str(REPO)), str(shard),
+        done = subprocess.run([sys.executable, "-c", REFERENCE, str(shard),
                                str(work / "reference.hdf5"), str(vocab)], capture_output=True, text=True, env=env)
         if done.returncode != 0:
             raise SystemExit(f"single-shard reference failed:\n{done.stderr[-3000:]}")
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     for path in (shard, work / "reference.hdf5"):
         path.unlink()
-    return sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+    return middle(runs, key=lambda r: r["seconds"])
 
 
 def run_size(size_gb: float, args: argparse.Namespace, pieces: list[str], vocab: Path
@@ -378,7 +377,7 @@ def main() -> None:
     p.add_argument("--n_test_shards", type=int, default=256)
     p.add_argument("--doc_kb", type=int, default=32, help="size of a generated document (one book = one article)")
     p.add_argument("--reference_mb", type=float, default=32.0, help="text of the single-shard reference")
-    p.add_argument("--vocab_file", type=Path, default=SHARED / "minilm" / "vocab.txt")
+    p.add_argument("--vocab_file", type=Path, default=SHARED_VOCAB)
     p.add_argument("--no_books", action="store_true", help="the default corpus only, even if the books are there")
     p.add_argument("--interval", type=float, default=0.2, help="seconds between samples of the process tree")
     p.add_argument("--seed", type=int, default=12345)
@@ -399,9 +398,8 @@ def main() -> None:
         show_totals(results[size][0], results[size][1])
     show_goals(results)
     if args.json:
-        args.json.write_text(json.dumps([{"size_gb": size, "text_mb": mb, "stages": [asdict(s) for s in stages],
-                                          "reference": ref} for size, (mb, stages, ref, _) in results.items()],
-                                        indent=2) + "\n")
+        write_json(args.json, [{"size_gb": size, "text_mb": mb, "stages": [asdict(s) for s in stages],
+                                "reference": ref} for size, (mb, stages, ref, _) in results.items()])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Fault injection (issue 32, item 8): a 2-process pre-training run (torchrun, gloo on the CPU, a tiny BERT on
 random shards) killed at random moments and restarted with --resume_from_checkpoint until it finishes must end with
 the same checkpoint, bit for bit, as the same run left alone.
@@ -43,11 +42,11 @@ no process of the launch is left, a SIGKILL leaves torchrun's status -9 and a SI
 workers' line "stopped by SIGTERM at step N" with ckpt_N written; no restart is refused; no temporary file is left
 at the end.
 
-    python benchmarks/fault_injection.py                          # 25 faults, seed 0: about 3 minutes on 2 cores
-    python benchmarks/fault_injection.py --faults 40 --seed 7 --output_dir /tmp/fi --json /tmp/fi/faults.json
-    python benchmarks/fault_injection.py --nproc 1                # run_pretraining.py without torchrun: its own
+    python -m benchmarks.fault_injection                          # 25 faults, seed 0: about 3 minutes on 2 cores
+    python -m benchmarks.fault_injection --faults 40 --seed 7 --output_dir /tmp/fi --json /tmp/fi/faults.json
+    python -m benchmarks.fault_injection --nproc 1                # run_pretraining.py without torchrun: its own
                                                                   # exit statuses (143, 130, -9) are checked
-    python benchmarks/fault_injection.py --family modern --disk_faults 5   # ModernBERT, 25 signals, 5 full disks
+    python -m benchmarks.fault_injection --family modern --disk_faults 5   # ModernBERT, 25 signals, 5 full disks
 
 Exit status 0 when the run is bit for bit the reference and no check failed, 1 otherwise; 2 and one line for a
 flag refused, or --disk_faults where no tmpfs can be mounted.
@@ -76,13 +75,12 @@ import h5py
 import numpy as np
 import torch
 
+from benchmarks.common import REPO, write_json
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.atomic_files import make_dirs, remove_empty_dirs
-from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.hardware import detect, host_line
 from bertrecipe.training.run_lock import process_start
-
-REPO = Path(__file__).resolve().parents[1]
 
 VOCAB, SEQ, PREDS, ROWS = 128, 16, 3, 64
 CONFIG = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -1002,12 +1000,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(table(campaign))
         print(f"host: {host_line(host, 'fp32')}, {os.cpu_count()} logical CPUs")
         if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({"summary": summary(campaign), "host": asdict(host),
-                                             "launches": [{**asdict(launch), "landed": launch.landed,
-                                                           "full_disk_failed_at": launch.full_disk_failed_at}
-                                                          for launch in campaign.launches]},
-                                            indent=1, default=str))
+            write_json(args.json, {"summary": summary(campaign), "host": asdict(host),
+                                   "launches": [{**asdict(launch), "landed": launch.landed,
+                                                 "full_disk_failed_at": launch.full_disk_failed_at}
+                                                for launch in campaign.launches]})
         return 0 if campaign.ok else 1
     finally:
         if temporary:

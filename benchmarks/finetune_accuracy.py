@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Downstream accuracy of a small pretrained BERT (default: ../shared/data/minilm) fine-tuned with run_glue.py and
 run_squad.py, one command for the whole table:
 
-    python benchmarks/finetune_accuracy.py                          # squad mrpc sst-2 cola rte sts-b
-    python benchmarks/finetune_accuracy.py --tasks mrpc rte         # a subset
+    python -m benchmarks.finetune_accuracy                          # squad mrpc sst-2 cola rte sts-b
+    python -m benchmarks.finetune_accuracy --tasks mrpc rte         # a subset
 
 GLUE tasks train on the full train.tsv and are scored on dev.tsv. The official SQuAD train set is not available
 here, so SQuAD v1.1 trains on the first 40 of the 48 dev-v1.1 articles and is scored on the other 8. Every run is
@@ -20,10 +19,10 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import REPO, SHARED
 from bertrecipe.common.hardware import detect, host_line, recipe_device, warn_if_emulated
+from bertrecipe.training.metric_logger import read_log
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = Path(os.environ.get("BERT_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 # Task -> (folder, flags, metrics to report). Small model: a higher learning rate than BERT-large's.
 GLUE = {
     "mrpc": ("MRPC", ["--num_train_epochs", "3", "--learning_rate", "1e-4"], ["eval_acc", "eval_f1"]),
@@ -39,7 +38,7 @@ COMMON = ["--do_lower_case", "--train_batch_size", "32", "--warmup_proportion", 
 def run(cmd: list[str]) -> float:
     print("$ " + " ".join(cmd), flush=True)
     start = time.time()
-    subprocess.run(cmd, check=True, cwd=REPO_ROOT)
+    subprocess.run(cmd, check=True, cwd=REPO)
     return time.time() - start
 
 
@@ -76,8 +75,7 @@ def squad_task(data: Path, model: Path, out: Path, extra: list[str]) -> dict:
            "--do_predict", "--do_eval", "--predict_batch_size", "32", "--json-summary", str(out / "dllogger.json"),
            *COMMON, *flags, *extra]
     minutes = run(cmd) / 60
-    final = [json.loads(line[5:]) for line in (out / "dllogger.json").read_text().splitlines()
-             if line.startswith("DLLL ")][-1]["data"]
+    final = read_log(out / "dllogger.json")[-1]["data"]
     settings = " ".join(flags[i].removeprefix("--") + "=" + flags[i + 1] for i in range(0, len(flags), 2))
     return {"task": "squad-v1.1 (dev 40/8 articles)", "scores": f"EM {final['exact_match']:.2f}, F1 {final['F1']:.2f}",
             "settings": " ".join([f"batch 32, {settings}", *extra]), "minutes": minutes}
@@ -86,9 +84,9 @@ def squad_task(data: Path, model: Path, out: Path, extra: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=["squad", *GLUE], choices=["squad", *GLUE])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
+    parser.add_argument("--data", type=Path, default=SHARED, help="the shared data folder")
     parser.add_argument("--model", type=Path, help="a Hugging Face BERT directory (default: <data>/minilm)")
-    parser.add_argument("--output_dir", type=Path, default=REPO_ROOT / "results" / "finetune_accuracy")
+    parser.add_argument("--output_dir", type=Path, default=REPO / "results" / "finetune_accuracy")
     parser.add_argument("--extra", default="", help="more flags for every run, e.g. '--bf16'")
     args = parser.parse_args()
     model = args.model or args.data / "minilm"

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """SQuAD-shaped fine-tuning and inference throughput: our BertForQuestionAnswering against transformers'.
 
 Both run in this process on the same batches, the same precision and the same optimizer (AdamW): a training
@@ -14,22 +13,23 @@ weights frozen) to inference on full windows: a third model in the turns; the pe
 our model exported to ONNX as triton/deployer.py exports it and run on ONNX Runtime (inference.py --onnx_model), to
 fp32 inference on full windows.
 
-    python benchmarks/finetune_throughput.py                            # BERT-base, batch 4, bf16 where native
-    python benchmarks/finetune_throughput.py --config large --precision fp32 bf16 --steps 5 --windows full
-    python benchmarks/finetune_throughput.py --windows full --phases inference --compile
-    python benchmarks/finetune_throughput.py --windows full --phases inference --precision fp32 --onnxruntime
+    python -m benchmarks.finetune_throughput                            # BERT-base, batch 4, bf16 where native
+    python -m benchmarks.finetune_throughput --config large --precision fp32 bf16 --steps 5 --windows full
+    python -m benchmarks.finetune_throughput --windows full --phases inference --compile
+    python -m benchmarks.finetune_throughput --windows full --phases inference --precision fp32 --onnxruntime
 """
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
-from gemm_peak import (  # benchmarks/, beside this file
+
+from benchmarks.common import SHARED, SHARED_VOCAB, host_threads_line, middle, write_json
+from benchmarks.gemm_peak import (
     Peak,
     forward_flops,
     fraction_of_peak,
@@ -38,14 +38,13 @@ from gemm_peak import (  # benchmarks/, beside this file
     precision_context,
     synchronize,
 )
-
-from bertrecipe.common.hardware import Host, detect, host_line, host_record, pick_precisions
+from benchmarks.model_throughput import LARGE
+from bertrecipe.common.hardware import Host, detect, host_record, pick_precisions
 from bertrecipe.deploy.onnx_export import TritonSignature, export_onnx, onnx_qa_logits, open_qa_session
 from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
 from bertrecipe.training.optimization import build_adamw
 
 Batch = tuple[torch.Tensor, ...]
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def real_windows(squad_file: Path, vocab_file: Path, seq: int) -> Batch:
@@ -160,7 +159,7 @@ def sequences_per_second(steps: dict[str, Callable[[Batch], None]], batches: lis
                     step(batch)
                 synchronize(device)
                 rates[name].append(sequences / (time.perf_counter() - tick))
-    return {name: sorted(r)[len(r) // 2] for name, r in rates.items()}
+    return {name: middle(r) for name, r in rates.items()}
 
 
 LABELS = {"ours": "ours", "ours_compiled": "ours compiled", "ours_onnxruntime": "ours on ONNX Runtime",
@@ -237,7 +236,7 @@ def parse_args(host: Host) -> argparse.Namespace:
                              "full windows (what inference.py --onnx_model runs)")
     parser.add_argument("--gemm_repeats", type=int, default=5, help="timed repeats of each GEMM of the peak")
     parser.add_argument("--squad_file", type=Path, default=SHARED / "squad" / "dev-v1.1.json")
-    parser.add_argument("--vocab_file", type=Path, default=SHARED / "minilm" / "vocab.txt")
+    parser.add_argument("--vocab_file", type=Path, default=SHARED_VOCAB)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     args.precisions = pick_precisions(host, args.precision, ["bf16"])
@@ -279,11 +278,10 @@ def measure_row(config: BertConfig, args: argparse.Namespace, host: Host, kind: 
 def main() -> None:
     host = detect("cpu")  # both models run on the CPU
     args = parse_args(host)
-    presets = {"base": BertConfig(), "large": BertConfig(hidden_size=1024, num_hidden_layers=24,
-                                                         num_attention_heads=16, intermediate_size=4096)}
+    presets = {"base": BertConfig(), "large": LARGE}
     config = presets.get(args.config) or BertConfig.from_json_file(args.config)
-    print(f"{host_line(host, ' and '.join(args.precisions))}, {torch.get_num_threads()} threads; BERT {args.config}, "
-          f"batch {args.batch}, seq {args.seq}")
+    print(f"{host_threads_line(host, ' and '.join(args.precisions))}; BERT {args.config}, batch {args.batch}, "
+          f"seq {args.seq}")
     windows = real_windows(args.squad_file, args.vocab_file, args.seq) if "real" in args.windows else None
     results = []
     peaks: dict[str, Peak] = {}
@@ -294,7 +292,8 @@ def main() -> None:
             for phase in args.phases:
                 results.append(measure_row(config, args, host, kind, batches, filled, precision, phase, peaks))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(args.json, results)
+
 
 if __name__ == "__main__":
     main()

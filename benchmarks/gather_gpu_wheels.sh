@@ -4,6 +4,9 @@
 #
 #   bash benchmarks/gather_gpu_wheels.sh [DIR]        # DIR defaults to .whl in the checkout (ignored by git)
 #
+# DIR is the one argument besides -h/--help; anything else (a second folder, a word starting with -) is refused in
+# one line, exit status 2, before anything is downloaded or made.
+#
 # Left out of requirements.txt: torch (the machine's CUDA build); numpy, tokenizers, safetensors and tqdm, which
 # transformers brings there (ours, first on PYTHONPATH, would shadow them under the image's transformers);
 # matplotlib (plot_logs.py only, 9 MB with its dependencies); dask, distributed and dask-jobqueue (bertPrep's dask
@@ -12,8 +15,23 @@
 # versions the test environment runs it with.
 set -euo pipefail
 
+script="$(basename "${BASH_SOURCE[0]}")"
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-dir="${1:-$repo/.whl}"
+dir=""
+for arg in "$@"; do
+    case "$arg" in
+        -h|--help) sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; exit 0 ;;
+        -*) echo "error: $script: unknown option $arg; see --help" >&2; exit 2 ;;
+        *)
+            if [[ -n "$dir" ]]; then
+                echo "error: $script: one folder at most, got $dir and $arg; see --help" >&2
+                exit 2
+            fi
+            dir="$arg"
+            ;;
+    esac
+done
+dir="${dir:-$repo/.whl}"
 python="${PYTHON:-python3}"
 
 left_out='^(torch|numpy|tokenizers|safetensors|tqdm|matplotlib|dask|distributed|dask-jobqueue)=='

@@ -8,8 +8,8 @@ back-to-back calls to last about 10 ms. tf32 is fp32 tensors with TF32 matmuls (
 "high", meant for CUDA GPUs). forward_flops() counts a BertForQuestionAnswering forward analytically, so that
 achieved GFLOP/s = forward_flops / time, and fraction_of_peak says what share of the peak that is.
 
-    python benchmarks/gemm_peak.py --precision fp32 bf16       # the peak alone, BERT-base shapes, batch 4 x 384
-    python benchmarks/gemm_peak.py --device cuda --precision bf16 fp16 tf32 --square 8192
+    python -m benchmarks.gemm_peak --precision fp32 bf16       # the peak alone, BERT-base shapes, batch 4 x 384
+    python -m benchmarks.gemm_peak --device cuda --precision bf16 fp16 tf32 --square 8192
 """
 from __future__ import annotations
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The GPU report: one command that tests and measures the recipe on one GPU and writes one JSON and one Markdown
 table (gpu_report.json, gpu_report.md in --output_dir), each naming the GPU, its driver, torch and the precision.
 
@@ -45,28 +44,34 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from gemm_peak import forward_flops, gemm_peak, is_cuda  # benchmarks/, beside this file
-from gpu_report_markdown import render
-from model_throughput import (
+
+from benchmarks.common import (
+    REPO,
+    VOCAB_EXCERPT,
+    benchmark_command,
+    default_corpus_documents,
+    masked_per_seq,
+    real_token_fraction,
+    shards_of_documents,
+    time_steps,
+)
+from benchmarks.gemm_peak import forward_flops, gemm_peak, is_cuda
+from benchmarks.gpu_report_markdown import render
+from benchmarks.model_throughput import (
     LARGE,
     Batch,
     StepOptions,
     Trainer,
     make_batch,
-    masked_per_seq,
     ours_trainer,
     peer_trainer,
-    time_steps,
     to_device,
     training_flops,
 )
-
 from bertrecipe.common.atomic_files import write_atomic
 from bertrecipe.common.hardware import detect
 from bertrecipe.model.bert import BertConfig
 
-REPO = Path(__file__).resolve().parents[1]
-VOCAB_EXCERPT = REPO / "tests" / "data" / "vocab-uncased-excerpt.txt"
 SECTIONS = ("cuda_tests", "gemm_peak", "model_step", "max_micro_batch", "loop", "finetune", "profile",
             "compiled_step", "data_prep")
 OPTIONAL = {"profile": "--profile", "data_prep": "--data_prep"}
@@ -458,8 +463,6 @@ def max_batch_section(run: Run) -> None:
 def shard_folder(run: Run, seq: int) -> Path:
     """Shards of the embedded default corpus at `seq` (made once), its articles joined into documents of about
     20 KB so that sequences fill up as on Wikipedia."""
-    from pretrain_throughput import default_corpus_documents, shards_of_documents
-
     if seq not in run.shards:
         articles = default_corpus_documents(run.settings.corpus_chars)
         documents, current = [], ""
@@ -476,7 +479,9 @@ def shard_folder(run: Run, seq: int) -> Path:
 def shard_step(run: Run, folder: Path, seq: int) -> dict[str, Any]:
     """Our model step alone (no loader, no logging) on the loop's first batches, timed as the loop times itself:
     all its steps but the first two, sequences over their summed time."""
-    from pretrain_throughput import first_shard_batches
+    # Imported in the rows that use them (here, loop_row, finetune_row): a module that fails to import on the GPU
+    # host fails those rows, each with its error line, not the whole report.
+    from benchmarks.pretrain_throughput import first_shard_batches
 
     s = run.settings
     batches = [to_device(b, s.device) for b in first_shard_batches(folder, s.batch[seq], s.loop_steps)]
@@ -498,7 +503,7 @@ def loop_config_file(run: Run) -> Path:
 
 
 def loop_row(run: Run, seq: int) -> dict[str, Any]:
-    from pretrain_throughput import LoopOptions, real_token_fraction, run_loop
+    from benchmarks.pretrain_throughput import LoopOptions, run_loop
 
     s = run.settings
     row: dict[str, Any] = {"seq": seq, "batch": s.batch[seq], "precision": s.amp[0], "steps": s.loop_steps}
@@ -533,7 +538,7 @@ def loop_section(run: Run) -> None:
 # --- finetune ---------------------------------------------------------------------------------------------------
 
 def finetune_row(run: Run, phase: str) -> dict[str, Any]:
-    from finetune_throughput import build_steps, make_batches, sequences_per_second
+    from benchmarks.finetune_throughput import build_steps, make_batches, sequences_per_second
 
     s = run.settings
     precision = s.amp[0]
@@ -604,9 +609,9 @@ def data_prep_section(run: Run) -> None:
         run.add("data_prep", {"error": skip})
         return
     out = run.work / "data_prep.json"
-    command = [sys.executable, str(REPO / "benchmarks" / "data_prep_scale.py"), "--size_gb", str(s.data_prep_gb),
-               "--n_processes", *map(str, s.data_prep_processes), "--vocab_file", str(VOCAB_EXCERPT), "--no_books",
-               "--ceiling_rounds", "0", "--json", str(out), "--tmp", str(run.work)]
+    command = benchmark_command("data_prep_scale", "--size_gb", str(s.data_prep_gb), "--n_processes",
+                                *map(str, s.data_prep_processes), "--vocab_file", str(VOCAB_EXCERPT), "--no_books",
+                                "--ceiling_rounds", "0", "--json", str(out), "--tmp", str(run.work))
     if s.tiny:
         command += ["--n_training_shards", "4", "--n_test_shards", "1", "--reference_mb", "0.2"]
     else:
@@ -614,8 +619,8 @@ def data_prep_section(run: Run) -> None:
     status, output = run_group(command, max(run.deadline.left(), 60))
     if status != 0:
         lines = [line for line in output.splitlines() if line.strip()] or ["no output"]
-        raise RuntimeError(f"data_prep_scale.py {'was cut off' if status is None else f'exited with {status}'}: "
-                           f"{lines[-1]}")
+        ended = "was cut off" if status is None else f"exited with {status}"
+        raise RuntimeError(f"benchmarks.data_prep_scale {ended}: {lines[-1]}")
     for size in json.loads(out.read_text()):
         for stage in size["stages"]:
             run.add("data_prep", {"size_gb": size["size_gb"], "stage": stage["name"],
@@ -658,7 +663,9 @@ def header(settings: Settings, argv: list[str]) -> dict[str, Any]:
             "lamb": "update fused by torch.compile" if settings.compiled_optimizer else "multi-tensor (foreach) update"}
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def argument_parser() -> argparse.ArgumentParser:
+    """The report's flags; gpu_report.sh names the same ones (REPORT_FLAGS there), to refuse any other before it
+    installs wheels or the report makes a folder."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="a tiny BERT, tiny batches, 1-2 steps: the CI's check")
     p.add_argument("--output_dir", type=Path, help="default: benchmarks/results/gpu_report/<date>")
@@ -671,7 +678,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="seconds; a row that would end past it is skipped with the reason (0: none)")
     p.add_argument("--batch_128", type=int, default=128, help="micro-batch at seq 128 (GPU run)")
     p.add_argument("--batch_512", type=int, default=32, help="micro-batch at seq 512 (GPU run)")
-    args = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    args = argument_parser().parse_args(argv)
     args.time_budget = args.time_budget or None
     return args
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Peak memory and wall time of inference.py on long contexts: 10,000, 30,000 and 100,000 words by default.
 
 A small random SQuAD model (hidden 32, 2 layers, 2 heads, the vocab excerpt tests/data/vocab-uncased-excerpt.txt)
@@ -8,8 +7,8 @@ resident memory (VmHWM of /proc/self/status: imports, model, features and answer
 main() (model loading, features, the forward passes in fp32 on the CPU, answers). The memory of one question about
 a context should grow linearly with the context; the goal is 100,000 words within 1 GB.
 
-    python benchmarks/inference_memory.py                       # 10k, 30k, 100k words
-    python benchmarks/inference_memory.py --words 1000 100000 --max_seq_length 384 --doc_stride 128
+    python -m benchmarks.inference_memory                       # 10k, 30k, 100k words
+    python -m benchmarks.inference_memory --words 1000 100000 --max_seq_length 384 --doc_stride 128
 """
 from __future__ import annotations
 
@@ -19,13 +18,12 @@ import io
 import json
 import platform
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-VOCAB = REPO / "tests" / "data" / "vocab-uncased-excerpt.txt"
+from benchmarks.common import REPO, VOCAB_EXCERPT, benchmark_command, status_bytes
+
 BOOKS = REPO / "tests" / "data" / "books"
 MODEL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
          "max_position_embeddings": 512, "type_vocab_size": 2}
@@ -39,7 +37,7 @@ def save_model(folder: Path) -> None:
     from bertrecipe.finetuning.staged_outputs import save_finetuned
     from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
 
-    vocab_size = sum(1 for _ in VOCAB.open(encoding="utf-8"))
+    vocab_size = sum(1 for _ in VOCAB_EXCERPT.open(encoding="utf-8"))
     config = BertConfig.from_dict({**MODEL, "vocab_size": vocab_size})
     torch.manual_seed(0)
     save_finetuned(BertForQuestionAnswering(config), config, folder)
@@ -52,14 +50,6 @@ def write_context(path: Path, words: int) -> None:
     path.write_text(" ".join(repeated), encoding="utf-8")
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak resident set (VmHWM), in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
 def measure_one(argv: list[str]) -> dict:
     """Runs inference.main(argv) here; its wall time, peak memory and answer's window count."""
     from bertrecipe.cli import inference
@@ -69,7 +59,7 @@ def measure_one(argv: list[str]) -> dict:
     with contextlib.redirect_stdout(out):
         inference.main(argv)
     seconds = time.perf_counter() - began
-    return {"seconds": seconds, "peak_rss": peak_rss_bytes(), "windows": json.loads(out.getvalue())["windows"]}
+    return {"seconds": seconds, "peak_rss": status_bytes("VmHWM"), "windows": json.loads(out.getvalue())["windows"]}
 
 
 def cpu_model() -> str:
@@ -100,11 +90,11 @@ def main() -> None:
         for words in args.words:
             context = folder / f"context_{words}.txt"
             write_context(context, words)
-            flags = ["--init_checkpoint", str(folder / "model" / "pytorch_model.bin"), "--vocab_file", str(VOCAB),
-                     "--do_lower_case", "--question", QUESTION, "--context_file", str(context),
+            flags = ["--init_checkpoint", str(folder / "model" / "pytorch_model.bin"), "--vocab_file",
+                     str(VOCAB_EXCERPT), "--do_lower_case", "--question", QUESTION, "--context_file", str(context),
                      "--max_seq_length", str(args.max_seq_length), "--doc_stride", str(args.doc_stride)]
-            done = subprocess.run([sys.executable, __file__, "--one", *flags], capture_output=True, text=True,
-                                  cwd=REPO)
+            done = subprocess.run(benchmark_command("inference_memory", "--one", *flags), capture_output=True,
+                                  text=True, cwd=REPO)
             if done.returncode != 0:
                 raise SystemExit(f"{words} words: inference failed: {done.stderr.strip()[-2000:]}")
             row = json.loads(done.stdout.strip().splitlines()[-1])

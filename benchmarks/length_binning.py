@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Real (non-padding) tokens per second of the whole pre-training loop at seq 512, with and without
 --bin_by_length, on the same samples: both runs train the same steps of the same stream, so the ratio of their
 throughputs is the ratio of real tokens per second.
@@ -6,8 +5,8 @@ throughputs is the ratio of real tokens per second.
 Shards: the embedded default corpus's phase-2 shards (data/build_default_corpus.py, made in a temporary folder),
 or any folder of seq-512 shards given with --input_dir.
 
-    python benchmarks/length_binning.py                       # 4 layers, hidden 256, bf16 where the CPU has it
-    python benchmarks/length_binning.py --input_dir DIR --config_file bert_configs/base.json --steps 6
+    python -m benchmarks.length_binning                       # 4 layers, hidden 256, bf16 where the CPU has it
+    python -m benchmarks.length_binning --input_dir DIR --config_file bert_configs/base.json --steps 6
 """
 from __future__ import annotations
 
@@ -20,11 +19,10 @@ import tempfile
 from pathlib import Path
 
 import h5py
-import numpy as np
 
+from benchmarks.common import REPO, loop_sequences_per_second, real_token_fraction
 from bertrecipe.common.hardware import detect, host_line, pick_precisions, recipe_device
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024,
          "max_position_embeddings": 512, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
 
@@ -34,11 +32,6 @@ def default_shards(work: Path) -> Path:
     subprocess.run([sys.executable, str(REPO / "data" / "build_default_corpus.py")], env=env, check=True,
                    capture_output=True)
     return next(work.glob("hdf5_*seq_len_512*/*/training"))
-
-
-def real_token_fraction(folder: Path) -> float:
-    masks = [h5py.File(p)["input_mask"][()] for p in sorted(folder.glob("*.hdf5"))]
-    return float(np.mean(np.concatenate(masks)))
 
 
 def throughput(args: argparse.Namespace, folder: Path, config: Path, work: Path, binned: bool) -> float:
@@ -51,9 +44,9 @@ def throughput(args: argparse.Namespace, folder: Path, config: Path, work: Path,
                "--disable_progress_bar", "--json-summary", str(out / "log.json")]
     command += (["--bf16"] if args.precision == "bf16" else []) + (["--bin_by_length"] if binned else [])
     subprocess.run(command, check=True, capture_output=True)
-    final = [json.loads(line[5:]) for line in (out / "log.json").read_text().splitlines() if line.startswith("DLLL ")]
+    rate = loop_sequences_per_second(out / "log.json")
     subprocess.run(["rm", "-rf", str(out)], check=True)
-    return float(next(r["data"]["training_sequences_per_second"] for r in final if r.get("step") == []))
+    return rate
 
 
 def main() -> None:

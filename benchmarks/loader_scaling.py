@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """How the pre-training loader (sample_order.py + pretraining_data.PretrainingData) scales to W ranks x K
 DataLoader workers, on synthetic shards written as NVIDIA's create_pretraining_data writes them (h5py's default
 chunking, compression="gzip", int32 ids, int8 masks; seq 128, 20 predictions; sizes varied), in a temporary folder:
@@ -13,8 +12,8 @@ chunking, compression="gzip", int32 ids, int8 masks; seq 128, 20 predictions; si
 4. samples/s of one worker: PortionReader + PretrainingData.batches against today's loader (load_shard of whole
    shards + make_batch on shuffled rows), each in a fresh process, in turns.
 
-    python benchmarks/loader_scaling.py                 # about 3 minutes on 2 cores
-    python benchmarks/loader_scaling.py --json results.json
+    python -m benchmarks.loader_scaling                 # about 3 minutes on 2 cores
+    python -m benchmarks.loader_scaling --json results.json
 """
 from __future__ import annotations
 
@@ -24,7 +23,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import warnings
@@ -36,12 +34,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from benchmarks.common import REPO, benchmark_command, middle, status_bytes, write_json
 from bertrecipe.common.hardware import detect, host_line, host_record
 from bertrecipe.pretraining import sample_order
 from bertrecipe.pretraining.data import PretrainingData, StepShape, check_value_ranges, make_batch
 from bertrecipe.pretraining.shard_schema import SHARD_KEYS, ShardInfo, inspect_shard
 
-REPO = Path(__file__).resolve().parents[1]
 VOCAB, SEQ, PREDICTIONS = 30522, 128, 20
 CLS, SEP, MASK = 101, 102, 103
 ROW_BYTES = SEQ * (4 + 1 + 1) + PREDICTIONS * (4 + 4) + 1  # uncompressed bytes of one sample
@@ -170,16 +168,11 @@ def decompression(infos: list[ShardInfo], worlds: list[int], workers: list[int],
 
 # --- 2. Peak memory of a worker (runs in a subprocess) -----------------------------------------------------------
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-
-
 def _reset_peak() -> int:
-    """Resets VmHWM to the current RSS (Linux clear_refs 5) and returns that RSS in kB."""
+    """Resets VmHWM to the current RSS (Linux clear_refs 5) and returns that RSS in bytes."""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    return _status_kb("VmRSS")
+    return status_bytes("VmRSS")
 
 
 class MeasuredReader(IterableDataset):
@@ -193,7 +186,7 @@ class MeasuredReader(IterableDataset):
         for item in self.reader:
             portions, largest = portions + 1, max(largest, len(item.rows["input_ids"]))
             yield item
-        yield {"peak_kb": _status_kb("VmHWM") - start, "portions": portions, "largest_rows": largest}
+        yield {"peak_bytes": status_bytes("VmHWM") - start, "portions": portions, "largest_rows": largest}
 
 
 def child_worker_memory(folder: str, world: int, workers: int, lanes: int | None) -> dict:
@@ -207,7 +200,7 @@ def child_worker_memory(folder: str, world: int, workers: int, lanes: int | None
                            max_steps=steps)
     loader = DataLoader(MeasuredReader(data), batch_size=None, num_workers=workers)
     reports = [item for item in loader if isinstance(item, dict)]  # the rest: PortionRows
-    return {"peak_mb": max(r["peak_kb"] for r in reports) / 1024,
+    return {"peak_mb": max(r["peak_bytes"] for r in reports) / MiB,
             "largest_portion_mb": max(r["largest_rows"] for r in reports) * ROW_BYTES / MiB,
             "block_rows": max(i.block_rows for i in infos), "lanes": lanes}
 
@@ -217,13 +210,13 @@ def child_old_memory(folder: str) -> dict:
     infos = [inspect_shard(p, VOCAB, 512) for p in sorted(Path(folder).glob("*.hdf5"))]
     start = _reset_peak()
     arrays = load_shard(max(infos, key=lambda i: i.num_samples), VOCAB)
-    return {"peak_mb": (_status_kb("VmHWM") - start) / 1024, "shard_mb": sum(a.nbytes for a in arrays.values()) / MiB}
+    return {"peak_mb": (status_bytes("VmHWM") - start) / MiB, "shard_mb": sum(a.nbytes for a in arrays.values()) / MiB}
 
 
 def run_child(task: str, **kwargs: Any) -> dict:
     """A fresh interpreter for each measurement, so that no earlier allocation hides a peak."""
-    command = [sys.executable, __file__, "--child", json.dumps({"task": task, **kwargs})]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    command = benchmark_command("loader_scaling", "--child", json.dumps({"task": task, **kwargs}))
+    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO)
     if done.returncode:
         raise SystemExit(f"{task} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -269,11 +262,11 @@ def child_new_throughput(folder: str, lanes: int, micro: int) -> dict:
     stream = sample_order.StreamOrder([i.num_samples for i in infos], [i.block_rows for i in infos], 0, lanes)
     steps = stream.lane_length * lanes // micro
     data = PretrainingData(infos, 0, StepShape(micro, 1, 1, 0), lanes, VOCAB, max_steps=steps)
-    start_kb, began, samples = _reset_peak(), time.perf_counter(), 0
+    start, began, samples = _reset_peak(), time.perf_counter(), 0
     for batch in data.batches(iter(data.reader())):
         samples += len(batch["input_ids"])
     seconds = time.perf_counter() - began
-    peak_mb = (_status_kb("VmHWM") - start_kb) / 1024
+    peak_mb = (status_bytes("VmHWM") - start) / MiB
     began, read = time.perf_counter(), 0
     for item in data.reader():  # each item dropped once counted, as a worker hands it on: holding the epoch's
         read += len(item.rows["input_ids"])  # items would time the page faults of 440 MiB of new memory too
@@ -291,7 +284,7 @@ def child_old_throughput(folder: str, micro: int) -> dict:
     """Today's loader: each shard read whole (load_shard), its rows shuffled, make_batch on runs of `micro`."""
     infos = [inspect_shard(p, VOCAB, 512) for p in sorted(Path(folder).glob("*.hdf5"))]
     rng = np.random.default_rng(0)
-    start_kb, began, samples = _reset_peak(), time.perf_counter(), 0
+    start, began, samples = _reset_peak(), time.perf_counter(), 0
     for index in rng.permutation(len(infos)):
         arrays = load_shard(infos[index], VOCAB)
         rows = rng.permutation(infos[index].num_samples)
@@ -299,7 +292,7 @@ def child_old_throughput(folder: str, micro: int) -> dict:
             batch = {k: torch.from_numpy(v) for k, v in make_batch(arrays, rows[first:first + micro]).items()}
             samples += len(batch["input_ids"])
     seconds = time.perf_counter() - began
-    return {"samples_per_s": samples / seconds, "samples": samples, "peak_mb": (_status_kb("VmHWM") - start_kb) / 1024}
+    return {"samples_per_s": samples / seconds, "samples": samples, "peak_mb": (status_bytes("VmHWM") - start) / MiB}
 
 
 def throughput(folder: Path, lanes: list[int], micro: int, rounds: int) -> dict:
@@ -310,7 +303,7 @@ def throughput(folder: Path, lanes: list[int], micro: int, rounds: int) -> dict:
         for c in lanes:
             runs.setdefault(f"new, C={c}", []).append(
                 run_child("new_throughput", folder=str(folder), lanes=c, micro=micro))
-    return {name: sorted(r, key=lambda x: x["samples_per_s"])[len(r) // 2] for name, r in runs.items()}
+    return {name: middle(r, key=lambda x: x["samples_per_s"]) for name, r in runs.items()}
 
 
 # --- Report -------------------------------------------------------------------------------------------------------
@@ -421,7 +414,7 @@ def main() -> None:
         print(f"  {name:<10} {r['samples_per_s']:>10,.0f} samples/s  {r['samples_per_s'] / today:5.2f}x  "
               f"{r['peak_mb']:7.1f} MiB{split}")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Long rows on a CPU: a small modern model (ModernBERT's design: hidden 128, 6 layers, 4 heads, a window of 128)
 trains forward and backward on one row of 2,048, 4,096 and 8,192 tokens. Each length runs in a fresh process that
 reports the memory its step added (peak resident set, VmHWM, minus the resident set before the step) and the step's
@@ -6,29 +5,22 @@ time. Three models: every layer local with the chunked local attention (model/lo
 local attention through a dense [seq, seq] window bias (what attention costs without the chunks), and ModernBERT's
 pattern (a global layer every third).
 
-    python benchmarks/long_context.py
-    python benchmarks/long_context.py --lengths 1024 2048 --variants chunked
+    python -m benchmarks.long_context
+    python -m benchmarks.long_context --lengths 1024 2048 --variants chunked
 """
 from __future__ import annotations
 
 import argparse
 import json
 import subprocess
-import sys
 import time
-from pathlib import Path
+
+from benchmarks.common import REPO, benchmark_command, status_bytes
 
 MODEL = {"model_type": "modernbert", "vocab_size": 30528, "hidden_size": 128, "num_hidden_layers": 6,
          "num_attention_heads": 4, "intermediate_size": 192, "max_position_embeddings": 8192,
          "local_attention": 128, "pad_token_id": 0}
 VARIANTS = ("chunked", "dense_window", "alternating")
-
-
-def rss_bytes(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def measure(variant: str, length: int) -> dict:
@@ -47,12 +39,12 @@ def measure(variant: str, length: int) -> dict:
     model = ModernBertForMaskedLM(config).train()
     ids = torch.randint(1000, config.vocab_size, (1, length))
     labels = torch.where(torch.rand(1, length) < 0.3, ids, torch.full_like(ids, -1))
-    before = rss_bytes("VmRSS")
+    before = status_bytes("VmRSS")
     began = time.perf_counter()
     model(ids, masked_lm_labels=labels).loss.backward()
     seconds = time.perf_counter() - began
     return {"variant": variant, "length": length, "step_seconds": round(seconds, 3),
-            "step_memory_mib": round((rss_bytes("VmHWM") - before) / 2**20, 1)}
+            "step_memory_mib": round((status_bytes("VmHWM") - before) / 2**20, 1)}
 
 
 def main() -> None:
@@ -74,8 +66,8 @@ def main() -> None:
     for variant in args.variants:
         previous = None
         for length in args.lengths:
-            done = subprocess.run([sys.executable, __file__, "--threads", str(args.threads), "--one", variant,
-                                   str(length)], capture_output=True, text=True)
+            done = subprocess.run(benchmark_command("long_context", "--threads", str(args.threads), "--one", variant,
+                                                    str(length)), capture_output=True, text=True, cwd=REPO)
             if done.returncode != 0:
                 print(f"| {variant} | {length} | failed: {done.stderr.strip().splitlines()[-1][:80]} | | |")
                 continue

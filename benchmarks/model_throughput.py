@@ -1,39 +1,31 @@
-#!/usr/bin/env python3
 """Training-step throughput of our BertForPreTraining + LAMB against transformers' BertForPreTraining + AdamW.
 
 Both run in this process on the same batch and precision: forward, backward and optimizer step. The achieved
 FLOP/s is reported as a fraction of this machine's matrix-multiply peak, measured here with large GEMMs.
 
-    python benchmarks/model_throughput.py                       # BERT-base, seq 128 and 512, fp32 and bf16
+    python -m benchmarks.model_throughput                       # BERT-base, seq 128 and 512, fp32 and bf16
                                                                 # (fp32 alone where the CPU has no native bf16)
-    python benchmarks/model_throughput.py --seq 128 --precision bf16 --steps 3
-    python benchmarks/model_throughput.py --device cuda --config large --batch 64 --precision bf16 fp16
+    python -m benchmarks.model_throughput --seq 128 --precision bf16 --steps 3
+    python -m benchmarks.model_throughput --device cuda --config large --batch 64 --precision bf16 fp16
 """
 from __future__ import annotations
 
 import argparse
 import functools
-import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
-from gemm_peak import DTYPES, SQUARE, gemm_gflops, precision_context  # benchmarks/, beside this file
 
-from bertrecipe.common.hardware import detect, host_line, host_record, pick_precisions
+from benchmarks.common import host_threads_line, masked_per_seq, time_steps, write_json
+from benchmarks.gemm_peak import DTYPES, SQUARE, gemm_gflops, precision_context
+from bertrecipe.common.hardware import detect, host_record, pick_precisions
 from bertrecipe.model.bert import BertConfig, BertForPreTraining
 from bertrecipe.training.optimization import Lamb, weight_decay_groups
 
-MASKED_PER_SEQ = {128: 20, 512: 80}
 Batch = tuple[torch.Tensor, ...]  # input_ids, token_type_ids, attention_mask, masked-LM labels (-1: none), NSP labels
 LARGE = BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
-
-
-def masked_per_seq(seq: int) -> int:
-    """Masked positions per sequence: NVIDIA's 20 at 128 and 80 at 512, else 15 %."""
-    return MASKED_PER_SEQ.get(seq, max(1, round(seq * 0.15)))
 
 
 def training_flops(config: BertConfig, batch: int, seq: int, masked: int) -> float:
@@ -152,17 +144,6 @@ def peer_step(config: BertConfig, batch: Batch, options: StepOptions = StepOptio
     return functools.partial(trainer.step, to_device(batch, options.device))
 
 
-def time_steps(step: Callable[[], float], warmup: int, steps: int) -> float:
-    """Seconds per step, median of `steps` after `warmup` (each step waits for its kernels: Trainer.step)."""
-    times = []
-    for i in range(warmup + steps):
-        start = time.perf_counter()
-        step()
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="base", help="base, large, or a bert_config.json path")
@@ -181,8 +162,7 @@ def main() -> None:
     torch.manual_seed(0)
     host = detect(torch.device(args.device).type)  # both models run there
     precisions = pick_precisions(host, args.precision, ["fp32", "bf16"])
-    print(f"{host_line(host, ' and '.join(precisions))}, {torch.get_num_threads()} threads; BERT {args.config}, "
-          f"batch {args.batch}")
+    print(f"{host_threads_line(host, ' and '.join(precisions))}; BERT {args.config}, batch {args.batch}")
     # The practical ceiling of the dense layers: the best of 10 square 2048^3 GEMMs, in FLOP/s.
     peaks = {p: gemm_gflops(SQUARE, SQUARE, SQUARE, p, repeats=10, device=args.device) * 1e9 for p in precisions}
     for p, flops in peaks.items():
@@ -205,8 +185,8 @@ def main() -> None:
                   f"({row['ours_peak_fraction']:.0%} of peak), transformers+AdamW {row['peer_seq_per_s']:.2f} seq/s "
                   f"({row['peer_peak_fraction']:.0%}), speed-up {row['speedup']:.2f}x", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"host": host_record(host, " and ".join(precisions)), "peaks": peaks,
-                                         "results": results}, indent=2) + "\n")
+        write_json(args.json, {"host": host_record(host, " and ".join(precisions)), "peaks": peaks,
+                               "results": results})
 
 
 if __name__ == "__main__":

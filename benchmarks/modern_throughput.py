@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The modern family's whole pre-training loop (run_pretraining.py with a ModernBERT config: loader, dynamic 30 %
 masking, packed rows, AdamW, logging) against transformers' ModernBertForMaskedLM + torch.optim.AdamW on the same
 data and config, in real (non-padding) tokens per second.
@@ -8,8 +7,8 @@ The peer gets its fastest CPU attention (SDPA) and, in turn, each of its two usu
 masking (30 %, 80/10/10) runs inside its timed loop as a collator's would. Shards are made from real text
 (../shared/data/books with BERT's uncased vocab, or --text/--vocab) by data/create_pretraining_data.py.
 
-    python benchmarks/modern_throughput.py                   # seq 512, batch 8, bf16 where native, else fp32
-    python benchmarks/modern_throughput.py --seq 128 --steps 8
+    python -m benchmarks.modern_throughput                   # seq 512, batch 8, bf16 where native, else fp32
+    python -m benchmarks.modern_throughput --seq 128 --steps 8
 """
 from __future__ import annotations
 
@@ -24,12 +23,18 @@ from pathlib import Path
 
 import h5py
 import torch
-from pretrain_throughput import SHARED, make_shards
 
-from bertrecipe.common.hardware import detect, host_line, pick_precisions
-from bertrecipe.training.metric_logger import read_log
+from benchmarks.common import (
+    REPO,
+    SHARED_BOOK,
+    SHARED_VOCAB,
+    host_threads_line,
+    loop_sequences_per_second,
+    make_shards,
+    middle,
+)
+from bertrecipe.common.hardware import detect, pick_precisions
 
-REPO = Path(__file__).resolve().parents[1]
 MODEL = {"model_type": "modernbert", "vocab_size": 30528, "hidden_size": 256, "num_hidden_layers": 6,
          "num_attention_heads": 4, "intermediate_size": 384, "max_position_embeddings": 1024,
          "local_attention": 128, "pad_token_id": 0}
@@ -49,8 +54,7 @@ def run_loop(folder: Path, config: Path, seq: int, batch: int, steps: int, out: 
     if precision == "bf16":
         command.append("--bf16")
     subprocess.run(command, check=True, capture_output=True)
-    final = next(r["data"] for r in read_log(log) if r.get("step") == [])
-    return float(final["training_sequences_per_second"])
+    return loop_sequences_per_second(log)
 
 
 def shard_rows(folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,14 +111,14 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=8, help="timed steps of each (after two that are not)")
-    parser.add_argument("--text", type=Path, default=SHARED / "books" / "pg1342.txt")
-    parser.add_argument("--vocab", type=Path, default=SHARED / "minilm" / "vocab.txt")
+    parser.add_argument("--text", type=Path, default=SHARED_BOOK)
+    parser.add_argument("--vocab", type=Path, default=SHARED_VOCAB)
     parser.add_argument("--precision", choices=["fp32", "bf16"])
     parser.add_argument("--rounds", type=int, default=3, help="every way measured in turns; medians reported")
     args = parser.parse_args()
     host = detect("cpu")
     precision = pick_precisions(host, [args.precision] if args.precision else None, ["bf16"])[0]
-    print(f"{host_line(host, precision)}, {torch.get_num_threads()} threads; ModernBERT {MODEL['hidden_size']}x"
+    print(f"{host_threads_line(host, precision)}; ModernBERT {MODEL['hidden_size']}x"
           f"{MODEL['num_hidden_layers']}, seq {args.seq}, batch {args.batch}")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
@@ -133,7 +137,7 @@ def main() -> None:
                 name += ", sparse_prediction" if sparse else ""
                 rate = peer_tokens_per_second(ids, mask, args.batch, args.steps, precision, grouped, sparse)
                 measured.setdefault(name, []).append(rate)
-    rows = {name: sorted(rates)[len(rates) // 2] for name, rates in measured.items()}
+    rows = {name: middle(rates) for name, rates in measured.items()}
     loop = rows["run_pretraining.py (packed, AdamW)"]
     print(f"shards: {tokens_per_row:.0f} real tokens a row of {args.seq}")
     print("| way | real tokens/s | ours / this |")

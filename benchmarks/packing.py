@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Packed rows against padded batches: real (non-padding) tokens per second of a modern-family training step
 (forward, 30 % masked-LM, backward; no optimizer) at seq 512, on Wikipedia's document lengths.
 
@@ -15,13 +14,12 @@ them. Each micro-batch of --samples such rows is trained three ways, in the same
   packed        --pack_sequences: the samples best fit into fewer rows, each attending only to itself
 The ratio packed / padded is the issue's measure (goal: at least 1.3x).
 
-    python benchmarks/packing.py
-    python benchmarks/packing.py --steps 6 --samples 16 --seq 512 --mean_words 0
+    python -m benchmarks.packing
+    python -m benchmarks.packing --steps 6 --samples 16 --seq 512 --mean_words 0
 """
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import time
 from pathlib import Path
@@ -29,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.common import REPO, SHARED, SHARED_VOCAB, VOCAB_EXCERPT
 from bertrecipe.common.hardware import detect, host_line
 from bertrecipe.dataprep.text_formatting import wiki_articles
 from bertrecipe.model.modern import ModernBertForMaskedLM
@@ -36,12 +35,9 @@ from bertrecipe.model.modern_config import ModernBertConfig
 from bertrecipe.pretraining.packing import pack_batch
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_WIKI = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data")) / "wiki" / \
-    "enwiki-sample-pages-articles.xml.bz2"
+SHARED_WIKI = SHARED / "wiki" / "enwiki-sample-pages-articles.xml.bz2"
 OWN_WIKI = REPO / "tests" / "data" / "wiki" / "enwiki-excerpt.xml.bz2"
-SHARED_VOCAB = SHARED_WIKI.parents[1] / "minilm" / "vocab.txt"  # BERT's whole uncased vocab
-VOCAB = SHARED_VOCAB if SHARED_VOCAB.is_file() else REPO / "tests" / "data" / "vocab-uncased-excerpt.txt"
+VOCAB = SHARED_VOCAB if SHARED_VOCAB.is_file() else VOCAB_EXCERPT
 MODEL = {"model_type": "modernbert", "vocab_size": 30528, "hidden_size": 256, "num_hidden_layers": 4,
          "num_attention_heads": 4, "intermediate_size": 384, "max_position_embeddings": 8192,
          "local_attention": 128, "pad_token_id": 0}

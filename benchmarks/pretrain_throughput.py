@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The whole pre-training loop (run_pretraining.py: data loading, logging and all) against transformers'
 BertForPreTraining + AdamW on the same batch size and precision, plus the data loader alone.
 
@@ -7,16 +6,14 @@ vocab given with --text/--vocab) by data/create_pretraining_data.py. Without ../
 embedded default corpus (bertrecipe/dataprep/default_corpus.py: prose that ships with Python, one document an
 article) and the vocab tests/data's excerpt of BERT's uncased vocab: no download needed.
 
-    python benchmarks/pretrain_throughput.py                 # BERT-base, seq 128 and 512, batch 8, bf16
+    python -m benchmarks.pretrain_throughput                 # BERT-base, seq 128 and 512, batch 8, bf16
                                                              # where native (else fp32; --precision to choose)
-    python benchmarks/pretrain_throughput.py --seq 128 --steps 6
+    python -m benchmarks.pretrain_throughput --seq 128 --steps 6
 """
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -25,65 +22,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import h5py
 import torch
-from model_throughput import Batch, StepOptions, make_batch, masked_per_seq, peer_step, time_steps
 
-from bertrecipe.common.hardware import detect, host_line, host_record, pick_precisions
-from bertrecipe.dataprep.sharding import split_sentences
-from bertrecipe.dataprep.text_formatting import book_text
+from benchmarks.common import (
+    REPO,
+    SHARED_BOOK,
+    SHARED_VOCAB,
+    VOCAB_EXCERPT,
+    default_corpus_documents,
+    host_threads_line,
+    loop_sequences_per_second,
+    make_shards,
+    masked_per_seq,
+    middle,
+    real_token_fraction,
+    shards_of_documents,
+    time_steps,
+    write_json,
+)
+from benchmarks.model_throughput import Batch, StepOptions, make_batch, peer_step
+from bertrecipe.common.hardware import detect, host_record, pick_precisions
 from bertrecipe.model.bert import BertConfig
 from bertrecipe.pretraining.data import PretrainingData, StepShape
 from bertrecipe.pretraining.sample_order import default_lanes
 from bertrecipe.pretraining.shard_schema import find_shards, inspect_shard
-from bertrecipe.training.metric_logger import read_log
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
-SHARED_BOOK = SHARED / "books" / "pg1342.txt"
-SHARED_VOCAB = SHARED / "minilm" / "vocab.txt"
-VOCAB_EXCERPT = REPO / "tests" / "data" / "vocab-uncased-excerpt.txt"  # tracked: there on every checkout
 LOOP_SEED = 42  # run_pretraining.py's default --seed
-
-
-def make_shards(text: Path, vocab: Path, seq: int, out: Path) -> Path:
-    """The book through the recipe's own formatting and sentence splitting (one document, as bertPrep makes it),
-    so that sequences fill up as on Wikipedia instead of ending at every paragraph of the raw file."""
-    return shards_of_documents([book_text(text)], vocab, seq, out, text.stem)
-
-
-def default_corpus_documents(max_chars: int | None = None) -> list[str]:
-    """The embedded default corpus's articles, each a document, in its fixed order, up to about max_chars."""
-    from bertrecipe.dataprep.default_corpus import articles
-
-    documents, chars = [], 0
-    for article in articles():
-        if max_chars is not None and chars >= max_chars:
-            break
-        documents.append(article)
-        chars += len(article)
-    return documents
-
-
-def shards_of_documents(documents: list[str], vocab: Path, seq: int, out: Path, name: str = "corpus",
-                        dupe_factor: int = 1, timeout: float | None = None) -> Path:
-    """A training shard of `documents` (one sentence a line by the recipe's splitter, a blank line between
-    documents) at `seq`, masked as NVIDIA's 128/20 and 512/80 (else 15 %), in out/seq<seq>/."""
-    folder = out / f"seq{seq}"
-    folder.mkdir(parents=True, exist_ok=True)
-    sentences = out / f"{name}_sentences.txt"
-    sentences.write_text("\n\n".join("\n".join(split_sentences(d)) for d in documents) + "\n", encoding="utf-8")
-    subprocess.run([sys.executable, str(REPO / "data" / "create_pretraining_data.py"), "--input_file", str(sentences),
-                    "--output_file", str(folder / "bench_training_0.hdf5"), "--vocab_file", str(vocab),
-                    "--max_seq_length", str(seq), "--max_predictions_per_seq", str(masked_per_seq(seq)),
-                    "--dupe_factor", str(dupe_factor), "--compression", "none"],
-                   check=True, capture_output=True, timeout=timeout)
-    return folder
-
-
-def real_token_fraction(folder: Path) -> float:
-    with h5py.File(next(folder.glob("*.hdf5"))) as f:
-        return float(f["input_mask"][()].mean())
 
 
 def shard_batches(folder: Path, micro_batch: int, vocab_size: int = 30522, seed: int = 1,
@@ -148,8 +112,7 @@ def run_loop(folder: Path, seq: int, batch: int, steps: int, out: Path, options:
     log.unlink(missing_ok=True)
     subprocess.run(loop_command(folder, seq, batch, steps, out, options), check=True, capture_output=True,
                    timeout=timeout)
-    final = next(r["data"] for r in read_log(log) if r.get("step") == [])
-    return float(final["training_sequences_per_second"])
+    return loop_sequences_per_second(log)
 
 
 def main() -> None:
@@ -174,7 +137,7 @@ def main() -> None:
             raise SystemExit(f"error: {path} not found (pass --text and --vocab)")
     host = detect("cpu")  # loop and peer both run on the CPU
     precision = pick_precisions(host, [args.precision] if args.precision else None, ["bf16"])[0]
-    print(f"{host_line(host, precision)}, {torch.get_num_threads()} threads; BERT-base, batch {args.batch}")
+    print(f"{host_threads_line(host, precision)}; BERT-base, batch {args.batch}")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
@@ -192,7 +155,7 @@ def main() -> None:
                                       LoopOptions(precision=precision,
                                                   compile_optimizer=False if args.no_compile_optimizer else None)))
                 peers.append(args.batch / time_steps(step, warmup=2, steps=args.peer_steps))
-            ours, peer = sorted(loops)[len(loops) // 2], sorted(peers)[len(peers) // 2]
+            ours, peer = middle(loops), middle(peers)
             del step
             row = {"seq": seq, "batch": args.batch, "loop_seq_per_s": ours, "peer_seq_per_s": peer,
                    "speedup": ours / peer, "loader_seq_per_s_per_worker": loader, "rounds": args.rounds,
@@ -203,7 +166,7 @@ def main() -> None:
                   f"seq/s, speed-up {ours / peer:.2f}x; data loader {loader:,.0f} seq/s per worker; "
                   f"{tokens:.0%} of the shard's positions are tokens", flush=True)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

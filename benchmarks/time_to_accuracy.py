@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
 """Time to accuracy: small encoders pre-trained from scratch for a fixed wall-clock budget, six ways (two model
 families, each by transformers and by this recipe), with the held-out masked-LM accuracy logged every
 --eval_every_minutes of training time (evaluation time excluded).
 
-    python benchmarks/time_to_accuracy.py                                   # 10 minutes a run, then SST-2
-    python benchmarks/time_to_accuracy.py --budget_minutes 0.5 --eval_every_minutes 0.25 --skip_sst2   # smoke
-    python benchmarks/time_to_accuracy.py --runs modern modern_peer         # a subset (--runs, default all)
+    python -m benchmarks.time_to_accuracy                                   # 10 minutes a run, then SST-2
+    python -m benchmarks.time_to_accuracy --budget_minutes 0.5 --eval_every_minutes 0.25 --skip_sst2   # smoke
+    python -m benchmarks.time_to_accuracy --runs modern modern_peer         # a subset (--runs, default all)
 
 Data: the embedded default corpus (data/build_default_corpus.py: Python's own documentation, an uncased
 WordPiece vocab of 8192 trained on it, phase-1 shards of 128 tokens). The held-out set is the `test` split with
@@ -69,7 +68,6 @@ import contextlib
 import dataclasses
 import itertools
 import json
-import os
 import shlex
 import shutil
 import statistics
@@ -82,6 +80,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 import numpy as np
 import torch
 
+from benchmarks.common import REPO, SHARED, middle, write_json
 from bertrecipe.common.hardware import detect, host_line, host_record, pick_precisions, recipe_device
 from bertrecipe.dataprep import layout
 from bertrecipe.dataprep.vocab_training import vocab_path
@@ -93,10 +92,6 @@ from bertrecipe.pretraining.masking import recover_original_tokens
 from bertrecipe.tokenization.wordpiece import load_vocab
 from bertrecipe.training.checkpointing import list_checkpoints
 from bertrecipe.training.metric_logger import read_log
-
-REPO = Path(__file__).resolve().parents[1]
-
-SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 # The data: the quick start's corpus, vocab and phase-1 shards. The held-out set is always the test split made
 # with the quick start's dupe factor; --dupe_factor changes only the training shards (more static masks per
@@ -889,17 +884,13 @@ def our_runs(args: argparse.Namespace) -> dict[str, OurRun]:
 
 def peer_specs(args: argparse.Namespace) -> dict[str, PeerSpec]:
     """name -> PeerSpec of each transformers run: the run_mlm peer; peer_tuned with best's choices and
-    modern_peer with the modern run's, where transformers offers them, each with its lr sweep."""
+    modern_peer with the modern run's, where transformers offers them, each with its lr sweep (the middle lr of
+    the sweep's list is the lr when there is no sweep)."""
     return {"peer": PeerSpec("bert", PEER_MLM_PROBABILITY, None, PEER_WARMUP),
             "peer_tuned": peer_spec_from_options("bert", shlex.split(args.best_options), BEST_WARMUP,
                                                  middle(args.peer_tuned_lrs), args.peer_tuned_lrs),
             "modern_peer": peer_spec_from_options("modern", shlex.split(args.modern_options), MODERN_WARMUP,
                                                   middle(args.modern_peer_lrs), args.modern_peer_lrs)}
-
-
-def middle(values: Sequence[float]) -> float:
-    """The middle of the sorted values (the upper one of an even count): a sweep's lr when there is no sweep."""
-    return sorted(values)[len(values) // 2]
 
 
 def sweep_minutes(args: argparse.Namespace) -> float:
@@ -1239,7 +1230,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, header:
               "modern_model": modern, "batch": BATCH, "dupe_factor": args.dupe_factor,
               "best_options": args.best_options, "modern_options": args.modern_options,
               "sweep_minutes": sweep_minutes(args), **host, "runs": results, "table": rows}
-    (out / "curves.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_json(out / "curves.json", record)
     plot_curves(results, args.budget_minutes, baselines, header[0], out / "time_to_accuracy.png")
     (out / "table.md").write_text(table)
     print("\n" + table + f"\nwritten: {out / 'curves.json'}, {out / 'time_to_accuracy.png'}, {out / 'table.md'}")

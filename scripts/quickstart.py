@@ -27,8 +27,8 @@ from typing import IO
 
 import torch
 
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.atomic_files import write_atomic
-from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.hardware import detect, recipe_device
 from bertrecipe.common.output_paths import check_writable_folder

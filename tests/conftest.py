@@ -2,43 +2,22 @@
 made from tests/data's books, and the location of the large real data that only the integration tier needs
 (../shared/data in the development checkout and CI)."""
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
-import h5py
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-TEST_DATA = REPO_ROOT / "tests" / "data"
-SHARED_DATA = Path(os.environ.get("BERT_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
-# The first 8,000 entries of Google's uncased BERT vocabulary (ids unchanged) and its other single-character
-# "##" pieces: every word still tokenizes, rarer words into more pieces than with the full vocabulary.
-VOCAB_EXCERPT = TEST_DATA / "vocab-uncased-excerpt.txt"
-TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-             "max_position_embeddings": 512, "type_vocab_size": 2}
-# The pre-training tests' model (the corpus fixture's bert_config.json; TINY_BERT above is the Hugging Face one):
-# its vocab is the one the shards are tokenized with (tests/data's excerpt of BERT's uncased vocab).
-TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
-        "max_position_embeddings": 128, "vocab_size": sum(1 for _ in VOCAB_EXCERPT.open(encoding="utf-8")),
-        "hidden_act": "gelu", "type_vocab_size": 2, "initializer_range": 0.02, "hidden_dropout_prob": 0.1,
-        "attention_probs_dropout_prob": 0.1}
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores: one thread per process avoids oversubscription
-HOLMES_HELD_OUT_FROM = 200  # line of tests/data/books/pg1661.txt (a paragraph break) where the held-out text starts
-
-
-def beside_the_benchmarks(code: str, *args: str) -> Any:
-    """What `code` prints last, as JSON, run from benchmarks/ in a process of its own (sys.argv[1:] = args): the
-    benchmarks import each other as scripts do, so their functions are tested where they run."""
-    result = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO_ROOT / "benchmarks",
-                            env={**ENV, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+from helpers import (
+    HOLMES_HELD_OUT_FROM,
+    SHARED_DATA,
+    TEST_DATA,
+    TINY,
+    TINY_BERT,
+    VOCAB_EXCERPT,
+    make_shard,
+)
 
 
 @pytest.fixture(scope="session")
@@ -72,19 +51,12 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-def make_shard(vocab_file: Path, text_file: Path, out_file: Path, seq: int, preds: int, dupe_factor: int = 1) -> None:
-    subprocess.run([sys.executable, str(REPO_ROOT / "data" / "create_pretraining_data.py"), "--input_file",
-                    str(text_file), "--output_file", str(out_file), "--vocab_file", str(vocab_file),
-                    "--max_seq_length", str(seq), "--max_predictions_per_seq", str(preds), "--dupe_factor",
-                    str(dupe_factor)],
-                   check=True, capture_output=True, env=ENV)
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def corpus(vocab_file, tmp_path_factory):
     """Phase-1 (64/10) training shards from two book excerpts (tests/data/books), a shard of held-out text of one
     of them, and phase-2 (128/20) shards. The phase-1 text is masked 5 times (NVIDIA's dupe factor) so that one
-    epoch (about 850 sequences) outlasts every run here: the tests expect their steps in epoch 0."""
+    epoch (about 850 sequences) outlasts every run here: the tests expect their steps in epoch 0. Built once per
+    session (per xdist worker) and read-only, so that no test can change what the next one reads."""
     root = tmp_path_factory.mktemp("corpus")
     holmes = (TEST_DATA / "books" / "pg1661.txt").read_text(encoding="utf-8").splitlines(keepends=True)
     texts = {"holmes.txt": "".join(holmes[:HOLMES_HELD_OUT_FROM]),
@@ -103,14 +75,9 @@ def corpus(vocab_file, tmp_path_factory):
     config.write_text(json.dumps(TINY))
     no_dropout = root / "bert_config_no_dropout.json"
     no_dropout.write_text(json.dumps({**TINY, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
+    for path in sorted(root.rglob("*"), reverse=True) + [root]:  # files before their folders
+        path.chmod(0o555 if path.is_dir() else 0o444)
     return root
-
-
-def write_formatted(articles, path: Path) -> Path:
-    """Formatted text as text_formatting writes it: one article a line, a blank line after each."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(" ".join(a.split()) + "\n\n" for a in articles), encoding="utf-8")
-    return path
 
 
 @pytest.fixture
@@ -166,22 +133,3 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(line, bold=True)
     for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
         terminalreporter.write_line(f"  skipped {count}: {reason}")
-
-
-@torch.no_grad()
-def masked_lm_loss_over_shard(logits_of, shard: Path) -> float:
-    """The masked-LM loss over a shard's static masks, sample by sample: logits_of(input_ids, segment_ids,
-    input_mask), each [1, seq], gives the [seq, vocab] logits of an independent model (transformers')."""
-    with h5py.File(shard) as f:
-        arrays = {k: f[k][()] for k in f}
-    total, count = 0.0, 0
-    for i in range(len(arrays["input_ids"])):
-        positions = [int(p) for p in arrays["masked_lm_positions"][i]]
-        n = positions.index(0) if 0 in positions else len(positions)
-        row = [torch.tensor(arrays[k][i], dtype=torch.long)[None] for k in ("input_ids", "segment_ids", "input_mask")]
-        logits = logits_of(*row)[positions[:n]]
-        targets = torch.tensor(arrays["masked_lm_ids"][i][:n], dtype=torch.long)
-        total += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
-        count += n
-    return total / count
-

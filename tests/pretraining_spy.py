@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from bertrecipe.cli import run_pretraining
-from bertrecipe.common.command_line import run_cli
+from bertrecipe.cli.command_line import run_cli
 from bertrecipe.pretraining.data import BertPretrainingCriterion
 
 

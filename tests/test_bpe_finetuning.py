@@ -3,22 +3,19 @@ features equal transformers' tokenizer (PreTrainedTokenizerFast over the same fi
 longest-first truncation); run_glue.py, run_squad.py and inference.py take --vocab_file tokenizer.json; a
 tokenizer that cannot be the model's is one line."""
 import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
 import transformers
-from test_run_glue import glue, subset
-from test_run_squad import EXCERPT, squad, squad_subset
 
 from bertrecipe.dataprep.vocab_training import train_bpe
 from bertrecipe.finetuning import glue as glue_data
 from bertrecipe.finetuning import squad as squad_data
 from bertrecipe.finetuning.model_loading import load_tokenizer
 from bertrecipe.tokenization.bpe import BpeTokenizer
-from conftest import ENV, REPO_ROOT, TEST_DATA
+from helpers import EXCERPT, REPO_ROOT, TEST_DATA, glue, run_command, squad, squad_subset, subset
 
 BOOKS = [TEST_DATA / "books" / "pg11.txt", TEST_DATA / "books" / "pg1661.txt"]
 
@@ -144,10 +141,9 @@ def test_run_squad_and_inference_take_a_tokenizer_json(bpe_folder, tmp_path):
     model = transformers.ModernBertForQuestionAnswering.from_pretrained(bpe_folder)
     model.save_pretrained(tmp_path / "qa")
     text = "The quick brown fox jumped over the lazy dog in the garden behind the house."
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "inference.py"), "--init_checkpoint",
+    result = run_command([sys.executable, str(REPO_ROOT / "inference.py"), "--init_checkpoint",
                              str(tmp_path / "qa"), "--vocab_file", str(bpe_folder / "tokenizer.json"), "--question",
-                             "Where did the fox jump?", "--context", text, "--max_seq_length", "64"],
-                            env=ENV, capture_output=True, text=True)
+                             "Where did the fox jump?", "--context", text, "--max_seq_length", "64"])
     assert result.returncode == 0, result.stderr[-2000:]
     answer = json.loads(result.stdout)["answer"]
     assert answer and answer in text

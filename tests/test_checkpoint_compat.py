@@ -2,7 +2,6 @@
 for --resume_from_checkpoint (the run goes on as it did), --init_checkpoint and scripts/convert_checkpoint.py
 (checked against transformers)."""
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -10,10 +9,9 @@ import sys
 import pytest
 import transformers
 
-from conftest import REPO_ROOT, TEST_DATA, masked_lm_loss_over_shard
+from helpers import ENV, REPO_ROOT, TEST_DATA, masked_lm_loss_over_shard, run_command
 
 OLD = TEST_DATA / "checkpoint-fdd596d"
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # as the checkpoint was written
 FLAGS = ["--config_file", str(OLD / "bert_config.json"), "--max_seq_length", "64", "--max_predictions_per_seq",
          "10", "--train_batch_size", "4", "--learning_rate", "1e-2", "--warmup_proportion", "0.1", "--max_steps", "4",
          "--num_steps_per_checkpoint", "2", "--disable_progress_bar"]
@@ -30,8 +28,7 @@ def step_losses(path):
 
 
 def run_pretraining(*args):
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *map(str, args)], env=ENV,
-                            capture_output=True, text=True)
+    result = run_command([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *map(str, args)])
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -58,6 +55,7 @@ def transformers_masked_lm_loss(hf_folder, shard):
                                           attention_mask=mask).prediction_logits[0], shard)
 
 
+@pytest.mark.slow
 def test_init_checkpoint_and_convert_checkpoint_read_the_old_checkpoint_alike(tmp_path):
     convert = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "convert_checkpoint.py"),
                               str(OLD / "ckpt_2.pt"), str(tmp_path / "hf")], env=ENV, capture_output=True, text=True)

@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_shell_scripts import shell_scripts
 
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT, shell_scripts
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 

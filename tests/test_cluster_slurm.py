@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from bertrecipe.cli import run_pretraining
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT
 
 RUN_SUB = REPO_ROOT / "run.sub"
 

@@ -15,7 +15,7 @@ from bertrecipe.cli import convert_checkpoint
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import BertConfig, BertForPreTraining, BertForQuestionAnswering
 from bertrecipe.model.weights import export_huggingface, read_weights
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "convert_checkpoint.py"
 TINY = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,

@@ -5,7 +5,6 @@ take under two minutes on one GPU, most of it in the subprocess runs of the entr
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,11 +17,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_fp16_cpu import FP16_MAX, LR, X, sum_of_outputs
-from test_run_glue import GLUE_EXCERPTS, glue, subset
-from test_run_pretraining import step_records
-from test_run_squad import EXCERPT, SHORT, squad_subset
-from test_triton_deployer import SEQ, SQUAD_EXCERPT, feature_arrays, make_qa_checkpoint
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel
@@ -56,7 +50,27 @@ from bertrecipe.training.stepper import (
     unwrap,
     wrap_ddp,
 )
-from conftest import ENV, REPO_ROOT, TINY
+from helpers import (
+    ENV,
+    EXCERPT,
+    FP16_MAX,
+    GLUE_EXCERPTS,
+    LR,
+    REPO_ROOT,
+    SEQ,
+    SHORT,
+    SQUAD_EXCERPT,
+    TINY,
+    X,
+    feature_arrays,
+    glue,
+    held_ports,
+    make_qa_checkpoint,
+    squad_subset,
+    step_records,
+    subset,
+    sum_of_outputs,
+)
 
 pytestmark = pytest.mark.cuda
 
@@ -111,12 +125,6 @@ def assert_states_close(a: dict[str, Tensor], b: dict[str, Tensor], rtol: float,
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=rtol, atol=atol, msg=lambda m, key=key: f"{key}: {m}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def on_gpu_launcher() -> tuple[str, ...]:
@@ -389,7 +397,8 @@ def test_one_rank_ddp_over_nccl_steps_as_the_model_without_ddp(cuda_device, corp
     micro = split_rows(batches_to_device(corpus_batch(corpus), cuda_device), 2)
     plain = seeded_bert(cuda_device)
     sgd_steps(plain, micro)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    with held_ports() as [port]:  # until the group's store listens on it
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
         model = seeded_bert(cuda_device)
         # wrap_ddp leaves a world of one unwrapped: these are the arguments it gives DDP for more ranks.
@@ -427,7 +436,8 @@ def test_two_rank_ddp_over_nccl_steps_on_the_mean_gradient_of_the_ranks(cuda_dev
         pytest.skip(f"two-rank NCCL needs 2 GPUs; torch sees {torch.cuda.device_count()}")
     batch = corpus_batch(corpus)
     torch.save(batch, tmp_path / "batch.pt")
-    mp.spawn(_two_rank_worker, args=(free_port(), str(tmp_path / "batch.pt"), str(tmp_path)), nprocs=2)
+    with held_ports() as [port]:
+        mp.spawn(_two_rank_worker, args=(port, str(tmp_path / "batch.pt"), str(tmp_path)), nprocs=2)
     single = seeded_bert(cuda_device)
     sgd_steps(single, [batches_to_device(half, cuda_device) for half in split_rows(batch, 2)], steps=1)
     for rank in range(2):

@@ -24,7 +24,7 @@ import pytest
 
 from bertrecipe.dataprep.create_pretraining_data import ShardConfig, create_shard
 from bertrecipe.pretraining.shard_schema import SHARD_ARRAYS
-from conftest import TEST_DATA, VOCAB_EXCERPT
+from helpers import TEST_DATA, VOCAB_EXCERPT
 
 AWKWARD = [
     "Café naïve résumé — “quoted” ¿Qué? 中文字符 ΟΔΟΣ ΣΟΦΟΣ \ue000private",

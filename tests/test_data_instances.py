@@ -23,7 +23,7 @@ from bertrecipe.dataprep.shard_writer import write_shard, write_shard_blocks
 from bertrecipe.dataprep.sharding import split_sentences
 from bertrecipe.pretraining.shard_schema import SHARD_ARRAYS
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
-from conftest import TEST_DATA
+from helpers import TEST_DATA
 
 SEQ, PREDS = 128, 20
 # A pass over the two book excerpts gives about 77 instances: 80 passes give about as many (6,000) as 3 passes

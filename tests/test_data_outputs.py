@@ -14,13 +14,13 @@ import pytest
 from bertrecipe.cli import bert_prep as bertPrep
 from bertrecipe.cli import build_default_corpus
 from bertrecipe.cli import create_pretraining_data as cpd
-from bertrecipe.common.command_line import run_cli
+from bertrecipe.cli.command_line import run_cli
 from bertrecipe.common.errors import DataError, InputError
 from bertrecipe.dataprep import download, layout
 from bertrecipe.dataprep.sharding import ShardingConfig, shard_corpus
 from bertrecipe.dataprep.text_formatting import book_groups, format_corpus, format_tasks
 from bertrecipe.dataprep.vocab_training import train_vocab
-from conftest import write_formatted
+from helpers import write_formatted
 
 DEAD_PID = 999_999_999  # above every kernel's pid_max: the run that left such a temporary is surely gone
 WORDS = "the cat sat on a mat and dog ran in park it was big small red blue day night".split()

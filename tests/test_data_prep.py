@@ -20,7 +20,7 @@ from bertrecipe.dataprep.sharding import ShardingConfig, shard_corpus, split_sen
 from bertrecipe.dataprep.text_formatting import book_groups, book_text, format_corpus, format_tasks, wiki_articles
 from bertrecipe.dataprep.vocab_training import train_vocab
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
-from conftest import write_formatted
+from helpers import write_formatted
 
 REPO = Path(__file__).resolve().parents[1]
 BOOKS = REPO / "tests" / "data" / "books"
@@ -163,6 +163,7 @@ def _hdf5_arrays(root: Path) -> dict[str, np.ndarray]:
     return out
 
 
+@pytest.mark.slow
 def test_output_does_not_depend_on_process_count(workdir, vocab_file):
     vocab = ["--vocab_file", str(vocab_file)]
     bertPrep.main(["--action", "sharding", *SHARD_FLAGS])
@@ -223,6 +224,7 @@ def _train_in_child(corpus: Path, out: Path, vocab_size: int, threads: str | Non
     return out.read_bytes()
 
 
+@pytest.mark.slow
 def test_create_vocab_is_the_same_bytes_across_runs_and_thread_counts(tmp_path):
     """tokenizers' trainer gave the `##` pieces ids in hash order and broke ties between equal merges by those
     ids: on this corpus, where every merge starts tied, each run wrote another vocab (other tokens, not only

@@ -43,6 +43,7 @@ def _shard_in_child(source: Path, out: Path, n_training: int, n_test: int, fract
     assert run.returncode == 0, run.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("soft_limit", [1024, 160])
 def test_4096_shards_are_written_under_an_open_file_limit(tmp_path, soft_limit):
     """Every shard used to be open at once: 4,096 shards failed with 'Too many open files' under the common
@@ -90,6 +91,7 @@ def _reference_shards(articles: list[str], n_training: int, n_test: int, fractio
     return {f"c_{split}_{k}.txt": "".join(texts) for split in shards for k, texts in enumerate(shards[split])}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fan_out, write_tasks, segment_bytes", [(1, 64, 300), (3, 4, 1_000), (10_000, 1, 1 << 20)])
 def test_shards_are_a_plain_reference_whatever_the_task_sizes(tmp_path, monkeypatch, fan_out, write_tasks,
                                                                segment_bytes):
@@ -116,6 +118,7 @@ def _peak_bytes(fn) -> int:
         tracemalloc.stop()
 
 
+@pytest.mark.slow
 def test_sharding_memory_is_bounded_by_a_part_not_by_the_corpus(tmp_path, monkeypatch):
     monkeypatch.setattr(sharding, "FAN_OUT", 2)  # 6 shards: three write-out tasks
     monkeypatch.setattr(sharding, "SEGMENT_BYTES", 40_000)  # a part's index is what grows with its articles
@@ -178,6 +181,7 @@ def _reference_articles(path: Path) -> list[str]:
     return ["\n".join(sharding.split_sentences(line)) for line in lines]
 
 
+@pytest.mark.slow
 def test_sharding_in_many_tasks_on_processes_is_the_bytes_of_one_task(tmp_path, monkeypatch):
     from bertrecipe.dataprep import engine
     articles = [f"Article {i} says hello. It is number {i} of many, caf\u00e9 and na\u00efve. Dr. Who came."

@@ -16,7 +16,7 @@ import pytest
 
 from bertrecipe.common.errors import DataError
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
-from conftest import TEST_DATA
+from helpers import TEST_DATA
 
 
 # ---------------------------------------------------------------- reference (Google's algorithm, plain Python)

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT
 
 DOCS = sorted((REPO_ROOT / "docs").glob("*.md")) + [REPO_ROOT / "README.md", REPO_ROOT / "bertrecipe" / "README.md"]
 # [text](relative/path#L12) or [text](relative/path)

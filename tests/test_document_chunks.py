@@ -33,7 +33,7 @@ from bertrecipe.pretraining.shard_schema import (
 from bertrecipe.tokenization.bpe import load_bpe
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
 from bertrecipe.training.metric_logger import read_log
-from conftest import ENV, REPO_ROOT, TEST_DATA, TINY, VOCAB_EXCERPT, write_formatted
+from helpers import REPO_ROOT, TEST_DATA, TINY, VOCAB_EXCERPT, run_command, write_formatted
 
 BOOKS = [TEST_DATA / "books" / "pg11.txt", TEST_DATA / "books" / "pg1661.txt"]
 SEQ = 64
@@ -358,7 +358,7 @@ def pretrain(input_dir: Path, config: Path, out: Path, *extra, check: bool = Tru
                "--config_file", str(config), "--output_dir", str(out), "--max_seq_length", str(SEQ),
                "--train_batch_size", "8", "--learning_rate", "2e-2", "--warmup_proportion", "0.1", "--do_train",
                "--disable_progress_bar", "--json-summary", str(out / "log.json"), *map(str, extra)]
-    result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+    result = run_command(command)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result

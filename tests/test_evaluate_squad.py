@@ -16,7 +16,7 @@ import pytest
 from bertrecipe.cli import evaluate_squad
 from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import squad_metrics as ev
-from conftest import TEST_DATA
+from helpers import TEST_DATA
 
 REPO = Path(__file__).resolve().parents[1]
 EXCERPT = TEST_DATA / "squad"  # a few dev articles of each version and three systems' predictions on them

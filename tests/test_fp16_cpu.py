@@ -14,17 +14,9 @@ from bertrecipe.model.bert import BertConfig, BertForPreTraining
 from bertrecipe.training.optimization import PolyWarmUpScheduler, build_lamb, weight_decay_groups
 from bertrecipe.training.process_group import DistributedContext
 from bertrecipe.training.stepper import Precision, Stepper, make_precision, wrap_ddp
+from helpers import FP16_MAX, LR, X, sum_of_outputs
 
 CPU = torch.device("cpu")
-FP16_MAX = torch.finfo(torch.float16).max  # 65504: a loss scale of 2**16 rounds to inf in fp16, 2**15 does not
-LR = 0.1
-# fp16-exact inputs, so that only the loss scale can overflow: the weight gradient is scale * (0.75, -0.25, -0.25).
-X = torch.tensor([[0.25, -0.5, 0.125], [0.5, 0.25, -0.375]])
-
-
-def sum_of_outputs(model, x):
-    # d(loss)/d(output) is 1 everywhere: the fp16 gradient entering the matmul's backward is the loss scale itself.
-    return model(x).float().sum()
 
 
 def linear_stepper(precision):
@@ -124,6 +116,7 @@ def overfit(precision, steps=25):
     return [stepper.step([batch]).loss for _ in range(steps)], stepper
 
 
+@pytest.mark.slow
 def test_fp16_bert_on_cpu_overfits_a_batch_like_fp32():
     fp16, stepper = overfit(make_precision(CPU, fp16=True, bf16=False, init_loss_scale=2.0**12))
     fp32, _ = overfit(make_precision(CPU, fp16=False, bf16=False))

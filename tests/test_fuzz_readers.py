@@ -9,11 +9,13 @@ The explicit regression tests at the end pin each bug the fuzzing found and each
 """
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import math
 import pickle
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -36,7 +38,7 @@ from bertrecipe.pretraining.data import make_batch, read_rows
 from bertrecipe.pretraining.shard_schema import SHARD_KEYS, inspect_shard
 from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, BertTokenizer, load_vocab
 from bertrecipe.training.checkpointing import load_checkpoint
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT
 
 FAST_EXAMPLES = 50
 INTEGRATION_EXAMPLES = 1000
@@ -579,8 +581,11 @@ def checkpoint_file(draw: st.DrawFn, marker: Path) -> tuple[str, Case]:
     return name, Case(description, damage(draw, buffer.getvalue(), description))
 
 
-# One marker path for every example; each example checks that it was never created.
-MARKER = Path(tempfile.gettempdir()) / "bert_fuzz_unpickled_marker"
+# One marker path for every example of this process (a folder of its own, so that sessions side by side never share
+# it); each example checks that it was never created.
+MARKER_FOLDER = Path(tempfile.mkdtemp(prefix="bert_fuzz_"))
+atexit.register(shutil.rmtree, MARKER_FOLDER, True)
+MARKER = MARKER_FOLDER / "unpickled_marker"
 
 
 def assert_usable_weights(weights: LoadedWeights) -> None:

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
+from benchmarks import finetune_throughput
 from benchmarks import gemm_peak as gemm_peak_module
 from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
-from conftest import beside_the_benchmarks
+from helpers import ENV, REPO_ROOT
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 TINY = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48,
                   max_position_embeddings=64)
 
@@ -57,15 +56,9 @@ def test_fraction_of_peak(gemm_peak) -> None:
     assert achieved == pytest.approx(140.0) and fraction == pytest.approx(0.7)
 
 
-PEAK_FIELDS = """
-import json, finetune_throughput, gemm_peak
-peaks = {"fp32": gemm_peak.Peak("fp32", 100.0, {}), "bf16": gemm_peak.Peak("bf16", 400.0, {})}
-print(json.dumps(finetune_throughput.peak_fields(peaks, "bf16", 50 * 10**9, {"ours": 4.0, "peer": 2.0})))
-"""
-
-
-def test_peak_fields_give_each_model_its_share_of_the_runs_precision() -> None:
-    row = beside_the_benchmarks(PEAK_FIELDS)
+def test_peak_fields_give_each_model_its_share_of_the_runs_precision(gemm_peak) -> None:
+    peaks = {"fp32": gemm_peak.Peak("fp32", 100.0, {}), "bf16": gemm_peak.Peak("bf16", 400.0, {})}
+    row = finetune_throughput.peak_fields(peaks, "bf16", 50 * 10**9, {"ours": 4.0, "peer": 2.0})
     assert row["gemm_peak_gflops"] == 400.0 and row["gemm_peak_fp32_gflops"] == 100.0
     assert row["ours_gflops"] == pytest.approx(200.0) and row["ours_of_peak"] == pytest.approx(0.5)
     assert row["peer_gflops"] == pytest.approx(100.0) and row["peer_of_peak"] == pytest.approx(0.25)
@@ -78,10 +71,11 @@ def test_the_peak_is_the_best_shape_and_names_every_shape(gemm_peak) -> None:
     assert "fp32 GEMM peak" in gemm_peak.peak_line(peak)
 
 
+@pytest.mark.slow
 def test_onnxruntime_without_an_fp32_full_window_inference_row_is_refused_before_timing() -> None:
-    result = subprocess.run([sys.executable, str(BENCHMARKS / "finetune_throughput.py"), "--onnxruntime",
+    result = subprocess.run([sys.executable, "-m", "benchmarks.finetune_throughput", "--onnxruntime",
                              "--precision", "fp32", "--phases", "training"],
-                            capture_output=True, text=True, timeout=120)
+                            cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "--onnxruntime times fp32 inference on full windows only" in result.stderr
     assert result.stdout == ""  # refused before the host line and any timing

@@ -10,7 +10,7 @@ import pytest
 from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import glue
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
-from conftest import TEST_DATA
+from helpers import TEST_DATA
 
 # Official example counts of the GLUE train/dev sets.
 OFFICIAL_COUNTS = {

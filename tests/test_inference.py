@@ -16,7 +16,7 @@ from bertrecipe.cli import inference
 from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import model_loading, question_answering, squad, squad_answers
 from bertrecipe.finetuning.question_answering import answer_about_context
-from conftest import TEST_DATA
+from helpers import TEST_DATA
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -224,7 +224,7 @@ def test_answers_on_a_long_context_equal_those_before_the_linear_memory_change(e
 # holds its lines in Python's buffer when main() returns (after stdin closes), `other pipe` breaks a pipe of its own.
 BROKEN_PIPE_COMMAND = """
 import os, sys
-from bertrecipe.common.command_line import run_cli
+from bertrecipe.cli.command_line import run_cli
 
 def main():
     if sys.argv[1] == "many":

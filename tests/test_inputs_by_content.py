@@ -15,7 +15,7 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.dataprep.vocab_training import train_bpe
 from bertrecipe.pretraining.shard_schema import content_fingerprint
 from bertrecipe.tokenization.bpe import load_bpe
-from conftest import TEST_DATA, TINY, VOCAB_EXCERPT
+from helpers import TEST_DATA, TINY, VOCAB_EXCERPT
 
 SEQ, PREDS = 64, 10
 HOLMES = TEST_DATA / "books" / "pg1661.txt"

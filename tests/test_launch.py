@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_metric_logger import permissions_are_ignored
 
 from bertrecipe.cli import launch
 from bertrecipe.common.errors import InputError
+from helpers import permissions_are_ignored
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 NOISE = ("Traceback", "ChildFailedError", "SignalException", "failed (exitcode", "FAILED")
@@ -151,10 +151,11 @@ def test_sigterm_lets_the_workers_finish_and_their_status_passes_through(worker,
 @pytest.mark.slow
 def test_workers_still_running_after_the_shutdown_timeout_are_killed(worker, tmp_path):
     process = start(tmp_path, "--nproc_per_node=1", "--shutdown_timeout=1", worker, "stubborn")
-    begin = time.time()
     process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 128 + signal.SIGKILL and time.time() - begin < 30
+    # The worker ignores SIGTERM for good: only the launch's kill after --shutdown_timeout ends it (the
+    # communicate timeout only keeps a broken launch from hanging the suite).
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGKILL
     assert "workers still running 1 s after SIGTERM: killed" in stderr
     assert_quiet(stderr)
 
@@ -291,6 +292,7 @@ def test_a_log_write_failure_gives_up_the_log_with_one_warning(tmp_path, monkeyp
         launch.check_log_file(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [[], ["--standalone", "--nproc_per_node=2"]])
 def test_no_training_script_is_one_line_naming_it_and_exit_2(args):
     """torchrun printed its 19-line usage here; now it is one line like every other refused argument."""

@@ -2,7 +2,6 @@
 import errno
 import json
 import os
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable_file
 from bertrecipe.training.metric_logger import MetricLogger, check_log_paths, read_log
+from helpers import permissions_are_ignored
 
 
 def test_records_follow_the_dllogger_layout(tmp_path):
@@ -162,23 +162,6 @@ def test_the_json_file_on_a_full_device_is_one_line(tmp_path):
     log = MetricLogger("/dev/full", printer=lambda _: None)  # passes the checks: it exists and is writable
     with pytest.raises(InputError, match=r"^/dev/full: cannot write the JSON log \(No space left on device\)$"):
         log.log("PARAMETER", {"lr": 0.1})
-
-
-def permissions_are_ignored() -> bool:
-    """True for root (os.geteuid() == 0) unless it runs without CAP_DAC_OVERRIDE, where permissions hold."""
-    if os.geteuid() != 0:
-        return False
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        os.chmod(folder, 0o555)
-        try:
-            Path(folder, "probe").touch()
-            return True
-        except PermissionError:
-            return False
-        finally:
-            os.chmod(folder, 0o755)
 
 
 needs_permissions = pytest.mark.skipif(permissions_are_ignored(), reason="root writes where permissions forbid it")

@@ -3,18 +3,15 @@ transformers saved; what they save reloads to the same predictions and, converte
 (ModernBertForSequenceClassification / ModernBertForQuestionAnswering); the ONNX export of a modern QA model gives
 the PyTorch model's logits."""
 import json
-import subprocess
 import sys
 
 import pytest
 import torch
 import transformers
-from test_run_glue import glue, subset
-from test_run_squad import EXCERPT, squad, squad_subset
 
 from bertrecipe.deploy.onnx_export import TritonSignature, export_onnx, onnx_qa_logits, open_qa_session
 from bertrecipe.model.weights import export_huggingface, load_weights_into, model_for_weights, read_weights
-from conftest import ENV, REPO_ROOT, TEST_DATA
+from helpers import EXCERPT, REPO_ROOT, TEST_DATA, glue, run_command, squad, squad_subset, subset
 
 GLUE_EXCERPTS = TEST_DATA / "glue"
 
@@ -120,10 +117,10 @@ def test_inference_answers_with_a_modern_checkpoint(modern_folder, tmp_path):
     text = "The quick brown fox jumped over the lazy dog in the garden behind the house."
     context = tmp_path / "article.txt"
     context.write_text(text, encoding="utf-8")
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "inference.py"), "--init_checkpoint",
+    result = run_command([sys.executable, str(REPO_ROOT / "inference.py"), "--init_checkpoint",
                              str(tmp_path / "qa"), "--vocab_file", str(modern_folder / "vocab.txt"),
                              "--do_lower_case", "--question", "Where did the fox jump?", "--context_file",
-                             str(context), "--max_seq_length", "64"], env=ENV, capture_output=True, text=True)
+                             str(context), "--max_seq_length", "64"])
     assert result.returncode == 0, result.stderr[-2000:]
     assert "no QA head" not in result.stderr
     answer = json.loads(result.stdout)["answer"]

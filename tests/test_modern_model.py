@@ -31,7 +31,7 @@ from bertrecipe.model.weights import (
     read_config,
     read_weights,
 )
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT
 
 SMALL = dict(vocab_size=128, hidden_size=32, num_attention_heads=4, num_hidden_layers=4, intermediate_size=48,
              local_attention=8, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,

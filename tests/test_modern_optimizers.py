@@ -4,13 +4,11 @@ and short runs that train, resume bit for bit and refuse a resume with another -
 import copy
 import io
 import math
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
-from test_run_pretraining import final_record, pretrain, step_records
 from torch import nn
 
 from bertrecipe.cli import run_pretraining
@@ -25,7 +23,7 @@ from bertrecipe.training.optimization import (
     restart_optimizer_steps,
     weight_decay_groups,
 )
-from conftest import ENV, REPO_ROOT
+from helpers import REPO_ROOT, final_record, pretrain, run_command, step_records
 
 REQUIRED = ["--input_dir", "in", "--config_file", "c.json", "--output_dir", "out", "--do_train"]
 
@@ -308,12 +306,11 @@ def test_modern_optimizers_train_and_resume_bit_for_bit(corpus, tmp_path, flags)
 def test_adamw_phase1_hands_over_to_phase2_and_another_optimizer_is_refused(corpus, tmp_path):
     adamw = ["--optimizer", "adamw", "--num_steps_per_checkpoint", 2]
     pretrain(corpus, tmp_path, "--train_batch_size", 8, "--max_steps", 4, *adamw)
-    evaluated = subprocess.run(  # evaluation needs the weights only: any --optimizer will do
+    evaluated = run_command(  # evaluation needs the weights only: any --optimizer will do
         [sys.executable, str(REPO_ROOT / "run_pretraining.py"), "--input_dir", str(corpus / "p1"), "--config_file",
          str(corpus / "bert_config.json"), "--output_dir", str(tmp_path), "--do_eval", "--eval_dir",
          str(corpus / "eval"), "--resume_from_checkpoint", "--max_seq_length", "64", "--max_predictions_per_seq",
-         "10", "--json-summary", str(tmp_path / "eval.json"), "--disable_progress_bar"],
-        env=ENV, capture_output=True, text=True)
+         "10", "--json-summary", str(tmp_path / "eval.json"), "--disable_progress_bar"])
     assert evaluated.returncode == 0, evaluated.stderr
     assert math.isfinite(final_record(tmp_path / "eval.json")["eval_loss"])
     result = pretrain(corpus, tmp_path, "--train_batch_size", 4, "--max_steps", 2, "--num_steps_per_checkpoint", 2,

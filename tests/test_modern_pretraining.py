@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from bertrecipe.training.metric_logger import read_log
-from conftest import ENV, REPO_ROOT, TINY, masked_lm_loss_over_shard
+from helpers import ENV, REPO_ROOT, TINY, masked_lm_loss_over_shard, run_command
 
 MODERN = {"model_type": "modernbert", "vocab_size": TINY["vocab_size"], "hidden_size": 64, "num_hidden_layers": 3,
           "num_attention_heads": 4, "intermediate_size": 96, "max_position_embeddings": 128,
@@ -19,8 +19,8 @@ MODERN = {"model_type": "modernbert", "vocab_size": TINY["vocab_size"], "hidden_
 
 
 @pytest.fixture(scope="module")
-def modern_config(corpus):
-    path = corpus / "modern_config.json"
+def modern_config(tmp_path_factory):
+    path = tmp_path_factory.mktemp("modern") / "modern_config.json"
     path.write_text(json.dumps(MODERN))
     return path
 
@@ -30,8 +30,7 @@ def pretrain(corpus, config, out, *extra, check=True):
             "--max_seq_length", "64", "--max_predictions_per_seq", "10", "--learning_rate", "2e-2",
             "--warmup_proportion", "0.1", "--disable_progress_bar", "--json-summary", str(out / "log.json"),
             *map(str, extra)]
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *args], env=ENV,
-                            capture_output=True, text=True)
+    result = run_command([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *args])
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -84,6 +83,7 @@ def transformers_masked_lm_loss(folder, shard):
         lambda ids, _segments, mask: model(input_ids=ids, attention_mask=mask).logits[0], shard)
 
 
+@pytest.mark.slow
 def test_a_modern_checkpoint_converts_for_transformers_and_a_transformers_folder_starts_a_run(corpus, modern_config,
                                                                                               tmp_path):
     pretrain(corpus, modern_config, tmp_path / "run", "--do_train", "--train_batch_size", 8, "--max_steps", 3)

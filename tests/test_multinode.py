@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from bertrecipe.model.bert import BertConfig, BertForPreTraining
 from bertrecipe.pretraining import sample_order
 from bertrecipe.pretraining.shard_schema import inspect_shard
 from bertrecipe.training.metric_logger import read_log
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT, held_ports
 
 VOCAB, SEQ, PREDS = 128, 16, 3
 SIZES = (18, 21)  # 39 samples an epoch: steps straddle files, blocks and the epoch boundary
@@ -120,12 +119,6 @@ class Workspace:
                 "--do_train", "--disable_progress_bar", "--json-summary", str(out / "log.json"), *map(str, extra)]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def train(ws, out, layout, *extra):
     """The spy-wrapped run_pretraining.py in one plain process, or as two torchrun nodes of one process each."""
     nodes, layout_flags = LAYOUTS[layout]
@@ -137,7 +130,12 @@ def train(ws, out, layout, *extra):
         result = subprocess.run([sys.executable, *script], env=env, capture_output=True, text=True, timeout=TIMEOUT)
         assert result.returncode == 0, result.stderr[-3000:]
         return spy
-    port, run_id = free_port(), uuid.uuid4().hex
+    with held_ports() as [port]:  # until the host node's rendezvous store listens on it
+        return launch_nodes(nodes, port, script, env, out, spy)
+
+
+def launch_nodes(nodes, port, script, env, out, spy):
+    run_id = uuid.uuid4().hex
     launchers, logs = [], []
     for node in range(nodes):
         # The node given is_host=true hosts the rendezvous store; --local-addr makes rank 0's node advertise
@@ -335,6 +333,7 @@ def test_resume_on_another_world_size_continues_the_same_sample_stream(ws, unint
     assert torch.load(out / f"ckpt_{STEPS}.pt", weights_only=True)["data"]["stream_position"] == STEPS * GLOBAL_BATCH
 
 
+@pytest.mark.slow
 def test_ranks_added_by_a_resume_draw_their_own_dropout_streams(resumed):
     out = resumed(ONE, TWO_ACCUMULATING)
     states = torch.load(out / f"ckpt_{STEPS}.pt", weights_only=True)["rng_per_rank"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "bertrecipe"
 # Lowest first; a sub-package may import only those of a lower layer (and itself), never a sibling of its own.
@@ -66,6 +66,7 @@ def sub_package(module: str) -> str:
     return module.split(".")[1] if module.count(".") >= 1 else ""
 
 
+@pytest.mark.slow
 def test_every_bertrecipe_import_resolves_to_a_file_in_the_tree():
     unresolved = [f"{path.relative_to(REPO_ROOT)}:{line}: {target}" for path in tracked_python_files()
                   for line, target in bertrecipe_imports(path) if not resolves(target)]
@@ -193,3 +194,38 @@ def test_one_meaning_per_public_function_name():
                 homes[node.name].append(str(path.relative_to(REPO_ROOT)))
     shared = {name: files for name, files in homes.items() if len(files) > 1 and name not in COMMAND_PROTOCOL}
     assert shared == {}
+
+
+def test_only_the_commands_see_the_flags():
+    """Below cli/ the library takes typed settings (pretraining/settings.py, finetuning's LoopSettings): no module
+    outside cli/ imports argparse or takes a parsed namespace."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "cli":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            imported = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                        else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(name.split(".")[0] == "argparse" for name in imported):
+                found.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno} imports argparse")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+                    annotation = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+                    if "Namespace" in annotation or arg.arg == "args":
+                        found.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno} {node.name} takes flags ({arg.arg})")
+    assert found == []
+
+
+def test_test_modules_share_code_through_helpers_alone():
+    """Shared test code lives in tests/helpers.py; a test module never imports another test module or conftest
+    (whose fixtures pytest hands out), so that each one can be read, moved and run on its own."""
+    tests = REPO_ROOT / "tests"
+    local = {path.stem for path in tests.glob("*.py")} - {"helpers"}
+    found = []
+    for path in sorted(tests.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.name}:{node.lineno} imports {name}" for name in names if name.split(".")[0] in local]
+    assert found == []

@@ -3,7 +3,6 @@ micro-batches of real shards give the loss of the same samples unpacked (both fa
 and resumes with it."""
 import json
 import random
-import subprocess
 import sys
 
 import h5py
@@ -17,7 +16,7 @@ from bertrecipe.model.modern_config import ModernBertConfig
 from bertrecipe.pretraining.data import BertPretrainingCriterion, make_batch
 from bertrecipe.pretraining.packing import best_fit_rows, pack_batch
 from bertrecipe.training.metric_logger import read_log
-from conftest import ENV, REPO_ROOT, TINY
+from helpers import REPO_ROOT, TINY, run_command
 
 
 def reference_best_fit(lengths, capacity):
@@ -92,8 +91,7 @@ def pretrain(corpus, config, out, *extra, check=True):
             "--max_seq_length", "64", "--max_predictions_per_seq", "10", "--learning_rate", "2e-2",
             "--warmup_proportion", "0.1", "--disable_progress_bar", "--json-summary", str(out / "log.json"),
             "--do_train", *map(str, extra)]
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *args], env=ENV,
-                            capture_output=True, text=True)
+    result = run_command([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *args])
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result

@@ -2,18 +2,16 @@
 run_glue.py (the fine-tuning loop) writes, and the per-step throughput those logs carry."""
 import json
 import math
-import os
 import subprocess
 import sys
 
 import matplotlib
 import matplotlib.axes
 import pytest
-from test_run_glue import GLUE_EXCERPTS, glue, subset
 
 from bertrecipe.cli import plot_logs
 from bertrecipe.training.metric_logger import read_log
-from conftest import REPO_ROOT, TEST_DATA, VOCAB_EXCERPT
+from helpers import GLUE_EXCERPTS, REPO_ROOT, TEST_DATA, VOCAB_EXCERPT, glue, run_command, subset
 
 matplotlib.use("Agg")
 
@@ -23,12 +21,10 @@ TINY_VOCAB = sum(1 for _ in VOCAB_EXCERPT.open(encoding="utf-8"))
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
         "max_position_embeddings": 128, "vocab_size": TINY_VOCAB, "hidden_act": "gelu", "type_vocab_size": 2,
         "initializer_range": 0.02, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def run(*command):
-    done = subprocess.run([sys.executable, *map(str, command)], env=ENV, capture_output=True, text=True,
-                          cwd=REPO_ROOT, timeout=600)
+    done = run_command([sys.executable, *map(str, command)], cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from test_run_pretraining import final_record, pretrain, step_records
 
 from bertrecipe.cli import run_pretraining as run_pretraining_command
 from bertrecipe.model.bert import BertConfig, BertForPreTraining, BertForSequenceClassification
@@ -18,7 +17,7 @@ from bertrecipe.training.metric_logger import read_log
 from bertrecipe.training.optimization import TimeBudgetScheduler
 from bertrecipe.training.process_group import DistributedContext
 from bertrecipe.training.stepper import seed_everything
-from conftest import TINY
+from helpers import TINY, final_record, pretrain, step_records
 
 REQUIRED = ["--input_dir", "in", "--config_file", "c.json", "--output_dir", "out", "--do_train"]
 NSP_PARTS = ("bert.pooler.", "cls.seq_relationship.")
@@ -119,16 +118,21 @@ def test_resume_refuses_a_change_of_no_nsp(corpus, tmp_path):
     assert "was trained without --no_nsp" in result.stderr and "Traceback" not in result.stderr
 
 
+def model_settings(command, extra=()):
+    """The model's settings that the command builds from REQUIRED and `extra` flags (a BERT config)."""
+    return command.settings_for(command.parse_args(REQUIRED + list(extra)), BertConfig(**TINY)).model
+
+
 def test_pretrain_dropout_replaces_the_configs_dropout_in_the_model_only(run_pretraining):
-    args = run_pretraining.parse_args(REQUIRED + ["--pretrain_dropout", "0"])
     config = BertConfig(**TINY)
-    model = build_pretraining_model(args, config, torch.device("cpu")).train()
+    model = build_pretraining_model(model_settings(run_pretraining, ["--pretrain_dropout", "0"]), config,
+                                    torch.device("cpu")).train()
     batch = tiny_batch(config)
     first, second = (model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                            masked_lm_labels=batch["masked_lm_labels"]).loss for _ in range(2))
     assert torch.equal(first, second)  # no dropout left in training mode
     assert config.hidden_dropout_prob == TINY["hidden_dropout_prob"]  # the run's (and checkpoint's) config
-    default = build_pretraining_model(run_pretraining.parse_args(REQUIRED), config, torch.device("cpu")).train()
+    default = build_pretraining_model(model_settings(run_pretraining), config, torch.device("cpu")).train()
     first, second = (default(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                              masked_lm_labels=batch["masked_lm_labels"]).loss for _ in range(2))
     assert not torch.equal(first, second)
@@ -145,8 +149,9 @@ def test_masked_lm_prob_draws_more_predictions_than_the_shards_hold(corpus, tmp_
                           "--max_seq_length", "64", "--dynamic_masking", "--masked_lm_prob", "0.3",
                           "--max_predictions_per_seq", "19"])
     config = BertConfig(**TINY)
-    shards, _ = rp.inspect_inputs(args, config, DistributedContext(0, 0, 1, torch.device("cpu")))
-    spec = rp.masking_spec(args, shards, config, None)
+    settings = rp.settings_for(args, config)
+    shards, _ = rp.inspect_inputs(settings, config, DistributedContext(0, 0, 1, torch.device("cpu")))
+    spec = rp.masking_spec(settings.stream, shards, config, None, settings.model.no_nsp)
     assert shards[0].max_predictions == 10 and spec.max_predictions == 19 and spec.masked_lm_prob == 0.3
     capped = pretrain(corpus, tmp_path / "capped", "--train_batch_size", 8, "--max_steps", 1, "--dynamic_masking",
                       "--masked_lm_prob", 0.3)
@@ -234,15 +239,16 @@ def test_compiled_and_eager_models_give_the_same_loss_and_gradients():
     assert list(compiled.state_dict()) == list(eager.state_dict())  # checkpoints keep their names
 
 
+@pytest.mark.slow
 def test_compile_flag_compiles_the_model_in_place(run_pretraining):
     config = BertConfig(**TINY)
-    compiled = build_pretraining_model(run_pretraining.parse_args(REQUIRED + ["--compile"]), config,
-                                       torch.device("cpu"))
-    eager = build_pretraining_model(run_pretraining.parse_args(REQUIRED), config, torch.device("cpu"))
+    compiled = build_pretraining_model(model_settings(run_pretraining, ["--compile"]), config, torch.device("cpu"))
+    eager = build_pretraining_model(model_settings(run_pretraining), config, torch.device("cpu"))
     assert isinstance(compiled, BertForPreTraining) and compiled._compiled_call_impl is not None
     assert eager._compiled_call_impl is None
 
 
+@pytest.mark.slow
 def test_fused_lamb_is_the_default_for_large_models_on_cpu_and_falls_back_cleanly(monkeypatch, capsys):
     from bertrecipe.training import optimization
 

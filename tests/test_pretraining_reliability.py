@@ -23,13 +23,12 @@ from bertrecipe.pretraining import startup
 from bertrecipe.pretraining.data import BertPretrainingCriterion
 from bertrecipe.training.metric_logger import read_log
 from bertrecipe.training.stepper import use_deterministic_algorithms
-from conftest import REPO_ROOT
+from helpers import ENV, REPO_ROOT, run_command
 
 VOCAB, SEQ, PREDS = 128, 16, 3
 CONFIG = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
           "intermediate_size": 64, "max_position_embeddings": 32, "type_vocab_size": 2, "hidden_act": "gelu",
           "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "initializer_range": 0.02}
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def shard_arrays(n=32, seed=0):
@@ -69,8 +68,7 @@ def flags(ws, *extra, out="out"):
 
 
 def pretrain(ws, *extra, out="out"):
-    command = [sys.executable, str(REPO_ROOT / "run_pretraining.py"), *flags(ws, *extra, out=out)]
-    return subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+    return run_command([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *flags(ws, *extra, out=out)])
 
 
 def one_line_error(result, *fragments, code=2):
@@ -187,8 +185,7 @@ def test_output_dir_that_is_a_file_and_json_summary_that_is_a_folder(workspace):
     assert (workspace / "afile").read_text() == "keep me"
     command_flags = flags(workspace)
     command_flags[command_flags.index("--json-summary") + 1] = str(workspace)
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *command_flags], env=ENV,
-                            capture_output=True, text=True, timeout=300)
+    result = run_command([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *command_flags])
     one_line_error(result, "--json-summary", "is a folder")
     assert not (workspace / "out").exists()
 
@@ -358,7 +355,7 @@ def snapshot(folder):
 
 
 def test_a_second_run_on_a_locked_output_dir_is_refused_then_a_dead_holders_lock_is_taken_over(workspace):
-    from test_run_lock import start_holder
+    from helpers import start_holder
 
     holder, said = start_holder(workspace / "out")
     assert said == "held"
@@ -493,8 +490,7 @@ def test_json_summary_or_output_dir_naming_an_input_is_refused_before_any_write(
     original = config.read_bytes()
     command_flags = flags(workspace)
     command_flags[command_flags.index("--json-summary") + 1] = str(config)
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *command_flags], env=ENV,
-                            capture_output=True, text=True, timeout=300)
+    result = run_command([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *command_flags])
     one_line_error(result, "--json-summary is the same file as --config_file")
     assert config.read_bytes() == original and not (workspace / "out").exists()
     one_line_error(pretrain(workspace, out="data"), "--output_dir is the same folder as --input_dir")
@@ -609,8 +605,7 @@ def test_a_real_full_disk_while_saving_is_one_line_naming_the_newest_good_checkp
     with small_tmpfs(workspace / "disk", size + size // 2) as disk:  # room for one checkpoint, not two
         command = flags(workspace, "--num_steps_per_checkpoint", 2, "--max_steps", 6, out="disk/out")
         command[command.index("--json-summary") + 1] = str(workspace / "log.json")
-        result = subprocess.run([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *command], env=ENV,
-                                capture_output=True, text=True, timeout=300)
+        result = run_command([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *command])
         first = disk / "out" / "ckpt_2.pt"
         line = one_line_error(result, f"{disk / 'out' / 'ckpt_4.pt'}: cannot write the checkpoint (No space left on "
                                       f"device)", f"the newest good checkpoint is {first}: resume from it")
@@ -619,6 +614,7 @@ def test_a_real_full_disk_while_saving_is_one_line_naming_the_newest_good_checkp
         assert torch.load(first, weights_only=True)["phase_step"] == 2
 
 
+@pytest.mark.slow
 def test_two_runs_into_one_json_summary_are_one_run_and_one_refusal(workspace):
     """Runs with different --output_dir appended every step to a --json-summary they shared; the log is now
     locked as the output folder is."""

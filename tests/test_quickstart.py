@@ -8,7 +8,7 @@ import torch
 
 from bertrecipe.training.metric_logger import read_log
 from bertrecipe.training.run_lock import RunLock
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT
 
 
 @pytest.mark.slow

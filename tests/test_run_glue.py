@@ -16,19 +16,18 @@ from bertrecipe.cli import run_glue
 from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import staged_outputs
 from bertrecipe.training.metric_logger import read_log
-from conftest import REPO_ROOT, TEST_DATA
-
-GLUE_EXCERPTS = TEST_DATA / "glue"  # 40 train and 40 dev rows per task (see its README)
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores: one thread per process avoids oversubscription
-
-
-def subset(source: Path, target: Path, train_rows: int, dev_rows: int) -> Path:
-    """The first rows of train.tsv and dev.tsv (headers kept) in a task folder of their own."""
-    target.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("train.tsv", train_rows), ("dev.tsv", dev_rows)):
-        lines = (source / name).read_text(encoding="utf-8").splitlines(keepends=True)
-        (target / name).write_text("".join(lines[: rows + 1]), encoding="utf-8")
-    return target
+from helpers import (
+    ENV,
+    GLUE_EXCERPTS,
+    REPO_ROOT,
+    glue,
+    run_command,
+    snapshot,
+    subset,
+    tiny_args,
+    tiny_model_files,
+    tiny_sst2,
+)
 
 
 def mrpc_test_file(dev: Path, target: Path, skip: int, rows: int) -> None:
@@ -38,18 +37,6 @@ def mrpc_test_file(dev: Path, target: Path, skip: int, rows: int) -> None:
     lines = ["index\t#1 ID\t#2 ID\t#1 String\t#2 String"]
     lines += [f"{i}\t" + "\t".join(line.split("\t")[1:]) for i, line in enumerate(picked)]
     target.write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-def glue(vocab: Path, data_dir: Path, out: Path, *extra: str, launcher=(sys.executable,),
-         check: bool = True) -> subprocess.CompletedProcess:
-    """run_glue.py in a subprocess with the given vocabulary file, uncased, its log in out/dllogger.json."""
-    cmd = [*launcher, str(REPO_ROOT / "run_glue.py"), "--data_dir", str(data_dir), "--output_dir", str(out),
-           "--vocab_file", str(vocab), "--do_lower_case", "--disable_progress_bar",
-           "--json-summary", str(out / "dllogger.json"), *extra]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=REPO_ROOT)
-    if check:
-        assert result.returncode == 0, result.stderr[-3000:]
-    return result
 
 
 def sst2_finetuning(vocab: Path, init: Path, data: Path, out: Path) -> None:
@@ -245,44 +232,6 @@ def test_mnli_reports_matched_and_mismatched_dev_sets(tiny_bert, vocab_file, tmp
 # ---------------------------------------------------------------------------------------------------------
 # A tiny model and task folder made in tmp_path: refusals, all-or-nothing outputs, stale temporaries
 # ---------------------------------------------------------------------------------------------------------
-WORDS = "the a movie film plot was is good bad great awful not very i liked it".split()
-SENTENCES = [("the movie was good", "1"), ("the plot was bad", "0"), ("i liked it", "1"), ("a very awful film", "0")]
-
-
-def tiny_model_files(folder: Path) -> tuple[Path, Path]:
-    """A WordPiece vocab and a one-layer BERT config: a fresh model of it trains a step in milliseconds."""
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = folder / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n", encoding="utf-8")
-    config = folder / "bert_config.json"
-    config.write_text(json.dumps({
-        "vocab_size": 5 + len(WORDS), "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
-        "intermediate_size": 32, "max_position_embeddings": 64, "type_vocab_size": 2, "hidden_act": "gelu",
-        "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "initializer_range": 0.02}))
-    return vocab, config
-
-
-def tiny_sst2(folder: Path, train_rows: int = 8, dev_rows: int = 4, test_rows: int = 3) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = [f"{text}\t{label}" for text, label in SENTENCES * 4]
-    for name, n in (("train.tsv", train_rows), ("dev.tsv", dev_rows)):
-        (folder / name).write_text("\n".join(["sentence\tlabel", *rows[:n]]) + "\n", encoding="utf-8")
-    tests = [f"{i}\t{text}" for i, (text, _) in enumerate(SENTENCES[:test_rows])]
-    (folder / "test.tsv").write_text("\n".join(["index\tsentence", *tests]) + "\n", encoding="utf-8")
-    return folder
-
-
-def tiny_args(root: Path, *extra: str) -> list[str]:
-    vocab, config = root / "model" / "vocab.txt", root / "model" / "bert_config.json"
-    return ["--task_name", "sst-2", "--data_dir", str(root / "SST-2"), "--vocab_file", str(vocab), "--config_file",
-            str(config), "--output_dir", str(root / "out"), "--json-summary", str(root / "dllogger.json"),
-            "--max_seq_length", "16", "--train_batch_size", "4", "--max_steps", "2", "--disable_progress_bar",
-            *extra]
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    """Every file under folder (relative name -> bytes)."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -428,9 +377,8 @@ def test_max_steps_minus_one_trains_the_epochs():
 def test_refusal_from_the_command_line_is_one_line_exit_2_and_creates_nothing(tmp_path):
     tiny_model_files(tmp_path / "model")
     tiny_sst2(tmp_path / "SST-2", dev_rows=0)
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "run_glue.py"),
-                             *tiny_args(tmp_path, "--do_train", "--do_eval")],
-                            capture_output=True, text=True, env=ENV, cwd=tmp_path)
+    result = run_command([sys.executable, str(REPO_ROOT / "run_glue.py"),
+                             *tiny_args(tmp_path, "--do_train", "--do_eval")], cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'SST-2' / 'dev.tsv'}: no examples (the file holds no line after its header); "
@@ -466,7 +414,7 @@ def test_an_output_onto_an_input_is_refused_before_anything_is_written(rerun, ca
 def test_a_second_run_into_a_locked_output_dir_is_refused_and_changes_nothing(rerun):
     """One run per --output_dir for fine-tuning too (run_lock.py): a live holder of the folder's lock (another
     process on this host) keeps a second run out before it writes anything, its log included."""
-    from test_run_lock import start_holder
+    from helpers import start_holder
 
     root, before = rerun
     holder, said = start_holder(root / "out")

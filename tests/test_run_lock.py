@@ -11,37 +11,16 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.training import run_lock
 from bertrecipe.training.run_lock import LOCK_NAME, LockHolder, RunLock, read_holder
-
-# A process that takes the lock and holds it until killed or until its stdin closes.
-HOLDER = """
-import sys
-from bertrecipe.common.errors import InputError
-from bertrecipe.training.run_lock import RunLock
-lock = RunLock(sys.argv[1])
-try:
-    lock.acquire()
-except InputError as error:
-    print("refused", error, flush=True)
-    sys.exit(2)
-print("held", flush=True)
-sys.stdin.read()
-lock.release()
-"""
-
-
-def start_holder(folder, env=None):
-    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    return process, process.stdout.readline().strip()
+from helpers import HOLDER, start_holder
 
 
 def write_foreign_lock(folder, age_seconds, **fields):
@@ -291,22 +270,48 @@ def test_a_lock_file_that_is_a_folder_is_one_line(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [LOCK_NAME]
 
 
+class SteppedClock:
+    """The run lock's clock, moved only by its own sleeps (no real waiting): time() and monotonic() start at the
+    real time, and what a test scheduled for a moment happens when a sleep passes it."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+        self.events: list[tuple[float, Callable[[], object]]] = []
+
+    def at(self, seconds_from_now: float, event: Callable[[], object]) -> None:
+        self.events.append((self.now + seconds_from_now, event))
+
+    def time(self) -> float:
+        return self.now
+
+    monotonic = time
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        due = [event for when, event in self.events if when <= self.now]
+        self.events = [(when, event) for when, event in self.events if when > self.now]
+        for event in due:
+            event()
+
+
 def test_a_fresh_unreadable_lock_gets_a_grace_to_be_written_then_is_taken_over(tmp_path, capsys, monkeypatch):
     """An older version (or the O_EXCL fallback) creates the file, then writes it: a lock seen empty may be
-    finished a moment later, which is then respected; one that stays empty is taken over after the grace."""
-    monkeypatch.setattr(run_lock, "UNREADABLE_GRACE_SECONDS", 2.0)
+    finished a moment later, which is then respected; one that stays empty is taken over after the grace
+    (UNREADABLE_GRACE_SECONDS of a clock the test moves)."""
+    clock = SteppedClock()
+    monkeypatch.setattr(run_lock, "time", clock)
     path = write_unreadable_lock(tmp_path, b"", age_seconds=0)
-    finish = threading.Timer(0.3, write_foreign_lock, args=(tmp_path, 0))
-    finish.start()
-    try:
-        with pytest.raises(InputError, match="another run is using this --output_dir .*host node-elsewhere"):
-            RunLock(tmp_path).acquire()
-    finally:
-        finish.join()
-    write_unreadable_lock(tmp_path, b"", age_seconds=0)
+    clock.at(0.3, lambda: write_foreign_lock(tmp_path, 0))
+    with pytest.raises(InputError, match="another run is using this --output_dir .*host node-elsewhere"):
+        RunLock(tmp_path).acquire()
+    assert clock.events == []  # it looked again after the lock was written, and respected it
+    path = write_unreadable_lock(tmp_path, b"", age_seconds=0)
+    clock.now = empty_since = path.stat().st_mtime
     with RunLock(tmp_path):
         pass
     assert f"warning: {path}: took over a lock file that held no lock: it was empty" in capsys.readouterr().err
+    # Taken over once the grace had passed on the lock's clock, not before; no real second was waited.
+    assert run_lock.UNREADABLE_GRACE_SECONDS < clock.now - empty_since <= run_lock.UNREADABLE_GRACE_SECONDS + 0.5
 
 
 def test_the_lock_file_is_never_seen_half_written(tmp_path, monkeypatch):

@@ -17,39 +17,7 @@ from bertrecipe.model.bert import BertConfig, BertForPreTraining
 from bertrecipe.pretraining import sample_order
 from bertrecipe.pretraining.shard_schema import inspect_shard
 from bertrecipe.training.metric_logger import read_log
-from conftest import ENV, REPO_ROOT, TINY, make_shard
-
-
-def pretrain(corpus, out, *extra, config="bert_config.json", phase=1, nproc=1, check=True, script=None, **popen):
-    """run_pretraining.py (or `script`, a wrapper around its main) on the corpus, in 1 or `nproc` processes."""
-    script = str(script or REPO_ROOT / "run_pretraining.py")
-    shards, seq, preds = ("p1", 64, 10) if phase == 1 else ("p2", 128, 20)
-    args = ["--input_dir", str(corpus / shards), "--config_file", str(corpus / config), "--output_dir", str(out),
-            "--max_seq_length", str(seq), "--max_predictions_per_seq", str(preds), "--learning_rate", "2e-2",
-            "--warmup_proportion", "0.1", "--do_train", "--disable_progress_bar",
-            "--json-summary", str(out / "log.json"), *map(str, extra)]
-    if nproc > 1:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-                   "--master_port", str(29500 + os.getpid() % 1000), script, *args]
-    else:
-        command = [sys.executable, script, *args]
-    if popen:
-        # Its own process group, so that a test can signal the whole job as Slurm does.
-        return subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-    result = subprocess.run(command, env=ENV, capture_output=True, text=True)
-    if check:
-        assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
-def step_records(path):
-    return {tuple(r["step"]): r["data"] for r in read_log(path) if r["type"] == "LOG" and isinstance(r["step"], list)
-            and r["step"] and "step_loss" in r["data"]}
-
-
-def final_record(path):
-    return next(r["data"] for r in read_log(path) if r["type"] == "LOG" and r["step"] == [])
+from helpers import ENV, REPO_ROOT, TINY, final_record, make_shard, pretrain, run_command, step_records
 
 
 @pytest.mark.slow
@@ -275,12 +243,11 @@ def masked_lm_reference(model, shard):
 @pytest.mark.slow
 def test_do_eval_alone_reports_masked_lm_loss_and_accuracy(corpus, tmp_path):
     pretrain(corpus, tmp_path / "train", "--train_batch_size", 16, "--max_steps", 10)
-    result = subprocess.run(
+    result = run_command(
         [sys.executable, str(REPO_ROOT / "run_pretraining.py"), "--input_dir", str(corpus / "p1"), "--config_file",
          str(corpus / "bert_config.json"), "--output_dir", str(tmp_path / "eval_out"), "--do_eval", "--eval_dir",
          str(corpus / "eval"), "--init_checkpoint", str(tmp_path / "train" / "ckpt_10.pt"),
-         "--train_batch_size", "32", "--json-summary", str(tmp_path / "eval.json"), "--disable_progress_bar"],
-        env=ENV, capture_output=True, text=True)
+         "--train_batch_size", "32", "--json-summary", str(tmp_path / "eval.json"), "--disable_progress_bar"])
     assert result.returncode == 0, result.stderr
     final = final_record(tmp_path / "eval.json")
     model = BertForPreTraining(BertConfig(**TINY)).eval()
@@ -342,13 +309,15 @@ def write_shard(path, n=16, seq=64, preds=10, drop=None, seq_override=None, bad_
             f.attrs[key] = value
 
 
-def cli(corpus, tmp_path, input_dir, *extra):
+def cli(corpus, tmp_path, input_dir, *extra, own_process=False):
     command = [sys.executable, str(REPO_ROOT / "run_pretraining.py"), "--input_dir", str(input_dir), "--config_file",
                str(corpus / "bert_config.json"), "--output_dir", str(tmp_path / "out"), "--max_seq_length", "64",
                "--max_predictions_per_seq", "10", "--train_batch_size", "8", "--max_steps", "2", "--do_train",
                "--disable_progress_bar", "--json-summary", str(tmp_path / "log.json"), *map(str, extra)]
-    # A bounded wait: a DataLoader worker that outlived its main process's shutdown would hang here otherwise.
-    return subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+    if own_process:
+        # A bounded wait: a DataLoader worker that outlived its main process's shutdown would hang here otherwise.
+        return subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+    return run_command(command)
 
 
 def assert_clear_error(result, *fragments):
@@ -412,10 +381,10 @@ def test_output_dir_of_another_run_needs_resume(corpus, tmp_path):
 
 @pytest.mark.slow
 def test_do_eval_alone_needs_weights(corpus, tmp_path):
-    result = subprocess.run(
+    result = run_command(
         [sys.executable, str(REPO_ROOT / "run_pretraining.py"), "--input_dir", str(corpus / "p1"), "--config_file",
          str(corpus / "bert_config.json"), "--output_dir", str(tmp_path / "out"), "--do_eval", "--eval_dir",
-         str(corpus / "eval")], env=ENV, capture_output=True, text=True)
+         str(corpus / "eval")])
     assert_clear_error(result, "--init_checkpoint")
 
 
@@ -426,7 +395,7 @@ def test_fp16_with_a_loss_scale_of_0_is_a_clear_error(corpus, tmp_path):
 
 @pytest.mark.slow
 def test_bf16_and_workers_train(corpus, tmp_path):
-    result = cli(corpus, tmp_path, corpus / "p1", "--bf16", "--num_workers", "2")
+    result = cli(corpus, tmp_path, corpus / "p1", "--bf16", "--num_workers", "2", own_process=True)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out" / "ckpt_2.pt").exists()
 

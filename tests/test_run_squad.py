@@ -13,37 +13,26 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_run_glue import snapshot, tiny_model_files
 
 from bertrecipe.cli import run_squad
 from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import squad as squad_lib
 from bertrecipe.tokenization.wordpiece import load_vocab
 from bertrecipe.training.metric_logger import read_log
-from conftest import TEST_DATA
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-EXCERPT = TEST_DATA / "squad"  # a few real dev articles of each version (README.md there)
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores: one thread per process avoids oversubscription
-SHORT = ["--max_seq_length", "128", "--doc_stride", "64", "--max_query_length", "32", "--predict_batch_size", "32"]
-
-
-def squad_subset(source: Path, target: Path, titles: list[str], paragraphs: int) -> Path:
-    data = json.loads(source.read_text(encoding="utf-8"))
-    chosen = [dict(a, paragraphs=a["paragraphs"][:paragraphs]) for a in data["data"] if a["title"] in titles]
-    assert len(chosen) == len(titles)
-    target.write_text(json.dumps({"version": data["version"], "data": chosen}), encoding="utf-8")
-    return target
-
-
-def squad(vocab: Path, out: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(REPO_ROOT / "run_squad.py"), "--output_dir", str(out), "--vocab_file",
-           str(vocab), "--do_lower_case", "--disable_progress_bar",
-           "--json-summary", str(out / "dllogger.json"), *SHORT, *extra]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=REPO_ROOT)
-    if check:
-        assert result.returncode == 0, result.stderr[-3000:]
-    return result
+from helpers import (
+    ENV,
+    EXCERPT,
+    QUESTIONS,
+    REPO_ROOT,
+    SHORT,
+    run_command,
+    snapshot,
+    squad,
+    squad_subset,
+    tiny_model_files,
+    tiny_squad_args,
+    tiny_squad_file,
+)
 
 
 @pytest.fixture(scope="module")
@@ -164,28 +153,6 @@ def test_missing_predict_file_flag_is_a_one_line_error(tiny_bert, tmp_path):
 # ---------------------------------------------------------------------------------------------------------
 # A tiny model and SQuAD files made in tmp_path: refusals, all-or-nothing outputs, stale temporaries
 # ---------------------------------------------------------------------------------------------------------
-CONTEXT = "the movie was good i liked it the plot was bad"
-
-
-def tiny_squad_file(path: Path, questions: list[tuple[str, str, list[str]]], version: str = "1.1") -> Path:
-    """One paragraph of CONTEXT with questions (id, question, answer texts located by their first occurrence)."""
-    qas = [{"id": qid, "question": question,
-            "answers": [{"text": text, "answer_start": CONTEXT.index(text)} for text in answers]}
-           for qid, question, answers in questions]
-    data = {"version": version, "data": [{"title": "t", "paragraphs": [{"context": CONTEXT, "qas": qas}]}]}
-    path.write_text(json.dumps(data), encoding="utf-8")
-    return path
-
-
-QUESTIONS = [("q1", "the movie was", ["good"]), ("q2", "the plot was", ["bad"]), ("q3", "i liked", ["it"])]
-
-
-def tiny_squad_args(root: Path, *extra: str) -> list[str]:
-    model = root / "model"
-    return ["--vocab_file", str(model / "vocab.txt"), "--config_file", str(model / "bert_config.json"),
-            "--output_dir", str(root / "out"), "--json-summary", str(root / "dllogger.json"), "--cache_dir",
-            str(root / "cache"), "--max_seq_length", "24", "--doc_stride", "8", "--max_query_length", "8",
-            "--train_batch_size", "2", "--max_steps", "2", "--disable_progress_bar", *extra]
 
 
 @pytest.fixture(scope="module")
@@ -311,9 +278,8 @@ def test_unscorable_predict_file_from_the_command_line_is_one_line_exit_2(tmp_pa
     tiny_model_files(tmp_path / "model")
     tiny_squad_file(tmp_path / "train.json", QUESTIONS)
     tiny_squad_file(tmp_path / "predict.json", [("q1", "the movie was", []), ("q2", "the plot was", [])])
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "run_squad.py"),
-                             *tiny_squad_args(tmp_path, *train_predict_eval(tmp_path))],
-                            capture_output=True, text=True, env=ENV, cwd=tmp_path)
+    result = run_command([sys.executable, str(REPO_ROOT / "run_squad.py"),
+                             *tiny_squad_args(tmp_path, *train_predict_eval(tmp_path))], cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'predict.json'}: question 'q1' (2 in all) has no gold answer, which the SQuAD 1.1 "

@@ -277,7 +277,7 @@ def test_run_pretraining_trains_with_dynamic_masking_and_refuses_whole_words_wit
     import subprocess
     import sys
 
-    from conftest import REPO_ROOT
+    from helpers import REPO_ROOT
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(5, VOCAB)])
                      + "\n")

@@ -3,41 +3,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
-from conftest import REPO_ROOT
-
-SHELLS = {"sh", "bash", "dash", "ksh"}  # the dialects shellcheck checks
-
-
-def shebang_shell(first_line: bytes) -> Optional[str]:
-    """The shell a `#!` line names (`#!/bin/sh -e`, `#!/usr/bin/env bash`), or None for another interpreter."""
-    if not first_line.startswith(b"#!"):
-        return None
-    words = first_line[2:].decode("utf-8", "replace").split()
-    if words and Path(words[0]).name == "env":
-        words = [word for word in words[1:] if not word.startswith("-") and "=" not in word]
-    name = Path(words[0]).name if words else ""
-    return name if name in SHELLS else None
-
-
-def shell_scripts(root: Path = REPO_ROOT) -> list[str]:
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root,
-                            capture_output=True, text=True, check=True).stdout.split()
-    found = []
-    for name in sorted(set(listed)):
-        path = root / name
-        if not path.is_file():
-            continue
-        if name.endswith((".sh", ".sub")):
-            found.append(name)
-            continue
-        with open(path, "rb") as f:
-            if shebang_shell(f.readline(200)):
-                found.append(name)
-    return found
+from helpers import REPO_ROOT, shell_scripts
 
 
 def shellcheck_binary() -> str:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import ENV, REPO_ROOT, TEST_DATA, VOCAB_EXCERPT
+from helpers import ENV, REPO_ROOT, TEST_DATA, VOCAB_EXCERPT
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 from bertrecipe.finetuning import squad, squad_answers
 from bertrecipe.finetuning.squad_metrics import normalize_answer
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
-from conftest import TEST_DATA
+from helpers import TEST_DATA
 
 EXCERPT = TEST_DATA / "squad"  # 90 dev-v1.1 and 92 dev-v2.0 questions of a few real articles
 

@@ -8,7 +8,7 @@ import pytest
 from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import squad
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
-from conftest import TEST_DATA
+from helpers import TEST_DATA
 
 EXCERPT = TEST_DATA / "squad"  # a few real dev articles of each version (README.md there)
 

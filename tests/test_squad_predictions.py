@@ -11,7 +11,7 @@ from transformers.models.bert.tokenization_bert_legacy import BasicTokenizer
 
 from bertrecipe.finetuning import squad, squad_answers
 from bertrecipe.tokenization.wordpiece import BertTokenizer, load_vocab
-from conftest import TEST_DATA
+from helpers import TEST_DATA
 
 EXCERPT = TEST_DATA / "squad"  # 90 dev-v1.1 and 92 dev-v2.0 questions of a few real articles
 

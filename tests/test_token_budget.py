@@ -3,7 +3,6 @@
 against plain-Python references; runs on the book shards whose steps' tokens the tests count from the shards
 themselves (sample_order's lanes, h5py's input_mask), exact resumes, 2 processes against 1, and the refusals."""
 import math
-import os
 import subprocess
 import sys
 from fractions import Fraction
@@ -11,7 +10,6 @@ from fractions import Fraction
 import h5py
 import pytest
 import torch
-from test_run_pretraining import final_record, step_records
 
 from bertrecipe.cli import run_pretraining
 from bertrecipe.common.errors import InputError
@@ -21,7 +19,7 @@ from bertrecipe.pretraining.startup import ResumePoint, build_scheduler
 from bertrecipe.pretraining.token_budget import batch_ramp
 from bertrecipe.training.metric_logger import read_log
 from bertrecipe.training.optimization import TokenBudgetScheduler, TokenBudgetWsdScheduler
-from conftest import ENV, REPO_ROOT, TINY
+from helpers import ENV, REPO_ROOT, TINY, final_record, step_records
 
 REQUIRED = ["--input_dir", "in", "--config_file", "c.json", "--output_dir", "out", "--do_train"]
 PEAK = 2e-2
@@ -35,8 +33,7 @@ def train(corpus, out, *extra, nproc=1, config="bert_config.json", check=True):
             "--json-summary", out / "log.json", *extra]
     launcher = [sys.executable]
     if nproc > 1:
-        launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-                     "--master_port", str(29500 + os.getpid() % 1000)]
+        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
     result = subprocess.run([*launcher, str(REPO_ROOT / "run_pretraining.py"), *map(str, args)], env=ENV,
                             capture_output=True, text=True, timeout=600)
     if check:

@@ -3,32 +3,29 @@ and one line on stderr naming the file or the URL; a stand-in HTTP endpoint answ
 import http.server
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import threading
+from typing import Iterator
 
 import pytest
 
 from bertrecipe.cli import triton_perf_client as run_perf_client
 from bertrecipe.common.errors import InputError
 from bertrecipe.deploy.serving import TritonQA
-from conftest import REPO_ROOT, TEST_DATA
+from helpers import REPO_ROOT, TEST_DATA, held_ports, run_command
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TRITON = REPO_ROOT / "triton"
 
 
-def closed_port() -> int:
-    """A port nothing listens on: bound by us, then released."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A port nothing listens on: bound by this test, never listening, until the test ends."""
+    with held_ports() as [port]:
+        yield port
 
 
 def one_line_error(script: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, str(TRITON / script), *args], env=ENV, capture_output=True, text=True,
-                          timeout=120, cwd=REPO_ROOT)
+    done = run_command([sys.executable, TRITON / script, *args], cwd=REPO_ROOT)
     assert done.returncode == 2, done.stderr[-3000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-3000:]
@@ -47,24 +44,24 @@ def predict_file(tmp_path):
     return str(shutil.copyfile(TEST_DATA / "squad" / "dev-v1.1.json", tmp_path / "dev.json"))
 
 
-def test_client_missing_context_file_names_the_file(vocab, tmp_path):
+def test_client_missing_context_file_names_the_file(vocab, tmp_path, closed_port):
     missing = tmp_path / "no_such_context.txt"
     line = one_line_error("client.py", "--vocab_file", vocab, "--question", "Who?", "--context_file", str(missing),
-                          "--url", f"127.0.0.1:{closed_port()}")
+                          "--url", f"127.0.0.1:{closed_port}")
     assert str(missing) in line and "not found" in line, line
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.slow
-def test_client_with_unreachable_server_names_the_url(vocab, protocol):
-    url = f"127.0.0.1:{closed_port()}"
+def test_client_with_unreachable_server_names_the_url(vocab, protocol, closed_port):
+    url = f"127.0.0.1:{closed_port}"
     line = one_line_error("client.py", "--vocab_file", vocab, "--do_lower_case", "--question", "Who?", "--context",
                           "Ann went home.", "--url", url, "--protocol", protocol, "--timeout", "10")
     assert url in line and "unreachable" in line and protocol in line, line
 
 
-def test_squad_client_with_unreachable_server_names_the_url(vocab, predict_file, tmp_path):
-    url = f"127.0.0.1:{closed_port()}"
+def test_squad_client_with_unreachable_server_names_the_url(vocab, predict_file, tmp_path, closed_port):
+    url = f"127.0.0.1:{closed_port}"
     line = one_line_error("run_squad_client.py", "--vocab_file", vocab, "--do_lower_case", "--predict_file",
                           predict_file, "--output_dir", str(tmp_path / "out"),
                           "--url", url, "--timeout", "10")
@@ -72,11 +69,11 @@ def test_squad_client_with_unreachable_server_names_the_url(vocab, predict_file,
     assert not (tmp_path / "out").exists()  # a refused run creates nothing
 
 
-def test_squad_client_output_dir_that_is_a_file_is_one_line(vocab, predict_file, tmp_path):
+def test_squad_client_output_dir_that_is_a_file_is_one_line(vocab, predict_file, tmp_path, closed_port):
     (tmp_path / "out").write_text("keep me")
     line = one_line_error("run_squad_client.py", "--vocab_file", vocab, "--do_lower_case", "--predict_file",
                           predict_file, "--output_dir", str(tmp_path / "out"),
-                          "--url", f"127.0.0.1:{closed_port()}")
+                          "--url", f"127.0.0.1:{closed_port}")
     assert "--output_dir" in line and (tmp_path / "out").read_text() == "keep me", line
 
 
@@ -84,20 +81,20 @@ NO_TEXT = "holds no text (only whitespace, control or zero-width characters, whi
 
 
 @pytest.mark.parametrize("question, said", [("", "is empty"), ("  ", NO_TEXT), ("\u200b", NO_TEXT)])
-def test_client_refuses_an_empty_question_before_asking_the_server(vocab, question, said):
+def test_client_refuses_an_empty_question_before_asking_the_server(vocab, question, said, closed_port):
     line = one_line_error("client.py", "--vocab_file", vocab, "--do_lower_case", "--question", question, "--context",
-                          "Ann went home.", "--url", f"127.0.0.1:{closed_port()}")
+                          "Ann went home.", "--url", f"127.0.0.1:{closed_port}")
     assert line == f"error: --question {said}; ask a question"
 
 
-def test_squad_client_predictions_onto_the_predict_file_are_refused(vocab, predict_file, tmp_path):
+def test_squad_client_predictions_onto_the_predict_file_are_refused(vocab, predict_file, tmp_path, closed_port):
     """--predict_file out/predictions.json with --output_dir out: the predictions would replace the questions."""
     out = tmp_path / "out"
     out.mkdir()
     questions = shutil.copyfile(predict_file, out / "predictions.json")
     before = questions.read_bytes()
     line = one_line_error("run_squad_client.py", "--vocab_file", vocab, "--do_lower_case", "--predict_file",
-                          str(questions), "--output_dir", str(out), "--url", f"127.0.0.1:{closed_port()}")
+                          str(questions), "--output_dir", str(out), "--url", f"127.0.0.1:{closed_port}")
     assert f"predictions.json (in --output_dir) is the same file as --predict_file {questions}" in line, line
     assert questions.read_bytes() == before and os.listdir(out) == ["predictions.json"]
 
@@ -134,8 +131,8 @@ def test_squad_client_reads_the_predict_file_once(vocab, predict_file, tmp_path,
     assert len(opened) == 1 and "exact_match" in scores and "F1" in scores
 
 
-def test_perf_client_with_unreachable_server_names_the_url(vocab, tmp_path):
-    url = f"127.0.0.1:{closed_port()}"
+def test_perf_client_with_unreachable_server_names_the_url(vocab, tmp_path, closed_port):
+    url = f"127.0.0.1:{closed_port}"
     line = one_line_error("run_perf_client.py", "--vocab_file", vocab, "--do_lower_case", "--seq_length", "64",
                           "--batch_sizes", "1", "--concurrency", "1", "2", "--url", url, "--timeout", "10",
                           "--output_dir", str(tmp_path / "perf"))

@@ -20,36 +20,9 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.deploy import model_repository
 from bertrecipe.deploy.onnx_export import check_vocab_fits, open_qa_session
 from bertrecipe.deploy.serving import INPUTS, SAMPLE_CONTEXT, make_infer, runner_for
-from bertrecipe.finetuning import squad
 from bertrecipe.finetuning.model_loading import load_tokenizer
 from bertrecipe.finetuning.question_answering import load_qa_model
-from bertrecipe.finetuning.staged_outputs import save_finetuned
-from bertrecipe.model.bert import BertForQuestionAnswering
-from bertrecipe.model.weights import load_weights_into, read_weights
-from conftest import REPO_ROOT, TEST_DATA
-
-SEQ = 128
-WINDOW = squad.WindowSettings(SEQ, 64, 32)
-
-
-# 14 paragraphs of the official dev-v1.1 (see tests/data/squad/README.md).
-SQUAD_EXCERPT = TEST_DATA / "squad" / "dev-v1.1.json"
-
-
-def copy_squad_excerpt(target: Path) -> Path:
-    """The SQuAD excerpt copied to `target`, so that nothing run on it (a feature cache) writes into tests/data."""
-    shutil.copyfile(SQUAD_EXCERPT, target)
-    return target
-
-
-def make_qa_checkpoint(encoder: Path, out: Path) -> Path:
-    """The encoder (a Hugging Face folder) with a seeded QA head, saved as run_squad.py saves a fine-tuned model."""
-    weights = read_weights(encoder)
-    torch.manual_seed(0)
-    model = BertForQuestionAnswering(weights.config)
-    load_weights_into(model, weights, encoder)
-    save_finetuned(model, weights.config, out)
-    return out / "pytorch_model.bin"
+from helpers import REPO_ROOT, SEQ, copy_squad_excerpt, deploy, feature_arrays, make_qa_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +34,6 @@ def setup(tiny_bert, tmp_path_factory):
     model = load_qa_model(checkpoint, None, tokenizer.vocab, SEQ)
     return {"root": root, "checkpoint": checkpoint, "predict": predict, "tokenizer": tokenizer, "model": model,
             "vocab": tiny_bert / "vocab.txt", "encoder": tiny_bert}
-
-
-def deploy(setup, repository: Path, *extra: str) -> None:
-    deployer.main(["--init_checkpoint", str(setup["checkpoint"]), "--vocab_file", str(setup["vocab"]),
-                   "--do_lower_case", "--predict_file", str(setup["predict"]), "--max_seq_length", str(SEQ),
-                   "--doc_stride", "64", "--max_query_length", "32", "--model_repository", str(repository),
-                   *extra])
 
 
 @pytest.fixture(scope="module")
@@ -83,12 +49,6 @@ def pytorch_logits(model, arrays):
     with torch.no_grad():
         _, start, end = model(*(torch.from_numpy(a.astype(np.int64)) for a in arrays))
     return start.numpy(), end.numpy()
-
-
-def feature_arrays(setup):
-    examples = squad.read_squad_examples(setup["predict"], is_training=False)
-    features = squad.convert_examples_to_features(examples, setup["tokenizer"], WINDOW)
-    return features.input_ids, features.segment_ids, features.input_mask
 
 
 @pytest.mark.slow

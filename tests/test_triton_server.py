@@ -4,18 +4,17 @@ interpreter (numpy 1; scripts/test.sh makes it) while the clients run here: SQuA
 excerpt through it equal run_squad.py's, one question through client.py equals inference.py's answer, oversized
 requests are refused, the perf client writes its CSV and PNG, and SIGTERM stops it in bounded time. Under NumPy 2
 (this environment) server.py refuses to start."""
+import contextlib
 import csv
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_triton_deployer import SEQ, WINDOW, copy_squad_excerpt, deploy, make_qa_checkpoint
 
 from bertrecipe.cli import triton_perf_client as run_perf_client
 from bertrecipe.cli import triton_squad_client as run_squad_client
@@ -24,24 +23,13 @@ from bertrecipe.finetuning import squad_answers
 from bertrecipe.finetuning.model_loading import load_tokenizer
 from bertrecipe.finetuning.question_answering import answer_questions, load_qa_model
 from bertrecipe.training.metric_logger import read_log
-from conftest import REPO_ROOT
+from helpers import ENV, REPO_ROOT, SEQ, WINDOW, copy_squad_excerpt, deploy, held_ports, make_qa_checkpoint, run_command
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 SERVER = REPO_ROOT / "triton" / "server.py"
 SERVER_PYTHON = REPO_ROOT / ".venv-triton" / "bin" / "python"  # bash triton/setup_server_env.sh
 SERVER_ENV = {k: v for k, v in ENV.items() if k != "PYTHONPATH"}  # its own environment, nothing of this one
 SHORT = ["--max_seq_length", str(SEQ), "--doc_stride", "64", "--max_query_length", "32"]
 START_SECONDS, STOP_SECONDS = 240, 60
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def test_server_refuses_to_start_under_numpy_2(tmp_path):
@@ -51,16 +39,15 @@ def test_server_refuses_to_start_under_numpy_2(tmp_path):
         pytest.skip(f"this environment has NumPy {np.__version__}: the refusal concerns NumPy 2")
     model = tmp_path / "model.onnx"
     model.write_bytes(b"never read: the server refuses before loading it")
-    http, grpc, metrics = free_ports(3)
-    began = time.time()
-    done = subprocess.run([sys.executable, str(SERVER), "--model_file", str(model), "--http_port", str(http),
-                           "--grpc_port", str(grpc), "--metrics_port", str(metrics)],
-                          env=ENV, capture_output=True, text=True, timeout=120)
+    with held_ports(3) as [http, grpc, metrics]:
+        done = subprocess.run([sys.executable, str(SERVER), "--model_file", str(model), "--http_port", str(http),
+                               "--grpc_port", str(grpc), "--metrics_port", str(metrics)],
+                              env=ENV, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr[-3000:]
     [line] = done.stderr.splitlines()
     assert line.startswith("error: NumPy 2") and "pytriton 0.7.0's bundled Python backend" in line, line
     assert ".venv-triton/bin/python" in line and "bash triton/setup_server_env.sh" in line, line
-    assert done.stdout == "" and time.time() - began < 60 and not listening_addresses(http)
+    assert done.stdout == "" and not listening_addresses(http)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +60,8 @@ def served(tiny_bert, tmp_path_factory):
     predict = copy_squad_excerpt(root / "predict.json")
     setup = {"checkpoint": checkpoint, "predict": predict, "vocab": tiny_bert / "vocab.txt"}
     deploy(setup, root / "repo", "--format", "onnx")
-    http, grpc, metrics = free_ports(3)
+    ports = contextlib.ExitStack()
+    http, grpc, metrics = ports.enter_context(held_ports(3))  # held until the server listens on them
     log = open(root / "server.log", "w")
     process = subprocess.Popen(
         [str(SERVER_PYTHON), str(SERVER), "--model_file", str(root / "repo/bert/1/model.onnx"),
@@ -91,8 +79,10 @@ def served(tiny_bert, tmp_path_factory):
             except Exception:  # not listening yet
                 pass
             time.sleep(1)
+        ports.close()
         yield {**setup, "root": root, "process": process, "http": http, "grpc": grpc, "metrics": metrics}
     finally:
+        ports.close()
         qa.close()
         if process.poll() is None:  # a failed test left it running: stop it as a user would, then by force
             process.send_signal(signal.SIGTERM)  # pytriton then stops tritonserver and its backend stubs
@@ -130,11 +120,11 @@ def test_server_listens_on_loopback_only(served):
 @pytest.mark.slow
 def test_squad_predictions_through_triton_equal_run_squad(served):
     out_pt = served["root"] / "run_squad"
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "run_squad.py"), "--init_checkpoint",
+    done = run_command([sys.executable, str(REPO_ROOT / "run_squad.py"), "--init_checkpoint",
                            str(served["checkpoint"]), "--vocab_file", str(served["vocab"]), "--do_lower_case",
                            "--predict_file", str(served["predict"]), "--output_dir", str(out_pt), "--do_predict",
                            "--do_eval", "--skip_cache", "--disable_progress_bar", "--json-summary",
-                           str(out_pt / "log.json"), *SHORT], env=ENV, capture_output=True, text=True, timeout=600)
+                           str(out_pt / "log.json"), *SHORT])
     assert done.returncode == 0, done.stderr[-3000:]
     out_triton = served["root"] / "triton_client"
     scores = run_squad_client.main(["--url", f"127.0.0.1:{served['http']}", "--predict_file", str(served["predict"]),
@@ -166,6 +156,7 @@ def test_one_question_over_grpc_gets_inference_py_answer(served):
     assert [n["text"] for n in got["nbest"]] == [n["text"] for n in expected["nbest"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rows, length", [(9, 32), (1, SEQ + 1)])
 def test_requests_beyond_the_bounds_are_refused(served, rows, length):
     import numpy as np
@@ -181,6 +172,7 @@ def test_requests_beyond_the_bounds_are_refused(served, rows, length):
         qa.close()
 
 
+@pytest.mark.slow
 def test_perf_client_writes_percentiles_and_throughput(served, capsys):
     out = served["root"] / "perf"
     rows = run_perf_client.main(["--url", f"127.0.0.1:{served['http']}", "--vocab_file", str(served["vocab"]),

@@ -5,15 +5,12 @@ the model is the server's). --allow_vocab_mismatch turns the refusals a run surv
 (tokenization.wordpiece.check_vocab_for_model) is checked against a plain statement of it first."""
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_run_glue import WORDS, snapshot, tiny_args, tiny_sst2
-from test_run_squad import QUESTIONS, tiny_squad_args, tiny_squad_file
 
 from bertrecipe.cli import inference, run_glue, run_squad
 from bertrecipe.cli import triton_deployer as deployer
@@ -21,10 +18,18 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning.staged_outputs import save_finetuned
 from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
 from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, check_vocab_for_model, load_vocab, vocab_casing
-from conftest import REPO_ROOT, VOCAB_EXCERPT
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
+from helpers import (
+    ENV,
+    QUESTIONS,
+    REPO_ROOT,
+    VOCAB_EXCERPT,
+    WORDS,
+    snapshot,
+    tiny_args,
+    tiny_squad_args,
+    tiny_squad_file,
+    tiny_sst2,
+)
 
 
 # ---------------------------------------------------------------------------------------------------------

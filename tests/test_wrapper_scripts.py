@@ -13,10 +13,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from test_metric_logger import permissions_are_ignored
 
 from bertrecipe.training.metric_logger import read_log
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT, permissions_are_ignored, run_command
 
 SCRIPTS = REPO_ROOT / "scripts"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHON": sys.executable}
@@ -224,8 +223,7 @@ def test_a_log_that_cannot_be_written_is_one_line_from_the_entry_point(pretraini
         flags = ["--input_dir", tmp_path / "p1", "--config_file", tmp_path / "config.json", "--output_dir", out,
                  "--json-summary", summary, "--max_seq_length", SEQ, "--max_predictions_per_seq", PREDS,
                  "--train_batch_size", 8, "--max_steps", 2, "--do_train", "--disable_progress_bar"]
-        result = subprocess.run([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *map(str, flags)], env=ENV,
-                                capture_output=True, text=True, timeout=300)
+        result = run_command([sys.executable, str(REPO_ROOT / "run_pretraining.py"), *map(str, flags)])
     finally:
         (out / "tensorboard").chmod(0o755)
     expected = {"full device": "error: /dev/full: cannot write the JSON log (No space left on device)",

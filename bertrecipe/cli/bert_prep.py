@@ -16,8 +16,8 @@ from typing import NoReturn
 
 from tqdm import tqdm
 
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.atomic_files import remove_stale_temporaries_of
-from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import DataError
 from bertrecipe.dataprep import download, engine, layout, text_formatting
 from bertrecipe.dataprep.create_pretraining_data import (

@@ -12,7 +12,7 @@ import time
 from typing import NoReturn
 
 from bertrecipe.cli import bert_prep as bertPrep
-from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.dataprep import layout
 from bertrecipe.dataprep.vocab_training import vocab_path
 

@@ -21,7 +21,7 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
-from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable, refuse_input_as_output
 from bertrecipe.model.weights import (

@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
-from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.dataprep.create_pretraining_data import ShardConfig, create_shard
 
 

@@ -18,8 +18,8 @@ import json
 from pathlib import Path
 from typing import Any, NoReturn, Optional, Sequence
 
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.atomic_files import write_atomic
-from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable, refuse_input_as_output
 from bertrecipe.finetuning.squad_metrics import evaluate_files

@@ -30,7 +30,7 @@ from typing import Iterator, NoReturn, Optional, Sequence
 import torch
 
 from bertrecipe.cli import finetuning_flags, squad_flags
-from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.files import read_text_file
 from bertrecipe.common.output_paths import refuse_input_as_output
 from bertrecipe.deploy.onnx_export import onnx_logits_function

@@ -38,7 +38,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn, Optional
 
-from bertrecipe.common.command_line import fail
+from bertrecipe.cli.command_line import fail
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable_file, check_writable_folder
 

@@ -16,8 +16,8 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.atomic_files import write_atomic
-from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.training.metric_logger import read_log
 

@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from bertrecipe.cli import finetuning_flags
-from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import glue, glue_task, loop
 from bertrecipe.finetuning.model_loading import build_model, config_and_weights, load_tokenizer

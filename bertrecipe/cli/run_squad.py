@@ -21,8 +21,8 @@ import torch
 from tqdm import tqdm
 
 from bertrecipe.cli import finetuning_flags, squad_flags
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.cli.squad_flags import features_for
-from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable_folder
 from bertrecipe.finetuning import loop, squad, squad_task

@@ -14,9 +14,9 @@ import json
 from typing import NoReturn, Optional, Sequence
 
 from bertrecipe.cli import squad_flags
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
 from bertrecipe.cli.triton_flags import add_server_arguments, client_from_args
-from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.files import read_text_file
 from bertrecipe.finetuning.model_loading import load_tokenizer
 from bertrecipe.finetuning.question_answering import answer_about_context, check_question

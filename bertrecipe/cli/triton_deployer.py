@@ -21,8 +21,8 @@ from typing import Callable, NoReturn, Optional, Sequence
 import torch
 
 from bertrecipe.cli import squad_flags
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
-from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import inside
 from bertrecipe.deploy.model_repository import PLATFORMS, TritonSettings, deploy

@@ -19,9 +19,9 @@ from typing import Callable, NoReturn, Optional, Sequence
 
 import numpy as np
 
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
 from bertrecipe.cli.triton_flags import add_server_arguments, check_server, client_from_args
-from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.deploy.serving import TritonQA, sample_inputs
 from bertrecipe.finetuning import squad

@@ -24,7 +24,7 @@ from typing import NoReturn, Optional, Sequence
 
 import numpy as np
 
-from bertrecipe.common.command_line import ArgumentParser, run_cli
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.deploy.serving import INPUTS, make_infer, runner_for
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, NoReturn, Optional, Sequence
 
 from bertrecipe.cli import squad_flags
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.cli.finetuning_flags import add_allow_vocab_mismatch
 from bertrecipe.cli.triton_flags import add_server_arguments, check_server, client_from_args
-from bertrecipe.common.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable_folder, refuse_input_as_output
 from bertrecipe.finetuning import squad, squad_answers, squad_task

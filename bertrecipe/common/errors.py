@@ -1,5 +1,5 @@
 """The error types of bad input: what the user supplied cannot be used. The commands report them in one line
-with exit status 2 (command_line.run_cli); files.py reads user files with these errors."""
+with exit status 2 (cli.command_line.run_cli); files.py reads user files with these errors."""
 from __future__ import annotations
 
 import re

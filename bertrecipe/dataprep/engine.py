@@ -76,18 +76,18 @@ def _dask_distributed() -> Any:
     return distributed
 
 
-def _on_worker(function: Callable, args: tuple) -> tuple[Any, str, str]:
+def _on_worker(function: Callable, task: tuple) -> tuple[Any, str, str]:
     """Runs on a Dask worker, which imports this module (and `function`'s) from its own environment like any
     other: the result, the worker's address and where its `bertrecipe` package lies."""
     from distributed import get_worker
-    return function(*args), get_worker().address, str(PACKAGE_ROOT)
+    return function(*task), get_worker().address, str(PACKAGE_ROOT)
 
 
 def _run_local(cfg: EngineConfig, function: Callable, tasks: Sequence[tuple], on_done: Callable[[Any], None]
                ) -> set[str]:
     if runs_here(cfg, len(tasks)):
-        for args in tasks:
-            on_done(function(*args))
+        for task in tasks:
+            on_done(function(*task))
         return set()
     # Each task depends only on its arguments, so the process count cannot change the output.
     with multiprocessing.get_context("spawn").Pool(min(cfg.n_processes, len(tasks))) as pool:
@@ -97,13 +97,13 @@ def _run_local(cfg: EngineConfig, function: Callable, tasks: Sequence[tuple], on
 
 
 class _Star:
-    """function(*args) as a picklable one-argument callable for Pool.imap_unordered."""
+    """function(*task) as a picklable one-argument callable for Pool.imap_unordered."""
 
     def __init__(self, function: Callable) -> None:
         self.function = function
 
-    def __call__(self, args: tuple) -> Any:
-        return self.function(*args)
+    def __call__(self, task: tuple) -> Any:
+        return self.function(*task)
 
 
 def _scheduler_address(cfg: EngineConfig) -> str:
@@ -165,7 +165,7 @@ def _connect(cfg: EngineConfig, distributed: Any, cluster: Any) -> Any:
 def _run_dask(client: Any, function: Callable, tasks: Sequence[tuple], on_done: Callable[[Any], None]
               ) -> set[str]:
     distributed = _dask_distributed()
-    futures = [client.submit(_on_worker, function, args, pure=False) for args in tasks]
+    futures = [client.submit(_on_worker, function, task, pure=False) for task in tasks]
     workers: set[str] = set()
     try:
         for future in distributed.as_completed(futures, loop=client.loop):

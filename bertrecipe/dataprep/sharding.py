@@ -18,7 +18,7 @@ Memory is bounded by one part's index and assignment (~100 bytes per article of 
 The parts take as much free space again as the corpus while the shards are written.
 
 Sentence segmenter: blingfire, chosen over pysbd, syntok and sentencex on the Wikipedia sample (see the report
-in benchmarks/data_prep.py --segmenters): as accurate as syntok on hand-labelled hard cases (abbreviations,
+in `python -m benchmarks.data_prep --segmenters`): as accurate as syntok on hand-labelled hard cases (abbreviations,
 initials, decimals) at ~25x its speed, and needs no model download.
 """
 from __future__ import annotations

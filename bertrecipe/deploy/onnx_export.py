@@ -1,5 +1,6 @@
 """Fine-tuned models as ONNX files, and a SQuAD model run on ONNX Runtime (its logits, the vocab it fits): what
-triton/deployer.py (the export), inference.py --onnx_model and benchmarks/finetune_throughput.py --onnxruntime share."""
+triton/deployer.py (the export), inference.py --onnx_model and `python -m benchmarks.finetune_throughput
+--onnxruntime` share."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any, Optional
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.families import ModelConfig, is_modern_config, recorded_config
 from bertrecipe.pretraining.sample_order import check_lanes, default_lanes
+from bertrecipe.pretraining.settings import PretrainingSettings, StreamSettings
 from bertrecipe.pretraining.shard_schema import ShardInfo, content_fingerprint
 from bertrecipe.pretraining.token_budget import batch_ramp
 from bertrecipe.training import checkpointing
@@ -30,7 +30,7 @@ from bertrecipe.training.process_group import DistributedContext, all_gather_obj
 
 @dataclass(frozen=True)
 class ResumeRule:
-    flag: str  # the argparse attribute; the flag is --<flag>
+    flag: str  # the flag is --<flag>; its value is the run record's (PretrainingSettings.record)
     action: str  # "applied" or "refused"
     why: str
     before: Any = None  # the value of checkpoints older than the flag (None: those are not compared)
@@ -209,19 +209,19 @@ def compare_shards(path: Path, data: dict[str, Any], shards: list[ShardInfo]) ->
                          "--init_checkpoint in a new --output_dir")
 
 
-def compare_flags(path: Path, ckpt: dict[str, Any], args: argparse.Namespace, shards: list[ShardInfo],
+def compare_flags(path: Path, ckpt: dict[str, Any], record: dict[str, Any], shards: list[ShardInfo],
                   global_batch: int) -> list[str]:
-    """The changes a resume applies, one line each; InputError naming old and new for a refused one."""
+    """The changes a resume applies, one line each, comparing the run's flat record of flags
+    (PretrainingSettings.record) with the checkpoint's ("args"); InputError naming old and new for a refused one."""
     saved = ckpt.get("args") or {}
     data = ckpt.get("data") or {}
     applied = []
     for rule in RULES:
-        if rule.flag == "warmup_proportion" and args.warmup_tokens is not None:
+        if rule.flag == "warmup_proportion" and record.get("warmup_tokens") is not None:
             continue  # derived from --warmup_tokens and --max_tokens, whose own rules name the change
-        old = saved.get(rule.flag, rule.before)
-        if (rule.flag not in saved and rule.before is None) or same_value(old, getattr(args, rule.flag)):
+        old, new = saved.get(rule.flag, rule.before), record[rule.flag]
+        if (rule.flag not in saved and rule.before is None) or same_value(old, new):
             continue
-        new = getattr(args, rule.flag)
         if rule.action == "refused":
             raise InputError(f"{path}: was trained with --{rule.flag} {old}, this run has {new}: {rule.why}; resume "
                              f"with --{rule.flag} {old}, or start from it with --init_checkpoint in a new --output_dir")
@@ -238,103 +238,109 @@ def compare_flags(path: Path, ckpt: dict[str, Any], args: argparse.Namespace, sh
 CONTEXT_EXTENSION_KEYS = ("rope_parameters", "max_position_embeddings")
 
 
-def find_resume_checkpoint(args: argparse.Namespace, config: ModelConfig,
+def find_resume_checkpoint(settings: PretrainingSettings, config: ModelConfig,
                            existing: list[checkpointing.SavedCheckpoint]) -> Optional[tuple[Path, dict[str, Any]]]:
     """The checkpoint this run continues from (None for a fresh start) among the `existing` ones
     (checkpointing.survey's), chosen by phase (resume_rules) and checked to fit the run."""
-    if args.do_train and existing and not args.resume_from_checkpoint:
-        raise InputError(f"{args.output_dir}: holds checkpoints of another run ({existing[-1].path.name}); pass "
+    run = settings.run
+    if run.do_train and existing and not run.resume_from_checkpoint:
+        raise InputError(f"{run.output_dir}: holds checkpoints of another run ({existing[-1].path.name}); pass "
                          "--resume_from_checkpoint to continue it or choose another --output_dir")
-    if not args.resume_from_checkpoint:
+    if not run.resume_from_checkpoint:
         return None
-    if not existing and args.resume_step < 0:
-        if args.do_train and args.phase2:
-            raise InputError(f"{args.output_dir}: phase 2 needs the phase-1 checkpoint to resume from")
+    if not existing and run.resume_step < 0:
+        if run.do_train and run.phase2:
+            raise InputError(f"{run.output_dir}: phase 2 needs the phase-1 checkpoint to resume from")
         return None  # NVIDIA's scripts always pass --resume_from_checkpoint: the first run starts fresh
-    step = args.resume_step
-    if step < 0 and args.do_train:
-        chosen = choose_checkpoint(existing, args.output_dir, args.phase2, args.phase1_end_step,
-                                                args.max_steps)
+    step = run.resume_step
+    if step < 0 and run.do_train:
+        chosen = choose_checkpoint(existing, run.output_dir, run.phase2, run.phase1_end_step,
+                                   settings.optimizer.max_steps)
         step = chosen.step if chosen is not None else -1
-    path, ckpt = checkpointing.load_newest_checkpoint(args.output_dir, step)
-    if args.do_train:
-        refuse_phase_mismatch(path, ckpt, args.phase2)
+    path, ckpt = checkpointing.load_newest_checkpoint(run.output_dir, step)
+    if run.do_train:
+        refuse_phase_mismatch(path, ckpt, run.phase2)
         missing = [key for key in ("optimizer", "phase_step", "data") if key not in ckpt]
         if missing:
             raise InputError(f"{path}: holds weights but no training state ({', '.join(missing)}), so a run cannot "
-                        "resume from it; pass it as --init_checkpoint in a new --output_dir instead")
-    saved = ckpt.get("config")
-    if isinstance(saved, dict):
-        saved, ours = recorded_config(saved), config.to_dict()
-        # The modern family's context extension: phase 2 may take longer rows with other rotary bases.
-        extending = args.phase2 and not ckpt.get("phase2") and is_modern_config(config)
-        changed = [f"{key} {saved.get(key)} -> {ours.get(key)}" for key in sorted(set(saved) | set(ours))
-                   if saved.get(key) != ours.get(key) and not (extending and key in CONTEXT_EXTENSION_KEYS)]
-        if changed:
-            raise InputError(f"{path}: was trained with another config than {args.config_file} "
-                             f"({'; '.join(changed)}); resume with the same --config_file or use a new --output_dir")
+                             "resume from it; pass it as --init_checkpoint in a new --output_dir instead")
+    refuse_another_config(path, ckpt, config, settings.model.config_file, run.phase2)
     return path, ckpt
 
 
+def refuse_another_config(path: Path, ckpt: dict[str, Any], config: ModelConfig, config_file: str,
+                          phase2: bool) -> None:
+    """One line naming the changed keys when the checkpoint was trained with another config than config_file's
+    (the modern family's context extension aside: phase 2 may take longer rows with other rotary bases)."""
+    saved = ckpt.get("config")
+    if not isinstance(saved, dict):
+        return
+    saved, ours = recorded_config(saved), config.to_dict()
+    extending = phase2 and not ckpt.get("phase2") and is_modern_config(config)
+    changed = [f"{key} {saved.get(key)} -> {ours.get(key)}" for key in sorted(set(saved) | set(ours))
+               if saved.get(key) != ours.get(key) and not (extending and key in CONTEXT_EXTENSION_KEYS)]
+    if changed:
+        raise InputError(f"{path}: was trained with another config than {config_file} ({'; '.join(changed)}); "
+                         "resume with the same --config_file or use a new --output_dir")
 
-def check_resume(args: argparse.Namespace, ctx: DistributedContext, shards: list,
+
+def check_resume(settings: PretrainingSettings, ctx: DistributedContext, shards: list,
                  resume_from: Optional[tuple[Path, dict[str, Any]]],
                  existing: list[checkpointing.SavedCheckpoint]) -> tuple[int, list[str]]:
     """Before the first write: what is left to train (steps), and the flag changes a resume applies (one line
     each); refuses a changed flag that cannot apply (RULES), a --max_steps behind the checkpoint, and a
     run that would write over an existing checkpoint."""
+    run, max_steps, max_tokens = settings.run, settings.optimizer.max_steps, settings.optimizer.max_tokens
     start, tokens, changes = 0, 0, []
     if resume_from is not None:
         path, ckpt = resume_from
-        if bool(ckpt.get("phase2")) == bool(args.phase2):  # continuing a phase (a hand-over starts one afresh)
+        if bool(ckpt.get("phase2")) == bool(run.phase2):  # continuing a phase (a hand-over starts one afresh)
             start = int(ckpt["phase_step"])
-            changes = compare_flags(path, ckpt, args, shards, args.train_batch_size * ctx.world_size)
+            changes = compare_flags(path, ckpt, settings.record(), shards,
+                                    settings.stream.train_batch_size * ctx.world_size)
             if ctx.is_main and "fingerprints" not in (ckpt.get("data") or {}):
                 print(f"warning: {path}: was written before checkpoints recorded their shards' contents; the shards "
                       "of --input_dir are compared with it by name only", file=sys.stderr, flush=True)
-            if start > args.max_steps:
-                raise InputError(f"{path}: is at step {start} of this phase, beyond --max_steps {args.max_steps}; "
-                                 f"pass --max_steps {start} or more to go on")
-            tokens = saved_tokens(path, ckpt, args)
-    steps_left = args.max_steps - start if not (args.max_tokens and tokens >= args.max_tokens) else 0
-    if args.steps_this_run > 0:
-        steps_left = min(steps_left, args.steps_this_run)
-    offset = args.phase1_end_step if args.phase2 else 0
-    if steps_left > 0 and not args.skip_checkpoint:
+            if start > max_steps:
+                raise InputError(f"{path}: is at step {start} of this phase, beyond --max_steps {max_steps}; pass "
+                                 f"--max_steps {start} or more to go on")
+            tokens = saved_tokens(path, ckpt, settings)
+    steps_left = max_steps - start if not (max_tokens and tokens >= max_tokens) else 0
+    if run.steps_this_run > 0:
+        steps_left = min(steps_left, run.steps_this_run)
+    offset = run.phase1_end_step if run.phase2 else 0
+    if steps_left > 0 and not run.skip_checkpoint:
         refuse_overwrites(existing, offset + start + 1, offset + start + steps_left)
     return steps_left, changes
 
 
-
-def saved_tokens(path: Path, ckpt: dict[str, Any], args: argparse.Namespace) -> int:
+def saved_tokens(path: Path, ckpt: dict[str, Any], settings: PretrainingSettings) -> int:
     """The phase's token count in a checkpoint it continues; refuses a token flag on one older than the count."""
-    if "tokens" not in ckpt and (args.max_tokens or args.batch_size_warmup_tokens):
+    if "tokens" not in ckpt and (settings.optimizer.max_tokens or settings.stream.batch_size_warmup_tokens):
         raise InputError(f"{path}: was written before checkpoints counted the tokens trained, which --max_tokens and "
                          "--batch_size_warmup_tokens go by; continue it without them")
     return int(ckpt.get("tokens", 0))
 
 
-def stream_lanes(args: argparse.Namespace, ctx: DistributedContext,
+def stream_lanes(stream: StreamSettings, phase2: bool, ctx: DistributedContext,
                  resume_from: Optional[tuple[Path, dict[str, Any]]]) -> int:
     """The lane count of the sample stream: the checkpoint's when continuing a phase (its stream goes on), else
     --data_lanes or the default; checked to split the global batch over this many processes, and to leave a
     batch-size warm-up steps smaller than the full one."""
-    global_batch = args.train_batch_size * ctx.world_size
-    micro_batch = args.train_batch_size // args.gradient_accumulation_steps
+    global_batch = stream.train_batch_size * ctx.world_size
     # A batch-size warm-up's steps are whole micro-batches per process: the default lanes split the smallest.
-    lanes = args.data_lanes or default_lanes(micro_batch * ctx.world_size if args.batch_size_warmup_tokens
-                                             else global_batch, ctx.world_size)
+    lanes = stream.data_lanes or default_lanes(stream.micro_batch * ctx.world_size if stream.batch_size_warmup_tokens
+                                               else global_batch, ctx.world_size)
     if resume_from is not None:
         path, ckpt = resume_from
         saved = int((ckpt.get("data") or {}).get("lanes", 0))
-        continuing = bool(ckpt.get("phase2", False)) == bool(args.phase2)
+        continuing = bool(ckpt.get("phase2", False)) == bool(phase2)
         if continuing and saved:
-            if args.data_lanes and args.data_lanes != saved:
-                raise InputError(f"{path}: its stream has {saved} lanes, not --data_lanes {args.data_lanes}; drop "
+            if stream.data_lanes and stream.data_lanes != saved:
+                raise InputError(f"{path}: its stream has {saved} lanes, not --data_lanes {stream.data_lanes}; drop "
                                  "the flag to continue it")
             lanes = saved
     check_lanes(lanes, global_batch, ctx.world_size)
-    batch_ramp(args.batch_size_warmup_tokens, args.batch_size_warmup_start, args.gradient_accumulation_steps,
-               micro_batch, ctx.world_size, lanes)  # InputError when the lanes leave no smaller step
+    batch_ramp(stream.batch_size_warmup_tokens, stream.batch_size_warmup_start, stream.gradient_accumulation_steps,
+               stream.micro_batch, ctx.world_size, lanes)  # InputError when the lanes leave no smaller step
     return lanes
-

@@ -11,6 +11,7 @@ import torch
 from bertrecipe.cli import run_pretraining as run_pretraining_command
 from bertrecipe.model.bert import BertConfig, BertForPreTraining, BertForSequenceClassification
 from bertrecipe.model.weights import load_weights_into, read_weights
+from bertrecipe.pretraining import session
 from bertrecipe.pretraining.data import BertPretrainingCriterion
 from bertrecipe.pretraining.startup import build_pretraining_model
 from bertrecipe.training.metric_logger import read_log
@@ -150,8 +151,8 @@ def test_masked_lm_prob_draws_more_predictions_than_the_shards_hold(corpus, tmp_
                           "--max_predictions_per_seq", "19"])
     config = BertConfig(**TINY)
     settings = rp.settings_for(args, config)
-    shards, _ = rp.inspect_inputs(settings, config, DistributedContext(0, 0, 1, torch.device("cpu")))
-    spec = rp.masking_spec(settings.stream, shards, config, None, settings.model.no_nsp)
+    shards, _ = session.inspect_inputs(settings, config, DistributedContext(0, 0, 1, torch.device("cpu")))
+    spec = session.masking_spec(settings.stream, shards, config, None, settings.model.no_nsp)
     assert shards[0].max_predictions == 10 and spec.max_predictions == 19 and spec.masked_lm_prob == 0.3
     capped = pretrain(corpus, tmp_path / "capped", "--train_batch_size", 8, "--max_steps", 1, "--dynamic_masking",
                       "--masked_lm_prob", 0.3)

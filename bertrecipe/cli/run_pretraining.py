@@ -15,46 +15,25 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import NoReturn, Optional
 
 import torch
-from tqdm import tqdm
 
 from bertrecipe.cli.command_line import ArgumentParser, Terminated, run_cli
-from bertrecipe.common.atomic_files import remove_stale_temporaries
 from bertrecipe.common.errors import InputError
-from bertrecipe.common.output_paths import check_writable_folder, refuse_input_as_output
 from bertrecipe.model.families import ModelConfig, is_modern_config
 from bertrecipe.model.weights import read_config
-from bertrecipe.pretraining import masking
-from bertrecipe.pretraining.data import BertPretrainingCriterion
-from bertrecipe.pretraining.loop import LoopSettings, TrainingSetup, evaluate, pretraining_loop
-from bertrecipe.pretraining.resume_rules import check_resume, find_resume_checkpoint, stream_lanes, with_fingerprints
-from bertrecipe.pretraining.run_tokenizer import refuse_checkpoint_of_another_tokenizer, run_tokenizer
+from bertrecipe.pretraining.session import pretrain
 from bertrecipe.pretraining.settings import PretrainingSettings, settings_from_flags
-from bertrecipe.pretraining.shard_schema import ShardInfo, find_shards, inspect_shard
-from bertrecipe.pretraining.startup import (
-    ResumePoint,
-    build_pretraining_model,
-    masking_spec,
-    sample_stream,
-    set_up_optimizer,
-)
-from bertrecipe.pretraining.token_budget import BatchRamp, batch_ramp
-from bertrecipe.tokenization.vocab_files import AnyVocab, TokenizerIdentity, load_vocab_file
-from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, check_vocab_for_model
+from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH
 from bertrecipe.training import checkpointing
-from bertrecipe.training.metric_logger import MetricLogger, check_log_paths
 from bertrecipe.training.optimization import DECAY_SHAPES, LR_SCHEDULES, OPTIMIZERS
 from bertrecipe.training.process_group import (
     DistributedContext,
-    any_process,
     init_distributed,
     peer_has_gone,
     shutdown,
 )
-from bertrecipe.training.run_lock import locked_output_folder
-from bertrecipe.training.stepper import allow_tf32, make_precision, seed_everything, use_deterministic_algorithms
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -341,22 +320,6 @@ def check_token_flags(args: argparse.Namespace) -> None:
                          "--gradient_accumulation_steps 2 or more")
 
 
-def check_pretraining_outputs(settings: PretrainingSettings, train_shards: list, eval_shards: list) -> None:
-    """The output folder and the logs must be creatable where the flags point, and none of them may be one of the
-    run's inputs (checked before any write)."""
-    run, model, stream = settings.run, settings.model, settings.stream
-    check_writable_folder(run.output_dir, "--output_dir")
-    check_log_paths(run.json_summary, Path(run.output_dir) / "tensorboard")
-    inputs = [("--config_file", model.config_file), ("--init_checkpoint", model.init_checkpoint),
-              ("--vocab_file", stream.vocab_file), ("--input_dir", stream.input_dir), ("--eval_dir", run.eval_dir)]
-    shards = [("a shard of --input_dir", s.path) for s in train_shards] + [
-        ("a shard of --eval_dir", s.path) for s in eval_shards]
-    refuse_input_as_output(run.json_summary, "--json-summary", inputs + shards)  # a file: it could be a shard
-    refuse_input_as_output(run.output_dir, "--output_dir", inputs)
-    refuse_input_as_output(Path(run.output_dir) / "tensorboard", "the TensorBoard folder (--output_dir/tensorboard)",
-                           inputs)
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     """Parses the flags (argv: sys.argv's when None) and runs; Ctrl-C ends it with one line and exit 130."""
     args = parse_args(argv)
@@ -384,47 +347,6 @@ def main(argv: Optional[list[str]] = None) -> None:
         shutdown(ctx)
 
 
-def load_run_vocab(settings: PretrainingSettings, config: ModelConfig) -> Optional[AnyVocab]:
-    """--vocab_file (a vocab.txt or a tokenizer.json), checked against the model's word embeddings; None without
-    the flag."""
-    stream = settings.stream
-    if not stream.vocab_file:
-        return None
-    vocab = load_vocab_file(stream.vocab_file)
-    check_vocab_for_model(vocab, model_vocab_size=config.vocab_size, allow_mismatch=stream.allow_vocab_mismatch)
-    return vocab
-
-
-def inspect_inputs(settings: PretrainingSettings, config: ModelConfig,
-                   ctx: DistributedContext) -> tuple[list[ShardInfo], list[ShardInfo]]:
-    """The training and held-out shards, their keys, shapes and attributes checked against the flags and config;
-    the training shards with their content fingerprints, which checkpoints record and a resume compares."""
-    limits = {"vocab_size": config.vocab_size, "max_positions": config.max_position_embeddings,
-              "type_vocab_size": config.type_vocab_size}
-    stream, run = settings.stream, settings.run
-    train_shards = []
-    if run.do_train:
-        # Dynamic masks are drawn anew, up to --max_predictions_per_seq: the shards' own count need not match it.
-        shard_predictions = None if stream.dynamic_masking else stream.max_predictions_per_seq
-        train_shards = [inspect_shard(f, max_seq_length=stream.max_seq_length, max_predictions=shard_predictions,
-                                      **limits)
-                        for f in find_shards(stream.input_dir, "training")]
-        train_shards = with_fingerprints(train_shards, ctx)
-    eval_shards = [inspect_shard(f, **limits) for f in find_shards(run.eval_dir)] if run.eval_dir else []
-    return train_shards, eval_shards
-
-
-def open_pretraining_log(settings: PretrainingSettings, ctx: DistributedContext, bar_enabled: bool) -> MetricLogger:
-    """The DLLogger log (--json-summary, and TensorBoard in --output_dir), opened with the flags' record."""
-    log = MetricLogger(settings.run.json_summary, enabled=ctx.is_main, printer=tqdm.write if bar_enabled else print,
-                       tensorboard_dir=Path(settings.run.output_dir) / "tensorboard")
-    log.log("PARAMETER", settings.record(), echo=False)
-    for metric, unit in (("average_loss", None), ("step_loss", None), ("learning_rate", None),
-                         ("training_sequences_per_second", "sequences/s"), ("e2e_train_time", "s")):
-        log.metadata(metric, {"unit": unit} if unit else {})
-    return log
-
-
 def settings_for(args: argparse.Namespace, config: ModelConfig) -> PretrainingSettings:
     """The run's typed settings from its checked flags; the modern family trains the masked-LM objective alone (it
     has no NSP head), as --no_nsp asks of BERT."""
@@ -438,119 +360,19 @@ def settings_for(args: argparse.Namespace, config: ModelConfig) -> PretrainingSe
 
 
 def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
-    """The command once the flags parse: the settings built, inputs and resume point checked, model and optimizer
-    set up, then pretraining.loop.pretraining_loop and the evaluation; exit 143 when a SIGTERM stopped the run
-    before its end."""
+    """The command once the flags parse: the typed settings built from them, then the run (pretraining/session.py);
+    exit 143 when a SIGTERM stopped the run before its end."""
     start_time = time.time()
     # Every input is checked before the first write: a refused run leaves --output_dir as it was.
     config = read_config(args.config_file)
     settings = settings_for(args, config)
-    device, run_settings = settings.device, settings.run
-    precision = make_precision(ctx.device, device.fp16, device.bf16, device.init_loss_scale)
-    allow_tf32(device.tf32)
-    use_deterministic_algorithms(device.deterministic)
-    train_shards, eval_shards = inspect_inputs(settings, config, ctx)
-    vocab = load_run_vocab(settings, config)
-    tokenizer = run_tokenizer(train_shards + eval_shards, vocab, config.vocab_size,
-                              settings.stream.allow_vocab_mismatch)
-    check_pretraining_outputs(settings, train_shards, eval_shards)
-    # The lock is the first write: the resume point is chosen, and the checkpoints written, by one run at a time.
-    with locked_output_folder(run_settings.output_dir, ctx.is_main, lambda flag: any_process(flag, ctx),
-                              log_file=run_settings.json_summary) as lock:
-        settings, resume_from, steps_left, changes = choose_resume(settings, config, ctx, train_shards, tokenizer)
-        spec = None
-        if run_settings.do_train:
-            spec = masking_spec(settings.stream, train_shards, config, vocab, settings.model.no_nsp,
-                                warn=ctx.is_main)
-        seed_everything(settings.stream.seed + ctx.rank)
-        model = build_pretraining_model(settings.model, config, ctx.device, tokenizer,
-                                        settings.stream.allow_vocab_mismatch)  # reads --init_checkpoint
-        if ctx.is_main:
-            remove_stale_temporaries(run_settings.output_dir, checkpointing.CHECKPOINT_NAME)
-        loop = pretraining_loop_settings(settings, ctx, tokenizer)
-        log = open_pretraining_log(settings, ctx, loop.progress_bar)
-        for change in changes:
-            log.log("PARAMETER", {"resume_applies": change}, echo=False)
-            if ctx.is_main:
-                print(f"resume: {change}", file=sys.stderr, flush=True)
-        ddp_model, optimizer, scheduler, resume = set_up_optimizer(settings, ctx, model, precision, log, resume_from)
-        setup = TrainingSetup(ctx, config, ddp_model, optimizer, scheduler, precision, log, eval_shards, lock,
-                              start_time)
-        with checkpointing.failures_name_the_checkpoint(run_settings.output_dir):
-            final = train_and_evaluate(settings, setup, loop, train_shards, spec, resume, steps_left)
+    final = pretrain(settings, config, ctx, start_time)
     if final.get("stopped_by") == "SIGTERM":
         if ctx.is_main:
             print(f"stopped by SIGTERM at step {final['global_step']} before the end of the phase; checkpoint "
-                  f"{checkpointing.checkpoint_path(run_settings.output_dir, final['global_step'])}: run again with "
+                  f"{checkpointing.checkpoint_path(settings.run.output_dir, final['global_step'])}: run again with "
                   "--resume_from_checkpoint to go on", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGTERM)
-
-
-def choose_resume(settings: PretrainingSettings, config: ModelConfig, ctx: DistributedContext,
-                  train_shards: list[ShardInfo], tokenizer: Optional[TokenizerIdentity]
-                  ) -> tuple[PretrainingSettings, Optional[tuple[Path, dict[str, Any]]], int, list[str]]:
-    """Under the lock: the checkpoint the run continues (checked to be of its tokenizer), the steps left and the
-    changes a resume applies; returns the settings with the stream's lanes (those of the checkpoint's stream when
-    the run continues it)."""
-    existing = checkpointing.survey(settings.run.output_dir)  # each checkpoint's phase, read once
-    resume_from = find_resume_checkpoint(settings, config, existing)
-    if resume_from is not None:
-        refuse_checkpoint_of_another_tokenizer(tokenizer, resume_from[1].get("tokenizer"), str(resume_from[0]),
-                                               settings.stream.allow_vocab_mismatch)
-    if not settings.run.do_train:
-        return settings, resume_from, 0, []
-    steps_left, changes = check_resume(settings, ctx, train_shards, resume_from, existing)
-    lanes = stream_lanes(settings.stream, settings.run.phase2, ctx, resume_from)
-    return settings.with_derived(lanes=lanes), resume_from, steps_left, changes
-
-
-def pretraining_loop_settings(settings: PretrainingSettings, ctx: DistributedContext,
-                              tokenizer: Optional[TokenizerIdentity] = None) -> LoopSettings:
-    """The loop's settings; the checkpoints record every flag (settings.record()) and the run's tokenizer."""
-    run, stream = settings.run, settings.stream
-    return LoopSettings(
-        output_dir=run.output_dir, flags=settings.record(),
-        tokenizer=tokenizer.record() if tokenizer is not None else None, num_workers=stream.num_workers,
-        log_freq=run.log_freq, num_steps_per_checkpoint=run.num_steps_per_checkpoint,
-        skip_checkpoint=run.skip_checkpoint, phase2=run.phase2, phase1_end_step=run.phase1_end_step,
-        do_eval=run.do_eval, eval_steps=run.eval_steps, eval_batch_size=run.eval_batch_size or stream.micro_batch,
-        eval_interval_minutes=run.eval_interval_minutes, train_budget_minutes=settings.optimizer.train_budget_minutes,
-        max_tokens=settings.optimizer.max_tokens, batch_ramp=step_ramp(settings, ctx) if run.do_train else None,
-        progress_bar=ctx.is_main and not run.disable_progress_bar)
-
-
-def step_ramp(settings: PretrainingSettings, ctx: DistributedContext) -> Optional[BatchRamp]:
-    """The batch-size warm-up over the run's lanes (resume_rules.stream_lanes checked that it has room)."""
-    stream = settings.stream
-    return batch_ramp(stream.batch_size_warmup_tokens, stream.batch_size_warmup_start,
-                      stream.gradient_accumulation_steps, stream.micro_batch, ctx.world_size, settings.derived.lanes)
-
-
-def train_and_evaluate(settings: PretrainingSettings, setup: TrainingSetup, loop: LoopSettings,
-                       shards: list[ShardInfo], spec: Optional[masking.MaskingSpec], resume: ResumePoint,
-                       steps_left: int) -> dict[str, Any]:
-    """Trains the steps left (saying so when there are none), evaluates as asked, logs the closing record."""
-    final: dict[str, Any] = {}
-    run, optimizer = settings.run, settings.optimizer
-    if run.do_train and steps_left <= 0:
-        where = resume.path or run.output_dir
-        at = (f"has consumed {resume.tokens} tokens of --max_tokens {optimizer.max_tokens}"
-              if optimizer.max_tokens and resume.tokens >= optimizer.max_tokens
-              else f"is at step {resume.phase_step} of --max_steps {optimizer.max_steps}")
-        message = f"{where}: phase {2 if run.phase2 else 1} {at}: nothing left to train"
-        setup.log.log("PARAMETER", {"nothing_left_to_train": message}, echo=False)
-        if setup.ctx.is_main:
-            print(message, file=sys.stderr, flush=True)
-    elif run.do_train:
-        data = sample_stream(settings.stream, settings.derived.lanes, setup.ctx, shards, spec, resume, steps_left,
-                             setup.config.vocab_size)
-        criterion = BertPretrainingCriterion(nsp=not settings.model.no_nsp)
-        final.update(pretraining_loop(setup, data, criterion, loop, resume, steps_left))
-    if run.do_eval and setup.eval_shards and "eval_mlm_accuracy" not in final:
-        final.update(evaluate(setup, loop.eval_batch_size))
-    setup.log.log([], final)
-    setup.log.close()
-    return final
 
 
 def cli() -> NoReturn:

@@ -426,7 +426,8 @@ IN_PROCESS_COMMANDS = {"run_pretraining.py": "run_pretraining", "run_squad.py": 
                        "inference.py": "inference", "evaluate_squad.py": "evaluate_squad",
                        "data/create_pretraining_data.py": "create_pretraining_data", "data/bertPrep.py": "bert_prep",
                        "triton/client.py": "triton_client", "triton/run_squad_client.py": "triton_squad_client",
-                       "triton/run_perf_client.py": "triton_perf_client"}
+                       "triton/run_perf_client.py": "triton_perf_client",
+                       "scripts/convert_checkpoint.py": "convert_checkpoint"}
 
 
 def run_command(command: list, cwd: Optional[Path] = None, env: Optional[dict[str, str]] = None

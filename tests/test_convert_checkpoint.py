@@ -3,7 +3,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -15,7 +14,7 @@ from bertrecipe.cli import convert_checkpoint
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import BertConfig, BertForPreTraining, BertForQuestionAnswering
 from bertrecipe.model.weights import export_huggingface, read_weights
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, run_command
 
 SCRIPT = REPO_ROOT / "scripts" / "convert_checkpoint.py"
 TINY = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -23,7 +22,7 @@ TINY = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_h
 
 
 def convert(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True)
+    return run_command([sys.executable, SCRIPT, *args])
 
 
 @pytest.mark.slow

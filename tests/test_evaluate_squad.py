@@ -16,7 +16,7 @@ import pytest
 from bertrecipe.cli import evaluate_squad
 from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import squad_metrics as ev
-from helpers import TEST_DATA
+from helpers import TEST_DATA, run_command
 
 REPO = Path(__file__).resolve().parents[1]
 EXCERPT = TEST_DATA / "squad"  # a few dev articles of each version and three systems' predictions on them
@@ -363,8 +363,7 @@ def test_leaderboard_predictions_v2_with_missing_questions(capsys):
 # Command line
 # ---------------------------------------------------------------------------------------------------------
 def run_cli(*args):
-    return subprocess.run([sys.executable, str(REPO / "evaluate_squad.py"), *map(str, args)],
-                          capture_output=True, text=True, cwd=REPO)
+    return run_command([sys.executable, REPO / "evaluate_squad.py", *args], cwd=REPO)
 
 
 def test_cli_v1_prints_the_official_json():

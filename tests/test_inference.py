@@ -16,7 +16,7 @@ from bertrecipe.cli import inference
 from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import model_loading, question_answering, squad, squad_answers
 from bertrecipe.finetuning.question_answering import answer_about_context
-from helpers import TEST_DATA
+from helpers import TEST_DATA, run_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -106,8 +106,7 @@ def test_cli_reads_questions_from_stdin_and_a_context_file(encoder, tmp_path):
 
 
 def run_inference(*args):
-    return subprocess.run([sys.executable, str(REPO / "inference.py"), *map(str, args)],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    return run_command([sys.executable, REPO / "inference.py", *args], cwd=REPO)
 
 
 @pytest.mark.slow

@@ -19,11 +19,11 @@ from bertrecipe.finetuning.staged_outputs import save_finetuned
 from bertrecipe.model.bert import BertConfig, BertForQuestionAnswering
 from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, check_vocab_for_model, load_vocab, vocab_casing
 from helpers import (
-    ENV,
     QUESTIONS,
     REPO_ROOT,
     VOCAB_EXCERPT,
     WORDS,
+    run_command,
     snapshot,
     tiny_args,
     tiny_squad_args,
@@ -196,8 +196,7 @@ def test_a_vocab_padded_like_nvidias_config_runs_without_warning(tmp_path, capsy
 
 
 def run_script(script: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO_ROOT / script), *map(str, args)], capture_output=True, text=True,
-                          env=ENV, cwd=REPO_ROOT, timeout=120)
+    return run_command([sys.executable, REPO_ROOT / script, *args], cwd=REPO_ROOT)
 
 
 @pytest.mark.slow

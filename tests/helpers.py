@@ -1,6 +1,8 @@
 """What several test modules share: the repository's paths, the small real data, the tiny models' configs, and the
 helpers that run a command on them (pre-training, SQuAD, GLUE, Triton) or read what it wrote. Test modules import
 these from here, never from each other or from conftest (which keeps the fixtures and hooks)."""
+import ast
+import functools
 import importlib
 import io
 import json
@@ -22,9 +24,6 @@ import numpy as np
 import torch
 
 from bertrecipe.cli import triton_deployer as deployer
-from bertrecipe.cli.run_glue import cli as run_glue_cli
-from bertrecipe.cli.run_pretraining import cli as run_pretraining_cli
-from bertrecipe.cli.run_squad import cli as run_squad_cli
 from bertrecipe.finetuning import squad as squad_features
 from bertrecipe.finetuning.staged_outputs import save_finetuned
 from bertrecipe.model.bert import BertForQuestionAnswering
@@ -166,10 +165,7 @@ def glue(vocab: Path, data_dir: Path, out: Path, *extra: str, launcher=(sys.exec
     cmd = [*launcher, str(REPO_ROOT / "run_glue.py"), "--data_dir", str(data_dir), "--output_dir", str(out),
            "--vocab_file", str(vocab), "--do_lower_case", "--disable_progress_bar",
            "--json-summary", str(out / "dllogger.json"), *extra]
-    if launcher == (sys.executable,):
-        result = in_process(run_glue_cli, cmd[1:], cwd=REPO_ROOT)
-    else:
-        result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=REPO_ROOT)
+    result = run_command(cmd, cwd=REPO_ROOT)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -205,7 +201,7 @@ def squad(vocab: Path, out: Path, *extra: str, check: bool = True) -> subprocess
     cmd = [sys.executable, str(REPO_ROOT / "run_squad.py"), "--output_dir", str(out), "--vocab_file",
            str(vocab), "--do_lower_case", "--disable_progress_bar",
            "--json-summary", str(out / "dllogger.json"), *SHORT, *extra]
-    result = in_process(run_squad_cli, cmd[1:], cwd=REPO_ROOT)
+    result = run_command(cmd, cwd=REPO_ROOT)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -218,8 +214,7 @@ def step_records(path):
 
 def pretrain(corpus, out, *extra, config="bert_config.json", phase=1, nproc=1, check=True, script=None, **popen):
     """run_pretraining.py (or `script`, a wrapper around its main) on the corpus, in 1 or `nproc` processes: one
-    process of run_pretraining.py runs in this one (in_process), unless the test wants the process itself (popen)."""
-    own_process = script is not None or nproc > 1 or popen
+    process of run_pretraining.py runs in this one (run_command), unless the test wants the process itself (popen)."""
     script = str(script or REPO_ROOT / "run_pretraining.py")
     shards, seq, preds = ("p1", 64, 10) if phase == 1 else ("p2", 128, 20)
     args = ["--input_dir", str(corpus / shards), "--config_file", str(corpus / config), "--output_dir", str(out),
@@ -236,10 +231,7 @@ def pretrain(corpus, out, *extra, config="bert_config.json", phase=1, nproc=1, c
         # Its own process group, so that a test can signal the whole job as Slurm does.
         return subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
-    if own_process:
-        result = subprocess.run(command, env=ENV, capture_output=True, text=True)
-    else:
-        result = in_process(run_pretraining_cli, command[1:])
+    result = run_command(command)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -421,26 +413,31 @@ def in_process(cli: Callable[[], object], argv: list, cwd: Optional[Path] = None
     return subprocess.CompletedProcess([str(a) for a in argv], code, stdout.getvalue(), stderr.getvalue())
 
 
-# The root commands whose cli() run_command calls in this process (the module behind each root script).
-IN_PROCESS_COMMANDS = {"run_pretraining.py": "run_pretraining", "run_squad.py": "run_squad", "run_glue.py": "run_glue",
-                       "inference.py": "inference", "evaluate_squad.py": "evaluate_squad",
-                       "data/create_pretraining_data.py": "create_pretraining_data", "data/bertPrep.py": "bert_prep",
-                       "triton/client.py": "triton_client", "triton/run_squad_client.py": "triton_squad_client",
-                       "triton/run_perf_client.py": "triton_perf_client",
-                       "scripts/convert_checkpoint.py": "convert_checkpoint"}
+@functools.lru_cache(maxsize=None)
+def command_module(script: Path) -> Optional[str]:
+    """The bertrecipe.cli module whose cli() a root script of the checkout calls (`from bertrecipe.cli.X import
+    cli`, as every one of them does), or None for any other file."""
+    try:
+        tree = ast.parse(script.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    for node in tree.body:
+        if (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bertrecipe.cli.")
+                and [alias.name for alias in node.names] == ["cli"]):
+            return node.module
+    return None
 
 
 def run_command(command: list, cwd: Optional[Path] = None, env: Optional[dict[str, str]] = None
                 ) -> subprocess.CompletedProcess:
-    """`[sys.executable, REPO_ROOT / <root command>, *flags]` as subprocess.run(command, env=ENV | env,
-    capture_output=True, text=True) runs it, for the root commands above in this process (in_process, with `env`
-    set in os.environ meanwhile); any other command in a process of its own."""
-    try:
-        script = Path(str(command[1])).resolve().relative_to(REPO_ROOT).as_posix()
-    except (IndexError, ValueError):  # no script, or one outside the checkout
-        script = ""
-    if command[0] != sys.executable or script not in IN_PROCESS_COMMANDS:
+    """`[sys.executable, <script>, *flags]` as subprocess.run(command, env=ENV | env, capture_output=True,
+    text=True) runs it: a root script of the checkout (command_module) in this process (in_process, with `env` set in
+    os.environ meanwhile); any other command (torchrun, a test's own wrapper, a shell script) in a process of its
+    own."""
+    script = Path(str(command[1])).resolve() if len(command) > 1 else None
+    module = (command_module(script) if command[0] == sys.executable and script is not None
+              and script.is_relative_to(REPO_ROOT) else None)
+    if module is None:
         return subprocess.run([str(part) for part in command], env={**ENV, **(env or {})}, capture_output=True,
                               text=True, cwd=cwd, timeout=600)
-    module = importlib.import_module(f"bertrecipe.cli.{IN_PROCESS_COMMANDS[script]}")
-    return in_process(module.cli, command[1:], cwd=cwd, env=env)
+    return in_process(importlib.import_module(module).cli, command[1:], cwd=cwd, env=env)

@@ -2,6 +2,7 @@
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,12 +12,18 @@ from bertrecipe.training.run_lock import RunLock
 from helpers import REPO_ROOT
 
 
-@pytest.mark.slow
-def test_quickstart_runs_every_stage_and_reuses_its_work_on_a_second_run(tmp_path):
-    env = {**os.environ, "QUICKSTART_STEPS": "40", "BERT_PREP_WORKING_DIR": str(tmp_path / "data"),
+def quickstart(tmp_path, steps: int, *extra: str) -> tuple[dict[str, str], list[str], Path]:
+    """scripts/quickstart.sh's environment (QUICKSTART_STEPS, its data under tmp_path), its command line and its
+    output folder."""
+    env = {**os.environ, "QUICKSTART_STEPS": str(steps), "BERT_PREP_WORKING_DIR": str(tmp_path / "data"),
            "OMP_NUM_THREADS": "2"}
     out = tmp_path / "out"
-    command = ["bash", str(REPO_ROOT / "scripts" / "quickstart.sh"), "--output_dir", str(out)]
+    return env, ["bash", str(REPO_ROOT / "scripts" / "quickstart.sh"), "--output_dir", str(out), *extra], out
+
+
+@pytest.mark.slow
+def test_quickstart_runs_every_stage_and_reuses_its_work_on_a_second_run(tmp_path):
+    env, command, out = quickstart(tmp_path, 40)
     first = subprocess.run(command, env=env, capture_output=True, text=True)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -42,11 +49,8 @@ def test_quickstart_runs_every_stage_and_reuses_its_work_on_a_second_run(tmp_pat
 @pytest.mark.slow
 def test_quickstart_trains_the_modern_family_with_one_flag(tmp_path):
     """--family modern: a ModernBERT config, the modern training options, and phase 2 as a context extension."""
-    env = {**os.environ, "QUICKSTART_STEPS": "40", "BERT_PREP_WORKING_DIR": str(tmp_path / "data"),
-           "OMP_NUM_THREADS": "2"}
-    out = tmp_path / "out"
-    done = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "quickstart.sh"), "--output_dir", str(out),
-                           "--family", "modern"], env=env, capture_output=True, text=True)
+    env, command, out = quickstart(tmp_path, 40, "--family", "modern")
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     checkpoint = torch.load(out / "checkpoints" / "ckpt_44.pt", weights_only=True)
     assert checkpoint["config"]["model_type"] == "modernbert"
@@ -73,10 +77,7 @@ def test_a_second_run_keeps_the_first_and_says_what_to_do_in_the_quick_starts_te
     log, then advise run_pretraining.py's --phase2); a complete phase whose log is gone is reused with its figures
     and curves; a stage that fails says what to do with the quick start; a stopped phase of the same run resumes
     and appends to its log."""
-    env = {**os.environ, "QUICKSTART_STEPS": "4", "BERT_PREP_WORKING_DIR": str(tmp_path / "data"),
-           "OMP_NUM_THREADS": "2"}
-    out = tmp_path / "out"
-    command = ["bash", str(REPO_ROOT / "scripts" / "quickstart.sh"), "--output_dir", str(out)]
+    env, command, out = quickstart(tmp_path, 4)
     first = subprocess.run(command, env=env, capture_output=True, text=True)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     before = files_under(out)

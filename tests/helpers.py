@@ -441,3 +441,22 @@ def run_command(command: list, cwd: Optional[Path] = None, env: Optional[dict[st
         return subprocess.run([str(part) for part in command], env={**ENV, **(env or {})}, capture_output=True,
                               text=True, cwd=cwd, timeout=600)
     return in_process(importlib.import_module(module).cli, command[1:], cwd=cwd, env=env)
+
+
+def made_once_per_run(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
+    """The folder name, made by make(folder) once per test run: the first xdist worker to ask makes it under a lock
+    while the others wait, then all read it (a worker stopped halfway leaves no folder marked complete)."""
+    import fcntl  # POSIX alone, as the suite's other process tests
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, which every worker's own folder sits in
+    folder, complete = base / name, base / f"{name}.complete"
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not complete.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            complete.touch()
+    return folder

@@ -1,6 +1,7 @@
 """scripts/quickstart.sh in its reduced mode: every stage runs end to end and its outputs are sane."""
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -9,21 +10,39 @@ import torch
 
 from bertrecipe.training.metric_logger import read_log
 from bertrecipe.training.run_lock import RunLock
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, made_once_per_run
 
 
 def quickstart(tmp_path, steps: int, *extra: str) -> tuple[dict[str, str], list[str], Path]:
     """scripts/quickstart.sh's environment (QUICKSTART_STEPS, its data under tmp_path), its command line and its
     output folder."""
     env = {**os.environ, "QUICKSTART_STEPS": str(steps), "BERT_PREP_WORKING_DIR": str(tmp_path / "data"),
-           "OMP_NUM_THREADS": "2"}
+           "OMP_NUM_THREADS": "1"}  # one thread: the suite runs a test per core
     out = tmp_path / "out"
     return env, ["bash", str(REPO_ROOT / "scripts" / "quickstart.sh"), "--output_dir", str(out), *extra], out
 
 
+def run_from_nothing(folder: Path) -> None:
+    env, command, _ = quickstart(folder, 4)
+    first = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+
+
+@pytest.fixture(scope="session")
+def short_run(tmp_path_factory) -> Path:
+    """A quick start of 4 steps from nothing, run once for the tests of this module whichever worker runs them:
+    data/ (the default corpus, which the others copy rather than build again) and out/ (its outputs)."""
+    return made_once_per_run(tmp_path_factory, "quickstart_4_steps", run_from_nothing)
+
+
+def corpus_from(short_run: Path, tmp_path: Path) -> None:
+    shutil.copytree(short_run / "data", tmp_path / "data", symlinks=True)
+
+
 @pytest.mark.slow
-def test_quickstart_runs_every_stage_and_reuses_its_work_on_a_second_run(tmp_path):
-    env, command, out = quickstart(tmp_path, 40)
+def test_quickstart_runs_every_stage_and_reuses_its_work_on_a_second_run(tmp_path, short_run):
+    corpus_from(short_run, tmp_path)
+    env, command, out = quickstart(tmp_path, 20)
     first = subprocess.run(command, env=env, capture_output=True, text=True)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -33,8 +52,8 @@ def test_quickstart_runs_every_stage_and_reuses_its_work_on_a_second_run(tmp_pat
              if r.get("type") == "LOG" and isinstance(r.get("step"), list) and r["step"]
              and "average_loss" in r["data"]]
     assert steps[-1] < steps[0] - 0.5  # the loss falls
-    checkpoint = torch.load(out / "checkpoints" / "ckpt_44.pt", weights_only=True)
-    assert checkpoint["phase2"] and checkpoint["phase_step"] == 4
+    checkpoint = torch.load(out / "checkpoints" / "ckpt_22.pt", weights_only=True)
+    assert checkpoint["phase2"] and checkpoint["phase_step"] == 2
     png = (out / "loss_curve.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert len(summary["fill_mask"]) >= 3 and all(len(x["top5"]) == 5 for x in summary["fill_mask"])
@@ -44,15 +63,18 @@ def test_quickstart_runs_every_stage_and_reuses_its_work_on_a_second_run(tmp_pat
     assert second.returncode == 0, second.stderr[-3000:]
     assert "phase 1: already complete" in second.stdout and "phase 2: already complete" in second.stdout
     assert "0 of 3 shards already complete" not in second.stdout
+    reused = [line for line in second.stdout.splitlines() if line.startswith("text ") and line.endswith(" reused")]
+    assert len(reused) == 1 and "python_docs: " not in second.stdout  # the stdlib is not read again for the text
 
 
 @pytest.mark.slow
-def test_quickstart_trains_the_modern_family_with_one_flag(tmp_path):
+def test_quickstart_trains_the_modern_family_with_one_flag(tmp_path, short_run):
     """--family modern: a ModernBERT config, the modern training options, and phase 2 as a context extension."""
-    env, command, out = quickstart(tmp_path, 40, "--family", "modern")
+    corpus_from(short_run, tmp_path)
+    env, command, out = quickstart(tmp_path, 20, "--family", "modern")
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    checkpoint = torch.load(out / "checkpoints" / "ckpt_44.pt", weights_only=True)
+    checkpoint = torch.load(out / "checkpoints" / "ckpt_22.pt", weights_only=True)
     assert checkpoint["config"]["model_type"] == "modernbert"
     assert checkpoint["config"]["max_position_embeddings"] == 512
     assert checkpoint["config"]["rope_parameters"]["full_attention"]["rope_theta"] == 160_000.0
@@ -71,15 +93,15 @@ def files_under(folder):
 
 
 @pytest.mark.slow
-def test_a_second_run_keeps_the_first_and_says_what_to_do_in_the_quick_starts_terms(tmp_path):
+def test_a_second_run_keeps_the_first_and_says_what_to_do_in_the_quick_starts_terms(tmp_path, short_run):
     """Issue "Nothing lost, round three", case 8: another QUICKSTART_STEPS (or --family) in the same folder is
     refused in one line phrased in the quick start's own settings, before any write (it used to delete phase 1's
     log, then advise run_pretraining.py's --phase2); a complete phase whose log is gone is reused with its figures
     and curves; a stage that fails says what to do with the quick start; a stopped phase of the same run resumes
     and appends to its log."""
+    corpus_from(short_run, tmp_path)
     env, command, out = quickstart(tmp_path, 4)
-    first = subprocess.run(command, env=env, capture_output=True, text=True)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    shutil.copytree(short_run / "out", out, symlinks=True)  # the first run, from nothing
     before = files_under(out)
     assert "dllogger_phase1.json" in before and "checkpoints/ckpt_6.pt" in before
 

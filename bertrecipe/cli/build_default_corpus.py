@@ -31,7 +31,11 @@ def main(argv: list[str] | None = None) -> None:
     root = layout.working_dir()
     vocab = vocab_path(root, CORPUS, True, args.vocab_size)
     common = ["--dataset", CORPUS, "--do_lower_case", "1"]
-    bertPrep.main(["--action", "text_formatting", *common])
+    text = layout.formatted_text(root, CORPUS)
+    if text.is_file():  # written atomically, so whole; reading the standard library again takes seconds
+        print(f"text {text} exists, reused")
+    else:
+        bertPrep.main(["--action", "text_formatting", *common])
     if vocab.is_file():  # a vocab is never retrained under shards and models that use it (training is not
         print(f"vocab {vocab} exists, reused")  # deterministic across runs: tie order varies)
     else:
@@ -44,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
                        "--max_seq_length", seq, "--max_predictions_per_seq", preds,
                        "--dupe_factor", str(args.dupe_factor), "--n_processes", str(args.n_processes)])
     print(f"default corpus ready in {time.perf_counter() - started:.0f} s")
-    print(f"  text:  {layout.formatted_text(root, CORPUS)}")
+    print(f"  text:  {text}")
     print(f"  vocab: {vocab}")
     for phase, (seq, preds) in PHASES.items():
         params = layout.InstanceParams(True, int(seq), int(preds), 0.15, 12345, args.dupe_factor)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import sysconfig
+from collections import deque
 from pathlib import Path
 from typing import Iterator
 
@@ -39,6 +40,22 @@ def reference_topics() -> Iterator[str]:
             yield text
 
 
+_DEFINITIONS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+# Definitions sit only in statement bodies (an expression holds no statement), so the walk skips expressions.
+_HOLD_STATEMENTS = (ast.mod, ast.stmt, ast.excepthandler, ast.match_case)
+
+
+def definitions(tree: ast.AST) -> Iterator[ast.AST]:
+    """The module, classes and functions of tree in ast.walk's breadth-first order, without visiting
+    expressions (the bulk of the nodes)."""
+    queue = deque([tree])
+    while queue:
+        node = queue.popleft()
+        if isinstance(node, _DEFINITIONS):
+            yield node
+        queue.extend(child for child in ast.iter_child_nodes(node) if isinstance(child, _HOLD_STATEMENTS))
+
+
 def stdlib_docstrings() -> Iterator[str]:
     root = Path(sysconfig.get_paths()["stdlib"])
     for path in sorted(root.rglob("*.py")):
@@ -48,8 +65,7 @@ def stdlib_docstrings() -> Iterator[str]:
             tree = ast.parse(path.read_bytes())
         except (SyntaxError, ValueError, OSError):
             continue
-        docs = [ast.get_docstring(node, clean=True) for node in ast.walk(tree)
-                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+        docs = [ast.get_docstring(node, clean=True) for node in definitions(tree)]
         text = " ".join(prose(d) for d in docs if d and len(d) >= MIN_DOC_CHARS)
         if text.strip():
             yield text

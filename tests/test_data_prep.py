@@ -333,7 +333,7 @@ def _bad_cases(tmp_path: Path, good_vocab: Path) -> dict[str, tuple[Path, Path, 
     no_unk_vocab.write_text("[PAD]\n[CLS]\n[SEP]\n[MASK]\nthe\n", encoding="utf-8")
     return {
         "empty input": (empty, good_vocab, [], "empty.txt: input holds no text"),
-        "directory with no text": (no_text_dir, good_vocab, [], "no_text: directory holds no .txt files"),
+        "directory with no text": (no_text_dir, good_vocab, [], "no_text: directory holds no .txt, Parquet"),
         "non-UTF-8": (latin1, good_vocab, [], "latin1.txt: not UTF-8 text (invalid byte at offset 3)"),
         "missing vocab": (text, tmp_path / "nope.txt", [], "nope.txt: vocab file not found"),
         "vocab without specials": (text, bad_vocab, [],

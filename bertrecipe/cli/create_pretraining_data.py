@@ -15,13 +15,16 @@ from typing import NoReturn
 
 from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.dataprep.create_pretraining_data import ShardConfig, create_shard
+from bertrecipe.dataprep.records import Selection, parse_filter
 
 
 def parse_args(argv: list[str] | None = None) -> ShardConfig:
     p = ArgumentParser(prog="create_pretraining_data.py", description=__doc__.split("\n")[0])
     p.add_argument("--input_file", required=True,
-                   help="a text file, a directory of .txt files, or (as Google's) a comma-separated list of files, "
-                        "directories and glob patterns")
+                   help="a text file (one sentence a line, a blank line between documents), a Parquet or JSON Lines "
+                        "file (.jsonl, .json, also .gz or .zst; one record a document), a folder that datasets' "
+                        "save_to_disk wrote, a folder of such files, or (as Google's) a comma-separated list of "
+                        "files, folders and glob patterns")
     p.add_argument("--output_file", type=Path, required=True, help="the .hdf5 shard to write")
     p.add_argument("--vocab_file", type=Path, required=True,
                    help="BERT vocab.txt, or with --document_chunks a BPE tokenizer.json (bertPrep.py --action "
@@ -45,8 +48,22 @@ def parse_args(argv: list[str] | None = None) -> ShardConfig:
                         "dupe_factor 5), gzip level 1 with byte shuffle (~4x smaller, readable by any HDF5 "
                         "library as NVIDIA's files, but writing then takes about as long as all the rest), "
                         "lzf with byte shuffle (h5py only, ~3x smaller, half the time of gzip). Readers accept all")
+    records = p.add_argument_group("records (Parquet, JSON Lines, Arrow inputs)")
+    records.add_argument("--text_field", default="text", help="the column or field that holds the text (default text)")
+    records.add_argument("--filter", action="append", default=[], metavar="COLUMN OP VALUE",
+                         help="keep a record only where it holds, e.g. 'score>=3.5' or language==en (OP: >= <= == != "
+                              "> <; numbers compare as numbers); repeat for several")
+    records.add_argument("--min_chars", type=int, default=0, help="drop documents of fewer characters")
+    records.add_argument("--max_chars", type=int, help="drop documents of more characters")
+    records.add_argument("--dedup", action="store_true",
+                         help="drop a document whose text (Unicode NFC, whitespace runs as one space) came before")
     a = p.parse_args(argv)
-    return ShardConfig(**vars(a))
+    if a.min_chars < 0 or (a.max_chars is not None and a.max_chars < max(a.min_chars, 1)):
+        p.error(f"--min_chars {a.min_chars} --max_chars {a.max_chars}: need 0 <= min <= max, max >= 1")
+    selection = Selection(a.text_field, tuple(parse_filter(f) for f in a.filter), a.min_chars, a.max_chars, a.dedup)
+    record_flags = ("text_field", "filter", "min_chars", "max_chars", "dedup")
+    settings = {key: value for key, value in vars(a).items() if key not in record_flags}
+    return ShardConfig(**settings, selection=selection)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,8 +71,11 @@ def main(argv: list[str] | None = None) -> None:
     result = create_shard(cfg)
     mb = result.input_bytes / 1e6
     what = "document chunks" if cfg.document_chunks else "instances"
+    if result.records is not None:
+        counts = result.records
+        print(f"{counts.kept} of {counts.records} records kept as documents ({counts.dropped()})")
     print(f"wrote {result.instances} {what} to {result.output_file} "
-          f"({mb:.1f} MB of text in {result.seconds:.1f} s, {mb / max(result.seconds, 1e-9):.2f} MB/s)")
+          f"({mb:.1f} MB of input in {result.seconds:.1f} s, {mb / max(result.seconds, 1e-9):.2f} MB/s)")
 
 
 def cli() -> NoReturn:

@@ -29,6 +29,7 @@ from bertrecipe.dataprep.instances import (
     truncate_spans,
 )
 from bertrecipe.dataprep.outputs import check_data_output_writable, refuse_data_input_as_output
+from bertrecipe.dataprep.records import Counts, Selection, documents, google_layout, record_format
 from bertrecipe.dataprep.shard_writer import write_shard_blocks
 from bertrecipe.pretraining.shard_schema import DOCUMENT_CHUNKS, KIND_ATTRIBUTE, SpecialTokenIds
 from bertrecipe.tokenization.bpe import BpeVocab, is_bpe_file, load_bpe
@@ -57,6 +58,8 @@ class ShardConfig:
     # Rows of whole documents cut at max_seq_length, for masked-LM-only training: no pairs, masked as they are read
     # (the pair and masking parameters above are then unused). vocab_file may then be a BPE tokenizer.json.
     document_chunks: bool = False
+    # Which records of Parquet, JSON Lines and Arrow inputs are documents (text inputs are taken whole).
+    selection: Selection = Selection()
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class ShardResult:
     instances: int
     input_bytes: int
     seconds: float
+    records: Counts | None = None  # of the record inputs, where there were any
 
 
 def validate(cfg: ShardConfig) -> None:
@@ -193,32 +197,58 @@ def create_shard(cfg: ShardConfig, progress: bool | None = None) -> ShardResult:
     compression = None if cfg.compression == "none" else cfg.compression
     if cfg.document_chunks:
         vocab = chunk_vocab(cfg.vocab_file, cfg.do_lower_case)
-        docs, input_bytes = _read_documents(cfg, vocab.tokenize, disable)
+        docs, input_bytes, counts = _read_documents(cfg, vocab.tokenize, disable)
         rows = write_document_chunks(Path(cfg.output_file), docs, cfg.max_seq_length, vocab.special,
                                      chunk_attributes(cfg, vocab), cfg.random_seed, compression,
                                      clean=not cfg.checked_by_caller)
     else:
         wordpiece, tokenizer = vocab_and_tokenizer(cfg.vocab_file, cfg.do_lower_case)
-        docs, input_bytes = _read_documents(
+        docs, input_bytes, counts = _read_documents(
             cfg, lambda texts, on_progress: tokenize_documents(texts, tokenizer, on_progress), disable)
         rows = _write_instances(cfg, docs, wordpiece, compression, disable)
-    return ShardResult(Path(cfg.output_file), rows, input_bytes, time.perf_counter() - started)
+    return ShardResult(Path(cfg.output_file), rows, input_bytes, time.perf_counter() - started, counts)
 
 
 def _read_documents(cfg: ShardConfig, tokenize: Callable[[Iterable[str], Callable[[int], None] | None], Documents],
-                    disable: bool | None) -> tuple[Documents, int]:
-    """The input's documents, tokenized, and its size in bytes; refuses an input without text."""
+                    disable: bool | None) -> tuple[Documents, int, Counts | None]:
+    """The input's documents, tokenized, its size in bytes and what the selection did to its records; refuses an
+    input without text."""
     files = input_files(cfg.input_file) if cfg.checked_by_caller else check_shard_paths(cfg)
-    texts = [read_text(path) for path in files]  # all decoded before any output: bad bytes fail early
-    input_bytes = sum(path.stat().st_size for path in files)
+    counts = _check_selection(cfg, files)
+    texts = []  # all read and decoded before any output: bad bytes and bad records fail early
+    for path in files:
+        texts += google_layout(documents(path, cfg.selection, counts)) if record_format(path) else [read_text(path)]
+    input_bytes = sum(_size(path) for path in files)
     with tqdm(total=sum(len(t) for t in texts), unit="char", unit_scale=True,
               desc=f"tokenize {Path(cfg.output_file).name}", disable=disable, leave=False) as bar:
         docs = tokenize(texts, bar.update)
     if docs.num_documents == 0:
+        if counts is not None and counts.records:
+            empty = f", {counts.kept} without a sentence" if counts.kept else ""
+            raise DataError(cfg.input_file, f"no document left of {counts.records} records ({counts.dropped()}"
+                                            f"{empty}); loosen --filter, --min_chars or --max_chars")
         raise DataError(cfg.input_file, "input holds no text (no line that tokenizes to a word piece: empty, "
                                         "blank, or control and zero-width characters only); --input_file takes "
                                         "text of one sentence a line, documents separated by blank lines")
-    return docs, input_bytes
+    return docs, input_bytes, counts
+
+
+def _check_selection(cfg: ShardConfig, files: list[Path]) -> Counts | None:
+    """Counts for the record inputs; a selection given to text inputs alone is refused (it would do nothing)."""
+    if any(record_format(path) for path in files):
+        return Counts()
+    selection = cfg.selection
+    flags = [flag for flag, given in (("--filter", selection.filters), ("--min_chars", selection.min_chars),
+                                      ("--max_chars", selection.max_chars is not None), ("--dedup", selection.dedup),
+                                      ("--text_field", selection.text_field != "text")) if given]
+    if flags:
+        raise DataError(flags[0], f"applies to Parquet, JSON Lines and Arrow inputs; {cfg.input_file} is text of "
+                                  "one sentence a line (drop the flag, or pass the records)")
+    return None
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir()) if path.is_dir() else path.stat().st_size
 
 
 def _write_instances(cfg: ShardConfig, docs: Documents, vocab: Vocab, compression: str | None,

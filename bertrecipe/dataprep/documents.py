@@ -10,6 +10,7 @@ import numpy as np
 
 from bertrecipe.common.errors import DataError
 from bertrecipe.common.files import read_text_file
+from bertrecipe.dataprep.records import record_format
 from bertrecipe.tokenization.ascii_wordpiece import non_ascii_lines
 from bertrecipe.tokenization.wordpiece import BertTokenizer
 
@@ -59,17 +60,19 @@ def input_paths(spec: str | Path) -> list[Path]:
 
 
 def input_files(spec: str | Path) -> list[Path]:
-    """The files of input_paths(spec): a file as it is, a folder as its *.txt files in name order (the order
-    fixes the output)."""
+    """The inputs of input_paths(spec): a file as it is; an Arrow folder of datasets' save_to_disk as itself; any
+    other folder as its text (.txt) and record files (Parquet, JSON Lines) in name order (the order fixes the
+    output)."""
     files = []
     for path in input_paths(spec):
-        if path.is_file():
+        if path.is_file() or record_format(path) == "arrow":
             files.append(path)
         elif path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix == ".txt")
+            found = sorted(p for p in path.iterdir() if p.is_file() and (p.suffix == ".txt" or record_format(p)))
             if not found:
-                raise DataError(path, "directory holds no .txt files; --input_file takes a text file, a folder of "
-                                      ".txt files or a comma-separated list of them")
+                raise DataError(path, "directory holds no .txt, Parquet or JSON Lines files; --input_file takes "
+                                      "text, Parquet, JSON Lines or save_to_disk folders, or a comma-separated list "
+                                      "of them")
             files += found
         else:
             raise DataError(path, "input file not found; check --input_file")

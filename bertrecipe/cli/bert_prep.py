@@ -1,14 +1,20 @@
 """Prepare BERT pre-training data, with NVIDIA's actions and flags.
 
   --action download | text_formatting | sharding | create_hdf5_files | create_vocab
-  --dataset wikicorpus_en | bookscorpus | books_wiki_en_corpus | python_docs | google_pretrained_weights |
+  --dataset wikicorpus_en | bookscorpus | books_wiki_en_corpus | python_docs | custom | google_pretrained_weights |
             squad | mrpc | sst-2 | cola | sts-b | rte | glue | all
+
+--dataset custom is a corpus of your own Parquet, JSON Lines or save_to_disk files, in named sources mixed by
+epochs (--source web=/data/web/*.parquet --source wiki:3=/data/wiki.jsonl.zst), with the record flags of
+create_pretraining_data.py (--text_field, --filter, --min_chars, --max_chars, --dedup); text_formatting records them,
+the later actions read them from there. See docs/your-corpus.md.
 
 Everything lives under $BERT_PREP_WORKING_DIR (default `data/` in the checkout); see bertrecipe/dataprep/layout.py.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +23,10 @@ from typing import NoReturn
 from tqdm import tqdm
 
 from bertrecipe.cli.command_line import ArgumentParser, run_cli
+from bertrecipe.cli.record_flags import add_record_arguments, selection_from
 from bertrecipe.common.atomic_files import remove_stale_temporaries_of
 from bertrecipe.common.errors import DataError
-from bertrecipe.dataprep import download, engine, layout, text_formatting
+from bertrecipe.dataprep import corpus_sources, download, engine, layout, text_formatting
 from bertrecipe.dataprep.create_pretraining_data import (
     ShardConfig,
     check_shard_paths,
@@ -28,6 +35,7 @@ from bertrecipe.dataprep.create_pretraining_data import (
     validate,
 )
 from bertrecipe.dataprep.outputs import inside, refuse_data_input_as_output
+from bertrecipe.dataprep.records import Selection
 from bertrecipe.dataprep.shard_writer import is_complete
 from bertrecipe.dataprep.sharding import ShardingConfig, segment_tasks, shard_corpus
 from bertrecipe.dataprep.vocab_training import train_bpe, train_vocab, vocab_path
@@ -40,7 +48,8 @@ tqdm.set_lock(threading.RLock())
 ACTIONS = ("download", "text_formatting", "sharding", "create_hdf5_files", "create_vocab")
 TEXT_CORPORA = ("wikicorpus_en", "bookscorpus", "python_docs")
 GLUE_TASKS = ("cola", "sst-2", "mrpc", "sts-b", "rte")
-DATASETS = TEXT_CORPORA + ("books_wiki_en_corpus", "google_pretrained_weights", "squad", "glue", "all") + GLUE_TASKS
+DATASETS = (TEXT_CORPORA + (corpus_sources.CORPUS, "books_wiki_en_corpus", "google_pretrained_weights", "squad",
+                            "glue", "all") + GLUE_TASKS)
 
 
 @dataclass(frozen=True)
@@ -67,10 +76,16 @@ class PrepConfig:
     engine: engine.EngineConfig = engine.EngineConfig()  # where formatting, sharding and hdf5 tasks run
     document_chunks: bool = False  # create_hdf5_files: masked-LM-only rows of whole documents
     vocab_type: str = "wordpiece"  # create_vocab: wordpiece (vocab.txt) or bpe (byte-level, tokenizer.json)
+    sources: tuple[corpus_sources.Source, ...] = ()  # --dataset custom, text_formatting: the mixture's sources
+    selection: Selection = Selection()  # --dataset custom, text_formatting: which records are documents
 
 
-def corpus_members(dataset: str) -> tuple[str, ...]:
-    """The formatted corpora a sharding/hdf5 dataset is made of."""
+def corpus_members(dataset: str, root: Path | None = None) -> tuple[str, ...]:
+    """The formatted corpora a sharding/hdf5 dataset is made of (of the custom corpus: its sources, as
+    text_formatting recorded them under root)."""
+    if dataset == corpus_sources.CORPUS:
+        recorded = corpus_sources.read_sources(root or layout.working_dir())["sources"]
+        return tuple(f"{corpus_sources.CORPUS}_{source['name']}" for source in recorded)
     if dataset == "books_wiki_en_corpus":
         return ("bookscorpus", "wikicorpus_en")
     if dataset in TEXT_CORPORA:
@@ -91,7 +106,8 @@ def default_book_list(root: Path) -> Path:
 
 def do_download(cfg: PrepConfig) -> None:
     root = layout.download_dir(cfg.root)
-    wanted = set(DATASETS[:-1]) - {"books_wiki_en_corpus", "python_docs"} if cfg.dataset == "all" else {cfg.dataset}
+    not_downloaded = {"books_wiki_en_corpus", "python_docs", corpus_sources.CORPUS}
+    wanted = set(DATASETS[:-1]) - not_downloaded if cfg.dataset == "all" else {cfg.dataset}
     if "books_wiki_en_corpus" in wanted:
         wanted |= {"bookscorpus", "wikicorpus_en"}
     # Beside, not inside, download/bookscorpus/: every .txt in there is taken for a book.
@@ -139,6 +155,9 @@ def _format_sources(cfg: PrepConfig, corpus: str) -> list:
 
 
 def do_text_formatting(cfg: PrepConfig) -> None:
+    if cfg.dataset == corpus_sources.CORPUS:
+        do_custom_formatting(cfg)
+        return
     corpora = corpus_members(cfg.dataset)
     sources = {corpus: _format_sources(cfg, corpus) for corpus in corpora}  # all checked before any write
     used: set[str] = set()
@@ -154,10 +173,31 @@ def do_text_formatting(cfg: PrepConfig) -> None:
     _report_workers(used)
 
 
+def do_custom_formatting(cfg: PrepConfig) -> None:
+    """--dataset custom: each --source formatted (tasks by file and row group), then what they held recorded."""
+    if not cfg.sources:
+        raise DataError("--source", "--dataset custom needs at least one --source NAME[:EPOCHS]=FILES (or "
+                                    "--input_files FILES)")
+    used: set[str] = set()
+    with engine.open_runner(cfg.engine) as run, tqdm(desc="format custom", unit="record", disable=None) as bar:
+        n_tasks = sum(len(corpus_sources.source_tasks(source)) for source in cfg.sources)
+        described = corpus_sources.format_custom(list(cfg.sources), cfg.selection, cfg.root,
+                                                 _runner(cfg, run, n_tasks, used), bar.update)
+    for source in described:
+        counts = source["counts"]
+        print(f"{source['name']}: {counts['kept']} of {counts['records']} records kept -> {source['formatted']}")
+    print(f"sources recorded in {corpus_sources.sources_file(cfg.root)}")
+    _report_workers(used)
+
+
 def do_sharding(cfg: PrepConfig) -> None:
-    inputs = tuple(layout.formatted_text(cfg.root, c) for c in corpus_members(cfg.dataset))
+    members = corpus_members(cfg.dataset, cfg.root)
+    inputs = tuple(layout.formatted_text(cfg.root, c) for c in members)
     out = layout.sharded_dir(cfg.root, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set) / cfg.dataset
-    scfg = ShardingConfig(inputs, out, cfg.dataset, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set)
+    sources = corpus_sources.read_sources(cfg.root) if cfg.dataset == corpus_sources.CORPUS else None
+    epochs = tuple(float(s["epochs"]) for s in sources["sources"]) if sources else ()
+    scfg = ShardingConfig(inputs, out, cfg.dataset, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set,
+                          epochs, cfg.random_seed)
     used: set[str] = set()
     with engine.open_runner(cfg.engine) as run, tqdm(desc=f"shard {cfg.dataset}", unit="article", disable=None) as bar:
         result = shard_corpus(scfg, bar.update, _runner(cfg, run, len(segment_tasks(inputs)), used))
@@ -165,6 +205,11 @@ def do_sharding(cfg: PrepConfig) -> None:
         if counts:
             print(f"{split}: {len(counts)} shards, {min(counts)}-{max(counts)} sentences each")
     print(f"{result.articles} articles -> {out}")
+    if sources is not None:
+        corpus_sources.write_mixture(out, sources, result.by_input, cfg.random_seed)
+        for source, given in zip(sources["sources"], result.by_input, strict=True):
+            print(f"  {source['name']} (x{source['epochs']:g}): {given['training']} training articles as "
+                  f"{given['training_copies']} copies, {given['test']} test")
     _report_workers(used)
 
 
@@ -214,7 +259,7 @@ def _prepare_hdf5_dirs(jobs: list[ShardConfig]) -> None:
 
 
 def do_create_hdf5_files(cfg: PrepConfig) -> None:
-    corpus_members(cfg.dataset)
+    corpus_members(cfg.dataset, cfg.root)
     if cfg.n_training_shards < 1:
         raise DataError("--n_training_shards", f"must be at least 1, got {cfg.n_training_shards}")
     engine.validate_engine(cfg.engine)
@@ -240,10 +285,32 @@ def do_create_hdf5_files(cfg: PrepConfig) -> None:
     if workers:
         print(f"{len(todo)} shards made by {len(workers)} Dask workers: {' '.join(sorted(workers))}")
     print(f"shards are in {jobs[0].output_file.parent.parent}")
+    if cfg.dataset == corpus_sources.CORPUS:
+        _write_custom_manifest(cfg, jobs, vocab_file, expected)
+
+
+def _write_custom_manifest(cfg: PrepConfig, jobs: list[ShardConfig], vocab_file: Path, attributes: dict) -> None:
+    """manifest.json beside the custom corpus's shards: sources, mixture, tokenizer, counts and checksums."""
+    text_dir = layout.sharded_dir(cfg.root, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set)
+    mixture_path = corpus_sources.mixture_file(text_dir / cfg.dataset)
+    try:
+        mixture = json.loads(mixture_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise DataError(mixture_path, f"unreadable ({err}); run --action sharding --dataset custom again") from None
+    tokenizer = {"file": str(vocab_file), "sha256": attributes.get("vocab_sha256"),
+                 "size": attributes.get("vocab_size"), "kind": attributes.get("tokenizer", "wordpiece")}
+    parameters = {key: value.item() if hasattr(value, "item") else value for key, value in attributes.items()
+                  if key not in ("vocab_sha256", "vocab_size", "tokenizer")}
+    shards = {split: [job.output_file for job in jobs if job.output_file.parent.name == split]
+              for split in layout.SPLITS}
+    manifest = jobs[0].output_file.parent.parent / "manifest.json"
+    record = corpus_sources.write_manifest(manifest, mixture, tokenizer, parameters, shards)
+    totals = ", ".join(f"{split} {t['rows']} rows, {t['tokens']} tokens" for split, t in record["totals"].items())
+    print(f"manifest ({totals}) -> {manifest}")
 
 
 def do_create_vocab(cfg: PrepConfig) -> None:
-    inputs = [layout.formatted_text(cfg.root, c) for c in corpus_members(cfg.dataset)]
+    inputs = [layout.formatted_text(cfg.root, c) for c in corpus_members(cfg.dataset, cfg.root)]
     bpe = cfg.vocab_type == "bpe"
     output = cfg.vocab_file or vocab_path(cfg.root, cfg.dataset, cfg.do_lower_case, cfg.vocab_size, bpe)
     if is_bpe_file(output) != bpe:  # the suffix is how create_pretraining_data tells the two apart
@@ -260,7 +327,11 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
     p = ArgumentParser(prog="bertPrep.py", description=__doc__.split("\n")[0])
     p.add_argument("--action", choices=ACTIONS, required=True)
     p.add_argument("--dataset", choices=DATASETS, required=True)
-    p.add_argument("--input_files", help="accepted for compatibility; inputs come from the working directory")
+    p.add_argument("--input_files", help="--dataset custom: the files of one source (as --source input=FILES); other "
+                                         "datasets: accepted for compatibility, inputs come from the working directory")
+    p.add_argument("--source", action="append", default=[], metavar="NAME[:EPOCHS]=FILES",
+                   help="--dataset custom, text_formatting: a source of the mixture, e.g. web=/data/web/*.parquet or "
+                        "wiki:3=/data/wiki.jsonl.zst (FILES as create_pretraining_data.py's --input_file); repeat")
     p.add_argument("--n_training_shards", type=int, default=256)
     p.add_argument("--n_test_shards", type=int, default=256)
     p.add_argument("--fraction_test_set", type=float, default=0.1)
@@ -290,6 +361,7 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
                         "(default: <working dir>/download/bookscorpus_url_list.txt)")
     p.add_argument("--compression", choices=("gzip", "lzf", "none"), default="none",
                    help="HDF5 compression of the shards (see create_pretraining_data.py --help)")
+    add_record_arguments(p)
     _add_engine_args(p)
     p.add_argument("--skip_wikiextractor", type=int, default=0, help="accepted for compatibility")
     p.add_argument("--interactive_json_config_generator", help="accepted for compatibility")
@@ -298,7 +370,17 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
                       a.fraction_test_set, a.n_processes, a.random_seed, a.dupe_factor, a.masked_lm_prob,
                       a.short_seq_prob, a.max_seq_length, a.max_predictions_per_seq, bool(a.do_lower_case),
                       a.whole_word_masking, a.vocab_file, a.vocab_size, a.bookscorpus_url_list, a.compression,
-                      _engine_config(a), document_chunks=a.document_chunks, vocab_type=a.vocab_type)
+                      _engine_config(a), document_chunks=a.document_chunks, vocab_type=a.vocab_type,
+                      sources=_sources(a), selection=selection_from(a))
+
+
+def _sources(a: argparse.Namespace) -> tuple[corpus_sources.Source, ...]:
+    sources = [corpus_sources.parse_source(text) for text in a.source]
+    if a.input_files and a.dataset == corpus_sources.CORPUS:
+        sources.append(corpus_sources.Source("input", a.input_files))
+    if sources and a.dataset != corpus_sources.CORPUS:
+        raise DataError("--source", f"names the files of --dataset custom, not of {a.dataset}")
+    return tuple(sources)
 
 
 def _add_engine_args(p: ArgumentParser) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from bertrecipe.cli.command_line import ArgumentParser, run_cli
+from bertrecipe.cli.record_flags import RECORD_FLAGS, add_record_arguments, selection_from
 from bertrecipe.dataprep.create_pretraining_data import ShardConfig, create_shard
-from bertrecipe.dataprep.records import Selection, parse_filter
 
 
 def parse_args(argv: list[str] | None = None) -> ShardConfig:
@@ -48,22 +48,10 @@ def parse_args(argv: list[str] | None = None) -> ShardConfig:
                         "dupe_factor 5), gzip level 1 with byte shuffle (~4x smaller, readable by any HDF5 "
                         "library as NVIDIA's files, but writing then takes about as long as all the rest), "
                         "lzf with byte shuffle (h5py only, ~3x smaller, half the time of gzip). Readers accept all")
-    records = p.add_argument_group("records (Parquet, JSON Lines, Arrow inputs)")
-    records.add_argument("--text_field", default="text", help="the column or field that holds the text (default text)")
-    records.add_argument("--filter", action="append", default=[], metavar="COLUMN OP VALUE",
-                         help="keep a record only where it holds, e.g. 'score>=3.5' or language==en (OP: >= <= == != "
-                              "> <; numbers compare as numbers); repeat for several")
-    records.add_argument("--min_chars", type=int, default=0, help="drop documents of fewer characters")
-    records.add_argument("--max_chars", type=int, help="drop documents of more characters")
-    records.add_argument("--dedup", action="store_true",
-                         help="drop a document whose text (Unicode NFC, whitespace runs as one space) came before")
+    add_record_arguments(p)
     a = p.parse_args(argv)
-    if a.min_chars < 0 or (a.max_chars is not None and a.max_chars < max(a.min_chars, 1)):
-        p.error(f"--min_chars {a.min_chars} --max_chars {a.max_chars}: need 0 <= min <= max, max >= 1")
-    selection = Selection(a.text_field, tuple(parse_filter(f) for f in a.filter), a.min_chars, a.max_chars, a.dedup)
-    record_flags = ("text_field", "filter", "min_chars", "max_chars", "dedup")
-    settings = {key: value for key, value in vars(a).items() if key not in record_flags}
-    return ShardConfig(**settings, selection=selection)
+    settings = {key: value for key, value in vars(a).items() if key not in RECORD_FLAGS}
+    return ShardConfig(**settings, selection=selection_from(a))
 
 
 def main(argv: list[str] | None = None) -> None:

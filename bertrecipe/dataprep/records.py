@@ -124,12 +124,17 @@ def normalised_text(text: str) -> str:
     return " ".join(unicodedata.normalize("NFC", text).split())
 
 
-def documents(path: Path, selection: Selection, counts: Counts | None = None) -> Iterator[str]:
-    """The texts of the records of one file (or Arrow folder) that the selection keeps, in file order."""
+def documents(path: Path, selection: Selection, counts: Counts | None = None,
+              row_groups: list[int] | None = None) -> Iterator[str]:
+    """The texts of the records of one file (or Arrow folder) that the selection keeps, in file order; of a
+    Parquet file, those of row_groups alone when given (a task's share of a large file)."""
     counts = counts if counts is not None else Counts()
     kind = record_format(path)
-    rows = {"parquet": _parquet_rows, "jsonl": _json_lines_rows, "arrow": _arrow_rows}[kind or ""]
-    for where, record in rows(path, selection):
+    if kind == "parquet":
+        rows = _parquet_rows(path, selection, row_groups)
+    else:
+        rows = {"jsonl": _json_lines_rows, "arrow": _arrow_rows}[kind or ""](path, selection)
+    for where, record in rows:
         text = record.get(selection.text_field)
         if not isinstance(text, str):
             what = "null" if text is None else f"a {type(text).__name__}"

@@ -60,6 +60,10 @@ class ShardingConfig:
     n_training_shards: int
     n_test_shards: int
     fraction_test_set: float
+    # How often each input's training articles go into the training shards (a mixture: 3.0 three times, 0.5 each
+    # with probability one half, drawn from random_seed); test articles go once. Empty: every input once.
+    epochs: tuple[float, ...] = ()
+    random_seed: int = 12345
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,8 @@ class ShardingResult:
     articles: int
     sentences: dict[str, list[int]]  # split -> sentences per shard
     paths: dict[str, list[Path]]
+    # per input: its articles in each split, and the copies of its training articles the training shards hold
+    by_input: list[dict[str, int]] | None = None
 
 
 def split_sentences(article: str) -> list[str]:
@@ -185,8 +191,9 @@ def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = No
             jobs = [(*task, part) for task, part in zip(tasks, parts, strict=True)]
             fraction = cfg.fraction_test_set if cfg.n_test_shards > 0 else 0.0
             # Closed (its tasks waited for) before the scratch folder goes, should balancing fail.
+            mixture = _Mixture(cfg, [cfg.inputs.index(Path(task[0])) for task in tasks])
             with closing(_segmented_in_order(jobs, on_article, run)) as ready:
-                sentences, n_articles = _balance(ready, paths, fraction)
+                sentences, n_articles = _balance(ready, paths, fraction, mixture)
             _check_counts(cfg, n_articles)  # before any shard is written
             staged = [str(scratch / path.name) for path in targets]
             _write_out(parts, staged, run)
@@ -198,7 +205,7 @@ def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = No
             raise DataError(cfg.output_dir, f"cannot write shards ({err.strerror or err}); check free space and "
                                             "permissions") from None
         raise
-    return ShardingResult(n_articles, sentences, paths)
+    return ShardingResult(n_articles, sentences, paths, mixture.by_input)
 
 
 def _segmented_in_order(jobs: Sequence[tuple], on_article: Callable[[], None] | None, run: Runner | None
@@ -213,33 +220,56 @@ def _segmented_in_order(jobs: Sequence[tuple], on_article: Callable[[], None] | 
             yield job[-1]
 
 
-def _balance(parts: Iterator[str], paths: dict[str, list[Path]], fraction: float
+class _Mixture:
+    """How many copies of each article the training shards take (ShardingConfig.epochs), counted per input."""
+
+    def __init__(self, cfg: ShardingConfig, input_of_part: list[int]) -> None:
+        self.epochs = cfg.epochs or (1.0,) * len(cfg.inputs)
+        self.input_of_part = input_of_part
+        self.rng = np.random.default_rng(cfg.random_seed)
+        self.by_input = [{"training": 0, "test": 0, "training_copies": 0} for _ in cfg.inputs]
+
+    def copies(self, part: int, split: str) -> int:
+        source = self.by_input[self.input_of_part[part]]
+        source[split] += 1
+        if split == "test":
+            return 1
+        epochs = self.epochs[self.input_of_part[part]]
+        whole = int(epochs)
+        count = whole + int(self.rng.random() < epochs - whole) if epochs != whole else whole
+        source["training_copies"] += count
+        return count
+
+
+def _balance(parts: Iterator[str], paths: dict[str, list[Path]], fraction: float, mixture: _Mixture
              ) -> tuple[dict[str, list[int]], int]:
     """Assign each article of the parts, in corpus order, to the shard of its split with the fewest sentences so
-    far (the lowest index on a tie), from the parts' indexes; each part's assignment is saved beside it. Sentences per
-    shard, articles."""
+    far (the lowest index on a tie), from the parts' indexes, once per copy the mixture asks for (each copy to the
+    least full shard then); each part's assignment is saved beside it. Sentences per shard, articles."""
     sentences = {split: [0] * len(paths[split]) for split in SPLITS}
     heaps = {split: [(0, i) for i in range(len(paths[split]))] for split in SPLITS}
     first = {"training": 0, "test": len(paths["training"])}
     n_articles = 0
-    for part in parts:
+    for number, part in enumerate(parts):
         index = np.load(_index_of(part))
-        shards = []
-        for n_sentences in index[:, 0].tolist():
+        offsets = np.cumsum(index[:, 1]) - index[:, 1]
+        shards, rows = [], []
+        for row, n_sentences in enumerate(index[:, 0].tolist()):
             split = "test" if fraction and is_test_article(n_articles, fraction) else "training"
-            count, shard = heapq.heappop(heaps[split])
-            heapq.heappush(heaps[split], (count + n_sentences, shard))
-            sentences[split][shard] += n_sentences
-            shards.append(first[split] + shard)
+            for _ in range(mixture.copies(number, split)):
+                count, shard = heapq.heappop(heaps[split])
+                heapq.heappush(heaps[split], (count + n_sentences, shard))
+                sentences[split][shard] += n_sentences
+                shards.append(first[split] + shard)
+                rows.append(row)
             n_articles += 1
-        _save_assignment(part, np.array(shards, dtype=np.int64), index[:, 1])
+        _save_assignment(part, np.array(shards, dtype=np.int64), offsets[rows], index[rows, 1])
     return sentences, n_articles
 
 
-def _save_assignment(part: str, shards: np.ndarray, lengths: np.ndarray) -> None:
+def _save_assignment(part: str, shards: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> None:
     """The part's assignment (_assignment_of), ordered so that a write-out task reads its own rows only."""
     order = np.argsort(shards, kind="stable")  # stable: a shard's articles stay in corpus order
-    offsets = np.cumsum(lengths) - lengths
     np.save(_assignment_of(part), np.stack((shards[order], offsets[order], lengths[order])))
 
 

@@ -200,7 +200,7 @@ def format_corpus(tasks: Sequence[tuple[str, tuple[str, ...]]], output: Path, ru
                     total += count
                     if on_articles is not None and run is not None:  # here, the bar moved article by article
                         on_articles(count)
-                    _append(part, out)
+                    append_part(part, out)
             if total == 0:
                 raise DataError(source or output, "no article with text was found in the input; check that it "
                                                   "holds the corpus (or run --action download again)")
@@ -209,7 +209,7 @@ def format_corpus(tasks: Sequence[tuple[str, tuple[str, ...]]], output: Path, ru
     return total
 
 
-def _append(part: str, out: BinaryIO) -> None:
+def append_part(part: str, out: BinaryIO) -> None:
     """Append part to out and remove it."""
     with open(part, "rb") as f:
         if not _copied_in_kernel(f, out):

@@ -1,0 +1,174 @@
+"""Issue "your corpus", items 2 and 4: bertPrep.py --dataset custom from named sources of Parquet and JSON Lines
+files, mixed by epochs. Formatting by file and row group keeps what a plain reading keeps (exact duplicates
+dropped across tasks), in any process count; sharding repeats a source's training articles by its epochs and never
+puts a test article among them; the manifest's counts and checksums are the shards' own; a stopped run redoes
+only the shards it did not finish; bad sources are one line."""
+import gzip
+import hashlib
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from bertrecipe.dataprep import corpus_sources, layout
+from helpers import REPO_ROOT, TEST_DATA, VOCAB_EXCERPT, run_command
+
+BERT_PREP = REPO_ROOT / "data" / "bertPrep.py"
+SHARDS = ["--n_training_shards", "2", "--n_test_shards", "1", "--fraction_test_set", "0.2"]
+
+
+def paragraphs() -> list[str]:
+    return [" ".join(p.split()) for book in sorted((TEST_DATA / "books").glob("*.txt"))
+            for p in book.read_text(encoding="utf-8").split("\n\n") if len(p.split()) > 8]
+
+
+@pytest.fixture
+def sources(tmp_path) -> dict:
+    """web: one Parquet file of row groups of 6 rows, holding 5 repeats of earlier paragraphs (one with other
+    spacing) across row groups; wiki: gzipped JSON Lines of other paragraphs."""
+    texts = paragraphs()
+    web = [{"text": t, "score": i % 4} for i, t in enumerate(texts[:36])]
+    web += [{"text": "  " + web[3]["text"].replace(" ", "\n", 2), "score": 3}] + [dict(web[i]) for i in (5, 9, 22, 30)]
+    wiki = [{"text": t, "score": 2} for t in texts[36:60]]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    pq.write_table(pa.Table.from_pylist(web), folder / "web.parquet", row_group_size=6)
+    (folder / "wiki.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in wiki).encode("utf-8")))
+    return {"web": web, "wiki": wiki, "folder": folder}
+
+
+def prep(root: Path, *flags: str):
+    return run_command([sys.executable, str(BERT_PREP), *flags], env={"BERT_PREP_WORKING_DIR": str(root)})
+
+
+def kept_reference(rows: list[dict], min_score: int) -> list[str]:
+    """A plain reading: rows at or above the score, whitespace runs as one space, first copy of each text."""
+    kept, seen = [], set()
+    for row in rows:
+        line = " ".join(row["text"].split())
+        if row["score"] >= min_score and line not in seen:
+            seen.add(line)
+            kept.append(line)
+    return kept
+
+
+def formatted_articles(root: Path, name: str) -> list[str]:
+    text = layout.formatted_text(root, f"custom_{name}").read_text(encoding="utf-8")
+    return [line for line in text.split("\n") if line]
+
+
+def format_flags(sources: dict) -> list[str]:
+    folder = sources["folder"]
+    return ["--action", "text_formatting", "--dataset", "custom", "--source", f"web={folder / 'web.parquet'}",
+            "--source", f"wiki:3={folder / 'wiki.jsonl.gz'}", "--filter", "score>=1", "--dedup"]
+
+
+def test_formatting_by_row_group_keeps_what_a_plain_reading_keeps_in_any_process_count(tmp_path, sources,
+                                                                                      monkeypatch):
+    monkeypatch.setattr(corpus_sources, "TASK_BYTES", 1500)  # a task or two per row group: many tasks for one file
+    assert len(corpus_sources.source_tasks(corpus_sources.Source("web", str(sources["folder"] / "web.parquet")))) > 4
+    outputs = {}
+    for processes in ("1", "2"):
+        root = tmp_path / f"work{processes}"
+        done = prep(root, *format_flags(sources), "--n_processes", processes)
+        assert done.returncode == 0, done.stderr
+        outputs[processes] = {name: formatted_articles(root, name) for name in ("web", "wiki")}
+        recorded = json.loads(corpus_sources.sources_file(root).read_text())
+        web_counts = recorded["sources"][0]["counts"]
+        assert web_counts["records"] == 41 and web_counts["duplicates"] == 5 and web_counts["filtered"] == 9
+        assert recorded["selection"] == {"text_field": "text", "filters": ["score>=1.0"], "min_chars": 0,
+                                         "max_chars": None, "dedup": True}
+    assert outputs["1"] == outputs["2"]
+    assert outputs["1"]["web"] == kept_reference(sources["web"], 1)
+    assert outputs["1"]["wiki"] == kept_reference(sources["wiki"], 1)
+
+
+def text_shard_articles(root: Path, split: str) -> Counter:
+    folder = layout.sharded_dir(root, 2, 1, 0.2) / "custom"
+    return Counter(" ".join(block.split()) for path in sorted(folder.glob(f"custom_{split}_*.txt"))
+                   for block in path.read_text(encoding="utf-8").split("\n\n") if block.strip())
+
+
+def test_the_mixture_repeats_training_articles_by_epochs_and_the_manifest_counts_the_shards(tmp_path, sources):
+    root = tmp_path / "work"
+    assert prep(root, *format_flags(sources), "--n_processes", "1").returncode == 0
+    done = prep(root, "--action", "sharding", "--dataset", "custom", *SHARDS)
+    assert done.returncode == 0, done.stderr
+    mixture = json.loads(corpus_sources.mixture_file(layout.sharded_dir(root, 2, 1, 0.2) / "custom").read_text())
+    web, wiki = (source["articles"] for source in mixture["sources"])
+    assert wiki["training_copies"] == 3 * wiki["training"] and web["training_copies"] == web["training"]
+    assert web["training"] + web["test"] == len(formatted_articles(root, "web"))
+    training, test = text_shard_articles(root, "training"), text_shard_articles(root, "test")
+    assert sum(test.values()) == web["test"] + wiki["test"] and set(test.values()) == {1}
+    assert not set(training) & set(test)  # no test article is trained on, however often its source repeats
+    assert sum(training.values()) == web["training_copies"] + wiki["training_copies"]
+
+    flags = ["--action", "create_hdf5_files", "--dataset", "custom", *SHARDS, "--vocab_file", str(VOCAB_EXCERPT),
+             "--max_seq_length", "64", "--max_predictions_per_seq", "10", "--dupe_factor", "1", "--n_processes", "1"]
+    done = prep(root, *flags)
+    assert done.returncode == 0, done.stderr
+    params = layout.InstanceParams(True, 64, 10, 0.15, 12345, 1)
+    manifest = json.loads((layout.hdf5_dir(root, params) / "custom" / "manifest.json").read_text())
+    assert [s["name"] for s in manifest["sources"]] == ["web", "wiki"] and manifest["sources"][1]["epochs"] == 3.0
+    assert manifest["tokenizer"]["sha256"] == hashlib.sha256(VOCAB_EXCERPT.read_bytes()).hexdigest()
+    for split, rows in manifest["shards"].items():
+        for row in rows:
+            path = layout.hdf5_split_dir(root, params, "custom", split) / row["file"]
+            with h5py.File(path, "r") as shard:
+                assert row["rows"] == len(shard["input_ids"]) and row["tokens"] == int(np.sum(shard["input_mask"]))
+            assert row["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert manifest["totals"][split]["rows"] == sum(r["rows"] for r in rows)
+
+    stopped = layout.hdf5_shard(root, params, "custom", "training", 1)
+    before = stopped.read_bytes()
+    stopped.unlink()  # as a run killed before this shard was renamed into place leaves it
+    again = prep(root, *flags)
+    assert again.returncode == 0 and "2 of 3 shards already complete" in again.stdout, again.stdout + again.stderr
+    assert stopped.read_bytes() == before
+
+
+def test_fractional_epochs_draw_the_same_articles_for_the_same_seed(tmp_path, sources):
+    given = []
+    for attempt in ("a", "b"):
+        root = tmp_path / attempt
+        flags = ["--action", "text_formatting", "--dataset", "custom", "--source",
+                 f"web:0.5={sources['folder'] / 'web.parquet'}", "--n_processes", "1"]
+        assert prep(root, *flags).returncode == 0
+        assert prep(root, "--action", "sharding", "--dataset", "custom", *SHARDS).returncode == 0
+        given.append(text_shard_articles(root, "training"))
+        counts = json.loads(corpus_sources.mixture_file(layout.sharded_dir(root, 2, 1, 0.2) / "custom")
+                            .read_text())["sources"][0]["articles"]
+        assert 0.25 * counts["training"] < counts["training_copies"] < 0.75 * counts["training"]
+    assert given[0] == given[1] and set(given[0].values()) == {1}
+
+
+def test_bad_sources_are_one_line_before_anything_is_written(tmp_path, sources):
+    text = tmp_path / "plain.txt"
+    text.write_text("A sentence.\n", encoding="utf-8")
+    cases = {
+        "no source": (["--dataset", "custom"], "error: --source: --dataset custom needs at least one --source"),
+        "bad syntax": (["--dataset", "custom", "--source", "web:x=/data"], "error: --source: 'web:x=/data' is not "
+                                                                            "NAME[:EPOCHS]=FILES"),
+        "zero epochs": (["--dataset", "custom", "--source", f"web:0={text}"], "with EPOCHS > 0"),
+        "text source": (["--dataset", "custom", "--source", f"web={text}"], "plain.txt: --source web: not Parquet"),
+        "same names": (["--dataset", "custom", "--source", f"a={sources['folder'] / 'web.parquet'}", "--source",
+                        f"a={sources['folder'] / 'wiki.jsonl.gz'}"], "error: --source: names must differ: a, a"),
+        "source of another dataset": (["--dataset", "wikicorpus_en", "--source", f"a={text}"],
+                                      "error: --source: names the files of --dataset custom, not of wikicorpus_en"),
+    }
+    for name, (flags, message) in cases.items():
+        root = tmp_path / name.replace(" ", "_")
+        done = prep(root, "--action", "text_formatting", *flags)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and message in lines[0], (name, done.stderr)
+        assert not root.exists(), name
+    root = tmp_path / "unformatted"
+    done = prep(root, "--action", "sharding", "--dataset", "custom")
+    assert done.returncode == 2 and "custom_sources.json: not found: run --action text_formatting --dataset custom" \
+        in done.stderr, done.stderr

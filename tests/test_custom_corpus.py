@@ -172,3 +172,20 @@ def test_bad_sources_are_one_line_before_anything_is_written(tmp_path, sources):
     done = prep(root, "--action", "sharding", "--dataset", "custom")
     assert done.returncode == 2 and "custom_sources.json: not found: run --action text_formatting --dataset custom" \
         in done.stderr, done.stderr
+
+
+def test_formatting_again_reuses_a_source_only_while_its_files_and_selection_are_the_same(tmp_path, sources):
+    root = tmp_path / "work"
+    flags = format_flags(sources) + ["--n_processes", "1"]
+    assert prep(root, *flags).returncode == 0
+    web = layout.formatted_text(root, "custom_web")
+    first = web.read_bytes()
+    again = prep(root, *flags)
+    assert again.returncode == 0 and again.stdout.count("reused") == 2, again.stdout
+    wiki = sources["folder"] / "wiki.jsonl.gz"
+    wiki.write_bytes(wiki.read_bytes())  # the same bytes, a new modification time: formatted again
+    touched = prep(root, *flags)
+    reused = [line for line in touched.stdout.splitlines() if "reused" in line]
+    assert touched.returncode == 0 and len(reused) == 1 and reused[0].startswith("web: "), touched.stdout
+    changed = prep(root, *[f if f != "score>=1" else "score>=2" for f in flags])  # another selection
+    assert changed.returncode == 0 and "reused" not in changed.stdout and web.read_bytes() != first

@@ -185,7 +185,8 @@ def do_custom_formatting(cfg: PrepConfig) -> None:
                                                  _runner(cfg, run, n_tasks, used), bar.update)
     for source in described:
         counts = source["counts"]
-        print(f"{source['name']}: {counts['kept']} of {counts['records']} records kept -> {source['formatted']}")
+        again = " (formatted before from the same files and selection: reused)" if source["reused"] else ""
+        print(f"{source['name']}: {counts['kept']} of {counts['records']} records kept -> {source['formatted']}{again}")
     print(f"sources recorded in {corpus_sources.sources_file(cfg.root)}")
     _report_workers(used)
 

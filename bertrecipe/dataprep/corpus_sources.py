@@ -24,7 +24,15 @@ from bertrecipe.common.errors import DataError
 from bertrecipe.dataprep import layout
 from bertrecipe.dataprep.documents import input_files
 from bertrecipe.dataprep.engine import Runner, in_order
-from bertrecipe.dataprep.records import Counts, Selection, documents, normalised_text, parquet_file, record_format
+from bertrecipe.dataprep.records import (
+    Counts,
+    Selection,
+    arrow_files,
+    documents,
+    normalised_text,
+    parquet_file,
+    record_format,
+)
 from bertrecipe.dataprep.text_formatting import append_part
 
 CORPUS = "custom"
@@ -166,7 +174,9 @@ def _append_new(part: str, out: Any, seen: set[int]) -> int:
 
 def format_custom(sources: list[Source], selection: Selection, root: Path, run: Runner | None,
                   on_documents: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
-    """Every source formatted, then `<corpus>_sources.json` written: the sources, the selection and counts."""
+    """Every source formatted, then `<corpus>_sources.json` written: the sources, the selection and counts. A
+    source formatted before from the same files (sizes and times) with the same selection is reused, so a stopped
+    run started again formats only what it had not finished."""
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         raise DataError("--source", f"names must differ: {', '.join(names)}")
@@ -175,12 +185,45 @@ def format_custom(sources: list[Source], selection: Selection, root: Path, run: 
     described = []
     for source in sources:
         output = layout.formatted_text(root, formatted_name(source))
-        counts = format_source(source, selection, output, run, on_documents)
-        described.append({**asdict(source), "formatted": str(output), "counts": counts.as_dict()})
-    record = {"corpus": CORPUS, "selection": _selection_record(selection), "sources": described}
-    text = json.dumps(record, indent=2) + "\n"
-    write_atomic(sources_file(root), lambda f: f.write(text.encode("utf-8")))
+        identity = {"name": source.name, "spec": source.spec, "selection": _selection_record(selection),
+                    "inputs": _inputs_record(source)}  # not the epochs: sharding applies them
+        earlier = _read_json(_done_file(output)) if output.is_file() else None
+        reused = earlier is not None and earlier.get("identity") == identity
+        if reused:
+            counts = earlier["counts"]
+        else:
+            counts = format_source(source, selection, output, run, on_documents).as_dict()
+            _write_json(_done_file(output), {"identity": identity, "counts": counts})
+        described.append({**asdict(source), "formatted": str(output), "counts": counts, "reused": reused})
+    _write_json(sources_file(root), {"corpus": CORPUS, "selection": _selection_record(selection),
+                                     "sources": described})
     return described
+
+
+def _inputs_record(source: Source) -> list[dict[str, Any]]:
+    """Each input file of a source (an Arrow folder's .arrow files) with its size and modification time."""
+    files = []
+    for path in input_files(source.spec):
+        for file in (arrow_files(path) if path.is_dir() else [path]):
+            stat = file.stat()
+            files.append({"path": str(file), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
+    return files
+
+
+def _done_file(output: Path) -> Path:
+    return output.with_name(output.name + ".done.json")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path: Path, record: Any) -> None:
+    text = json.dumps(record, indent=2) + "\n"
+    write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def _selection_record(selection: Selection) -> dict[str, Any]:
@@ -208,8 +251,7 @@ def write_mixture(sharded: Path, sources: dict[str, Any], by_input: list[dict[st
     record = {**sources, "sharding_seed": seed,
               "sources": [{**source, "articles": given} for source, given in zip(sources["sources"], by_input,
                                                                                   strict=True)]}
-    text = json.dumps(record, indent=2) + "\n"
-    write_atomic(mixture_file(sharded), lambda f: f.write(text.encode("utf-8")))
+    _write_json(mixture_file(sharded), record)
 
 
 def shard_summary(path: Path) -> dict[str, Any]:
@@ -236,6 +278,5 @@ def write_manifest(output: Path, mixture: dict[str, Any], tokenizer: dict[str, A
               "totals": {split: {"shards": len(rows), "rows": sum(r["rows"] for r in rows),
                                  "tokens": sum(r["tokens"] for r in rows)} for split, rows in splits.items()},
               "shards": splits}
-    text = json.dumps(record, indent=2) + "\n"
-    write_atomic(output, lambda f: f.write(text.encode("utf-8")))
+    _write_json(output, record)
     return record

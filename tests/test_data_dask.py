@@ -176,9 +176,11 @@ import sys
 from bertrecipe.cli import bert_prep as bertPrep
 from bertrecipe.dataprep import sharding
 from bertrecipe.dataprep import text_formatting
+from bertrecipe.dataprep import corpus_sources
 from bertrecipe.cli.command_line import run_cli
 sharding.SEGMENT_BYTES = 20_000
 text_formatting.BOOKS_PER_TASK = 4
+corpus_sources.TASK_BYTES = 3_000
 run_cli(bertPrep.main)
 """
 
@@ -216,6 +218,37 @@ def test_dask_workers_format_and_shard_the_bytes_of_this_process(cluster, tmp_pa
         assert used and used <= cluster.workers, run.stdout  # not in bertPrep's own process
     expected = _text_outputs(local)
     assert len(expected) == 6 and _text_outputs(remote) == expected
+
+
+@pytest.mark.slow
+def test_dask_workers_format_a_parquet_file_by_row_groups_into_the_bytes_of_this_process(cluster, tmp_path):
+    """--dataset custom: one Parquet file of 15 row groups is many tasks (corpus_sources.TASK_BYTES made small), run
+    on the workers; exact duplicates spread over the row groups are dropped across the tasks alike."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bertrecipe.dataprep.default_corpus import articles
+
+    texts = list(articles())[:120]
+    rows = [{"text": text, "score": i % 3} for i, text in enumerate(texts + texts[10:30])]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "web.parquet", row_group_size=10)
+    flags = ["--action", "text_formatting", "--dataset", "custom", "--source", f"web={tmp_path / 'web.parquet'}",
+             "--filter", "score>=1", "--dedup"]
+    local, remote = tmp_path / "local", tmp_path / "dask"
+    run = _prep(local, *flags, "--n_processes", "1")
+    assert run.returncode == 0, run.stderr
+    run = subprocess.run([PYTHON, "-P", "-c", SMALL_TASKS, *flags, "--scheduler_file", str(cluster.scheduler_file)],
+                         env={**os.environ, "BERT_PREP_WORKING_DIR": str(remote)}, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    used = set(re.search(r"tasks ran on \d Dask workers: (.*)", run.stdout).group(1).split())
+    assert used and used <= cluster.workers, run.stdout
+    name = "formatted_one_article_per_line/custom_web_one_article_per_line.txt"
+    formatted = (local / name).read_bytes()
+    assert (remote / name).read_bytes() == formatted
+    kept = [" ".join(r["text"].split()) for r in rows if r["score"] >= 1]
+    first_copies = list(dict.fromkeys(kept))
+    assert len(first_copies) < len(kept) and formatted.decode("utf-8") == "".join(f"{t}\n\n" for t in first_copies)
 
 
 def _one_line_refusal(run: subprocess.CompletedProcess, *words: str) -> None:

@@ -189,3 +189,20 @@ def test_formatting_again_reuses_a_source_only_while_its_files_and_selection_are
     assert touched.returncode == 0 and len(reused) == 1 and reused[0].startswith("web: "), touched.stdout
     changed = prep(root, *[f if f != "score>=1" else "score>=2" for f in flags])  # another selection
     assert changed.returncode == 0 and "reused" not in changed.stdout and web.read_bytes() != first
+
+
+def test_the_seen_hashes_answer_as_a_set_across_parts_and_merges(monkeypatch):
+    """The join's record of kept documents (8 bytes each) against a Python set, over parts with repeats inside
+    and across them, empty parts, and merges of its sorted runs."""
+    import random
+
+    monkeypatch.setattr(corpus_sources.SeenHashes, "MAX_RUNS", 3)
+    rng, seen, reference = random.Random(0), corpus_sources.SeenHashes(), set()
+    for _ in range(60):
+        hashes = [rng.randrange(400) for _ in range(rng.randrange(0, 30))]
+        expected = []
+        for value in hashes:
+            expected.append(value not in reference)
+            reference.add(value)
+        assert seen.first_copies(np.array(hashes, dtype=np.uint64)).tolist() == expected
+    assert len(seen.runs) <= 4 and sum(len(run) for run in seen.runs) == len(reference)

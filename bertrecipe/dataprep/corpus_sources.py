@@ -4,8 +4,9 @@ folders) as named sources mixed by epochs (web 1x, wiki 3x, books 2x).
 Formatting runs as tasks of one file, or of a range of a Parquet file's row groups (so one large file is parallel
 work), each writing its kept documents one a line to a part in a scratch folder; the parts are joined in corpus
 order into one formatted file per source, exact duplicates dropped across the whole source on request (the tasks
-hash, the join keeps 8 bytes a document). What each source is and gave goes into `<corpus>_sources.json` beside the
-formatted text; sharding (epochs) and create_hdf5_files (the manifest) read it, so they need no --source again."""
+hash, the join keeps 8 bytes a document: SeenHashes). What each source is and gave goes into
+`<corpus>_sources.json` beside the formatted text; sharding (epochs) and create_hdf5_files (the manifest) read it,
+so they need no --source again."""
 from __future__ import annotations
 
 import hashlib
@@ -135,7 +136,7 @@ def format_source(source: Source, selection: Selection, output: Path, run: Runne
     what the selection did. A failure leaves no output, part or folder behind."""
     tasks = source_tasks(source)
     total = Counts()
-    seen: set[int] = set()
+    seen = SeenHashes()
     with atomic_output(output) as tmp, scratch_folder(output) as scratch:
         parts = [str(scratch / f"part-{i:06d}.txt") for i in range(len(tasks))]
         jobs = [(path, groups, selection, part) for (path, groups), part in zip(tasks, parts, strict=True)]
@@ -157,19 +158,39 @@ def format_source(source: Source, selection: Selection, output: Path, run: Runne
     return total
 
 
-def _append_new(part: str, out: Any, seen: set[int]) -> int:
+class SeenHashes:
+    """The 8-byte hashes of the documents kept so far, 8 bytes each (a Python set of ints takes ~70): sorted runs,
+    merged into one when there are more than MAX_RUNS, searched with a binary search each."""
+
+    MAX_RUNS = 8
+
+    def __init__(self) -> None:
+        self.runs: list[np.ndarray] = []
+
+    def first_copies(self, hashes: np.ndarray) -> np.ndarray:
+        """Which of hashes (in order) were seen neither before nor earlier in hashes; those are noted as seen."""
+        _, first = np.unique(hashes, return_index=True)
+        new = np.zeros(len(hashes), dtype=bool)
+        new[first] = True
+        for run in self.runs:
+            at = np.searchsorted(run, hashes).clip(max=len(run) - 1)
+            new &= run[at] != hashes
+        if new.any():
+            self.runs.append(np.sort(hashes[new]))
+        if len(self.runs) > self.MAX_RUNS:
+            self.runs = [np.sort(np.concatenate(self.runs))]
+        return new
+
+
+def _append_new(part: str, out: Any, seen: SeenHashes) -> int:
     """Append the documents of part whose hash was not seen (and note theirs); the duplicates dropped."""
-    hashes = np.load(part + ".hashes.npy").tolist()
-    dropped = 0
+    keep = seen.first_copies(np.load(part + ".hashes.npy")).tolist()
     with open(part, "rb") as lines:
         articles = (line for line in lines if line.strip())
-        for digest, line in zip(hashes, articles, strict=True):
-            if digest in seen:
-                dropped += 1
-                continue
-            seen.add(digest)
-            out.write(line + b"\n")
-    return dropped
+        for kept, line in zip(keep, articles, strict=True):
+            if kept:
+                out.write(line + b"\n")
+    return keep.count(False)
 
 
 def format_custom(sources: list[Source], selection: Selection, root: Path, run: Runner | None,

@@ -83,10 +83,13 @@ def allow_tf32(enabled: bool) -> None:
 def use_deterministic_algorithms(enabled: bool) -> None:
     """Bit-reproducible GPU runs (a resume equal to the run that went on, to the last bit): torch's deterministic
     kernels, an error where an op has none, and cuBLAS's deterministic workspace, which its handles read when they
-    are created (so before the first matmul; a value already in the environment is kept)."""
+    are created (so before the first matmul; a value already in the environment is kept). Off is torch's default:
+    torch's setter is called only to turn it on or back off, since it imports inductor (~2.7 s of CPU a process)."""
     if enabled:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(enabled)
+        torch.use_deterministic_algorithms(True)
+    elif torch.are_deterministic_algorithms_enabled():
+        torch.use_deterministic_algorithms(False)
 
 
 def wrap_ddp(model: nn.Module, ctx: DistributedContext, compress: Optional[torch.dtype] = None) -> nn.Module:

@@ -49,7 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("src", type=Path, help="checkpoint file (ours or NVIDIA's) or Hugging Face directory")
     parser.add_argument("dst", type=Path, help="output: a directory for Hugging Face, a .pt/.bin file otherwise")
     parser.add_argument("--config_file", type=Path, help="bert_config.json, needed when SRC carries no config")
-    parser.add_argument("--vocab_file", type=Path, help="vocab.txt to place in a Hugging Face directory")
+    parser.add_argument("--vocab_file", type=Path,
+                        help="vocab.txt or tokenizer.json to place in a Hugging Face directory")
     parser.add_argument(ALLOW_VOCAB_MISMATCH, action="store_true",
                         help="warn instead of refusing a --vocab_file with far fewer tokens than the model embeds")
     parser.add_argument("--to", choices=("huggingface", "ours", "nvidia"), help="target kind (default: inferred)")

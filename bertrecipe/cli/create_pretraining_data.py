@@ -4,7 +4,8 @@ Same flags as NVIDIA's script: --input_file (file, directory of .txt, or Google'
 --output_file --vocab_file --do_lower_case --max_seq_length --max_predictions_per_seq --masked_lm_prob
 --short_seq_prob --dupe_factor --random_seed, plus --whole_word_masking, and --document_chunks: rows of whole
 documents for masked-LM-only training (no sentence pairs, masked as they are read; --vocab_file may then be a
-byte-level BPE tokenizer.json). Bad input: exit status 2 and one line on stderr, before anything is written. The
+byte-level BPE tokenizer.json). --vocab_file may be a WordPiece tokenizer.json wherever a vocab.txt is (its model type
+says which kind a .json is). Bad input: exit status 2 and one line on stderr, before anything is written. The
 shard is made by bertrecipe/dataprep/create_pretraining_data.py.
 """
 from __future__ import annotations
@@ -27,8 +28,9 @@ def parse_args(argv: list[str] | None = None) -> ShardConfig:
                         "files, folders and glob patterns")
     p.add_argument("--output_file", type=Path, required=True, help="the .hdf5 shard to write")
     p.add_argument("--vocab_file", type=Path, required=True,
-                   help="BERT vocab.txt, or with --document_chunks a BPE tokenizer.json (bertPrep.py --action "
-                        "create_vocab --vocab_type bpe)")
+                   help="BERT vocab.txt or a WordPiece tokenizer.json (a released BERT folder's: the same shards as "
+                        "its vocab.txt), or with --document_chunks a byte-level BPE tokenizer.json (bertPrep.py "
+                        "--action create_vocab --vocab_type bpe)")
     p.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction, default=True,
                    help="uncased model (default; --no-do_lower_case for cased)")
     p.add_argument("--max_seq_length", type=int, default=128)

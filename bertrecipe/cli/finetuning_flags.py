@@ -24,7 +24,9 @@ def add_common_arguments(p: argparse.ArgumentParser, *, batch_size: int, learnin
     """The flags both fine-tuning entry points take, with NVIDIA's names (defaults differ per script)."""
     p.add_argument("--bert_model", default="bert-large-uncased", help="accepted for NVIDIA compatibility; unused")
     p.add_argument("--init_checkpoint", help="our ckpt_*.pt, NVIDIA's checkpoint, a pytorch_model.bin or a HF dir")
-    p.add_argument("--vocab_file", required=True, help="WordPiece vocab.txt")
+    p.add_argument("--vocab_file", required=True,
+                   help="WordPiece vocab.txt, or a tokenizer.json: WordPiece (a BERT folder's) or byte-level BPE (a "
+                        "ModernBERT folder's), told apart by its model type")
     p.add_argument("--config_file", help="bert_config.json (default: the checkpoint's own config)")
     p.add_argument("--output_dir", required=True)
     p.add_argument("--do_train", action="store_true")

@@ -73,7 +73,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
     model.add_argument("--onnx_model", help="instead: a model.onnx of triton/deployer.py --format onnx, run on ONNX "
                                             "Runtime (CPU, fp32)")
     p.add_argument("--config_file", help="bert_config.json (default: the one in or beside the checkpoint)")
-    p.add_argument("--vocab_file", required=True, help="vocab.txt of the model")
+    p.add_argument("--vocab_file", required=True,
+                   help="vocab.txt or tokenizer.json (WordPiece or byte-level BPE) of the model")
     p.add_argument("--question", help="the question (default: one question per line on stdin)")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--context", help="the context paragraph")

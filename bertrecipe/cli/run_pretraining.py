@@ -179,9 +179,9 @@ def add_stream_flags(p: argparse.ArgumentParser) -> None:
                         "better at equal compute); --max_predictions_per_seq caps it and may then exceed the shards'")
     p.add_argument("--whole_word_masking", action="store_true",
                    help="with --dynamic_masking: mask all pieces of a word together (needs --vocab_file)")
-    p.add_argument("--vocab_file", help="with --dynamic_masking: the shards' vocab.txt or tokenizer.json (default: "
-                                        "the ids the shards record, or [CLS], [SEP] and [MASK] read off the first "
-                                        "shard)")
+    p.add_argument("--vocab_file", help="with --dynamic_masking: the shards' vocab.txt or tokenizer.json (WordPiece or "
+                                        "byte-level BPE; default: the ids the shards record, or [CLS], [SEP] and "
+                                        "[MASK] read off the first shard)")
     p.add_argument(ALLOW_VOCAB_MISMATCH, action="store_true",
                    help="warn instead of refusing a tokenizer that does not look like the model's: far fewer tokens "
                         "than its embeddings, or another tokenizer than the shards' or the checkpoint's")

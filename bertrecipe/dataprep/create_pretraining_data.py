@@ -32,8 +32,9 @@ from bertrecipe.dataprep.outputs import check_data_output_writable, refuse_data_
 from bertrecipe.dataprep.records import Counts, Selection, documents, google_layout, record_format
 from bertrecipe.dataprep.shard_writer import write_shard_blocks
 from bertrecipe.pretraining.shard_schema import DOCUMENT_CHUNKS, KIND_ATTRIBUTE, SpecialTokenIds
-from bertrecipe.tokenization.bpe import BpeVocab, is_bpe_file, load_bpe
-from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab, load_vocab
+from bertrecipe.tokenization.bpe import BpeVocab, load_bpe
+from bertrecipe.tokenization.vocab_files import BPE, load_wordpiece_file, vocab_file_kind
+from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def validate(cfg: ShardConfig) -> None:
     if cfg.document_chunks and cfg.whole_word_masking:
         raise DataError("--whole_word_masking", "document chunks hold no masks (they are drawn as the rows are read): "
                                                 "pass --whole_word_masking to run_pretraining.py instead")
-    if not cfg.document_chunks and is_bpe_file(cfg.vocab_file):
+    if not cfg.document_chunks and vocab_file_kind(cfg.vocab_file) == BPE:  # by content: one line for no tokenizer
         raise DataError(cfg.vocab_file, "a BPE tokenizer.json makes document-chunk shards only: add "
                                         "--document_chunks, or pass a WordPiece vocab.txt")
 
@@ -127,14 +128,18 @@ def _file_key(path: str | Path) -> tuple:
 
 
 def vocab_and_tokenizer(vocab_file: str | Path, do_lower_case: bool) -> tuple:
-    """The vocab and its tokenizer, built once per process for a file as it is now (a shard task of
-    create_hdf5_files spent about 25 ms rebuilding them, which dominated shards of a few hundred KB)."""
+    """The WordPiece vocab (a vocab.txt or a WordPiece tokenizer.json) and its tokenizer, built once per process for
+    a file as it is now (a shard task of create_hdf5_files spent about 25 ms rebuilding them, which dominated shards
+    of a few hundred KB). A tokenizer.json whose casing do_lower_case contradicts is refused (one line)."""
     return _cached_vocab_and_tokenizer(_file_key(vocab_file), str(vocab_file), do_lower_case)
 
 
 @lru_cache(maxsize=2)
 def _cached_vocab_and_tokenizer(key: tuple, vocab_file: str, do_lower_case: bool) -> tuple:
-    vocab = load_vocab(vocab_file)
+    vocab = load_wordpiece_file(vocab_file)
+    problem = vocab.casing_problem(do_lower_case) if vocab.lower_case is not None else None  # the file says it
+    if problem is not None:
+        raise DataError(vocab.path, problem)
     return vocab, BertTokenizer(vocab, do_lower_case)
 
 
@@ -157,8 +162,9 @@ class ChunkVocab:
 
 
 def chunk_vocab(vocab_file: str | Path, do_lower_case: bool) -> ChunkVocab:
-    """The ChunkVocab of a tokenizer.json (byte-level BPE: cased, do_lower_case unused) or a vocab.txt."""
-    if is_bpe_file(vocab_file):
+    """The ChunkVocab of a byte-level BPE tokenizer.json (cased, do_lower_case unused) or of a WordPiece vocab.txt or
+    tokenizer.json, by the file's content."""
+    if vocab_file_kind(vocab_file) == BPE:
         bpe = _cached_bpe(_file_key(vocab_file), str(vocab_file))
         special = SpecialTokenIds(bpe.id("[CLS]"), bpe.id("[SEP]"), bpe.id("[PAD]"), bpe.id("[MASK]"), bpe.size)
         return ChunkVocab("bpe", bpe.size, bpe.sha256, special, False,

@@ -11,22 +11,28 @@ from torch import nn
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.families import ModelConfig
 from bertrecipe.model.weights import LoadedWeights, load_weights_into, read_config, read_weights
-from bertrecipe.tokenization.bpe import BpeTokenizer, BpeVocab, is_bpe_file, load_bpe
-from bertrecipe.tokenization.vocab_files import identity_from_record, identity_of, refuse_other_tokenizer
-from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab, check_vocab_for_model, load_vocab
+from bertrecipe.tokenization.bpe import BpeTokenizer, BpeVocab
+from bertrecipe.tokenization.vocab_files import (
+    identity_from_record,
+    identity_of,
+    load_vocab_file,
+    refuse_other_tokenizer,
+)
+from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab, check_vocab_for_model
 
 
 def load_tokenizer(vocab_file: str | Path, do_lower_case: bool,
                    allow_vocab_mismatch: bool = False) -> BertTokenizer | BpeTokenizer:
-    """The tokenizer of a vocab.txt; a vocab whose casing --do_lower_case contradicts is refused (InputError naming
-    the file) unless allow_vocab_mismatch (then a warning): tokenization.wordpiece.check_vocab_for_model. A
-    tokenizer.json (a ModernBERT folder's) gives its byte-level BPE, to which --do_lower_case does not apply."""
-    if is_bpe_file(vocab_file):
+    """The tokenizer of a WordPiece vocab.txt or tokenizer.json (a BERT folder's); a vocab whose casing
+    --do_lower_case contradicts is refused (InputError naming the file) unless allow_vocab_mismatch (then a warning):
+    tokenization.wordpiece.check_vocab_for_model. A byte-level BPE tokenizer.json (a ModernBERT folder's) gives its
+    BPE, to which --do_lower_case does not apply. Which kind a file is, its content says."""
+    vocab = load_vocab_file(vocab_file)
+    if isinstance(vocab, BpeVocab):
         if do_lower_case:
-            print(f"warning: {vocab_file}: --do_lower_case does not apply to a tokenizer.json (its own normalizer "
-                  "decides the casing); ignored", file=sys.stderr, flush=True)
-        return BpeTokenizer(load_bpe(vocab_file))
-    vocab = load_vocab(vocab_file)
+            print(f"warning: {vocab_file}: --do_lower_case does not apply to a tokenizer.json of byte-level BPE "
+                  "(its own normalizer decides the casing); ignored", file=sys.stderr, flush=True)
+        return BpeTokenizer(vocab)
     check_vocab_for_model(vocab, do_lower_case=do_lower_case, allow_mismatch=allow_vocab_mismatch)
     return BertTokenizer(vocab, do_lower_case)
 

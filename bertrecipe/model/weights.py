@@ -35,7 +35,7 @@ from bertrecipe.model.modern import (
     ModernBertForSequenceClassification,
     ModernBertModel,
 )
-from bertrecipe.tokenization.bpe import is_bpe_file
+from bertrecipe.tokenization.tokenizer_json import is_tokenizer_json
 
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 CONFIG_FILES = ("config.json", "bert_config.json")
@@ -381,8 +381,9 @@ def export_huggingface(model: nn.Module, out_dir: str | Path, vocab_file: Option
 
 
 def vocab_export_name(vocab_file: str | Path) -> str:
-    """The name a model folder gives its vocab: tokenizer.json for a byte-level BPE one, else vocab.txt."""
-    return "tokenizer.json" if is_bpe_file(vocab_file) else "vocab.txt"
+    """The name a model folder gives its vocab: tokenizer.json for a tokenizer.json (byte-level BPE or WordPiece,
+    copied as it is), else vocab.txt."""
+    return "tokenizer.json" if is_tokenizer_json(vocab_file) else "vocab.txt"
 
 
 def check_export_target(out_dir: Path, names: list[str], overwrite: bool) -> None:

@@ -1,6 +1,7 @@
 """A byte-level BPE tokenizer.json (ModernBERT's, or one that bertPrep.py --action create_vocab --vocab_type bpe
-writes) with BERT's special tokens: load_bpe checks it and finds the special ids; BpeTokenizer gives the
-fine-tuning commands the interface of wordpiece.BertTokenizer (encode_lines, vocab, in_context).
+writes; a tokenizer.json whose model is WordPiece is a vocab.txt's other form: tokenizer_json.py) with BERT's special
+tokens: load_bpe checks it and finds the special ids; BpeTokenizer gives the fine-tuning commands the interface of
+wordpiece.BertTokenizer (encode_lines, vocab, in_context).
 
 Byte-level BPE is cased and lossless: the tokenizer's own normalizer rules, so --do_lower_case does not apply.
 A word keeps the leading space its pieces were learnt with ("Ġword"), except the first word of a text: so a SQuAD
@@ -17,6 +18,13 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from bertrecipe.common.errors import DataError
+from bertrecipe.tokenization.tokenizer_json import (
+    BPE_MODEL,
+    WORDPIECE_MODEL,
+    is_tokenizer_json,
+    other_model_problem,
+    tokenizer_json_model,
+)
 from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, BertTokenizer, ids_and_offsets
 
 # ModernBERT embeds 50,368 ids for the 50,280 of its tokenizer: a model may hold this many more embeddings than a
@@ -49,13 +57,25 @@ class BpeVocab:
 
 
 def is_bpe_file(path: str | Path) -> bool:
-    """A --vocab_file that names a tokenizer.json rather than a WordPiece vocab.txt."""
-    return Path(path).suffix == ".json"
+    """A --vocab_file that names a byte-level BPE tokenizer.json: a tokenizer.json whose model is not WordPiece (a
+    released BERT's is, and loads as a vocab.txt: tokenizer_json.py). One that cannot be read yet counts by its
+    name: a file still to be written, or one whose loader will say what is wrong with it."""
+    if not is_tokenizer_json(path):
+        return False
+    try:
+        return tokenizer_json_model(path) != WORDPIECE_MODEL
+    except DataError:
+        return True
 
 
 def load_bpe(path: str | Path) -> BpeVocab:
-    """The tokenizer.json at path; DataError (one line) if it cannot be read, parsed, or lacks a special token."""
+    """The tokenizer.json at path; DataError (one line) if it cannot be read, parsed, holds another model than BPE,
+    or lacks a special token."""
     path = Path(path)
+    model = tokenizer_json_model(path)  # one line for a file that is no tokenizer.json
+    if model != BPE_MODEL:
+        raise DataError(path, other_model_problem(model) if model != WORDPIECE_MODEL else
+                        "a WordPiece tokenizer.json, where a byte-level BPE one is needed")
     try:
         raw = path.read_bytes()
     except OSError as err:

@@ -1,7 +1,8 @@
-"""A --vocab_file of either kind, known by its content: a WordPiece vocab.txt or a byte-level BPE tokenizer.json
-loaded alike (load_vocab_file), and a tokenizer's identity (its kind, size and the sha256 of its file), which
-shards (their vocab_sha256 attribute) and checkpoints (their "tokenizer" entry) record, so that wherever a model
-meets a tokenizer the two are compared by content, never by name."""
+"""A --vocab_file of either kind, known by its content: WordPiece (a vocab.txt, or a tokenizer.json whose model is
+WordPiece, as a released BERT folder holds) or a byte-level BPE tokenizer.json, loaded alike (load_vocab_file), and
+a tokenizer's identity (its kind, size and the sha256 of its file; of a WordPiece tokenizer.json, that of the
+vocab.txt of its tokens), which shards (their vocab_sha256 attribute) and checkpoints (their "tokenizer" entry)
+record, so that wherever a model meets a tokenizer the two are compared by content, never by name."""
 from __future__ import annotations
 
 import sys
@@ -10,17 +11,44 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from bertrecipe.common.errors import DataError, InputError
-from bertrecipe.tokenization.bpe import BpeVocab, bpe_size_problem, is_bpe_file, load_bpe
+from bertrecipe.tokenization.bpe import BpeVocab, bpe_size_problem, load_bpe
+from bertrecipe.tokenization.tokenizer_json import (
+    BPE_MODEL,
+    WORDPIECE_MODEL,
+    is_tokenizer_json,
+    load_wordpiece_json,
+    other_model_problem,
+    tokenizer_json_model,
+)
 from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, Vocab, load_vocab, wordpiece_size_problem
 
 AnyVocab = Union[Vocab, BpeVocab]
 WORDPIECE, BPE = "wordpiece", "bpe"
 
 
+def vocab_file_kind(path: str | Path) -> str:
+    """WORDPIECE or BPE, by content: a vocab.txt and a tokenizer.json whose model is WordPiece are WordPiece, a
+    tokenizer.json whose model is BPE is BPE. DataError (one line naming the file) for a tokenizer.json that cannot
+    be read, is no tokenizer, or holds another model (its type named)."""
+    if not is_tokenizer_json(path):
+        return WORDPIECE
+    model = tokenizer_json_model(path)
+    if model == WORDPIECE_MODEL:
+        return WORDPIECE
+    if model == BPE_MODEL:
+        return BPE
+    raise DataError(path, other_model_problem(model))
+
+
+def load_wordpiece_file(path: str | Path) -> Vocab:
+    """The WordPiece Vocab of a vocab.txt or of a tokenizer.json whose model is WordPiece."""
+    return load_wordpiece_json(path) if is_tokenizer_json(path) else load_vocab(path)
+
+
 def load_vocab_file(path: str | Path) -> AnyVocab:
-    """The tokenizer of a --vocab_file: a tokenizer.json (any `.json`) is byte-level BPE, anything else a
-    vocab.txt; DataError naming the file when it is neither."""
-    return load_bpe(path) if is_bpe_file(path) else load_vocab(path)
+    """The tokenizer of a --vocab_file, of the kind its content says (vocab_file_kind); DataError naming the file
+    when it is neither kind."""
+    return load_bpe(path) if vocab_file_kind(path) == BPE else load_wordpiece_file(path)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,9 @@ class Vocab:
     tokens: tuple[str, ...]
     ids: dict[str, int] = field(repr=False)
     sha256: str
+    # Whether its text is lower-cased, where the file says so (a tokenizer.json's normalizer); None for a vocab.txt,
+    # whose casing its tokens tell (vocab_casing).
+    lower_case: Optional[bool] = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -80,6 +83,12 @@ def load_vocab(path: str | Path) -> Vocab:
         raise DataError(path, "vocab file is a directory") from None
     except OSError as err:
         raise DataError(path, f"cannot read vocab file ({err.strerror})") from None
+    return vocab_from_bytes(path, raw)
+
+
+def vocab_from_bytes(path: Path, raw: bytes) -> Vocab:
+    """The Vocab of a vocab.txt's bytes (load_vocab's rules; `path` names the file in the errors). Its sha256 is of
+    these bytes."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -130,6 +139,8 @@ def vocab_casing(vocab: Vocab) -> Optional[str]:
 
 
 def _casing_problem(vocab: Vocab, do_lower_case: bool) -> Optional[str]:
+    if vocab.lower_case is not None:  # the file says how it normalizes: nothing to guess from its tokens
+        return _declared_casing_problem(vocab.lower_case, do_lower_case)
     casing = vocab_casing(vocab)
     if casing == "uncased" and not do_lower_case:
         return ("the vocab is uncased (no capitalised tokens) but --do_lower_case is not given: every capitalised "
@@ -137,6 +148,20 @@ def _casing_problem(vocab: Vocab, do_lower_case: bool) -> Optional[str]:
     if casing == "cased" and do_lower_case:
         return ("the vocab is cased (it holds capitalised tokens) but --do_lower_case is given: the text would lose "
                 "the case and accents the model was trained with; remove --do_lower_case")
+    return None
+
+
+def _declared_casing_problem(lower_case: bool, do_lower_case: bool) -> Optional[str]:
+    """A tokenizer.json's normalizer against --do_lower_case, with each command's way to say it (bertPrep.py takes
+    0 or 1, create_pretraining_data.py lower-cases unless --no-do_lower_case, the others only with the flag)."""
+    if lower_case and not do_lower_case:
+        return ("the tokenizer.json lower-cases the text (its normalizer's lowercase is true) but the run does not: "
+                "capitalised words would miss its uncased tokens; pass --do_lower_case (bertPrep.py: "
+                "--do_lower_case 1)")
+    if do_lower_case and not lower_case:
+        return ("the tokenizer.json keeps case (its normalizer's lowercase is false) but the run lower-cases: the "
+                "text would lose the case and accents the model was trained with; pass --no-do_lower_case "
+                "(bertPrep.py: --do_lower_case 0; run_squad.py, run_glue.py, inference.py: leave out --do_lower_case)")
     return None
 
 

@@ -116,6 +116,13 @@ def test_the_mixture_repeats_training_articles_by_epochs_and_the_manifest_counts
     params = layout.InstanceParams(True, 64, 10, 0.15, 12345, 1)
     manifest = json.loads((layout.hdf5_dir(root, params) / "custom" / "manifest.json").read_text())
     assert [s["name"] for s in manifest["sources"]] == ["web", "wiki"] and manifest["sources"][1]["epochs"] == 3.0
+    for split in ("training", "test"):  # each source's tokens, estimated from its share of the split's text
+        estimates = [s["articles"][f"{split}_tokens_estimate"] for s in manifest["sources"]]
+        assert all(e > 0 for e in estimates) and abs(sum(estimates) - manifest["totals"][split]["tokens"]) <= 1
+    for split in ("training", "test"):  # the bytes counted per source are the text shards' bytes
+        shard_bytes = sum(path.stat().st_size for path in
+                          (layout.sharded_dir(root, 2, 1, 0.2) / "custom").glob(f"custom_{split}_*.txt"))
+        assert sum(s["articles"][f"{split}_bytes"] for s in manifest["sources"]) == shard_bytes
     assert manifest["tokenizer"]["sha256"] == hashlib.sha256(VOCAB_EXCERPT.read_bytes()).hexdigest()
     for split, rows in manifest["shards"].items():
         for row in rows:

@@ -167,7 +167,8 @@ def test_existing_shards_stay_when_sharding_fails(tmp_path, monkeypatch):
 def test_a_part_cut_short_under_a_write_out_task_is_one_clear_error(tmp_path):
     part = tmp_path / "part-000000"
     part.write_bytes(b"One.\n\nTwo.\n\n")
-    sharding._save_assignment(str(part), np.array([0, 0]), np.array([0, 6]), np.array([6, 6]))  # two articles of 6 bytes for shard 0
+    # two articles of 6 bytes (at 0 and 6) for shard 0
+    sharding._save_assignment(str(part), np.array([0, 0]), np.array([0, 6]), np.array([6, 6]))
     part.write_bytes(b"One.\n\nTw")  # shorter than its index says
     with pytest.raises(DataError, match=r"part-000000: ends at byte 8, before the article its index puts at 6\.\.12"):
         sharding.write_shards((str(part),), 0, (str(tmp_path / "c_training_0.txt"),))

@@ -290,14 +290,27 @@ def shard_summary(path: Path) -> dict[str, Any]:
     return {"file": path.name, "rows": rows, "tokens": tokens, "sha256": digest.hexdigest()}
 
 
+def _with_token_estimates(source: dict[str, Any], sources: list[dict[str, Any]], totals: dict[str, dict[str, int]]
+                          ) -> dict[str, Any]:
+    """A source with the tokens it was given in each split, estimated as its share of the split's text bytes times
+    the split's tokens (its documents are mixed with the others' in the text shards before they are tokenized)."""
+    estimates = {}
+    for split, total in totals.items():
+        split_bytes = sum(s["articles"][f"{split}_bytes"] for s in sources)
+        share = source["articles"][f"{split}_bytes"] / split_bytes if split_bytes else 0.0
+        estimates[f"{split}_tokens_estimate"] = round(share * total["tokens"])
+    return {**source, "articles": {**source["articles"], **estimates}}
+
+
 def write_manifest(output: Path, mixture: dict[str, Any], tokenizer: dict[str, Any], parameters: dict[str, Any],
                    shards: dict[str, list[Path]]) -> dict[str, Any]:
     """manifest.json beside the shards: the sources, selection and mixture, the tokenizer, the shard parameters, and
     each shard's rows, tokens and checksum, with the totals per split."""
     splits = {split: [shard_summary(path) for path in paths] for split, paths in shards.items()}
-    record = {**mixture, "tokenizer": tokenizer, "parameters": parameters,
-              "totals": {split: {"shards": len(rows), "rows": sum(r["rows"] for r in rows),
-                                 "tokens": sum(r["tokens"] for r in rows)} for split, rows in splits.items()},
-              "shards": splits}
+    totals = {split: {"shards": len(rows), "rows": sum(r["rows"] for r in rows),
+                      "tokens": sum(r["tokens"] for r in rows)} for split, rows in splits.items()}
+    record = {**mixture, "sources": [_with_token_estimates(source, mixture["sources"], totals)
+                                     for source in mixture["sources"]],
+              "tokenizer": tokenizer, "parameters": parameters, "totals": totals, "shards": splits}
     _write_json(output, record)
     return record

@@ -227,17 +227,20 @@ class _Mixture:
         self.epochs = cfg.epochs or (1.0,) * len(cfg.inputs)
         self.input_of_part = input_of_part
         self.rng = np.random.default_rng(cfg.random_seed)
-        self.by_input = [{"training": 0, "test": 0, "training_copies": 0} for _ in cfg.inputs]
+        self.by_input = [{"training": 0, "test": 0, "training_copies": 0, "training_bytes": 0, "test_bytes": 0}
+                         for _ in cfg.inputs]
 
-    def copies(self, part: int, split: str) -> int:
+    def copies(self, part: int, split: str, size: int) -> int:
+        """The copies of an article of `size` bytes (its sentences' text) in the shards of its split."""
         source = self.by_input[self.input_of_part[part]]
         source[split] += 1
-        if split == "test":
-            return 1
-        epochs = self.epochs[self.input_of_part[part]]
-        whole = int(epochs)
-        count = whole + int(self.rng.random() < epochs - whole) if epochs != whole else whole
-        source["training_copies"] += count
+        count = 1
+        if split == "training":
+            epochs = self.epochs[self.input_of_part[part]]
+            whole = int(epochs)
+            count = whole + int(self.rng.random() < epochs - whole) if epochs != whole else whole
+            source["training_copies"] += count
+        source[f"{split}_bytes"] += count * size
         return count
 
 
@@ -254,9 +257,9 @@ def _balance(parts: Iterator[str], paths: dict[str, list[Path]], fraction: float
         index = np.load(_index_of(part))
         offsets = np.cumsum(index[:, 1]) - index[:, 1]
         shards, rows = [], []
-        for row, n_sentences in enumerate(index[:, 0].tolist()):
+        for row, (n_sentences, size) in enumerate(index.tolist()):
             split = "test" if fraction and is_test_article(n_articles, fraction) else "training"
-            for _ in range(mixture.copies(number, split)):
+            for _ in range(mixture.copies(number, split, size)):
                 count, shard = heapq.heappop(heaps[split])
                 heapq.heappush(heaps[split], (count + n_sentences, shard))
                 sentences[split][shard] += n_sentences

@@ -314,8 +314,9 @@ def do_create_vocab(cfg: PrepConfig) -> None:
     inputs = [layout.formatted_text(cfg.root, c) for c in corpus_members(cfg.dataset, cfg.root)]
     bpe = cfg.vocab_type == "bpe"
     output = cfg.vocab_file or vocab_path(cfg.root, cfg.dataset, cfg.do_lower_case, cfg.vocab_size, bpe)
-    if is_bpe_file(output) != bpe:  # the suffix is how create_pretraining_data tells the two apart
-        raise DataError(output, "--vocab_file of --vocab_type bpe must end in .json, of wordpiece must not")
+    if is_bpe_file(output) != bpe:  # a file still to be written counts by its suffix; an existing one by content
+        raise DataError(output, "--vocab_file of --vocab_type bpe must end in .json and not be a WordPiece "
+                                "tokenizer.json, of wordpiece must not end in .json")
     if bpe:
         train_bpe(inputs, output, cfg.vocab_size)
         print(f"BPE tokenizer ({load_bpe(output).size} tokens, a multiple of 64) -> {output}")
@@ -346,8 +347,10 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
     p.add_argument("--max_predictions_per_seq", type=int, default=20)
     p.add_argument("--do_lower_case", type=int, choices=(0, 1), default=1)
     p.add_argument("--whole_word_masking", action="store_true")
-    p.add_argument("--vocab_file", type=Path, help="vocab.txt to use (create_hdf5_files) or write (create_vocab); "
-                                                   "with --document_chunks also a BPE tokenizer.json")
+    p.add_argument("--vocab_file", type=Path,
+                   help="create_hdf5_files: the tokenizer, a WordPiece vocab.txt or tokenizer.json (a released "
+                        "BERT's), or with --document_chunks a byte-level BPE tokenizer.json (a released ModernBERT's); "
+                        "create_vocab: the file to write")
     p.add_argument("--vocab_size", type=int, default=30522,
                    help="size of the vocab trained by create_vocab (BPE: then padded to a multiple of 64)")
     p.add_argument("--vocab_type", choices=("wordpiece", "bpe"), default="wordpiece",

@@ -132,6 +132,8 @@ def test_the_mixture_repeats_training_articles_by_epochs_and_the_manifest_counts
             assert row["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
         assert manifest["totals"][split]["rows"] == sum(r["rows"] for r in rows)
 
+    text_shard = layout.text_shard(root, 2, 1, 0.2, "custom", "training", 1)
+    assert manifest["shards"]["training"][1]["text_sha256"] == hashlib.sha256(text_shard.read_bytes()).hexdigest()
     stopped = layout.hdf5_shard(root, params, "custom", "training", 1)
     before = stopped.read_bytes()
     stopped.unlink()  # as a run killed before this shard was renamed into place leaves it
@@ -213,3 +215,17 @@ def test_the_seen_hashes_answer_as_a_set_across_parts_and_merges(monkeypatch):
             reference.add(value)
         assert seen.first_copies(np.array(hashes, dtype=np.uint64)).tolist() == expected
     assert len(seen.runs) <= 4 and sum(len(run) for run in seen.runs) == len(reference)
+
+
+def test_shards_of_an_earlier_text_are_made_again_not_skipped(tmp_path, sources):
+    """Formatting and sharding again with another selection changes the text shards: create_hdf5_files sees it in
+    the shards' text_sha256 and makes them again instead of keeping the earlier corpus's as complete."""
+    root = tmp_path / "work"
+    hdf5 = ["--action", "create_hdf5_files", "--dataset", "custom", *SHARDS, "--vocab_file", str(VOCAB_EXCERPT),
+            "--max_seq_length", "64", "--max_predictions_per_seq", "10", "--dupe_factor", "1", "--n_processes", "1"]
+    for min_score, skipped in (("1", "0 of 3"), ("1", "3 of 3"), ("2", "0 of 3")):
+        flags = [f if f != "score>=1" else f"score>={min_score}" for f in format_flags(sources)]
+        assert prep(root, *flags, "--n_processes", "1").returncode == 0
+        assert prep(root, "--action", "sharding", "--dataset", "custom", *SHARDS).returncode == 0
+        done = prep(root, *hdf5)
+        assert done.returncode == 0 and f"{skipped} shards already complete" in done.stdout, done.stdout

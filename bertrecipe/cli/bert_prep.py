@@ -14,6 +14,7 @@ Everything lives under $BERT_PREP_WORKING_DIR (default `data/` in the checkout);
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import threading
 from dataclasses import dataclass
@@ -243,8 +244,17 @@ def _shard_jobs(cfg: PrepConfig, vocab: Path) -> list[ShardConfig]:
                                     cfg.do_lower_case, cfg.max_seq_length, cfg.max_predictions_per_seq,
                                     cfg.masked_lm_prob, cfg.short_seq_prob, cfg.dupe_factor, cfg.random_seed,
                                     cfg.whole_word_masking, cfg.compression, checked_by_caller=True,
-                                    document_chunks=cfg.document_chunks))
+                                    document_chunks=cfg.document_chunks, text_sha256=_sha256(source)))
     return jobs
+
+
+def _sha256(path: Path) -> str:
+    """A text shard's sha256, which its HDF5 shard records: sharding again with other text remakes the shard."""
+    try:
+        with open(path, "rb") as text:
+            return hashlib.file_digest(text, "sha256").hexdigest()
+    except OSError as err:
+        raise DataError(path, f"cannot read the text shard ({err.strerror}); run --action sharding again") from None
 
 
 def _prepare_hdf5_dirs(jobs: list[ShardConfig]) -> None:
@@ -271,7 +281,7 @@ def do_create_hdf5_files(cfg: PrepConfig) -> None:
     for job in jobs:
         check_shard_paths(job)  # no shard may be the vocab or a text shard, whatever symlinks the working dir holds
     # A shard that exists with the same parameters is complete (it was renamed into place): skip it.
-    todo = [j for j in jobs if not is_complete(j.output_file, expected)]
+    todo = [j for j in jobs if not is_complete(j.output_file, {**expected, "text_sha256": j.text_sha256})]
     print(f"{len(jobs) - len(todo)} of {len(jobs)} shards already complete")
     if not todo:
         _prepare_hdf5_dirs(jobs)
@@ -301,7 +311,7 @@ def _write_custom_manifest(cfg: PrepConfig, jobs: list[ShardConfig], vocab_file:
     tokenizer = {"file": str(vocab_file), "sha256": attributes.get("vocab_sha256"),
                  "size": attributes.get("vocab_size"), "kind": attributes.get("tokenizer", "wordpiece")}
     parameters = {key: value.item() if hasattr(value, "item") else value for key, value in attributes.items()
-                  if key not in ("vocab_sha256", "vocab_size", "tokenizer")}
+                  if key not in ("vocab_sha256", "vocab_size", "tokenizer", "text_sha256")}  # per shard, those
     shards = {split: [job.output_file for job in jobs if job.output_file.parent.name == split]
               for split in layout.SPLITS}
     manifest = jobs[0].output_file.parent.parent / "manifest.json"

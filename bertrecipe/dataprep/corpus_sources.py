@@ -276,7 +276,7 @@ def write_mixture(sharded: Path, sources: dict[str, Any], by_input: list[dict[st
 
 
 def shard_summary(path: Path) -> dict[str, Any]:
-    """A finished shard's file name, rows, tokens (its input_mask's ones) and sha256."""
+    """A finished shard's file name, rows, tokens (its input_mask's ones), sha256 and its text shard's sha256."""
     import h5py
 
     digest = hashlib.sha256()
@@ -287,7 +287,9 @@ def shard_summary(path: Path) -> dict[str, Any]:
         mask = shard["input_mask"]
         rows = len(mask)
         tokens = sum(int(np.count_nonzero(mask[i:i + 4096])) for i in range(0, rows, 4096))
-    return {"file": path.name, "rows": rows, "tokens": tokens, "sha256": digest.hexdigest()}
+        text = shard.attrs.get("text_sha256")
+    return {"file": path.name, "rows": rows, "tokens": tokens, "sha256": digest.hexdigest(),
+            "text_sha256": text.decode() if isinstance(text, bytes) else text}
 
 
 def _with_token_estimates(source: dict[str, Any], sources: list[dict[str, Any]], totals: dict[str, dict[str, int]]

@@ -61,6 +61,9 @@ class ShardConfig:
     document_chunks: bool = False
     # Which records of Parquet, JSON Lines and Arrow inputs are documents (text inputs are taken whole).
     selection: Selection = Selection()
+    # bertPrep: the sha256 of the text shard, recorded in the shard (`text_sha256`), so that a shard made from an
+    # earlier text is made again rather than skipped as complete.
+    text_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,9 +95,13 @@ def validate(cfg: ShardConfig) -> None:
                                         "--document_chunks, or pass a WordPiece vocab.txt")
 
 
+def _text_attribute(cfg: ShardConfig) -> dict[str, object]:
+    return {"text_sha256": cfg.text_sha256} if cfg.text_sha256 else {}
+
+
 def shard_attributes(cfg: ShardConfig, vocab_size: int, vocab_sha256: str) -> dict[str, object]:
     """The HDF5 attributes that tell readers what a shard was made with."""
-    return {
+    return {**_text_attribute(cfg),
         "vocab_size": vocab_size, "vocab_sha256": vocab_sha256, "do_lower_case": int(cfg.do_lower_case),
         "max_seq_length": cfg.max_seq_length, "max_predictions_per_seq": cfg.max_predictions_per_seq,
         "masked_lm_prob": cfg.masked_lm_prob, "short_seq_prob": cfg.short_seq_prob,
@@ -178,7 +185,7 @@ def chunk_vocab(vocab_file: str | Path, do_lower_case: bool) -> ChunkVocab:
 def chunk_attributes(cfg: ShardConfig, vocab: ChunkVocab) -> dict[str, object]:
     """The HDF5 attributes of a document-chunk shard: its kind, what it was made with, and its special ids."""
     special = vocab.special
-    return {
+    return {**_text_attribute(cfg),
         KIND_ATTRIBUTE: DOCUMENT_CHUNKS, "tokenizer": vocab.kind, "vocab_size": vocab.size,
         "vocab_sha256": vocab.sha256, "do_lower_case": int(vocab.lowercases), "max_seq_length": cfg.max_seq_length,
         "random_seed": cfg.random_seed, "cls_id": special.cls, "sep_id": special.sep, "pad_id": special.pad,

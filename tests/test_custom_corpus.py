@@ -82,8 +82,8 @@ def test_formatting_by_row_group_keeps_what_a_plain_reading_keeps_in_any_process
         recorded = json.loads(corpus_sources.sources_file(root).read_text())
         web_counts = recorded["sources"][0]["counts"]
         assert web_counts["records"] == 41 and web_counts["duplicates"] == 5 and web_counts["filtered"] == 9
-        assert recorded["selection"] == {"text_field": "text", "filters": ["score>=1.0"], "min_chars": 0,
-                                         "max_chars": None, "dedup": True}
+        assert all(source["selection"] == {"text_field": "text", "filters": ["score>=1.0"], "min_chars": 0,
+                                           "max_chars": None, "dedup": True} for source in recorded["sources"])
     assert outputs["1"] == outputs["2"]
     assert outputs["1"]["web"] == kept_reference(sources["web"], 1)
     assert outputs["1"]["wiki"] == kept_reference(sources["wiki"], 1)
@@ -229,3 +229,27 @@ def test_shards_of_an_earlier_text_are_made_again_not_skipped(tmp_path, sources)
         assert prep(root, "--action", "sharding", "--dataset", "custom", *SHARDS).returncode == 0
         done = prep(root, *hdf5)
         assert done.returncode == 0 and f"{skipped} shards already complete" in done.stdout, done.stdout
+
+
+def test_a_source_with_its_own_column_and_filters_joins_the_mixture_in_a_call_of_its_own(tmp_path, sources):
+    """Sources whose text sits in another column, or that need other filters, are formatted by calls of their
+    own; the mixture keeps every call's sources (each with its selection) until --drop_source leaves one out."""
+    root = tmp_path / "work"
+    books = [{"content": row["text"], "year": 1865 + i} for i, row in enumerate(sources["web"][:12])]
+    pq.write_table(pa.Table.from_pylist(books), sources["folder"] / "books.parquet")
+    assert prep(root, *format_flags(sources), "--n_processes", "1").returncode == 0
+    done = prep(root, "--action", "text_formatting", "--dataset", "custom", "--source",
+                f"books:2={sources['folder'] / 'books.parquet'}", "--text_field", "content", "--filter", "year<1870")
+    assert done.returncode == 0, done.stderr
+    assert "web: from an earlier call" in done.stdout and "the mixture: web x1, wiki x3, books x2" in done.stdout
+    recorded = json.loads(corpus_sources.sources_file(root).read_text())["sources"]
+    assert [s["name"] for s in recorded] == ["web", "wiki", "books"]
+    assert recorded[2]["selection"]["text_field"] == "content" and recorded[2]["counts"]["kept"] == 5
+    assert recorded[0]["selection"]["filters"] == ["score>=1.0"] and "this_call" not in recorded[0]
+    assert formatted_articles(root, "books") == [" ".join(b["content"].split()) for b in books[:5]]
+    assert prep(root, "--action", "sharding", "--dataset", "custom", *SHARDS).returncode == 0
+
+    dropped = prep(root, "--action", "text_formatting", "--dataset", "custom", "--drop_source", "wiki")
+    assert dropped.returncode == 0 and "the mixture: web x1, books x2" in dropped.stdout, dropped.stdout
+    unknown = prep(root, "--action", "text_formatting", "--dataset", "custom", "--drop_source", "news")
+    assert unknown.returncode == 2 and "--drop_source: news: no such source" in unknown.stderr

@@ -103,7 +103,8 @@ def test_the_guide_goes_from_parquet_files_to_fine_tuned_models_of_both_families
     prep = scratch / "prep"
     manifest = json.loads(next(prep.glob("hdf5_lower_case_1_seq_len_128_*/custom/manifest.json")).read_text())
     assert [(s["name"], s["epochs"]) for s in manifest["sources"]] == [("web", 1.0), ("wiki", 3.0), ("books", 2.0)]
-    assert manifest["totals"]["training"]["tokens"] > 0 and manifest["selection"]["min_chars"] == 40
+    assert manifest["totals"]["training"]["tokens"] > 0
+    assert all(source["selection"]["min_chars"] == 40 for source in manifest["sources"])
     assert (prep / "hdf5_document_chunks_bpe_seq_len_128_random_seed_12345" / "custom" / "manifest.json").is_file()
     transformers.BertForPreTraining.from_pretrained(scratch / "bert_continued_hf")
     transformers.ModernBertForMaskedLM.from_pretrained(scratch / "modern_continued_hf")

@@ -79,6 +79,7 @@ class PrepConfig:
     vocab_type: str = "wordpiece"  # create_vocab: wordpiece (vocab.txt) or bpe (byte-level, tokenizer.json)
     sources: tuple[corpus_sources.Source, ...] = ()  # --dataset custom, text_formatting: the mixture's sources
     selection: Selection = Selection()  # --dataset custom, text_formatting: which records are documents
+    drop_sources: tuple[str, ...] = ()  # --dataset custom, text_formatting: sources of earlier calls to leave out
 
 
 def corpus_members(dataset: str, root: Path | None = None) -> tuple[str, ...]:
@@ -176,19 +177,24 @@ def do_text_formatting(cfg: PrepConfig) -> None:
 
 def do_custom_formatting(cfg: PrepConfig) -> None:
     """--dataset custom: each --source formatted (tasks by file and row group), then what they held recorded."""
-    if not cfg.sources:
+    if not cfg.sources and not cfg.drop_sources:
         raise DataError("--source", "--dataset custom needs at least one --source NAME[:EPOCHS]=FILES (or "
                                     "--input_files FILES)")
     used: set[str] = set()
     with engine.open_runner(cfg.engine) as run, tqdm(desc="format custom", unit="record", disable=None) as bar:
         n_tasks = sum(len(corpus_sources.source_tasks(source)) for source in cfg.sources)
         described = corpus_sources.format_custom(list(cfg.sources), cfg.selection, cfg.root,
-                                                 _runner(cfg, run, n_tasks, used), bar.update)
+                                                 _runner(cfg, run, n_tasks, used), bar.update, cfg.drop_sources)
     for source in described:
         counts = source["counts"]
+        if not source["this_call"]:
+            print(f"{source['name']}: from an earlier call ({counts['kept']} documents; --drop_source "
+                  f"{source['name']} leaves it out)")
+            continue
         again = " (formatted before from the same files and selection: reused)" if source["reused"] else ""
         print(f"{source['name']}: {counts['kept']} of {counts['records']} records kept -> {source['formatted']}{again}")
-    print(f"sources recorded in {corpus_sources.sources_file(cfg.root)}")
+    mixture = ", ".join(f"{source['name']} x{source['epochs']:g}" for source in described)
+    print(f"the mixture: {mixture}; recorded in {corpus_sources.sources_file(cfg.root)}")
     _report_workers(used)
 
 
@@ -343,7 +349,11 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
                                          "datasets: accepted for compatibility, inputs come from the working directory")
     p.add_argument("--source", action="append", default=[], metavar="NAME[:EPOCHS]=FILES",
                    help="--dataset custom, text_formatting: a source of the mixture, e.g. web=/data/web/*.parquet or "
-                        "wiki:3=/data/wiki.jsonl.zst (FILES as create_pretraining_data.py's --input_file); repeat")
+                        "wiki:3=/data/wiki.jsonl.zst (FILES as create_pretraining_data.py's --input_file); repeat. "
+                        "Sources of earlier calls stay in the mixture (a source with other record flags is a call "
+                        "of its own)")
+    p.add_argument("--drop_source", action="append", default=[], metavar="NAME",
+                   help="--dataset custom, text_formatting: leave a source of an earlier call out of the mixture")
     p.add_argument("--n_training_shards", type=int, default=256)
     p.add_argument("--n_test_shards", type=int, default=256)
     p.add_argument("--fraction_test_set", type=float, default=0.1)
@@ -385,7 +395,7 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
                       a.short_seq_prob, a.max_seq_length, a.max_predictions_per_seq, bool(a.do_lower_case),
                       a.whole_word_masking, a.vocab_file, a.vocab_size, a.bookscorpus_url_list, a.compression,
                       _engine_config(a), document_chunks=a.document_chunks, vocab_type=a.vocab_type,
-                      sources=_sources(a), selection=selection_from(a))
+                      sources=_sources(a), selection=selection_from(a), drop_sources=tuple(a.drop_source))
 
 
 def _sources(a: argparse.Namespace) -> tuple[corpus_sources.Source, ...]:

@@ -194,31 +194,50 @@ def _append_new(part: str, out: Any, seen: SeenHashes) -> int:
 
 
 def format_custom(sources: list[Source], selection: Selection, root: Path, run: Runner | None,
-                  on_documents: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
-    """Every source formatted, then `<corpus>_sources.json` written: the sources, the selection and counts. A
-    source formatted before from the same files (sizes and times) with the same selection is reused, so a stopped
-    run started again formats only what it had not finished."""
+                  on_documents: Callable[[int], None] | None = None, drop: tuple[str, ...] = ()
+                  ) -> list[dict[str, Any]]:
+    """The sources formatted with this selection, then recorded in `<corpus>_sources.json` beside the sources of
+    earlier calls (each with its own selection: a source whose text sits in another column, or that needs other
+    filters, is formatted by a call of its own), less those in drop. A source formatted before from the same files
+    (sizes and times) with the same selection is reused, so a stopped run started again formats only what it had
+    not finished. Every source of the mixture, in order."""
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         raise DataError("--source", f"names must differ: {', '.join(names)}")
+    recorded = _read_json(sources_file(root)) or {"sources": []}
+    unknown = [name for name in drop if name not in {s["name"] for s in recorded["sources"]} | set(names)]
+    if unknown:
+        raise DataError("--drop_source", f"{', '.join(unknown)}: no such source in {sources_file(root)}")
     for source in sources:
         source_tasks(source)  # every file checked before any is formatted
-    described = []
+    mixture = {entry["name"]: {**entry, "this_call": False} for entry in recorded["sources"]}
     for source in sources:
-        output = layout.formatted_text(root, formatted_name(source))
-        identity = {"name": source.name, "spec": source.spec, "selection": _selection_record(selection),
-                    "inputs": _inputs_record(source)}  # not the epochs: sharding applies them
-        earlier = _read_json(_done_file(output)) if output.is_file() else None
-        reused = earlier is not None and earlier.get("identity") == identity
-        if reused:
-            counts = earlier["counts"]
-        else:
-            counts = format_source(source, selection, output, run, on_documents).as_dict()
-            _write_json(_done_file(output), {"identity": identity, "counts": counts})
-        described.append({**asdict(source), "formatted": str(output), "counts": counts, "reused": reused})
-    _write_json(sources_file(root), {"corpus": CORPUS, "selection": _selection_record(selection),
-                                     "sources": described})
-    return described
+        mixture[source.name] = {**_formatted(source, selection, root, run, on_documents), "this_call": True}
+    for name in drop:
+        mixture.pop(name, None)
+    if not mixture:
+        raise DataError("--drop_source", "would leave the mixture without a source")
+    transient = ("this_call", "reused")  # what this call did, for its report alone
+    _write_json(sources_file(root), {"corpus": CORPUS, "sources": [
+        {key: value for key, value in entry.items() if key not in transient} for entry in mixture.values()]})
+    return list(mixture.values())
+
+
+def _formatted(source: Source, selection: Selection, root: Path, run: Runner | None,
+               on_documents: Callable[[int], None] | None) -> dict[str, Any]:
+    """One source formatted (or its earlier formatting reused): its record in the sources file."""
+    output = layout.formatted_text(root, formatted_name(source))
+    identity = {"name": source.name, "spec": source.spec, "selection": _selection_record(selection),
+                "inputs": _inputs_record(source)}  # not the epochs: sharding applies them
+    earlier = _read_json(_done_file(output)) if output.is_file() else None
+    reused = earlier is not None and earlier.get("identity") == identity
+    if reused:
+        counts = earlier["counts"]
+    else:
+        counts = format_source(source, selection, output, run, on_documents).as_dict()
+        _write_json(_done_file(output), {"identity": identity, "counts": counts})
+    return {**asdict(source), "selection": identity["selection"], "formatted": str(output), "counts": counts,
+            "reused": reused}
 
 
 def _inputs_record(source: Source) -> list[dict[str, Any]]:

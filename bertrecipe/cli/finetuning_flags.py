@@ -45,6 +45,9 @@ def add_common_arguments(p: argparse.ArgumentParser, *, batch_size: int, learnin
     p.add_argument("--loss_scale", type=float, default=0, help="accepted for compatibility; scaling is dynamic")
     p.add_argument("--json-summary", dest="json_summary", default=None, help="dllogger JSON-lines file")
     p.add_argument("--log_freq", type=int, default=50, help="log the loss every N optimizer steps")
+    p.add_argument("--peak_tflops", type=float,
+                   help="the device's dense peak (TFLOP/s) that the logs' mfu is against (default: a known GPU's "
+                        "bf16/fp16 peak, or this CPU's measured GEMM rate)")
     p.add_argument("--disable_progress_bar", action="store_true")
     p.add_argument("--num_workers", type=int, default=0, help="DataLoader workers per process")
     p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", -1)),
@@ -69,6 +72,8 @@ def check_common_arguments(args: argparse.Namespace) -> None:
     if not (args.max_steps == -1 or (args.max_steps >= 1 and float(args.max_steps).is_integer())):
         raise InputError(f"--max_steps must be -1 (train --num_train_epochs) or a whole number of optimizer "
                          f"steps >= 1, got {args.max_steps}")
+    if args.peak_tflops is not None and not (math.isfinite(args.peak_tflops) and args.peak_tflops > 0):
+        raise InputError(f"--peak_tflops must be a number > 0, got {args.peak_tflops}")
     if args.do_train and args.train_batch_size % args.gradient_accumulation_steps:
         raise InputError(f"--train_batch_size {args.train_batch_size} is not a multiple of "
                          f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
@@ -86,7 +91,8 @@ def finetuning_loop_settings(args: argparse.Namespace, progress_bar: bool, trim_
                         accumulation=args.gradient_accumulation_steps, epochs=args.num_train_epochs,
                         max_steps=args.max_steps, learning_rate=args.learning_rate,
                         warmup_proportion=args.warmup_proportion, seed=args.seed, log_freq=args.log_freq,
-                        progress_bar=progress_bar, num_workers=args.num_workers, trim_padding=trim_padding)
+                        progress_bar=progress_bar, num_workers=args.num_workers, trim_padding=trim_padding,
+                        peak_tflops=args.peak_tflops)
 
 
 Paths = list[tuple[str, Optional[str | Path]]]  # (flag or description, path or None)

@@ -90,6 +90,9 @@ def add_step_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss_scale", type=float, default=0.0, help="accepted for compatibility; scaling is dynamic")
     p.add_argument("--init_loss_scale", type=float, default=2.0**20)
     p.add_argument("--log_freq", type=float, default=1.0, help="log every N steps")
+    p.add_argument("--peak_tflops", type=float,
+                   help="the device's dense peak (TFLOP/s) that the logs' mfu is against (default: a known GPU's "
+                        "bf16/fp16 peak, or this CPU's measured GEMM rate)")
     p.add_argument("--checkpoint_activations", action="store_true")
 
 
@@ -283,6 +286,8 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise InputError(f"--steps_this_run must be -1 (all of --max_steps) or >= 1, got {args.steps_this_run}")
     if not (math.isfinite(args.log_freq) and args.log_freq > 0):
         raise InputError(f"--log_freq must be a number > 0, got {args.log_freq}")
+    if args.peak_tflops is not None and not (math.isfinite(args.peak_tflops) and args.peak_tflops > 0):
+        raise InputError(f"--peak_tflops must be a number > 0, got {args.peak_tflops}")
     for name in ("train_budget_minutes", "eval_interval_minutes"):
         if not (math.isfinite(getattr(args, name)) and getattr(args, name) >= 0):
             raise InputError(f"--{name} must be a number of minutes >= 0 (0: none), got {getattr(args, name)}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -17,9 +17,10 @@ from tqdm import tqdm
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.training.metric_logger import MetricLogger
+from bertrecipe.training.model_flops import BatchShape, batch_shape, device_peak_tflops, training_flops
 from bertrecipe.training.optimization import LinearWarmUpScheduler, build_adamw
 from bertrecipe.training.process_group import DistributedContext, all_reduce_sum
-from bertrecipe.training.stepper import Precision, Stepper, batches_to_device, take, wrap_ddp
+from bertrecipe.training.stepper import Precision, Stepper, batches_to_device, take, unwrap, wrap_ddp
 
 Arrays = dict[str, np.ndarray]
 Batch = dict[str, torch.Tensor]
@@ -40,6 +41,7 @@ class LoopSettings:
     progress_bar: bool = True
     num_workers: int = 0
     trim_padding: bool = False  # see as_tensors
+    peak_tflops: Optional[float] = None  # --peak_tflops: the device's peak that mfu is against (None: looked up)
 
 
 def finetuning_loop(model: nn.Module, arrays: Arrays, compute_loss: Callable[[nn.Module, Batch], torch.Tensor],
@@ -73,6 +75,8 @@ def _run_steps(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
         raise InputError("no training features")
     stepper = Stepper(model, optimizer, scheduler, precision, compute_loss)
     progress = _Progress(total_steps, settings, ctx, log, optimizer, stepper)
+    config = getattr(unwrap(model), "config", None)
+    peak = device_peak_tflops(ctx.device, precision.dtype or torch.float32, settings.peak_tflops)
     model.train()
     epoch = 0
     while progress.steps < total_steps:
@@ -82,8 +86,11 @@ def _run_steps(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
                             pin_memory=ctx.device.type == "cuda")
         iterator = iter(loader)
         for _ in range(math.ceil(len(batches) / settings.accumulation)):
-            micro = [batches_to_device(b, ctx.device) for b in take(iterator, settings.accumulation)]
-            progress.count(epoch, micro, stepper.step(micro).loss)
+            tick = time.perf_counter()
+            rows = take(iterator, settings.accumulation)
+            progress.wait(time.perf_counter() - tick, [batch_shape(b) for b in rows], config)
+            micro = [batches_to_device(b, ctx.device) for b in rows]
+            progress.count(epoch, micro, stepper.step(micro).loss, peak)
             if progress.steps == total_steps:
                 break
         epoch += 1
@@ -106,25 +113,40 @@ class _Progress:
         # then, read once the record's loss all-reduce has synchronised.
         self.record_clock, self.sequences_at_record = self.start, 0
         self.final_loss = float("nan")
+        # this process's real tokens, model FLOPs and seconds waiting for its rows since the previous record
+        self.tokens, self.flops, self.waited = 0, 0.0, 0.0
 
-    def count(self, epoch: int, micro: Sequence[Batch], loss: float) -> None:
+    def wait(self, seconds: float, shapes: Sequence[BatchShape], config: Any) -> None:
+        """What the next step's rows cost: the time waited for them, their real tokens and model FLOPs."""
+        self.waited += seconds
+        self.tokens += sum(shape.tokens for shape in shapes)
+        if config is not None:
+            self.flops += sum(training_flops(config, shape) for shape in shapes)
+
+    def count(self, epoch: int, micro: Sequence[Batch], loss: float, peak_tflops: Optional[float] = None) -> None:
         """One optimizer step over the micro-batches `micro`, whose loss (this process's) was `loss`."""
         self.steps += 1
         self.sequences += sum(len(next(iter(b.values()))) for b in micro) * self.ctx.world_size
         self.bar.update(1)
         if self.steps % self.log_freq == 0 or self.steps == self.total_steps:
-            self.record(epoch, loss)
+            self.record(epoch, loss, peak_tflops)
 
-    def record(self, epoch: int, loss: float) -> None:
-        self.final_loss = float(all_reduce_sum(torch.tensor([loss], dtype=torch.float64, device=self.ctx.device),
-                                               self.ctx)) / self.ctx.world_size
+    def record(self, epoch: int, loss: float, peak_tflops: Optional[float]) -> None:
+        sums = all_reduce_sum(torch.tensor([loss, self.tokens, self.flops, self.waited], dtype=torch.float64,
+                                           device=self.ctx.device), self.ctx)
+        self.final_loss = float(sums[0]) / self.ctx.world_size
         now = time.perf_counter()
-        self.log.log([epoch, self.steps], {
-            "step_loss": self.final_loss, "learning_rate": self.optimizer.param_groups[0]["lr"],
-            "skipped_steps": self.stepper.skipped_steps,
-            "training_sequences_per_second": (self.sequences - self.sequences_at_record)
-            / max(now - self.record_clock, 1e-9)})
+        seconds = max(now - self.record_clock, 1e-9)
+        record = {"step_loss": self.final_loss, "learning_rate": self.optimizer.param_groups[0]["lr"],
+                  "skipped_steps": self.stepper.skipped_steps,
+                  "training_sequences_per_second": (self.sequences - self.sequences_at_record) / seconds,
+                  "tokens_per_second": float(sums[1]) / seconds,
+                  "input_wait_share": min(float(sums[3]) / self.ctx.world_size / seconds, 1.0)}
+        if peak_tflops and self.flops:
+            record["mfu"] = float(sums[2]) / seconds / (peak_tflops * 1e12 * self.ctx.world_size)
+        self.log.log([epoch, self.steps], record)
         self.record_clock, self.sequences_at_record = now, self.sequences
+        self.tokens, self.flops, self.waited = 0, 0.0, 0.0
         self.bar.set_postfix(loss=f"{self.final_loss:.4f}")
 
     def finish(self) -> dict[str, float]:

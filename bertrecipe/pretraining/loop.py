@@ -31,6 +31,7 @@ from bertrecipe.pretraining.startup import ResumePoint
 from bertrecipe.pretraining.token_budget import BatchRamp, count_tokens, tokens_of_all_processes
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import MetricLogger
+from bertrecipe.training.model_flops import batch_shape, device_peak_tflops, training_flops
 from bertrecipe.training.optimization import TimeBudgetScheduler
 from bertrecipe.training.process_group import DistributedContext, all_gather_objects, all_reduce_sum, any_process
 from bertrecipe.training.run_lock import RunLock
@@ -69,6 +70,7 @@ class LoopSettings:
     max_tokens: int = 0  # stop with a checkpoint once the phase has consumed this many real tokens (0: no budget)
     batch_ramp: Optional[BatchRamp] = None  # the batch-size warm-up's micro-batches per step (None: always full)
     progress_bar: bool = True
+    peak_tflops: Optional[float] = None  # --peak_tflops: the device's peak that mfu is against (None: looked up)
 
     @property
     def step_offset(self) -> int:
@@ -122,6 +124,10 @@ class LoopState:
     tokens: int = 0  # real tokens of all processes the phase has consumed, through the last settled step
     unsettled_tokens: int = 0  # this process's real tokens of the steps since (settle_tokens)
     evaluation_seconds: float = 0.0  # time this run spent in evaluations between steps
+    peak_tflops: Optional[float] = None  # of one process's device, for mfu (None: unknown, no mfu logged)
+    flops_since_record: float = 0.0  # this process's model FLOPs since the previous record
+    input_wait_since_record: float = 0.0  # seconds this process waited for its micro-batches since then
+    tokens_at_record: int = 0  # state.tokens at the previous record
     samples_since_record: int = 0  # samples of all processes since the previous record
     losses: list[float] = field(default_factory=list)  # this process's step losses since the previous record
     step_times: list[float] = field(default_factory=list)
@@ -183,12 +189,13 @@ def start_loop(setup: TrainingSetup, data: PretrainingData, criterion: BertPretr
                       skipped_steps=resume.skipped_steps)
     bar = tqdm(total=steps, disable=not settings.progress_bar, desc="pre-training", unit="step", dynamic_ncols=True)
     setup.model.train()
+    peak = device_peak_tflops(ctx.device, setup.precision.dtype or torch.float32, settings.peak_tflops)
     now, before = time.perf_counter(), resume.train_seconds
     return LoopState(setup, settings, data, batches, stepper, stop, bar, steps, keep=resume.path,
                      phase_step=resume.phase_step, current_step=resume.phase_step + settings.step_offset,
                      record_clock=now, clock_start=now, seconds_before=before, train_seconds=before,
                      next_evaluation=next_evaluation_after(before, settings.eval_interval_minutes),
-                     tokens=resume.tokens)
+                     tokens=resume.tokens, peak_tflops=peak, tokens_at_record=resume.tokens)
 
 
 def train_one_step(state: LoopState, last_of_run: bool) -> bool:
@@ -219,6 +226,8 @@ def apply_step(state: LoopState) -> StepResult:
     count = state.micro_batches_of_next_step()  # the same on every process: a function of the all-reduced count
     state.data.next_step_micro_batches = count
     batches = take(state.batches, count)
+    state.input_wait_since_record += time.perf_counter() - tick  # the loader's time this step waited for
+    state.flops_since_record += sum(training_flops(state.setup.config, batch_shape(b)) for b in batches)
     state.unsettled_tokens += count_tokens(batches)
     if state.settings.steps_read_tokens:
         settle_tokens(state)
@@ -291,22 +300,34 @@ def log_training_record(state: LoopState, step_loss: float) -> None:
     all processes over the wall time, read once the loss all-reduce has synchronised them."""
     setup, ctx = state.setup, state.setup.ctx
     settle_tokens(state)
-    mean = all_reduce_sum(torch.tensor([np.mean(state.losses), step_loss], dtype=torch.float64,
-                                       device=ctx.device), ctx) / ctx.world_size
-    state.last_loss = float(mean[1])
+    sums = all_reduce_sum(torch.tensor([np.mean(state.losses), step_loss, state.flops_since_record,
+                                        state.input_wait_since_record], dtype=torch.float64, device=ctx.device), ctx)
+    state.last_loss = float(sums[1]) / ctx.world_size
     now = time.perf_counter()
-    record = {"average_loss": float(mean[0]), "step_loss": state.last_loss,
+    seconds = max(now - state.record_clock, 1e-9)
+    record = {"average_loss": float(sums[0]) / ctx.world_size, "step_loss": state.last_loss,
               "learning_rate": setup.optimizer.param_groups[0]["lr"], "skipped_steps": state.stepper.skipped_steps,
-              "training_sequences_per_second": state.samples_since_record / max(now - state.record_clock, 1e-9),
-              "tokens": state.tokens}
+              "training_sequences_per_second": state.samples_since_record / seconds, "tokens": state.tokens,
+              **utilisation(state, float(sums[2]), float(sums[3]) / ctx.world_size, seconds)}
     if state.settings.batch_ramp is not None:  # the record's step's samples: the warm-up's batch size
         record["batch_samples"] = state.step_samples[-1]
     state.samples_since_record, state.record_clock = 0, now
+    state.flops_since_record, state.input_wait_since_record, state.tokens_at_record = 0.0, 0.0, state.tokens
     if setup.precision.scaler is not None:
         record["loss_scale"] = setup.precision.scaler.get_scale()
     setup.log.log([state.data.epoch(), state.global_step], record)
     state.bar.set_postfix(loss=f"{state.last_loss:.4f}")
     state.losses.clear()
+
+
+def utilisation(state: LoopState, flops: float, input_wait: float, seconds: float) -> dict[str, float]:
+    """Real tokens of all processes per second, model FLOPs utilisation against the processes' peak (where it is
+    known), and the share of the time a process waited for its input, since the previous record."""
+    figures = {"tokens_per_second": (state.tokens - state.tokens_at_record) / seconds,
+               "input_wait_share": min(input_wait / seconds, 1.0)}
+    if state.peak_tflops:
+        figures["mfu"] = flops / seconds / (state.peak_tflops * 1e12 * state.setup.ctx.world_size)
+    return figures
 
 
 def evaluate_between_steps(state: LoopState) -> None:

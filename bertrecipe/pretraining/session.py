@@ -165,7 +165,7 @@ def pretraining_loop_settings(settings: PretrainingSettings, ctx: DistributedCon
         do_eval=run.do_eval, eval_steps=run.eval_steps, eval_batch_size=run.eval_batch_size or stream.micro_batch,
         eval_interval_minutes=run.eval_interval_minutes, train_budget_minutes=settings.optimizer.train_budget_minutes,
         max_tokens=settings.optimizer.max_tokens, batch_ramp=step_ramp(settings, ctx) if run.do_train else None,
-        progress_bar=ctx.is_main and not run.disable_progress_bar)
+        progress_bar=ctx.is_main and not run.disable_progress_bar, peak_tflops=run.peak_tflops)
 
 
 def step_ramp(settings: PretrainingSettings, ctx: DistributedContext) -> Optional[BatchRamp]:

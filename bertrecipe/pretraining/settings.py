@@ -114,6 +114,7 @@ class RunSettings:
     steps_this_run: int = -1
     log_freq: int = 1
     disable_progress_bar: bool = False
+    peak_tflops: Optional[float] = None  # the device's peak for the logs' mfu (None: a known GPU's, a CPU's measured)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from bertrecipe.tokenization.tokenizer_json import (
     WORDPIECE_MODEL,
     is_tokenizer_json,
     other_model_problem,
+    read_tokenizer_json,
     tokenizer_json_model,
 )
 from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, BertTokenizer, ids_and_offsets
@@ -72,14 +73,11 @@ def load_bpe(path: str | Path) -> BpeVocab:
     """The tokenizer.json at path; DataError (one line) if it cannot be read, parsed, holds another model than BPE,
     or lacks a special token."""
     path = Path(path)
-    model = tokenizer_json_model(path)  # one line for a file that is no tokenizer.json
+    raw, data = read_tokenizer_json(path)  # one line for a file that is no tokenizer.json
+    model = data["model"]["type"]
     if model != BPE_MODEL:
         raise DataError(path, other_model_problem(model) if model != WORDPIECE_MODEL else
                         "a WordPiece tokenizer.json, where a byte-level BPE one is needed")
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise DataError(path, f"cannot read the tokenizer ({err.strerror}); check --vocab_file") from None
     try:
         tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
     except Exception as err:  # tokenizers raises plain Exception for a bad file; UnicodeDecodeError too

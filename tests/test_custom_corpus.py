@@ -253,3 +253,38 @@ def test_a_source_with_its_own_column_and_filters_joins_the_mixture_in_a_call_of
     assert dropped.returncode == 0 and "the mixture: web x1, books x2" in dropped.stdout, dropped.stdout
     unknown = prep(root, "--action", "text_formatting", "--dataset", "custom", "--drop_source", "news")
     assert unknown.returncode == 2 and "--drop_source: news: no such source" in unknown.stderr
+
+
+@pytest.mark.slow
+def test_a_formatting_killed_midway_resumes_to_the_bytes_of_an_uninterrupted_one(tmp_path, sources):
+    """SIGKILL once the first source is formatted and the second is under way; started again, the first is reused,
+    the second formatted anew, and every file equals an uninterrupted run's (no temporary left)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    big = [{"text": f"{i}: {row['text']}", "score": 2} for i in range(400) for row in sources["web"][:30]]
+    pq.write_table(pa.Table.from_pylist(big), sources["folder"] / "big.parquet", row_group_size=500)
+    folder = sources["folder"]
+    flags = ["--action", "text_formatting", "--dataset", "custom", "--source", f"web={folder / 'web.parquet'}",
+             "--source", f"big={folder / 'big.parquet'}", "--dedup", "--n_processes", "1"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert prep(whole, *flags).returncode == 0
+    env = {**os.environ, "BERT_PREP_WORKING_DIR": str(killed)}
+    process = subprocess.Popen([sys.executable, str(BERT_PREP), *flags], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    first_done = layout.formatted_text(killed, "custom_web").with_name("custom_web_one_article_per_line.txt.done.json")
+    while not first_done.exists() and process.poll() is None:
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not layout.formatted_text(killed, "custom_big").exists()  # killed while the second was under way
+    again = prep(killed, *flags)
+    assert again.returncode == 0 and again.stdout.count("reused") == 1, again.stdout
+
+    def files(root):  # every file's bytes, this folder's name in them replaced (the sources file names its files)
+        return {str(p.relative_to(root)): p.read_bytes().replace(str(root).encode(), b"ROOT")
+                for p in sorted(root.rglob("*")) if p.is_file()}
+
+    assert files(killed) == files(whole)

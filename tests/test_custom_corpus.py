@@ -217,6 +217,7 @@ def test_the_seen_hashes_answer_as_a_set_across_parts_and_merges(monkeypatch):
     assert len(seen.runs) <= 4 and sum(len(run) for run in seen.runs) == len(reference)
 
 
+@pytest.mark.slow
 def test_shards_of_an_earlier_text_are_made_again_not_skipped(tmp_path, sources):
     """Formatting and sharding again with another selection changes the text shards: create_hdf5_files sees it in
     the shards' text_sha256 and makes them again instead of keeping the earlier corpus's as complete."""

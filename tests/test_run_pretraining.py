@@ -32,7 +32,8 @@ def test_loss_falls_on_real_text_and_logs_follow_dllogger_format(corpus, tmp_pat
     assert sorted(steps) == [(0, s) for s in range(5, 41, 5)]
     assert steps[(0, 40)]["average_loss"] < steps[(0, 5)]["average_loss"] - 1.0
     assert set(steps[(0, 5)]) == {"average_loss", "step_loss", "learning_rate", "skipped_steps",
-                                  "training_sequences_per_second", "tokens"}
+                                  "training_sequences_per_second", "tokens", "tokens_per_second",
+                                  "input_wait_share", "mfu"}
     assert all(data["training_sequences_per_second"] > 0 for data in steps.values())
     final = final_record(tmp_path / "log.json")
     assert {"e2e_train_time", "training_sequences_per_second", "final_loss", "raw_train_time"} <= set(final)

@@ -76,7 +76,7 @@ def _run_steps(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
     stepper = Stepper(model, optimizer, scheduler, precision, compute_loss)
     progress = _Progress(total_steps, settings, ctx, log, optimizer, stepper)
     config = getattr(unwrap(model), "config", None)
-    peak = device_peak_tflops(ctx.device, precision.dtype or torch.float32, settings.peak_tflops)
+    peak = _Peak(ctx, precision, settings.peak_tflops)
     model.train()
     epoch = 0
     while progress.steps < total_steps:
@@ -123,7 +123,8 @@ class _Progress:
         if config is not None:
             self.flops += sum(training_flops(config, shape) for shape in shapes)
 
-    def count(self, epoch: int, micro: Sequence[Batch], loss: float, peak_tflops: Optional[float] = None) -> None:
+    def count(self, epoch: int, micro: Sequence[Batch], loss: float,
+              peak_tflops: Optional[Callable[[], Optional[float]]] = None) -> None:
         """One optimizer step over the micro-batches `micro`, whose loss (this process's) was `loss`."""
         self.steps += 1
         self.sequences += sum(len(next(iter(b.values()))) for b in micro) * self.ctx.world_size
@@ -131,7 +132,7 @@ class _Progress:
         if self.steps % self.log_freq == 0 or self.steps == self.total_steps:
             self.record(epoch, loss, peak_tflops)
 
-    def record(self, epoch: int, loss: float, peak_tflops: Optional[float]) -> None:
+    def record(self, epoch: int, loss: float, peak_tflops: Optional[Callable[[], Optional[float]]]) -> None:
         sums = all_reduce_sum(torch.tensor([loss, self.tokens, self.flops, self.waited], dtype=torch.float64,
                                            device=self.ctx.device), self.ctx)
         self.final_loss = float(sums[0]) / self.ctx.world_size
@@ -142,8 +143,9 @@ class _Progress:
                   "training_sequences_per_second": (self.sequences - self.sequences_at_record) / seconds,
                   "tokens_per_second": float(sums[1]) / seconds,
                   "input_wait_share": min(float(sums[3]) / self.ctx.world_size / seconds, 1.0)}
-        if peak_tflops and self.flops:
-            record["mfu"] = float(sums[2]) / seconds / (peak_tflops * 1e12 * self.ctx.world_size)
+        peak = peak_tflops() if peak_tflops is not None and self.ctx.is_main else None  # the logging process's
+        if peak and self.flops:
+            record["mfu"] = float(sums[2]) / seconds / (peak * 1e12 * self.ctx.world_size)
         self.log.log([epoch, self.steps], record)
         self.record_clock, self.sequences_at_record = now, self.sequences
         self.tokens, self.flops, self.waited = 0, 0.0, 0.0
@@ -154,6 +156,16 @@ class _Progress:
         elapsed = time.perf_counter() - self.start
         return {"e2e_train_time": elapsed, "training_sequences_per_second": self.sequences / elapsed,
                 "final_loss": self.final_loss}
+
+
+class _Peak:
+    """The device's peak for mfu, looked up (or measured, on a CPU) the first time a record asks."""
+
+    def __init__(self, ctx: DistributedContext, precision: Precision, given: Optional[float]) -> None:
+        self.ctx, self.precision, self.given = ctx, precision, given
+
+    def __call__(self) -> Optional[float]:
+        return device_peak_tflops(self.ctx.device, self.precision.dtype or torch.float32, self.given)
 
 
 def epoch_micro_batches(n: int, micro_batch_size: int, seed: int, epoch: int,

@@ -124,7 +124,6 @@ class LoopState:
     tokens: int = 0  # real tokens of all processes the phase has consumed, through the last settled step
     unsettled_tokens: int = 0  # this process's real tokens of the steps since (settle_tokens)
     evaluation_seconds: float = 0.0  # time this run spent in evaluations between steps
-    peak_tflops: Optional[float] = None  # of one process's device, for mfu (None: unknown, no mfu logged)
     flops_since_record: float = 0.0  # this process's model FLOPs since the previous record
     input_wait_since_record: float = 0.0  # seconds this process waited for its micro-batches since then
     tokens_at_record: int = 0  # state.tokens at the previous record
@@ -189,13 +188,12 @@ def start_loop(setup: TrainingSetup, data: PretrainingData, criterion: BertPretr
                       skipped_steps=resume.skipped_steps)
     bar = tqdm(total=steps, disable=not settings.progress_bar, desc="pre-training", unit="step", dynamic_ncols=True)
     setup.model.train()
-    peak = device_peak_tflops(ctx.device, setup.precision.dtype or torch.float32, settings.peak_tflops)
     now, before = time.perf_counter(), resume.train_seconds
     return LoopState(setup, settings, data, batches, stepper, stop, bar, steps, keep=resume.path,
                      phase_step=resume.phase_step, current_step=resume.phase_step + settings.step_offset,
                      record_clock=now, clock_start=now, seconds_before=before, train_seconds=before,
                      next_evaluation=next_evaluation_after(before, settings.eval_interval_minutes),
-                     tokens=resume.tokens, peak_tflops=peak, tokens_at_record=resume.tokens)
+                     tokens=resume.tokens, tokens_at_record=resume.tokens)
 
 
 def train_one_step(state: LoopState, last_of_run: bool) -> bool:
@@ -325,8 +323,12 @@ def utilisation(state: LoopState, flops: float, input_wait: float, seconds: floa
     known), and the share of the time a process waited for its input, since the previous record."""
     figures = {"tokens_per_second": (state.tokens - state.tokens_at_record) / seconds,
                "input_wait_share": min(input_wait / seconds, 1.0)}
-    if state.peak_tflops:
-        figures["mfu"] = flops / seconds / (state.peak_tflops * 1e12 * state.setup.ctx.world_size)
+    setup = state.setup
+    if setup.ctx.is_main:  # the only process that logs; after the all-reduce, so that no collective waits for it
+        peak = device_peak_tflops(setup.ctx.device, setup.precision.dtype or torch.float32,
+                                  state.settings.peak_tflops)
+        if peak:
+            figures["mfu"] = flops / seconds / (peak * 1e12 * setup.ctx.world_size)
     return figures
 
 

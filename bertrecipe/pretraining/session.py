@@ -46,6 +46,9 @@ def pretrain(settings: PretrainingSettings, config: ModelConfig, ctx: Distribute
     precision = make_precision(ctx.device, device.fp16, device.bf16, device.init_loss_scale)
     allow_tf32(device.tf32)
     use_deterministic_algorithms(device.deterministic)
+    # Every torch optimizer imports torch._dynamo when it takes its parameters (~2 s): done here, before the first
+    # write, so that no process spends those seconds between a peer's failed write and the collective that tells it.
+    import torch._dynamo  # noqa: F401
     train_shards, eval_shards = inspect_inputs(settings, config, ctx)
     vocab = load_run_vocab(settings, config)
     tokenizer = run_tokenizer(train_shards + eval_shards, vocab, config.vocab_size,

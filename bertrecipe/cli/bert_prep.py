@@ -182,9 +182,10 @@ def do_custom_formatting(cfg: PrepConfig) -> None:
                                     "--input_files FILES)")
     used: set[str] = set()
     with engine.open_runner(cfg.engine) as run, tqdm(desc="format custom", unit="record", disable=None) as bar:
-        n_tasks = sum(len(corpus_sources.source_tasks(source)) for source in cfg.sources)
+        tasks = {source.name: corpus_sources.source_tasks(source) for source in cfg.sources}  # planned once
+        n_tasks = sum(len(planned) for planned in tasks.values())
         described = corpus_sources.format_custom(list(cfg.sources), cfg.selection, cfg.root,
-                                                 _runner(cfg, run, n_tasks, used), bar.update, cfg.drop_sources)
+                                                 _runner(cfg, run, n_tasks, used), bar.update, cfg.drop_sources, tasks)
     for source in described:
         counts = source["counts"]
         if not source["this_call"]:

@@ -130,11 +130,14 @@ def _hash(text: str) -> int:
     return int.from_bytes(digest, "little")
 
 
+Tasks = list[tuple[str, tuple[int, ...] | None]]
+
+
 def format_source(source: Source, selection: Selection, output: Path, run: Runner | None,
-                  on_documents: Callable[[int], None] | None = None) -> Counts:
+                  on_documents: Callable[[int], None] | None = None, tasks: Tasks | None = None) -> Counts:
     """A source's tasks run (run: dataprep/engine.py's runner, or None: here) and joined into output atomically;
     what the selection did. A failure leaves no output, part or folder behind."""
-    tasks = source_tasks(source)
+    tasks = source_tasks(source) if tasks is None else tasks
     total = Counts()
     seen = SeenHashes()
     with atomic_output(output) as tmp, scratch_folder(output) as scratch:
@@ -194,13 +197,14 @@ def _append_new(part: str, out: Any, seen: SeenHashes) -> int:
 
 
 def format_custom(sources: list[Source], selection: Selection, root: Path, run: Runner | None,
-                  on_documents: Callable[[int], None] | None = None, drop: tuple[str, ...] = ()
-                  ) -> list[dict[str, Any]]:
+                  on_documents: Callable[[int], None] | None = None, drop: tuple[str, ...] = (),
+                  tasks: dict[str, Tasks] | None = None) -> list[dict[str, Any]]:
     """The sources formatted with this selection, then recorded in `<corpus>_sources.json` beside the sources of
     earlier calls (each with its own selection: a source whose text sits in another column, or that needs other
     filters, is formatted by a call of its own), less those in drop. A source formatted before from the same files
     (sizes and times) with the same selection is reused, so a stopped run started again formats only what it had
-    not finished. Every source of the mixture, in order."""
+    not finished. Every source of the mixture, in order. tasks: each source's source_tasks, where the caller
+    has them already (planning reads every Parquet file's footer)."""
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         raise DataError("--source", f"names must differ: {', '.join(names)}")
@@ -208,11 +212,12 @@ def format_custom(sources: list[Source], selection: Selection, root: Path, run: 
     unknown = [name for name in drop if name not in {s["name"] for s in recorded["sources"]} | set(names)]
     if unknown:
         raise DataError("--drop_source", f"{', '.join(unknown)}: no such source in {sources_file(root)}")
-    for source in sources:
-        source_tasks(source)  # every file checked before any is formatted
+    if tasks is None:  # every file checked before any is formatted
+        tasks = {source.name: source_tasks(source) for source in sources}
     mixture = {entry["name"]: {**entry, "this_call": False} for entry in recorded["sources"]}
     for source in sources:
-        mixture[source.name] = {**_formatted(source, selection, root, run, on_documents), "this_call": True}
+        mixture[source.name] = {**_formatted(source, selection, root, run, on_documents, tasks[source.name]),
+                                "this_call": True}
     for name in drop:
         mixture.pop(name, None)
     if not mixture:
@@ -224,7 +229,7 @@ def format_custom(sources: list[Source], selection: Selection, root: Path, run: 
 
 
 def _formatted(source: Source, selection: Selection, root: Path, run: Runner | None,
-               on_documents: Callable[[int], None] | None) -> dict[str, Any]:
+               on_documents: Callable[[int], None] | None, tasks: Tasks) -> dict[str, Any]:
     """One source formatted (or its earlier formatting reused): its record in the sources file."""
     output = layout.formatted_text(root, formatted_name(source))
     identity = {"name": source.name, "spec": source.spec, "selection": _selection_record(selection),
@@ -234,7 +239,7 @@ def _formatted(source: Source, selection: Selection, root: Path, run: Runner | N
     if reused:
         counts = earlier["counts"]
     else:
-        counts = format_source(source, selection, output, run, on_documents).as_dict()
+        counts = format_source(source, selection, output, run, on_documents, tasks).as_dict()
         _write_json(_done_file(output), {"identity": identity, "counts": counts})
     return {**asdict(source), "selection": identity["selection"], "formatted": str(output), "counts": counts,
             "reused": reused}

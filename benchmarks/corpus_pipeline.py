@@ -59,7 +59,7 @@ BOOKS = REPO / "tests" / "data" / "books"
 RESULTS = REPO / "benchmarks" / "results" / "corpus_pipeline"
 SEQ = 512
 ROW_GROUP_ROWS = 1000
-BPE_VOCAB_SIZE = 4096  # the books are ~25 KB: the merges stop before this (min_frequency 2)
+BPE_VOCAB_SIZE = 4096  # tests/data/books are ~25 KB: the merges stop before this (min_frequency 2)
 VERSIONS = ("pyarrow", "datasets", "transformers", "tokenizers", "h5py", "numpy", "blingfire", "psutil")
 
 
@@ -92,14 +92,14 @@ def documents(paragraphs: list[str], seed: int = 0) -> Iterator[dict]:
         index += 1
 
 
-def write_corpus(folder: Path, megabytes: float, files: int, seed: int = 0) -> list[Path]:
+def write_corpus(folder: Path, megabytes: float, files: int, seed: int = 0, books: Path = BOOKS) -> list[Path]:
     """`files` Parquet files of about megabytes / files MB of text each (UTF-8), row groups of ROW_GROUP_ROWS
     rows, written a row group at a time (a 10x corpus never sits in memory)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     folder.mkdir(parents=True, exist_ok=True)
-    records = documents(book_paragraphs(), seed)
+    records = documents(book_paragraphs(books), seed)
     per_file = megabytes * 1e6 / files
     paths = []
     for number in range(files):
@@ -117,7 +117,7 @@ def write_corpus(folder: Path, megabytes: float, files: int, seed: int = 0) -> l
     return paths
 
 
-def make_tokenizer(folder: Path, kind: str) -> Path:
+def make_tokenizer(folder: Path, kind: str, books: Path = BOOKS, vocab_size: int = BPE_VOCAB_SIZE) -> Path:
     """A byte-level BPE tokenizer.json trained on the books' paragraphs, or the tracked WordPiece vocab excerpt
     copied as vocab.txt into a folder of its own (the folder a run_mlm user names)."""
     if kind == "wordpiece":
@@ -126,8 +126,8 @@ def make_tokenizer(folder: Path, kind: str) -> Path:
     from bertrecipe.dataprep.vocab_training import train_bpe
 
     text = folder / "books.txt"
-    text.write_text("\n".join(book_paragraphs()) + "\n", encoding="utf-8")
-    return train_bpe([text], folder / "tokenizer.json", BPE_VOCAB_SIZE)
+    text.write_text("\n".join(book_paragraphs(books)) + "\n", encoding="utf-8")
+    return train_bpe([text], folder / "tokenizer.json", vocab_size)
 
 
 # --- the two pipelines, each run inside a child process ----------------------------------------------------------
@@ -383,20 +383,21 @@ def run_peer(inputs: list[Path], tokenizer: Path, seq: int, processes: int, root
 
 
 def benchmark(megabytes: float, process_counts: list[int], scale: int, seq: int, kind: str, root: Path,
-              interval: float = 0.1) -> dict:
+              interval: float = 0.1, books: Path = BOOKS, vocab_size: int = BPE_VOCAB_SIZE) -> dict:
     """Both pipelines at each process count on one corpus; ours again on `scale` times the text (same file size,
     `scale` times the files) on the most processes, when scale > 1."""
     files = max(process_counts)
-    inputs = write_corpus(root / "corpus", megabytes, files)
-    tokenizer = make_tokenizer(root, kind)
+    inputs = write_corpus(root / "corpus", megabytes, files, books=books)
+    tokenizer = make_tokenizer(root, kind, books, vocab_size)
     rows = []
     for processes in process_counts:
         rows.append(run_ours(inputs, tokenizer, seq, processes, root, interval))
         rows.append(run_peer(inputs, tokenizer, seq, processes, root, interval))
     result = {"megabytes": megabytes, "files": files, "parquet_bytes": sum(p.stat().st_size for p in inputs),
-              "seq": seq, "tokenizer": kind, "vocab_size": _vocab_size(tokenizer), "rows": [r.record() for r in rows]}
+              "seq": seq, "tokenizer": kind, "books": str(books), "vocab_size": _vocab_size(tokenizer),
+              "rows": [r.record() for r in rows]}
     if scale > 1:
-        larger = write_corpus(root / "larger", megabytes * scale, files * scale, seed=1)
+        larger = write_corpus(root / "larger", megabytes * scale, files * scale, seed=1, books=books)
         scaled = run_ours(larger, tokenizer, seq, files, root, interval, name=f"ours-x{scale}")
         result.update(scale=scale, scaled=scaled.record(), scaled_parquet_bytes=sum(p.stat().st_size for p in larger))
         shutil.rmtree(root / "larger")
@@ -419,7 +420,8 @@ def header(result: dict) -> str:
 
     versions = ", ".join(f"{name} {metadata.version(name)}" for name in VERSIONS)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    corpus = (f"corpus: {result['megabytes']:g} MB of text (tests/data/books' paragraphs drawn into documents), "
+    books = result.get("books", str(BOOKS.relative_to(REPO)))
+    corpus = (f"corpus: {result['megabytes']:g} MB of text ({books}' paragraphs drawn into documents), "
               f"{result['files']} Parquet file(s), {result['parquet_bytes'] / 1e6:.1f} MB on disk; seq "
               f"{result['seq']}; {result['tokenizer']} tokenizer of {result['vocab_size']:,} tokens; "
               "RAYON_NUM_THREADS=1 in every process")
@@ -487,6 +489,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--scale", type=int, default=10, help="ours again on this many times the text (1: not run)")
     p.add_argument("--seq", type=int, default=SEQ, help=f"max_seq_length (default {SEQ})")
     p.add_argument("--tokenizer", choices=("bpe", "wordpiece"), default="bpe")
+    p.add_argument("--books", type=Path, default=BOOKS,
+                   help="the .txt books the corpus and the BPE tokenizer are made of (default tests/data/books, 25 "
+                        "KB, repeated into the corpus; ../shared/data/books has 5 MB of real, varied text)")
+    p.add_argument("--vocab_size", type=int, default=BPE_VOCAB_SIZE,
+                   help=f"tokens of the BPE tokenizer trained on the books (default {BPE_VOCAB_SIZE})")
     p.add_argument("--interval", type=float, default=0.1, help="seconds between memory samples")
     p.add_argument("--work_dir", type=Path, help="where the scratch folder goes (default: the system's temporary)")
     p.add_argument("--output", type=Path, help="write OUTPUT.txt and OUTPUT.json (default "
@@ -502,7 +509,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     with tempfile.TemporaryDirectory(dir=args.work_dir, prefix="corpus_pipeline_") as scratch:
         result = benchmark(args.megabytes, args.processes, args.scale, args.seq, args.tokenizer, Path(scratch),
-                           args.interval)
+                           args.interval, args.books, args.vocab_size)
     text = report(result)
     print(text)
     output = args.output or RESULTS / time.strftime("%Y-%m-%d", time.gmtime())

@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from bertrecipe.dataprep.documents import BATCH_CHARS, Documents
-from bertrecipe.tokenization.bpe import BpeVocab
+from bertrecipe.tokenization.bpe import BpeVocab, SpacedWordEncoder
 
 
 def document_texts(text: str) -> Iterator[str]:
@@ -50,14 +50,13 @@ def bpe_documents(texts: Iterable[str], vocab: BpeVocab,
                   on_progress: Callable[[int], None] | None = None) -> Documents:
     """The documents of texts (files), each tokenized whole without special tokens: Documents whose every
     document is one "sentence" (document chunks need no sentences)."""
+    encoder = SpacedWordEncoder(vocab)
     parts: list[np.ndarray] = []
     lengths: list[int] = []
     for batch in _batches(texts):
-        for encoding in vocab.tokenizer.encode_batch(batch, add_special_tokens=False):
-            ids = np.asarray(encoding.ids, np.int32)
-            if len(ids):
-                parts.append(ids)
-                lengths.append(len(ids))
+        ids, batch_lengths = encoder.encode(batch)
+        parts.append(np.asarray(ids, np.int32))
+        lengths += [n for n in batch_lengths if n]  # a document of no token (none is made here) is no document
         if on_progress is not None:
             on_progress(sum(len(document) for document in batch))
     tokens = np.concatenate(parts) if parts else np.zeros(0, np.int32)

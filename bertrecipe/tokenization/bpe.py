@@ -10,7 +10,9 @@ pre-tokenizer never joins two words into one piece)."""
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Sequence, Sized, Union
 
@@ -28,6 +30,15 @@ from bertrecipe.tokenization.tokenizer_json import (
 )
 from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, BertTokenizer, ids_and_offsets
 
+# word_rule's answers: texts tokenized whole; words cached, new ones through the tokenizer; and new ASCII words
+# through the model alone, cut by the byte-level pattern here (ASCII's letters, digits and spaces are fixed).
+WHOLE_TEXTS, WORDS, ASCII_WORDS = "whole texts", "words", "ascii words"
+# The byte-level pre-tokenizer's pattern (GPT-2's) on ASCII, where \p{L} is [A-Za-z] and \p{N} is [0-9].
+_ASCII_PIECES = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+")
+# Byte-level BPE's characters for the ASCII bytes: printable ones stand for themselves, bytes 0-32 are U+0100 on
+# (the space U+0120, "Ġ"), DEL U+0121.
+_BYTE_LEVEL_ASCII = {b: chr(b) if 33 <= b <= 126 else chr(256 + b if b < 33 else 289) for b in range(128)}
+
 # ModernBERT embeds 50,368 ids for the 50,280 of its tokenizer: a model may hold this many more embeddings than a
 # tokenizer.json has tokens (its vocab padded to a multiple of 64, and more) and still be its model.
 BPE_EMBEDDING_SLACK = 128
@@ -42,6 +53,7 @@ class BpeVocab:
     size: int
     sha256: str
     special: dict[str, int]  # [PAD] [UNK] [CLS] [SEP] [MASK] -> id
+    word_rule: str = WHOLE_TEXTS  # how SpacedWordEncoder may tokenize data preparation's texts (word_rule)
 
     def __len__(self) -> int:
         return self.size
@@ -92,8 +104,98 @@ def load_bpe(path: str | Path) -> BpeVocab:
     # Text that spells a special token ("[SEP]" in an article about BERT) is text: its bytes, not the token's id,
     # as Google's WordPiece tokenizer splits it into pieces.
     tokenizer.encode_special_tokens = True
+    # A tokenizer.json may carry a model's truncation or padding settings: ids are wanted whole and unpadded (the
+    # shards' rows and the fine-tuning windows are cut by the recipe), so a document is never cut at 512 tokens.
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
     return BpeVocab(path, tokenizer, tokenizer.get_vocab_size(with_added_tokens=True),
-                    hashlib.sha256(raw).hexdigest(), special)
+                    hashlib.sha256(raw).hexdigest(), special, word_rule(data))
+
+
+def word_rule(data: dict) -> str:
+    """How a tokenizer.json may tokenize a text whose only whitespace is single spaces between words. WORDS where
+    its pieces never cross a space and each space leads the word after it, whatever the neighbouring words: true
+    of byte-level BPE without a normalizer or BPE dropout when no added token could match across a space (its
+    pattern, runs of letters, of numbers, of other characters, each with one optional leading space, and
+    contractions, stops at every space). ASCII_WORDS where, besides, nothing but the model acts after the
+    pattern (no added token to match, no space added in front)."""
+    pre_tokenizer = data.get("pre_tokenizer") or {}
+    if data.get("normalizer") is not None or data["model"].get("dropout") is not None:
+        return WHOLE_TEXTS
+    if pre_tokenizer.get("type") != "ByteLevel" or not pre_tokenizer.get("use_regex", True):
+        return WHOLE_TEXTS
+    # Special tokens are text here (encode_special_tokens); another added token is matched in the raw text.
+    added = [token for token in data.get("added_tokens", []) if not token.get("special")]
+    if not all(_never_spans_a_space(token) for token in added):
+        return WHOLE_TEXTS
+    return WORDS if added or pre_tokenizer.get("add_prefix_space", True) else ASCII_WORDS
+
+
+def _never_spans_a_space(token: dict) -> bool:
+    """An added token that no single-spaced text matches across a space: no whitespace and no right strip (which
+    would take the next word's space), or whitespace that such a text never holds (a run, a tab, a newline)."""
+    content = token.get("content", "")
+    if not any(character.isspace() for character in content):
+        return not token.get("rstrip", False)
+    return "  " in content or any(character.isspace() and character != " " for character in content)
+
+
+class SpacedWordEncoder:
+    """A tokenizer.json's ids of texts a batch at a time, equal to its encode_batch's (no special tokens), through
+    a cache of the words already seen. Where word_rule allows, a text whose only whitespace is single spaces
+    between words (a document as data preparation makes it) has the ids of its words, the first as it is, each
+    other one with its leading space, looked up or tokenized once; a text with other whitespace is tokenized
+    whole. Natural text repeats its words (Zipf), so a corpus is mostly lookups, and tokenizers' pattern, which
+    takes most of its byte-level time, runs on new non-ASCII words alone."""
+
+    def __init__(self, vocab: BpeVocab, capacity: int = 1 << 20) -> None:
+        self.tokenizer = vocab.tokenizer
+        self.rule = vocab.word_rule
+        self.capacity = capacity  # words kept; the cache starts afresh when it is full
+        self.leading: dict[str, list[int] | None] = {}  # a text's first word; None: not a word (tokenize whole)
+        self.spaced: dict[str, list[int] | None] = {}  # a later word, tokenized with its leading space
+
+    def encode(self, texts: list[str]) -> tuple[list[int], list[int]]:
+        """(all texts' ids in order, each text's number of ids)."""
+        if self.rule == WHOLE_TEXTS:
+            encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+            return [i for encoding in encodings for i in encoding.ids], [len(e.ids) for e in encodings]
+        words = [text.split(" ") for text in texts]
+        self._learn(words)
+        ids: list[int] = []
+        lengths: list[int] = []
+        leading, spaced = self.leading, self.spaced
+        for text, text_words in zip(texts, words, strict=True):
+            pieces = [leading[text_words[0]], *map(spaced.__getitem__, text_words[1:])]
+            if None in pieces:  # whitespace other than single spaces between words: the text as a whole
+                pieces = [self.tokenizer.encode(text, add_special_tokens=False).ids]
+            start = len(ids)
+            ids.extend(chain.from_iterable(pieces))
+            lengths.append(len(ids) - start)
+        return ids, lengths
+
+    def _learn(self, words: list[list[str]]) -> None:
+        """Tokenize the first and later words of the texts that the cache lacks."""
+        if len(self.leading) + len(self.spaced) > self.capacity:
+            self.leading.clear()
+            self.spaced.clear()
+        new_leading = {text_words[0] for text_words in words} - self.leading.keys()
+        new_spaced = {word for text_words in words for word in text_words[1:]} - self.spaced.keys()
+        self._add(self.leading, new_leading, "")
+        self._add(self.spaced, new_spaced, " ")
+
+    def _add(self, cache: dict[str, list[int] | None], words: set[str], lead: str) -> None:
+        cache.update(dict.fromkeys(words))
+        # A word is a non-empty run without whitespace; "" (two spaces, an edge space) or a tab inside is not.
+        real = [word for word in words if word.split() == [word]]
+        if self.rule == ASCII_WORDS:
+            model = self.tokenizer.model
+            cache.update((word, [token.id for piece in _ASCII_PIECES.findall(lead + word)
+                                 for token in model.tokenize(piece.translate(_BYTE_LEVEL_ASCII))])
+                         for word in real if word.isascii())
+            real = [word for word in real if not word.isascii()]
+        encodings = self.tokenizer.encode_batch([lead + word for word in real], add_special_tokens=False)
+        cache.update((word, encoding.ids) for word, encoding in zip(real, encodings, strict=True))
 
 
 def bpe_size_problem(vocab: Sized, model_vocab_size: int) -> tuple[str | None, bool]:

@@ -20,7 +20,8 @@ LAYER_OF = {name: level for level, names in enumerate(LAYERS) for name in names}
 ROOT_COMMANDS = ["run_pretraining.py", "run_squad.py", "run_glue.py", "inference.py", "evaluate_squad.py",
                  "data/bertPrep.py", "data/create_pretraining_data.py", "data/build_default_corpus.py",
                  "scripts/convert_checkpoint.py", "scripts/plot_logs.py", "triton/deployer.py", "triton/server.py",
-                 "triton/client.py", "triton/run_perf_client.py", "triton/run_squad_client.py"]
+                 "triton/client.py", "triton/run_perf_client.py", "triton/run_squad_client.py",
+                 "run_downstream.py"]
 ROOT_FACADES = ["model.py", "optimization.py"]  # NVIDIA's layout: re-exports only
 MAX_COMMAND_LINES = 60
 

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from tokenizers import Tokenizer
 
 from bertrecipe.dataprep import records
 from bertrecipe.dataprep.vocab_training import train_bpe
@@ -97,6 +98,25 @@ def test_every_format_gives_the_shard_of_the_same_documents_as_text(tmp_path, ki
         assert done.returncode == 0, done.stderr
         assert f"{len(rows)} of {len(rows)} records kept as documents (none dropped)" in done.stdout
         assert_same_shard(shard_contents(tmp_path / f"{name}.hdf5"), reference)
+
+
+def test_bpe_chunks_take_a_record_whole_where_its_sentences_meet_without_a_space(tmp_path):
+    """Byte-level BPE tokenizes a document whole: a record is not cut into sentence lines that would be joined
+    again by a space (blingfire cuts after a full stop of Japanese with no space there)."""
+    text = "日本語の文です。次の文です。  Then  English. 3 words"
+    assert len(blingfire.text_to_sentences(text).split("\n")) > 1
+    pq.write_table(pa.Table.from_pylist([{"text": text}, {"text": "  "}, {"text": "a second one"}]),
+                   tmp_path / "docs.parquet")
+    tokenizer = train_bpe(BOOKS, tmp_path / "tokenizer.json", 600)
+    done = create(tmp_path / "docs.parquet", tmp_path / "out.hdf5", "--document_chunks", "--max_seq_length", "512",
+                  vocab=tokenizer)
+    assert done.returncode == 0, done.stderr
+    with h5py.File(tmp_path / "out.hdf5", "r") as f:
+        rows = sorted((f["document_ids"][i], f["input_ids"][i][1:f["input_mask"][i].sum() - 1].tolist())
+                      for i in range(len(f["input_ids"])))
+    encode = Tokenizer.from_file(str(tokenizer)).encode
+    assert [ids for _, ids in rows] == [encode(" ".join(text.split()), add_special_tokens=False).ids,
+                                        encode("a second one", add_special_tokens=False).ids]
 
 
 def test_a_folder_a_glob_and_a_list_read_their_files_in_name_order(tmp_path):

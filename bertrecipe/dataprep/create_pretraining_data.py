@@ -210,7 +210,7 @@ def create_shard(cfg: ShardConfig, progress: bool | None = None) -> ShardResult:
     compression = None if cfg.compression == "none" else cfg.compression
     if cfg.document_chunks:
         vocab = chunk_vocab(cfg.vocab_file, cfg.do_lower_case)
-        docs, input_bytes, counts = _read_documents(cfg, vocab.tokenize, disable)
+        docs, input_bytes, counts = _read_documents(cfg, vocab.tokenize, disable, by_sentence=vocab.kind != "bpe")
         rows = write_document_chunks(Path(cfg.output_file), docs, cfg.max_seq_length, vocab.special,
                                      chunk_attributes(cfg, vocab), cfg.random_seed, compression,
                                      clean=not cfg.checked_by_caller)
@@ -223,14 +223,16 @@ def create_shard(cfg: ShardConfig, progress: bool | None = None) -> ShardResult:
 
 
 def _read_documents(cfg: ShardConfig, tokenize: Callable[[Iterable[str], Callable[[int], None] | None], Documents],
-                    disable: bool | None) -> tuple[Documents, int, Counts | None]:
-    """The input's documents, tokenized, its size in bytes and what the selection did to its records; refuses an
+                    disable: bool | None, by_sentence: bool = True) -> tuple[Documents, int, Counts | None]:
+    """The input's documents, tokenized, its size in bytes and what the selection did to its records (records laid
+    out a sentence a line, or a document a line where by_sentence is False: records.google_layout); refuses an
     input without text."""
     files = input_files(cfg.input_file) if cfg.checked_by_caller else check_shard_paths(cfg)
     counts = _check_selection(cfg, files)
     texts = []  # all read and decoded before any output: bad bytes and bad records fail early
     for path in files:
-        texts += google_layout(documents(path, cfg.selection, counts)) if record_format(path) else [read_text(path)]
+        texts += (google_layout(documents(path, cfg.selection, counts), by_sentence=by_sentence) if record_format(path)
+                  else [read_text(path)])
     input_bytes = sum(_size(path) for path in files)
     with tqdm(total=sum(len(t) for t in texts), unit="char", unit_scale=True,
               desc=f"tokenize {Path(cfg.output_file).name}", disable=disable, leave=False) as bar:

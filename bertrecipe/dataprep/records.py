@@ -350,19 +350,22 @@ def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
-def google_layout(texts: Iterable[str], batch_chars: int = 250_000) -> Iterator[str]:
+def google_layout(texts: Iterable[str], batch_chars: int = 250_000, by_sentence: bool = True) -> Iterator[str]:
     """Documents in the layout of Google's reader, as the Wikipedia path makes it (whitespace runs as one space,
     blingfire's sentences one a line, a blank line after each document), joined into pieces of about
-    batch_chars characters (each piece ends a document)."""
+    batch_chars characters (each piece ends a document). With by_sentence False a document is one line: for byte-level
+    BPE chunks, which tokenize a document whole, so that it keeps its text where two sentences meet without a space
+    (Chinese, Japanese), which the sentence lines, joined by one space, would not."""
     from bertrecipe.dataprep.sharding import split_sentences  # blingfire, loaded where records are read
 
     piece: list[str] = []
     size = 0
     for text in texts:
-        sentences = split_sentences(" ".join(text.split()))
-        if not sentences:
+        single_spaced = " ".join(text.split())
+        lines = split_sentences(single_spaced) if by_sentence else [single_spaced] * bool(single_spaced)
+        if not lines:
             continue
-        block = "\n".join(sentences) + "\n\n"
+        block = "\n".join(lines) + "\n\n"
         piece.append(block)
         size += len(block)
         if size >= batch_chars:

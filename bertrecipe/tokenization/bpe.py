@@ -154,6 +154,7 @@ class SpacedWordEncoder:
         self.capacity = capacity  # words kept; the cache starts afresh when it is full
         self.leading: dict[str, list[int] | None] = {}  # a text's first word; None: not a word (tokenize whole)
         self.spaced: dict[str, list[int] | None] = {}  # a later word, tokenized with its leading space
+        self.pieces: dict[str, list[int]] = {}  # an ASCII word's byte-level pieces (ASCII_WORDS)
 
     def encode(self, texts: list[str]) -> tuple[list[int], list[int]]:
         """(all texts' ids in order, each text's number of ids)."""
@@ -176,9 +177,9 @@ class SpacedWordEncoder:
 
     def _learn(self, words: list[list[str]]) -> None:
         """Tokenize the first and later words of the texts that the cache lacks."""
-        if len(self.leading) + len(self.spaced) > self.capacity:
-            self.leading.clear()
-            self.spaced.clear()
+        if len(self.leading) + len(self.spaced) + len(self.pieces) > self.capacity:
+            for cache in (self.leading, self.spaced, self.pieces):
+                cache.clear()
         new_leading = {text_words[0] for text_words in words} - self.leading.keys()
         new_spaced = {word for text_words in words for word in text_words[1:]} - self.spaced.keys()
         self._add(self.leading, new_leading, "")
@@ -189,13 +190,22 @@ class SpacedWordEncoder:
         # A word is a non-empty run without whitespace; "" (two spaces, an edge space) or a tab inside is not.
         real = [word for word in words if word.split() == [word]]
         if self.rule == ASCII_WORDS:
-            model = self.tokenizer.model
-            cache.update((word, [token.id for piece in _ASCII_PIECES.findall(lead + word)
-                                 for token in model.tokenize(piece.translate(_BYTE_LEVEL_ASCII))])
-                         for word in real if word.isascii())
+            cache.update((word, self._ascii_ids(lead + word)) for word in real if word.isascii())
             real = [word for word in real if not word.isascii()]
         encodings = self.tokenizer.encode_batch([lead + word for word in real], add_special_tokens=False)
         cache.update((word, encoding.ids) for word, encoding in zip(real, encodings, strict=True))
+
+    def _ascii_ids(self, text: str) -> list[int]:
+        """The ids of an ASCII word (with its leading space, if any): its byte-level pieces, each looked up or
+        merged by the model once ("word," and "(word" share "word")."""
+        ids: list[int] = []
+        for piece in _ASCII_PIECES.findall(text):
+            piece_ids = self.pieces.get(piece)
+            if piece_ids is None:
+                tokens = self.tokenizer.model.tokenize(piece.translate(_BYTE_LEVEL_ASCII))
+                piece_ids = self.pieces[piece] = [token.id for token in tokens]
+            ids += piece_ids
+        return ids
 
 
 def bpe_size_problem(vocab: Sized, model_vocab_size: int) -> tuple[str | None, bool]:

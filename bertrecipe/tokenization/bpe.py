@@ -148,10 +148,12 @@ class SpacedWordEncoder:
     whole. Natural text repeats its words (Zipf), so a corpus is mostly lookups, and tokenizers' pattern, which
     takes most of its byte-level time, runs on new non-ASCII words alone."""
 
-    def __init__(self, vocab: BpeVocab, capacity: int = 1 << 20) -> None:
+    def __init__(self, vocab: BpeVocab, capacity: int = 1 << 17) -> None:
         self.tokenizer = vocab.tokenizer
         self.rule = vocab.word_rule
-        self.capacity = capacity  # words kept; the cache starts afresh when it is full
+        # Words and pieces kept, about 200 bytes each (25 MB in all); the cache starts afresh when it is full. A 5 MB
+        # shard of books held 90,000; most of a corpus's words are its few thousand commonest, soon cached again.
+        self.capacity = capacity
         self.leading: dict[str, list[int] | None] = {}  # a text's first word; None: not a word (tokenize whole)
         self.spaced: dict[str, list[int] | None] = {}  # a later word, tokenized with its leading space
         self.pieces: dict[str, list[int]] = {}  # an ASCII word's byte-level pieces (ASCII_WORDS)

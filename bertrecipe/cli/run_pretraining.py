@@ -23,6 +23,7 @@ from bertrecipe.cli.command_line import ArgumentParser, Terminated, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.families import ModelConfig, is_modern_config
 from bertrecipe.model.weights import read_config
+from bertrecipe.pretraining.masking import SCHEDULE_SHAPES
 from bertrecipe.pretraining.session import pretrain
 from bertrecipe.pretraining.settings import PretrainingSettings, settings_from_flags
 from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH
@@ -180,6 +181,12 @@ def add_stream_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--masked_lm_prob", type=float, default=None,
                    help="with --dynamic_masking: share of tokens masked (default 0.15; Wettig et al. 2022 find 0.3-0.4 "
                         "better at equal compute); --max_predictions_per_seq caps it and may then exceed the shards'")
+    p.add_argument("--masked_lm_prob_schedule", choices=SCHEDULE_SHAPES, default="constant",
+                   help="with --dynamic_masking: the mask rate goes from --masked_lm_prob at the phase's first step to "
+                        "--masked_lm_prob_end at its last (--max_steps), linearly or along a half cosine (Ankner et "
+                        "al. 2024: 30 %% down to 15 %%); each phase has its own")
+    p.add_argument("--masked_lm_prob_end", type=float, default=None,
+                   help="with --masked_lm_prob_schedule linear or cosine: the rate at the phase's last step")
     p.add_argument("--whole_word_masking", action="store_true",
                    help="with --dynamic_masking: mask all pieces of a word together (needs --vocab_file)")
     p.add_argument("--vocab_file", help="with --dynamic_masking: the shards' vocab.txt or tokenizer.json (WordPiece or "
@@ -252,6 +259,7 @@ def check_combinations(args: argparse.Namespace) -> None:
         args.masked_lm_prob = 0.15
     if not 0 < args.masked_lm_prob <= 1:
         raise InputError(f"--masked_lm_prob must lie in (0, 1], got {args.masked_lm_prob}")
+    check_mask_schedule(args)
     if args.eval_interval_minutes and not (args.do_train and args.eval_dir):
         raise InputError("--eval_interval_minutes evaluates during training: it needs --do_train and --eval_dir")
     if args.pretrain_dropout is not None and not 0 <= args.pretrain_dropout < 1:
@@ -261,6 +269,27 @@ def check_combinations(args: argparse.Namespace) -> None:
     if args.do_eval and not args.do_train and not (args.init_checkpoint or args.resume_from_checkpoint):
         raise InputError("--do_eval without --do_train evaluates given weights: pass --init_checkpoint or "
                          "--resume_from_checkpoint")
+
+
+def check_mask_schedule(args: argparse.Namespace) -> None:
+    """Refuses a mask-rate schedule that cannot apply, with one line: static masks, a missing or bad end rate, or a
+    phase whose length in steps is not known before it runs (its rate is a function of the step)."""
+    varying = args.masked_lm_prob_schedule != "constant"
+    if (varying or args.masked_lm_prob_end is not None) and not args.dynamic_masking:
+        raise InputError("--masked_lm_prob_schedule and --masked_lm_prob_end change the mask rate as samples are "
+                         "read: add --dynamic_masking (static shards keep the masks create_pretraining_data.py drew)")
+    if varying and args.masked_lm_prob_end is None:
+        raise InputError(f"--masked_lm_prob_schedule {args.masked_lm_prob_schedule} needs --masked_lm_prob_end, "
+                         "the rate at the phase's last step")
+    if not varying and args.masked_lm_prob_end is not None:
+        raise InputError("--masked_lm_prob_end needs --masked_lm_prob_schedule linear or cosine")
+    if varying and not 0 < args.masked_lm_prob_end <= 1:
+        raise InputError(f"--masked_lm_prob_end must lie in (0, 1], got {args.masked_lm_prob_end}")
+    budget = [f"--{name}" for name in ("train_budget_minutes", "max_tokens", "batch_size_warmup_tokens")
+              if getattr(args, name)]
+    if varying and budget:
+        raise InputError(f"--masked_lm_prob_schedule {args.masked_lm_prob_schedule} follows the steps of "
+                         f"--max_steps, which {budget[0]} makes unknown before the phase runs: drop one of them")
 
 
 def check_numbers(args: argparse.Namespace) -> None:

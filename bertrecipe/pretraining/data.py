@@ -156,7 +156,8 @@ class PretrainingData:
     def __init__(self, shards: list[ShardInfo], seed: int, shape: StepShape, lanes: int, vocab_size: int,
                  start: int = 0, max_steps: Optional[int] = None,
                  masking_spec: Optional[masking.MaskingSpec] = None, bin_by_length: bool = False,
-                 pack_sequences: bool = False) -> None:
+                 pack_sequences: bool = False, mask_schedule: Optional[masking.MaskSchedule] = None,
+                 first_step: int = 0) -> None:
         sample_order.check_lanes(lanes, shape.samples_per_step, shape.world_size)
         self.stream = sample_order.StreamOrder([s.num_samples for s in shards], [s.block_rows for s in shards],
                                                seed, lanes)
@@ -168,6 +169,11 @@ class PretrainingData:
         self.max_steps = max_steps
         self.seed = seed
         self.masking_spec = masking_spec  # None: the shards' own (static) masks
+        # The rate of each phase step with masking_spec (None: the spec's rate); first_step is the phase step at
+        # `start`, so a row's step follows from its lane index (full steps: the flags refuse a varying rate with
+        # a batch-size warm-up).
+        self.mask_schedule = mask_schedule
+        self.first_step = first_step
         self.bin_by_length = bin_by_length
         self.pack_sequences = pack_sequences  # packing.py: each micro-batch's samples in as few rows as hold them
         self.first_sample = np.concatenate([[0], np.cumsum([s.num_samples for s in shards])[:-1]]).astype(np.int64)
@@ -202,6 +208,12 @@ class PretrainingData:
         """The walk: this rank's portions in the order its steps first need them."""
         return sample_order.portions_needed(self.stream, self.lane_range, self.per_lane,
                                             self.start // self.stream.lanes, self.max_steps)
+
+    def row_steps(self, portion: sample_order.Portion) -> np.ndarray:
+        """int64 [rows]: the phase step that takes each row of the portion (delivered in its shuffled order, row j
+        at lane index portion.lane_index + j); rows before the start, which no step takes, get steps below it."""
+        lane_indexes = portion.lane_index + np.arange(portion.stop - portion.start, dtype=np.int64)
+        return self.first_step + (lane_indexes - self.start // self.stream.lanes) // self.per_lane
 
     def reader(self) -> "PortionReader":
         """The IterableDataset for the DataLoader, whose workers read the portions."""
@@ -319,8 +331,11 @@ class PortionReader(IterableDataset):
         original = masking.recover_original_tokens(arrays["input_ids"], arrays["masked_lm_positions"],
                                                    arrays["masked_lm_ids"])
         sample_ids = self.data.first_sample[portion.file] + portion.start + order
+        schedule, rates = self.data.mask_schedule, None
+        if schedule is not None and schedule.varies:  # the step travels with the rows: workers read ahead
+            rates = schedule.rates(self.data.row_steps(portion))
         input_ids, labels = masking.dynamic_mask(original, arrays["input_mask"], sample_ids, portion.epoch,
-                                                 self.data.seed, self.data.masking_spec)
+                                                 self.data.seed, self.data.masking_spec, rates)
         return {"input_ids": input_ids, "segment_ids": arrays["segment_ids"], "input_mask": arrays["input_mask"],
                 "masked_lm_labels": labels, "next_sentence_labels": arrays["next_sentence_labels"]}
 

@@ -309,6 +309,8 @@ def log_training_record(state: LoopState, step_loss: float) -> None:
               **utilisation(state, float(sums[2]), float(sums[3]) / ctx.world_size, seconds)}
     if state.settings.batch_ramp is not None:  # the record's step's samples: the warm-up's batch size
         record["batch_samples"] = state.step_samples[-1]
+    if state.data.mask_schedule is not None:  # dynamic masking: the share masked in the record's step
+        record["masked_lm_prob"] = state.data.mask_schedule.rate(state.phase_step - 1)
     state.samples_since_record, state.record_clock = 0, now
     state.flops_since_record, state.input_wait_since_record, state.tokens_at_record = 0.0, 0.0, state.tokens
     if setup.precision.scaler is not None:

@@ -17,6 +17,7 @@ key of position p, 3 * p + 2 decides [MASK] / random / keep for p, 3 * p + 3 dra
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -53,6 +54,45 @@ class MaskingSpec:
         if self.is_continuation is not None and self.is_continuation.shape != (self.vocab_size,):
             raise ValueError(f"is_continuation has shape {self.is_continuation.shape}, "
                              f"expected ({self.vocab_size},)")
+
+
+SCHEDULE_SHAPES = ("constant", "linear", "cosine")
+
+
+@dataclass(frozen=True)
+class MaskSchedule:
+    """The masked share of each optimizer step of a phase of `steps` steps (--masked_lm_prob_schedule): `start` at
+    the phase's step 0, `end` at its last step (steps - 1), linearly or along a half cosine in between; constant
+    is `start` throughout. A pure function of the phase step, so a resumed run masks as an uninterrupted one."""
+
+    start: float
+    end: float
+    shape: str = "constant"
+    steps: int = 1
+
+    def __post_init__(self) -> None:
+        if self.shape not in SCHEDULE_SHAPES:
+            raise ValueError(f"mask-rate schedule {self.shape!r} is not one of {', '.join(SCHEDULE_SHAPES)}")
+        if not (0.0 < self.start <= 1.0 and 0.0 < self.end <= 1.0):
+            raise ValueError(f"mask rates {self.start} and {self.end} must lie in (0, 1]")
+
+    @property
+    def varies(self) -> bool:
+        return self.shape != "constant" and self.start != self.end and self.steps > 1
+
+    def rate(self, step: int) -> float:
+        """The rate of phase step `step` (0-based), held at the ends outside [0, steps - 1]."""
+        if not self.varies:
+            return self.start
+        progress = min(max(step / (self.steps - 1), 0.0), 1.0)
+        if self.shape == "cosine":
+            progress = (1.0 - math.cos(math.pi * progress)) / 2.0
+        return self.start + (self.end - self.start) * progress
+
+    def rates(self, steps: np.ndarray) -> np.ndarray:
+        """float64 [B]: rate() of each step, computed once per distinct step (the same float as rate())."""
+        distinct, inverse = np.unique(np.asarray(steps, np.int64), return_inverse=True)
+        return np.array([self.rate(int(step)) for step in distinct], np.float64)[inverse.reshape(-1)]
 
 
 def continuation_table(tokens: Sequence[str]) -> np.ndarray:
@@ -178,11 +218,14 @@ def _position_keys(keys: np.ndarray, candidates: np.ndarray) -> np.ndarray:
     return sort_keys
 
 
-def number_of_predictions(input_mask: np.ndarray, candidates: np.ndarray, spec: MaskingSpec) -> np.ndarray:
+def number_of_predictions(input_mask: np.ndarray, candidates: np.ndarray, spec: MaskingSpec,
+                          rates: Optional[np.ndarray] = None) -> np.ndarray:
     """int64 [B]: Google's min(max_predictions, max(1, round(len(tokens) * prob))), len(tokens) with [CLS]
-    and [SEP]; round and np.rint both round half to even. Fewer where the row has fewer candidates."""
+    and [SEP]; round and np.rint both round half to even. Fewer where the row has fewer candidates. prob is
+    spec.masked_lm_prob, or each row's own rate (`rates` [B], a mask-rate schedule's)."""
     length = np.count_nonzero(input_mask, axis=1)
-    k = np.minimum(spec.max_predictions, np.maximum(1, np.rint(length * spec.masked_lm_prob).astype(np.int64)))
+    prob = spec.masked_lm_prob if rates is None else np.asarray(rates, np.float64)
+    k = np.minimum(spec.max_predictions, np.maximum(1, np.rint(length * prob).astype(np.int64)))
     return np.minimum(k, np.count_nonzero(candidates, axis=1))
 
 
@@ -285,11 +328,12 @@ def _replace(original: np.ndarray, chosen: np.ndarray, keys: np.ndarray, spec: M
 
 
 def dynamic_mask(original_ids: np.ndarray, input_mask: np.ndarray, sample_ids: np.ndarray, epoch: int,
-                 seed: int, spec: MaskingSpec) -> tuple[np.ndarray, np.ndarray]:
+                 seed: int, spec: MaskingSpec, rates: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
     """(input_ids, masked_lm_labels), int64 [B, S], of unmasked rows [B, S] masked afresh with Google's rules;
     labels are IGNORE_INDEX except at predicted positions, where they hold the original token. Row i depends
-    only on its own tokens and (seed, epoch, sample_ids[i]): a sample's global index, not its place in the
-    batch or the stream."""
+    only on its own tokens, (seed, epoch, sample_ids[i]) and its rate (rates[i], else spec.masked_lm_prob): a
+    sample's global index, not its place in the batch or the stream. The positions drawn at a lower rate are
+    the first of those drawn at a higher one (the same order, cut shorter)."""
     original = np.asarray(original_ids).astype(np.int64)
     if np.shape(sample_ids) != original.shape[:1] or np.shape(input_mask) != original.shape:
         raise ValueError(f"sample_ids {np.shape(sample_ids)} and input_mask {np.shape(input_mask)} do not match "
@@ -299,7 +343,9 @@ def dynamic_mask(original_ids: np.ndarray, input_mask: np.ndarray, sample_ids: n
         candidates &= original != special
     keys = sample_keys(seed, epoch, sample_ids)
     sort_keys = _position_keys(keys, candidates)
-    k = number_of_predictions(input_mask, candidates, spec)
+    if rates is not None and np.shape(rates) != original.shape[:1]:
+        raise ValueError(f"rates {np.shape(rates)} do not match rows {original.shape}")
+    k = number_of_predictions(input_mask, candidates, spec, rates)
     if spec.is_continuation is None:
         chosen = _choose_tokens(sort_keys, k)
     else:

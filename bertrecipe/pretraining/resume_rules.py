@@ -41,7 +41,7 @@ RULES = (
     ResumeRule("learning_rate", "applied", "the schedule goes on from the checkpoint's step with the new peak"),
     ResumeRule("warmup_proportion", "applied", "the schedule goes on from the checkpoint's step with the new warm-up"),
     ResumeRule("max_steps", "applied", "the decay now ends at the new step",
-               limit="below the checkpoint's step: refused"),
+               limit="below the checkpoint's step, or under a --masked_lm_prob_schedule: refused"),
     ResumeRule("train_budget_minutes", "applied", "the budget's schedule goes on with the new budget"),
     ResumeRule("max_tokens", "applied", "the schedule goes on from the checkpoint's token count with the new budget",
                before=0, limit="reached already: nothing left to train"),
@@ -76,6 +76,10 @@ RULES = (
     ResumeRule("max_predictions_per_seq", "refused", "the masked positions per sequence shape every batch"),
     ResumeRule("dynamic_masking", "refused", "it changes what every sample of the stream is"),
     ResumeRule("masked_lm_prob", "refused", "it changes what every sample of the stream is"),
+    ResumeRule("masked_lm_prob_schedule", "refused", "the mask rate of every step left would change (a new phase "
+                                                     "may take another)", before="constant"),
+    ResumeRule("masked_lm_prob_end", "refused", "the mask rate of every step left would change (a new phase may "
+                                                "take another)", before=None),
     ResumeRule("whole_word_masking", "refused", "it changes what every sample of the stream is"),
     ResumeRule("optimizer", "refused", "the checkpoint holds that optimizer's state (LAMB's and AdamW's moments "
                                        "are not interchangeable)", before="lamb"),
@@ -298,6 +302,7 @@ def check_resume(settings: PretrainingSettings, ctx: DistributedContext, shards:
             start = int(ckpt["phase_step"])
             changes = compare_flags(path, ckpt, settings.record(), shards,
                                     settings.stream.train_batch_size * ctx.world_size)
+            refuse_stretched_mask_schedule(path, ckpt, settings)
             if ctx.is_main and "fingerprints" not in (ckpt.get("data") or {}):
                 print(f"warning: {path}: was written before checkpoints recorded their shards' contents; the shards "
                       "of --input_dir are compared with it by name only", file=sys.stderr, flush=True)
@@ -312,6 +317,19 @@ def check_resume(settings: PretrainingSettings, ctx: DistributedContext, shards:
     if steps_left > 0 and not run.skip_checkpoint:
         refuse_overwrites(existing, offset + start + 1, offset + start + steps_left)
     return steps_left, changes
+
+
+def refuse_stretched_mask_schedule(path: Path, ckpt: dict[str, Any], settings: PretrainingSettings) -> None:
+    """A mask-rate schedule spans --max_steps: a resume that moves it would mask the steps left at other rates
+    than the phase began with (a constant rate allows it, as the lr schedule does)."""
+    stream = settings.stream
+    if stream.masked_lm_prob_schedule == "constant" or not stream.dynamic_masking:
+        return
+    saved = (ckpt.get("args") or {}).get("max_steps")
+    if saved is not None and int(saved) != settings.optimizer.max_steps:
+        raise InputError(f"{path}: was trained with --max_steps {saved}, this run has {settings.optimizer.max_steps}: "
+                         f"--masked_lm_prob_schedule {stream.masked_lm_prob_schedule} spans --max_steps, so the mask "
+                         f"rate of every step left would change; resume with --max_steps {saved}")
 
 
 def saved_tokens(path: Path, ckpt: dict[str, Any], settings: PretrainingSettings) -> int:

@@ -195,7 +195,7 @@ def train_and_evaluate(settings: PretrainingSettings, setup: TrainingSetup, loop
             print(message, file=sys.stderr, flush=True)
     elif run.do_train:
         data = sample_stream(settings.stream, settings.derived.lanes, setup.ctx, shards, spec, resume, steps_left,
-                             setup.config.vocab_size)
+                             setup.config.vocab_size, optimizer.max_steps)
         criterion = BertPretrainingCriterion(nsp=not settings.model.no_nsp)
         final.update(pretraining_loop(setup, data, criterion, loop, resume, steps_left))
     if run.do_eval and setup.eval_shards and "eval_mlm_accuracy" not in final:

@@ -77,7 +77,9 @@ class StreamSettings:
     max_seq_length: int = 512
     max_predictions_per_seq: int = 80
     dynamic_masking: bool = False
-    masked_lm_prob: float = 0.15
+    masked_lm_prob: float = 0.15  # with a schedule: the rate at the phase's first step
+    masked_lm_prob_end: Optional[float] = None  # the rate at the phase's last step (a schedule's; None: constant)
+    masked_lm_prob_schedule: str = "constant"  # masking.SCHEDULE_SHAPES
     whole_word_masking: bool = False
     vocab_file: Optional[str] = None
     allow_vocab_mismatch: bool = False

@@ -224,12 +224,14 @@ def masking_spec(settings: StreamSettings, shards: list, config: ModelConfig, vo
     check_run_kinds(shards, masked_lm_only)  # document chunks without --dynamic_masking: inspect_shard refused them
     if not settings.dynamic_masking:
         return None
-    rate, predictions, length = settings.masked_lm_prob, settings.max_predictions_per_seq, settings.max_seq_length
+    predictions, length = settings.max_predictions_per_seq, settings.max_seq_length
+    rate = max(settings.masked_lm_prob, settings.masked_lm_prob_end or 0.0)  # a schedule's highest rate
     wanted = round(length * rate)
     if warn and wanted > predictions:
         print(f"warning: --max_predictions_per_seq {predictions} caps --masked_lm_prob {rate} at "
               f"{predictions / length:.3f} of a full {length}-token sequence; pass --max_predictions_per_seq "
               f"{wanted} for the full rate", file=sys.stderr, flush=True)
+    rate = settings.masked_lm_prob
     try:
         if isinstance(vocab, BpeVocab):  # byte-level BPE: no '##' pieces to find whole words by
             if settings.whole_word_masking:
@@ -251,14 +253,24 @@ def masking_spec(settings: StreamSettings, shards: list, config: ModelConfig, vo
                          ) from None
 
 
+def mask_schedule(settings: StreamSettings, phase_steps: int) -> masking.MaskSchedule:
+    """The mask rate of each step of a phase of `phase_steps` steps (--max_steps): --masked_lm_prob to
+    --masked_lm_prob_end along --masked_lm_prob_schedule."""
+    start = settings.masked_lm_prob
+    end = start if settings.masked_lm_prob_end is None else settings.masked_lm_prob_end
+    return masking.MaskSchedule(start, end, settings.masked_lm_prob_schedule, phase_steps)
+
+
 def sample_stream(settings: StreamSettings, lanes: int, ctx: DistributedContext, shards: list[ShardInfo],
                   spec: Optional[masking.MaskingSpec], resume: ResumePoint, steps: int,
-                  vocab_size: int) -> PretrainingData:
+                  vocab_size: int, phase_steps: int) -> PretrainingData:
     """This process's share of the training stream (of `lanes` lanes) for `steps` steps, at the position the run
-    resumes from."""
+    resumes from; with dynamic masking, at the rate of each step of the phase's `phase_steps`."""
     shape = StepShape(settings.micro_batch, settings.gradient_accumulation_steps, ctx.world_size, ctx.rank)
+    schedule = mask_schedule(settings, phase_steps) if spec is not None else None
     data = PretrainingData(shards, settings.seed, shape, lanes, vocab_size, max_steps=steps, masking_spec=spec,
-                           bin_by_length=settings.bin_by_length, pack_sequences=settings.pack_sequences)
+                           bin_by_length=settings.bin_by_length, pack_sequences=settings.pack_sequences,
+                           mask_schedule=schedule, first_step=resume.phase_step)
     if resume.data is not None:
         data.load_state_dict(resume.data)
     return data

@@ -115,10 +115,11 @@ def set_up(args: argparse.Namespace) -> Setup:
         raise InputError(f"--data_dir {args.data_dir}: not a folder")
     found = plan.find_tasks(data_dir, args.tasks, retrieval_available())
     plan.check_found(found, data_dir)
+    tasks = [plan.checked_task_data(task) for task in found.tasks]
     preset = plan.PRESETS[args.preset]
     overrides = plan.GridOverrides(args.learning_rates, args.epochs, args.train_batch_size, args.seeds,
                                    args.max_seq_length)
-    grids = plan.task_grids(preset, found.tasks, overrides)
+    grids = plan.task_grids(preset, tasks, overrides)
     checkpoint = Path(args.init_checkpoint).resolve()
     vocab_file = resolve_vocab(args, checkpoint)
     vocab = check_model(args, checkpoint, vocab_file, max(g.max_seq_length for g in grids.values()))
@@ -130,13 +131,13 @@ def set_up(args: argparse.Namespace) -> Setup:
     identity = {"checkpoint_sha256": checkpoint_id["sha256"], "vocab_sha256": vocab["sha256"],
                 "do_lower_case": args.do_lower_case, "precision": precision, "max_steps": args.max_steps,
                 "config_sha256": report.file_sha256(Path(args.config_file)) if args.config_file else None}
-    planned = plan.plan_runs(found.tasks, grids)
+    planned = plan.plan_runs(tasks, grids)
     gpus = 0 if args.no_cuda else torch.cuda.device_count()
     slots, threads = make_slots(args, preset, gpus, len(planned))
     header = {"checkpoint": checkpoint_id, "vocab": vocab, "config_file": args.config_file,
               "data_dir": str(data_dir), "protocol": report.protocol_record(preset, grids),
               "hardware": report.hardware_record(gpus, len(slots), threads, precision), "command": sys.argv}
-    return Setup(output_dir, found.tasks, grids, planned, identity, header, slots,
+    return Setup(output_dir, tasks, grids, planned, identity, header, slots,
                  common_flags(args, checkpoint, vocab_file), args.keep_models)
 
 

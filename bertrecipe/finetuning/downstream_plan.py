@@ -5,13 +5,14 @@ per task x configuration x seed, each with its own folder name. Pure functions o
 flags; nothing here starts a run (downstream_runs.py does)."""
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.finetuning import glue
+from bertrecipe.finetuning import glue, squad, squad_task
 
 GLUE, SQUAD, RETRIEVAL = "glue", "squad", "retrieval"
 # GLUE's own folder names (as its download script writes them), in GLUE's order.
@@ -62,6 +63,7 @@ class Task:
     folder: Path  # the GLUE task's folder, the BEIR folder, or the folder of the SQuAD files
     train_file: Optional[Path] = None  # SQuAD's
     dev_file: Optional[Path] = None
+    data_sha256: Optional[str] = None  # of its train and dev files, once read (checked_task_data)
 
     @property
     def metrics(self) -> tuple[Metric, ...]:
@@ -170,7 +172,7 @@ class PlannedRun:
         """What the run's scores depend on besides the model and the data (recorded with them)."""
         return {"task": self.task.name, "learning_rate": self.learning_rate, "epochs": self.epochs,
                 "batch_size": self.batch_size, "seed": self.seed, "max_seq_length": self.max_seq_length,
-                "warmup_proportion": self.warmup_proportion}
+                "warmup_proportion": self.warmup_proportion, "data_sha256": self.task.data_sha256}
 
 
 def plan_runs(tasks: Sequence[Task], grids: dict[str, Grid]) -> list[PlannedRun]:
@@ -270,3 +272,25 @@ def check_found(found: Found, data_dir: Path) -> None:
         raise InputError(f"--data_dir {data_dir}: holds no task (GLUE folders such as {GLUE_FOLDERS['rte']}/ with "
                          "train.tsv and dev.tsv, train-v1.1.json with dev-v1.1.json, a BEIR folder); see "
                          "docs/downstream.md")
+
+
+def checked_task_data(task: Task) -> Task:
+    """The task with the sha256 of its train and dev files, read as its command will read them, so that a bad row
+    or file is one line before any run (InputError naming file and line). A BEIR folder is left to its command (its
+    corpus may be gigabytes)."""
+    digest = hashlib.sha256()
+    if task.kind == GLUE:
+        glue_task = glue.get_task(task.name)
+        tasks = [glue_task]
+        if task.name == "mnli" and glue.split_file(glue.get_task("mnli-mm"), task.folder, "dev").is_file():
+            tasks.append(glue.get_task("mnli-mm"))
+        for each, split in itertools.product(tasks, ("train", "dev")):
+            glue.read_examples(each, task.folder, split)
+            digest.update(glue.split_file(each, task.folder, split).read_bytes())
+    elif task.kind == SQUAD:
+        train, dev = squad.read_squad_file(task.train_file), squad.read_squad_file(task.dev_file)
+        squad_task.check_scorable(dev)
+        digest.update(f"{train.sha256} {dev.sha256}".encode())
+    else:
+        return task
+    return replace(task, data_sha256=digest.hexdigest())

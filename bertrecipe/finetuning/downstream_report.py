@@ -79,7 +79,7 @@ def summarize_task(task: Task, runs: Sequence[PlannedRun], records: dict[str, di
     score_name = task.metrics[0].name
     ranked = [entry for entry in configs.values() if entry["metrics"][score_name]["n"]]
     best = max(ranked, key=lambda entry: entry["metrics"][score_name]["median"], default=None)
-    return {"kind": task.kind, "folder": str(task.folder), "metric": score_name,
+    return {"kind": task.kind, "folder": str(task.folder), "data_sha256": task.data_sha256, "metric": score_name,
             "score": best["metrics"][score_name]["median"] if best else None,
             "best": None if best is None else {k: best[k] for k in ("learning_rate", "epochs", "batch_size")},
             "complete": all(not entry["missing_seeds"] for entry in configs.values()),

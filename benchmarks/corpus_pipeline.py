@@ -5,11 +5,12 @@ tokenizer, same process count.
     flock /tmp/bert-bench.lock python -m benchmarks.corpus_pipeline [--megabytes 20] [--processes 1 2] [--scale 10]
         [--tokenizer bpe|wordpiece] [--output PREFIX]
 
-The corpus is made here, nothing is downloaded: the paragraphs of tests/data/books, whitespace collapsed, drawn
-(seeded) into documents of 1 to 12 paragraphs, each opened by its counter ("Document 123.") so that no two are the
-same, in --processes' largest count of Parquet files of equal size (row groups of 1,000 rows) with the columns of a
-web corpus: text, id, url, score. The tokenizer is a byte-level BPE tokenizer.json trained on the books
-(vocab_training.train_bpe; ~1,600 tokens, as many as 25 KB of text gives), or with --tokenizer wordpiece
+The corpus is made here, nothing is downloaded: the paragraphs of --books (default tests/data/books, 25 KB, repeated;
+../shared/data/books, 5 MB of real books, where a checkout has it beside), whitespace collapsed, drawn (seeded) into
+documents of 1 to 12 paragraphs, each opened by its counter ("Document 123.") so that no two are the same, in
+--processes' largest count of Parquet files of equal size (row groups of 1,000 rows) with the columns of a web
+corpus: text, id, url, score. The tokenizer is a byte-level BPE tokenizer.json trained on the books
+(vocab_training.train_bpe; up to --vocab_size tokens: 25 KB of text gives ~1,600), or with --tokenizer wordpiece
 tests/data/vocab-uncased-excerpt.txt as a folder's vocab.txt.
 - ours: create_shard(ShardConfig(..., document_chunks=True)) on each Parquet file, one shard a file, N processes
   each making its share of the shards, as N create_pretraining_data.py commands would;

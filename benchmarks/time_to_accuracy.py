@@ -177,7 +177,13 @@ TUNED_TARGETS = (("best", "peer_tuned"), ("modern", "modern_peer"))
 ABLATIONS = {"nsp": "best with NSP (no --no_nsp)",
              "dropout": "best with the config's dropout (no --pretrain_dropout)",
              "masking": "best masking 15 % (--masked_lm_prob 0.15, 20 predictions)",
-             "schedule": "best on a step schedule (--max_steps, no --train_budget_minutes)"}
+             "schedule": "best on a step schedule (--max_steps, no --train_budget_minutes)",
+             "mask_schedule": "best on a step schedule, masking 30 % falling linearly to 15 % over the steps"}
+# The ablations that run on --max_steps sized by a calibration (a mask-rate schedule needs the phase's steps).
+STEP_SCHEDULE_ABLATIONS = ("schedule", "mask_schedule")
+# What an ablation's line compares with when that run is there (else best): the mask-rate schedule against the
+# same step schedule at a constant rate, so that the one difference is the rate.
+ABLATION_BASELINES = {"best-mask_schedule": "best-schedule"}
 
 Curve = list[tuple[float, float]]  # (training minutes, held-out masked-LM accuracy)
 
@@ -225,7 +231,8 @@ def without_flag(options: Sequence[str], flag: str) -> list[str]:
 
 
 def ablated_options(options: Sequence[str], ablation: str) -> list[str]:
-    """The best set's flags with one choice undone ('schedule' keeps every flag: its run drops the time budget)."""
+    """The best set's flags with one choice undone ('schedule' keeps every flag: its run drops the time budget;
+    'mask_schedule' also drops it and takes best's rate down to 15 % over the steps, against 'schedule')."""
     if ablation == "nsp":
         return [o for o in options if o != "--no_nsp"]
     if ablation == "dropout":
@@ -235,6 +242,8 @@ def ablated_options(options: Sequence[str], ablation: str) -> list[str]:
         return [*rest, "--masked_lm_prob", "0.15", "--max_predictions_per_seq", str(PREDICTIONS)]
     if ablation == "schedule":
         return list(options)
+    if ablation == "mask_schedule":
+        return [*options, "--masked_lm_prob_schedule", "linear", "--masked_lm_prob_end", "0.15"]
     raise ValueError(f"unknown ablation {ablation!r} (choose from {', '.join(ABLATIONS)})")
 
 
@@ -878,7 +887,7 @@ def our_runs(args: argparse.Namespace) -> dict[str, OurRun]:
     chosen = {name: spec for name, spec in runs.items() if name in args.runs}
     for ablation in args.ablations:
         chosen[f"best-{ablation}"] = OurRun(ablated_options(best, ablation), BEST_LR, BEST_WARMUP,
-                                            ablation != "schedule")
+                                            ablation not in STEP_SCHEDULE_ABLATIONS)
     return chosen
 
 
@@ -1029,8 +1038,13 @@ def ablation_lines(rows: list[dict[str, Any]]) -> list[str]:
         return []
     lines = ["", "Leave-one-out, accuracy at the budget against the best set (points):"]
     for name, value in ablations:
-        change = "n/a" if value is None else f"{100 * (value - best):+.2f}"
-        lines.append(f"- {run_label(name)}: {change}")
+        baseline = ABLATION_BASELINES.get(name, "best")
+        base = at_budget.get(baseline)
+        if base is None:
+            baseline, base = "best", best
+        change = "n/a" if value is None or base is None else f"{100 * (value - base):+.2f}"
+        against = "" if baseline == "best" else f" (against {baseline})"
+        lines.append(f"- {run_label(name)}: {change}{against}")
     return lines
 
 

@@ -127,16 +127,18 @@ def test_each_ablation_undoes_one_choice_of_the_best_set_and_keeps_the_others():
     assert masking == ["--no_nsp", "--dynamic_masking", "--pretrain_dropout", "0", "--masked_lm_prob", "0.15",
                        "--max_predictions_per_seq", str(tta.PREDICTIONS)]
     assert tta.ablated_options(best, "schedule") == best
+    assert tta.ablated_options(best, "mask_schedule") == [*best, "--masked_lm_prob_schedule", "linear",
+                                                          "--masked_lm_prob_end", "0.15"]
     assert tta.without_flag(["--a", "1", "--b", "--a", "2"], "--a") == ["--b"]  # every occurrence, value and all
     with pytest.raises(ValueError):
         tta.ablated_options(best, "warmup")
 
 
-def test_ablation_runs_follow_the_main_runs_and_only_schedule_drops_the_time_budget():
-    args = tta.parse_args(["--runs", "peer", "best", "--ablations", "schedule", "nsp"])
+def test_ablation_runs_follow_the_main_runs_and_only_the_step_schedules_drop_the_time_budget():
+    args = tta.parse_args(["--runs", "peer", "best", "--ablations", "schedule", "nsp", "mask_schedule"])
     runs = tta.our_runs(args)
-    assert list(runs) == ["best", "best-schedule", "best-nsp"]  # the peer runs in-process, nvidia was not asked
-    assert [runs[name][3] for name in runs] == [True, False, True]
+    assert list(runs) == ["best", "best-schedule", "best-nsp", "best-mask_schedule"]  # nvidia was not asked
+    assert [runs[name][3] for name in runs] == [True, False, True, False]
     assert runs["best-schedule"][0] == tta.BEST_OPTIONS and "--no_nsp" not in runs["best-nsp"][0]
     assert tta.our_runs(tta.parse_args([]))["nvidia"] == ([], tta.NVIDIA_LR, tta.NVIDIA_WARMUP, False, "bert")
 
@@ -163,6 +165,9 @@ def test_ablation_lines_give_each_leave_one_out_against_best_in_points():
     assert lines[-2:] == [f"- {tta.ABLATIONS['nsp']}: -1.50", f"- {tta.ABLATIONS['schedule']}: +0.50"]
     assert tta.ablation_lines(rows[1:]) == []  # no best row to compare with
     assert tta.ABLATIONS["nsp"] in tta.table_markdown(rows, ["header"])
+    results["best-mask_schedule"] = {"curve": [(1.0, 0.19)], "steps": 9, "sequences_per_second": 1.0}
+    lines = tta.ablation_lines(tta.table_rows(results, 1.0))
+    assert lines[-1] == f"- {tta.ABLATIONS['mask_schedule']}: +1.00 (against best-schedule)"
 
 
 def reference_neighbour_guess(train_rows, mask_rows, specials, before, after):

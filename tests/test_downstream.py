@@ -18,7 +18,7 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import downstream_plan as plan
 from bertrecipe.finetuning import downstream_report as report
 from bertrecipe.finetuning import downstream_runs as runs
-from helpers import GLUE_EXCERPTS, QUESTIONS, REPO_ROOT, in_process, tiny_model_files, tiny_squad_file
+from helpers import GLUE_EXCERPTS, QUESTIONS, REPO_ROOT, SENTENCES, in_process, tiny_model_files, tiny_squad_file
 
 COMMAND = REPO_ROOT / "run_downstream.py"
 
@@ -249,3 +249,39 @@ def test_a_real_grid_over_two_glue_tasks_and_squad_then_resumed(tmp_path, tiny_b
     assert removed.is_file()
     assert {p: t for p, t in stamps.items() if p != removed} == {
         p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/scores.json") if p != removed}
+
+
+def beir_folder(folder: Path) -> Path:
+    """Six documents, four queries, each query's one relevant document in qrels/train.tsv and qrels/test.tsv."""
+    (folder / "qrels").mkdir(parents=True)
+    documents = [text for text, _ in SENTENCES] + ["a great film", "not very good"]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": text}) + "\n"
+                                                 for i, text in enumerate(documents)))
+    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": text.split()[-1]}) + "\n"
+                                                  for i, (text, _) in enumerate(SENTENCES)))
+    for split in ("train", "test"):
+        rows = "".join(f"q{i}\td{i}\t1\n" for i in range(len(SENTENCES)))
+        (folder / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + rows)
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not run_downstream.retrieval_available(), reason="run_retrieval.py is not in this checkout")
+def test_a_beir_folder_is_a_retrieval_task_scored_by_ndcg_at_10(tmp_path, tiny_bert):
+    data = tmp_path / "data"
+    beir_folder(data / "toy")
+    out = tmp_path / "out"
+    result = in_process(run_downstream.cli, [COMMAND, "--init_checkpoint", tiny_bert, "--data_dir", data,
+                                             "--output_dir", out, "--do_lower_case", "--preset", "cpu_tiny",
+                                             "--learning_rates", "1e-4", "--seeds", "1,2", "--workers", "2"])
+    assert result.returncode == 0, result.stderr + result.stdout
+    task = json.loads((out / "results.json").read_text())["tasks"]["beir-toy"]
+    written = [json.loads((out / "runs" / "beir-toy" / f"lr0.0001_ep1_bs8_seed{s}" / "results.json").read_text())
+               for s in (1, 2)]
+    assert task["metric"] == "nDCG@10" and written[0]["split"] == "test" and written[0]["train_steps"] >= 1
+    assert task["score"] == pytest.approx(50 * (written[0]["ndcg@10"] + written[1]["ndcg@10"]))
+    missing = plan.find_tasks(data, ["beir-toy"], retrieval=True)
+    assert missing.tasks and missing.tasks[0].train_file == data / "toy" / "qrels" / "train.tsv"
+    (data / "toy" / "qrels" / "train.tsv").unlink()
+    with pytest.raises(InputError, match="--tasks beir-toy: .*toy has no qrels/train.tsv"):
+        plan.check_found(plan.find_tasks(data, ["beir-toy"], retrieval=True), data)

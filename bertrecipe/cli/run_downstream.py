@@ -211,9 +211,8 @@ def task_flags(run: plan.PlannedRun, folder: Path, output_dir: Path) -> list[str
                 "--do_predict", "--do_eval", *version, "--max_query_length", str(query), "--doc_stride", str(stride),
                 "--predict_batch_size", "32", "--cache_dir", str(output_dir / "cache"), "--disable_progress_bar",
                 *log]
-    train = task.folder / "qrels" / "train.tsv"
-    return ["--data_dir", str(task.folder), "--pooling", "mean", "--do_train", "--train_file", str(train),
-            "--do_eval"]
+    return ["--data_dir", str(task.folder), "--split", "test", "--pooling", "mean", "--do_train", "--train_file",
+            str(task.train_file), "--do_eval", "--disable_progress_bar", *log]
 
 
 def child_environment() -> dict[str, str]:

@@ -24,6 +24,7 @@ SQUAD_VERSIONS = {"squad-v1.1": "1.1", "squad-v2.0": "2.0"}
 # Where SQuAD's files may lie under --data_dir: the folder itself, squad/, and NVIDIA's squad/v1.1/.
 SQUAD_PLACES = ("", "squad", "squad/v{version}")
 BEIR_FILES = ("corpus.jsonl", "queries.jsonl", "qrels")
+BEIR_SPLITS = ("train", "test")  # fine-tuned on train, scored on test
 
 
 @dataclass(frozen=True)
@@ -227,6 +228,15 @@ def beir_folders(data_dir: Path) -> list[Path]:
             and all((folder / name).exists() for name in BEIR_FILES) and (folder / "qrels").is_dir()]
 
 
+def beir_task_files(folder: Path, name: str) -> tuple[Optional[Task], str]:
+    """A BEIR folder is a task when it can be fine-tuned on (qrels/train.tsv) and scored (qrels/test.tsv, BEIR's
+    reported split)."""
+    for split in BEIR_SPLITS:
+        if not (folder / "qrels" / f"{split}.tsv").is_file():
+            return None, f"{folder} has no qrels/{split}.tsv"
+    return Task(name, RETRIEVAL, folder, folder / "qrels" / "train.tsv", folder / "qrels" / "test.tsv"), ""
+
+
 def known_task_names(data_dir: Path, retrieval: bool) -> list[str]:
     names = [*GLUE_FOLDERS, *SQUAD_VERSIONS]
     if retrieval:
@@ -246,7 +256,7 @@ def find_tasks(data_dir: Path, wanted: Optional[Sequence[str]], retrieval: bool)
         elif name in SQUAD_VERSIONS:
             task, problem = squad_task_files(data_dir, name)
         elif name in beir:
-            task, problem = Task(name, RETRIEVAL, beir[name]), ""
+            task, problem = beir_task_files(beir[name], name)
         else:
             task, problem = None, unknown_task_problem(name, retrieval)
         if task is not None:
@@ -276,8 +286,8 @@ def check_found(found: Found, data_dir: Path) -> None:
 
 def checked_task_data(task: Task) -> Task:
     """The task with the sha256 of its train and dev files, read as its command will read them, so that a bad row
-    or file is one line before any run (InputError naming file and line). A BEIR folder is left to its command (its
-    corpus may be gigabytes)."""
+    or file is one line before any run (InputError naming file and line). A BEIR folder's files are hashed, not
+    read: run_retrieval.py reads them before it writes anything."""
     digest = hashlib.sha256()
     if task.kind == GLUE:
         glue_task = glue.get_task(task.name)
@@ -292,5 +302,15 @@ def checked_task_data(task: Task) -> Task:
         squad_task.check_scorable(dev)
         digest.update(f"{train.sha256} {dev.sha256}".encode())
     else:
-        return task
+        for path in (task.folder / "corpus.jsonl", task.folder / "queries.jsonl", task.train_file, task.dev_file):
+            digest.update(hashing_file(path))
     return replace(task, data_sha256=digest.hexdigest())
+
+
+def hashing_file(path: Path) -> bytes:
+    """The sha256 digest of a file read a block at a time (a corpus may be gigabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.digest()

@@ -4,7 +4,6 @@ GLUE's average as the BERT paper computes it, and what the table was measured wi
 sha256), the vocab, the protocol and the hardware. Written as results.json and results.md."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import statistics
@@ -22,6 +21,7 @@ from bertrecipe.finetuning.downstream_plan import (
     PlannedRun,
     Preset,
     Task,
+    hashing_file,
 )
 from bertrecipe.model.weights import HF_WEIGHT_FILES
 
@@ -31,11 +31,7 @@ SELECTION = ("each configuration (learning rate, epochs, batch size) is run once
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return hashing_file(path).hex()
 
 
 def checkpoint_identity(path: Path) -> dict[str, Any]:

@@ -290,13 +290,13 @@ def checked_task_data(task: Task) -> Task:
     read: run_retrieval.py reads them before it writes anything."""
     digest = hashlib.sha256()
     if task.kind == GLUE:
-        glue_task = glue.get_task(task.name)
-        tasks = [glue_task]
-        if task.name == "mnli" and glue.split_file(glue.get_task("mnli-mm"), task.folder, "dev").is_file():
-            tasks.append(glue.get_task("mnli-mm"))
-        for each, split in itertools.product(tasks, ("train", "dev")):
+        splits = [(glue.get_task(task.name), "train"), (glue.get_task(task.name), "dev")]
+        mismatched = glue.get_task("mnli-mm")  # MNLI's second dev set, scored where it is there
+        if task.name == "mnli" and glue.split_file(mismatched, task.folder, "dev").is_file():
+            splits.append((mismatched, "dev"))
+        for each, split in splits:
             glue.read_examples(each, task.folder, split)
-            digest.update(glue.split_file(each, task.folder, split).read_bytes())
+            digest.update(hashing_file(glue.split_file(each, task.folder, split)))
     elif task.kind == SQUAD:
         train, dev = squad.read_squad_file(task.train_file), squad.read_squad_file(task.dev_file)
         squad_task.check_scorable(dev)

@@ -7,6 +7,9 @@ min(max_predictions, max(1, round(len(tokens) * masked_lm_prob))) predictions, l
 [MASK], 10 % a token drawn uniformly from the whole vocab, 10 % stay. With whole-word masking, words ('##'
 pieces join the candidate before them) are taken in random order, each whole if it still fits.
 
+The rate may differ from row to row (`MaskSchedule`, --masked_lm_prob_schedule: each row at the rate of the step
+that takes it); the positions drawn at a lower rate are the first of those drawn at a higher one.
+
 Randomness is a function of (seed, epoch, sample id) alone: each sample has its own SplitMix64 stream, whose
 n-th value is a hash of its key and n, so a value is computed directly from its index without running a
 generator. The mask of a sample therefore does not depend on the batch it is in, the number of processes or

@@ -1,0 +1,108 @@
+"""Fine-tuning an embedding model with in-batch negatives: each query's positive document is the class to pick
+among every positive of its micro-batch (and every hard negative, when the pairs have them), by cross-entropy over
+the cosine similarities times a scale of 20 (the InfoNCE form of MultipleNegativesRankingLoss); optionally also
+each positive's query among the batch's queries (symmetric). AdamW under a linear warm-up and decay, through
+training.Stepper (precision, accumulation), logged in dllogger's format."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from bertrecipe.common.errors import InputError
+from bertrecipe.finetuning.beir_data import TrainingPairs
+from bertrecipe.finetuning.embedding import EmbeddingModel, tokenize_texts
+from bertrecipe.finetuning.loop import LoopSettings, epoch_micro_batches, optimizer_steps
+from bertrecipe.tokenization.bpe import FineTuningTokenizer
+from bertrecipe.training.metric_logger import MetricLogger
+from bertrecipe.training.optimization import LinearWarmUpScheduler, build_adamw
+from bertrecipe.training.process_group import DistributedContext
+from bertrecipe.training.stepper import Precision, Stepper
+
+SCALE = 20.0  # MultipleNegativesRankingLoss's default: cosines in [-1, 1] made into logits in [-20, 20]
+COLUMNS = ("query", "positive", "negative")
+
+
+def pair_arrays(tokenizer: FineTuningTokenizer, pairs: TrainingPairs, max_seq_length: int) -> dict[str, np.ndarray]:
+    """`<column>_ids` and `<column>_mask` [N, max_seq_length] of the queries, positives and negatives (if any)."""
+    texts = {"query": pairs.queries, "positive": pairs.positives, "negative": pairs.negatives}
+    arrays = {}
+    for column, values in texts.items():
+        if values is not None:
+            arrays[f"{column}_ids"], arrays[f"{column}_mask"] = tokenize_texts(tokenizer, values, max_seq_length)
+    return arrays
+
+
+def pair_batch(arrays: dict[str, np.ndarray], rows: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
+    """The rows' columns as int64 tensors, each column cut after its own longest real sequence."""
+    batch = {}
+    for column in COLUMNS:
+        if f"{column}_ids" in arrays:
+            mask = arrays[f"{column}_mask"][rows]
+            width = max(int(mask.sum(1).max()), 1)
+            batch[f"{column}_ids"] = torch.from_numpy(arrays[f"{column}_ids"][rows, :width]).long().to(device)
+            batch[f"{column}_mask"] = torch.from_numpy(mask[:, :width]).long().to(device)
+    return batch
+
+
+def documents_of(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positives then negatives as one batch for the encoder (one pass instead of two), padded to one width."""
+    columns = [c for c in ("positive", "negative") if f"{c}_ids" in batch]
+    width = max(batch[f"{c}_ids"].shape[1] for c in columns)
+    padded = [[nn.functional.pad(batch[f"{c}_{part}"], (0, width - batch[f"{c}_{part}"].shape[1]))
+               for c in columns] for part in ("ids", "mask")]
+    return torch.cat(padded[0]), torch.cat(padded[1])
+
+
+def in_batch_negatives_loss(model: nn.Module, batch: dict[str, torch.Tensor], symmetric: bool = False
+                            ) -> torch.Tensor:
+    """Cross-entropy of each query over scale * cosine with every document of the batch, its own positive the
+    target; symmetric adds each positive over the batch's queries and halves the sum."""
+    queries = model(batch["query_ids"], batch["query_mask"])
+    documents = model(*documents_of(batch))
+    targets = torch.arange(len(queries), device=queries.device)
+    loss = nn.functional.cross_entropy(SCALE * queries @ documents.T, targets)
+    if symmetric:
+        positives = documents[: len(queries)]
+        loss = (loss + nn.functional.cross_entropy(SCALE * positives @ queries.T, targets)) / 2
+    return loss
+
+
+def train_embeddings(model: EmbeddingModel, arrays: dict[str, np.ndarray], settings: LoopSettings,
+                     precision: Precision, ctx: DistributedContext, log: MetricLogger,
+                     symmetric: bool = False) -> dict[str, Any]:
+    """Fine-tunes `model` (on ctx.device) on the pairs for optimizer_steps steps of seeded, shuffled micro-batches
+    (the last of an epoch may be smaller); returns e2e_train_time, training_pairs_per_second, final_loss,
+    train_steps and train_pairs."""
+    if ctx.world_size != 1:  # in-batch negatives would need the other processes' embeddings gathered
+        raise InputError("run_retrieval.py trains in one process; launch it without torchrun")
+    n = len(arrays["query_ids"])
+    total_steps = optimizer_steps(n, settings, ctx)
+    optimizer = build_adamw(model, settings.learning_rate)
+    scheduler = LinearWarmUpScheduler(optimizer, settings.warmup_proportion, total_steps)
+    stepper = Stepper(model, optimizer, scheduler, precision,
+                      lambda m, b: in_batch_negatives_loss(m, b, symmetric))
+    bar = tqdm(total=total_steps, disable=not settings.progress_bar, desc="fine-tuning", unit="step")
+    model.train()
+    steps, pairs, epoch, loss, start = 0, 0, 0, float("nan"), time.perf_counter()
+    while steps < total_steps:
+        batches = epoch_micro_batches(n, settings.micro_batch_size, settings.seed, epoch, ctx)
+        for first in range(0, len(batches), settings.accumulation):
+            group = batches[first : first + settings.accumulation]
+            loss = stepper.step([pair_batch(arrays, rows, ctx.device) for rows in group]).loss
+            steps, pairs = steps + 1, pairs + sum(len(rows) for rows in group)
+            bar.update(1)
+            if steps % settings.log_freq == 0 or steps == total_steps:
+                log.log([epoch, steps], {"step_loss": loss, "learning_rate": optimizer.param_groups[0]["lr"],
+                                         "skipped_steps": stepper.skipped_steps})
+            if steps == total_steps:
+                break
+        epoch += 1
+    bar.close()
+    elapsed = time.perf_counter() - start
+    return {"e2e_train_time": elapsed, "training_pairs_per_second": pairs / elapsed, "final_loss": loss,
+            "train_steps": total_steps, "train_pairs": n}

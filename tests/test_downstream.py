@@ -285,3 +285,23 @@ def test_a_beir_folder_is_a_retrieval_task_scored_by_ndcg_at_10(tmp_path, tiny_b
     (data / "toy" / "qrels" / "train.tsv").unlink()
     with pytest.raises(InputError, match="--tasks beir-toy: .*toy has no qrels/train.tsv"):
         plan.check_found(plan.find_tasks(data, ["beir-toy"], retrieval=True), data)
+
+
+def test_a_run_that_raises_is_named_failed_and_a_closed_output_stops_only_the_progress_lines(tmp_path):
+    task = plan.Task("rte", plan.GLUE, Path("RTE"))
+    planned = plan.plan_runs([task], {"rte": plan.Grid((1e-5, 2e-5), (1.0,), (8,), (1,), 64)})
+    good = fake_command({"eval_acc": 0.75}, set())
+
+    def command(run, folder):
+        if run == planned[0]:
+            raise OSError("No space left on device")
+        return good(run, folder)
+
+    def closed_pipe(line):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    executor = runs.Executor(tmp_path, command, {"checkpoint_sha256": "abc"})
+    outcomes = executor.run_all(planned, runs.cpu_slots(1, 1), runs.Progress(2, 0, closed_pipe))
+    problems = {o.run.label: o.problem for o in outcomes}
+    assert problems == {planned[0].label: "OSError: No space left on device", planned[1].label: ""}
+    assert runs.read_scores(runs.run_folder(tmp_path, planned[1]))["metrics"] == {"acc": 75.0}

@@ -149,7 +149,10 @@ class Progress:
             elapsed = int(time.monotonic() - self.start)
             clock = f"{elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}"
             counts = f"[{self.finished}/{self.total} done, {self.running} running, {self.failed} failed, {clock}]"
-            self.print_line(f"{counts} {event} {run.label}{': ' + detail if detail else ''}")
+            try:
+                self.print_line(f"{counts} {event} {run.label}{': ' + detail if detail else ''}")
+            except OSError:  # the reader of our output went away (`| head`): the runs go on, unseen
+                self.print_line = lambda line: None
 
 
 @dataclass
@@ -172,7 +175,11 @@ class Executor:
                     if not queue or self.stopping:
                         return
                     run = queue.popleft()
-                outcome = self.run_one(run, slot, progress)
+                try:
+                    outcome = self.run_one(run, slot, progress)
+                except Exception as error:  # e.g. a full disk writing its scores: named as failed, never lost
+                    outcome = Outcome(run, None, f"{type(error).__name__}: {error}")
+                    progress.line("FAILED", run, outcome.problem)
                 with lock:
                     outcomes.append(outcome)
 

@@ -184,7 +184,7 @@ def add_stream_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--masked_lm_prob_schedule", choices=SCHEDULE_SHAPES, default="constant",
                    help="with --dynamic_masking: the mask rate goes from --masked_lm_prob at the phase's first step to "
                         "--masked_lm_prob_end at its last (--max_steps), linearly or along a half cosine (Ankner et "
-                        "al. 2024: 30 %% down to 15 %%); each phase has its own")
+                        "al. 2023: 30 %% down to 15 %%); each phase has its own")
     p.add_argument("--masked_lm_prob_end", type=float, default=None,
                    help="with --masked_lm_prob_schedule linear or cosine: the rate at the phase's last step")
     p.add_argument("--whole_word_masking", action="store_true",

@@ -305,3 +305,26 @@ def test_a_run_that_raises_is_named_failed_and_a_closed_output_stops_only_the_pr
     problems = {o.run.label: o.problem for o in outcomes}
     assert problems == {planned[0].label: "OSError: No space left on device", planned[1].label: ""}
     assert runs.read_scores(runs.run_folder(tmp_path, planned[1]))["metrics"] == {"acc": 75.0}
+
+
+def test_the_tables_name_the_checkpoint_protocol_and_hardware_and_flag_what_is_incomplete(tmp_path):
+    tasks = [plan.Task("cola", plan.GLUE, Path("CoLA")), plan.Task("wnli", plan.GLUE, Path("WNLI"))]
+    grids = {t.name: plan.Grid((1e-5, 2e-5), (3.0,), (32,), (1, 2), 128) for t in tasks}
+    planned = plan.plan_runs(tasks, grids)
+    records = {r.label: {"metrics": {"MCC" if r.task.name == "cola" else "acc": 10.0 * r.seed + 1e6 * r.learning_rate}}
+               for r in planned[:-1]}
+    header = {"checkpoint": {"path": "ckpt.pt", "weights_file": "ckpt.pt", "sha256": "f00d"},
+              "vocab": {"path": "vocab.txt", "kind": "wordpiece", "size": 30522, "sha256": "beef",
+                        "do_lower_case": True},
+              "protocol": report.protocol_record(plan.PRESETS["bert"], grids, max_steps=5),
+              "hardware": {"gpus": ["NVIDIA H100"] * 2, "cpu": "x", "cpu_cores": 8, "torch": "2.5", "cuda": "12.4",
+                           "precision": "fp16", "concurrent_runs": 2, "threads_per_run": None}}
+    table = report.build_report(header, tasks, planned, records, [planned[-1].label])
+    report.write_report(tmp_path, table)
+    assert json.loads((tmp_path / "results.json").read_text()) == table
+    text = (tmp_path / "results.md").read_text()
+    for expected in ("`f00d`", "30,522 tokens", "preset `bert`", "Devlin et al. 2019", "2 GPU(s): NVIDIA H100",
+                     "precision fp16", "stopped after 5 steps", "| CoLA | MCC | 35.00 | n=2, 30.00 - 40.00 | lr 2e-05",
+                     "WNLI (incomplete)", "**GLUE average** (CoLA; WNLI excluded) | | **35.00**",
+                     f"failed in this call: {planned[-1].label}"):
+        assert expected in text, expected

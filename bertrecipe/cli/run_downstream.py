@@ -135,7 +135,7 @@ def set_up(args: argparse.Namespace) -> Setup:
     gpus = 0 if args.no_cuda else torch.cuda.device_count()
     slots, threads = make_slots(args, preset, gpus, len(planned))
     header = {"checkpoint": checkpoint_id, "vocab": vocab, "config_file": args.config_file,
-              "data_dir": str(data_dir), "protocol": report.protocol_record(preset, grids),
+              "data_dir": str(data_dir), "protocol": report.protocol_record(preset, grids, args.max_steps),
               "hardware": report.hardware_record(gpus, len(slots), threads, precision), "command": sys.argv}
     return Setup(output_dir, tasks, grids, planned, identity, header, slots,
                  common_flags(args, checkpoint, vocab_file), args.keep_models)

@@ -105,9 +105,9 @@ def build_report(header: dict[str, Any], tasks: Sequence[Task], runs: Sequence[P
             "runs": {"planned": len(runs), "finished": sum(r.label in records for r in runs), "failed": list(failed)}}
 
 
-def protocol_record(preset: Preset, grids: dict[str, Grid]) -> dict[str, Any]:
-    """The preset and the grid each task actually ran (overrides applied)."""
-    return {"preset": preset.name, "source": preset.source, "selection": SELECTION,
+def protocol_record(preset: Preset, grids: dict[str, Grid], max_steps: Optional[int] = None) -> dict[str, Any]:
+    """The preset, the grid each task actually ran (overrides applied) and --max_steps when runs were cut short."""
+    return {"preset": preset.name, "source": preset.source, "selection": SELECTION, "max_steps": max_steps,
             "grids": {name: {"learning_rates": list(g.learning_rates), "epochs": list(g.epochs),
                              "batch_sizes": list(g.batch_sizes), "seeds": list(g.seeds),
                              "max_seq_length": g.max_seq_length, "warmup_proportion": g.warmup_proportion}
@@ -163,7 +163,9 @@ def header_lines(report: dict[str, Any]) -> list[str]:
             f"`{checkpoint['sha256']}`)",
             f"- vocab: `{vocab['path']}` ({vocab['kind']}, {vocab['size']:,} tokens, sha256 `{vocab['sha256']}`), "
             f"--do_lower_case {'on' if vocab['do_lower_case'] else 'off'}",
-            f"- protocol: preset `{protocol['preset']}`: {protocol['source']}",
+            f"- protocol: preset `{protocol['preset']}`: {protocol['source']}"
+            + (f"; **every run stopped after {protocol['max_steps']} steps (--max_steps): not the preset's "
+               "protocol**" if protocol.get("max_steps") else ""),
             f"- selection: {protocol['selection']}",
             f"- hardware: {device}; torch {hardware['torch']}; precision {hardware['precision']}; "
             f"{hardware['concurrent_runs']} run(s) at a time",

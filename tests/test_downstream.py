@@ -2,12 +2,15 @@
 the best configuration, the GLUE average), resuming (a finished run is never rerun, a run without scores is), a
 failing run (its log kept, named, exit 1), bad input as one line before any run, and one real run of the grid over
 two GLUE excerpts and a tiny SQuAD with a tiny model."""
+import _thread
 import io
 import json
 import random
 import shutil
 import signal
 import sys
+import threading
+import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -328,3 +331,17 @@ def test_the_tables_name_the_checkpoint_protocol_and_hardware_and_flag_what_is_i
                      "WNLI (incomplete)", "**GLUE average** (CoLA; WNLI excluded) | | **35.00**",
                      f"failed in this call: {planned[-1].label}"):
         assert expected in text, expected
+
+
+def test_ctrl_c_stops_the_running_processes_and_their_runs_are_left_to_rerun(tmp_path):
+    task = plan.Task("rte", plan.GLUE, Path("RTE"))
+    planned = plan.plan_runs([task], {"rte": plan.Grid((1e-5, 2e-5, 3e-5), (1.0,), (8,), (1,), 64)})
+    executor = runs.Executor(tmp_path, lambda run, folder: [sys.executable, "-c", "import time; time.sleep(60)"],
+                             {"checkpoint_sha256": "abc"})
+    threading.Timer(1.0, _thread.interrupt_main).start()  # Ctrl-C, as the terminal delivers it to this thread
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        executor.run_all(planned, runs.cpu_slots(2, 2), runs.Progress(3, 0, lambda line: None))
+    assert time.monotonic() - start < 30
+    assert executor.processes == set() or all(p.poll() is not None for p in executor.processes)
+    assert runs.sort_out_folders(planned, tmp_path, {"checkpoint_sha256": "abc"}) == ({}, planned)

@@ -165,6 +165,7 @@ class Executor:
     keep_models: bool = False
     processes: set[subprocess.Popen] = field(default_factory=set)
     stopping: bool = False
+    starting: threading.Lock = field(default_factory=threading.Lock)  # no process starts while stop_all stops them
 
     def run_all(self, runs: Sequence[PlannedRun], slots: Sequence[Slot], progress: Progress) -> list[Outcome]:
         queue, outcomes, lock = deque(runs), [], threading.Lock()
@@ -197,7 +198,8 @@ class Executor:
 
     def stop_all(self) -> None:
         """Ctrl-C or SIGTERM: the running processes are stopped; their folders, without scores, rerun next time."""
-        self.stopping = True
+        with self.starting:
+            self.stopping = True
         for process in list(self.processes):
             process.terminate()
         for process in list(self.processes):
@@ -235,13 +237,17 @@ class Executor:
         with open(folder / LOG, "w", encoding="utf-8") as log:
             log.write(shlex.join(argv) + "\n\n")
             log.flush()
-            try:
-                process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           env={**os.environ, **slot.env})
-            except OSError as error:
-                log.write(f"could not start: {error}\n")
-                return 127
-            self.processes.add(process)
+            with self.starting:
+                if self.stopping:
+                    log.write("not started: the call was stopped\n")
+                    return -15
+                try:
+                    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                               env={**os.environ, **slot.env})
+                except OSError as error:
+                    log.write(f"could not start: {error}\n")
+                    return 127
+                self.processes.add(process)
             try:
                 return process.wait()
             finally:

@@ -345,3 +345,12 @@ def test_ctrl_c_stops_the_running_processes_and_their_runs_are_left_to_rerun(tmp
     assert time.monotonic() - start < 30
     assert executor.processes == set() or all(p.poll() is not None for p in executor.processes)
     assert runs.sort_out_folders(planned, tmp_path, {"checkpoint_sha256": "abc"}) == ({}, planned)
+
+
+def test_one_run_per_gpu_names_the_gpus_this_process_sees_and_a_cpu_splits_its_cores():
+    assert [slot.env["CUDA_VISIBLE_DEVICES"] for slot in runs.gpu_slots(4, 4)] == ["0", "1", "2", "3"]
+    assert [slot.env["CUDA_VISIBLE_DEVICES"] for slot in runs.gpu_slots(2, 3, "5,7")] == ["5", "7", "5"]
+    slots = runs.cpu_slots(16, 4)
+    assert len(slots) == 4 and {s.env["OMP_NUM_THREADS"] for s in slots} == {"4"}
+    assert {s.env["CUDA_VISIBLE_DEVICES"] for s in slots} == {""}
+    assert runs.cpu_slots(2, 4)[0].env["OMP_NUM_THREADS"] == "1"

@@ -171,7 +171,7 @@ def make_slots(args: argparse.Namespace, preset: plan.Preset, gpus: int,
                runs_planned: int) -> tuple[list[runs.Slot], Optional[int]]:
     """(the slots, the threads a run gets on a CPU). GPUs: one run per GPU unless --workers says otherwise."""
     if gpus:
-        return runs.gpu_slots(gpus, args.workers or gpus), None
+        return runs.gpu_slots(gpus, args.workers or gpus, os.environ.get("CUDA_VISIBLE_DEVICES")), None
     cores = len(os.sched_getaffinity(0))
     workers = args.workers or max(1, cores // preset.cpu_threads_per_run)
     workers = max(1, min(workers, runs_planned))

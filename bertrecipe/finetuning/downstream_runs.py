@@ -110,9 +110,11 @@ class Slot:
     env: dict[str, str]
 
 
-def gpu_slots(gpus: int, workers: int) -> list[Slot]:
-    """`workers` slots over the node's GPUs, in turn (one run per GPU when workers == gpus)."""
-    return [Slot(f"GPU {i % gpus}", {"CUDA_VISIBLE_DEVICES": str(i % gpus)}) for i in range(workers)]
+def gpu_slots(gpus: int, workers: int, visible: Optional[str] = None) -> list[Slot]:
+    """`workers` slots over the GPUs this process sees, in turn (one run per GPU when workers == gpus). `visible`:
+    this process's own CUDA_VISIBLE_DEVICES, whose entries (not 0..n-1) a run's must name."""
+    ids = [part.strip() for part in visible.split(",")][:gpus] if visible else [str(i) for i in range(gpus)]
+    return [Slot(f"GPU {ids[i % len(ids)]}", {"CUDA_VISIBLE_DEVICES": ids[i % len(ids)]}) for i in range(workers)]
 
 
 def cpu_slots(cores: int, workers: int) -> list[Slot]:

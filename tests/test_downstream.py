@@ -354,3 +354,18 @@ def test_one_run_per_gpu_names_the_gpus_this_process_sees_and_a_cpu_splits_its_c
     assert len(slots) == 4 and {s.env["OMP_NUM_THREADS"] for s in slots} == {"4"}
     assert {s.env["CUDA_VISIBLE_DEVICES"] for s in slots} == {""}
     assert runs.cpu_slots(2, 4)[0].env["OMP_NUM_THREADS"] == "1"
+
+
+def test_each_task_is_scored_by_the_metric_papers_report():
+    def first(name, kind, results):
+        run = plan.plan_runs([plan.Task(name, kind, Path(name))], {name: plan.Grid((1e-5,), (1.0,), (8,), (1,), 64)})[0]
+        return runs.metrics_of(run, results)
+
+    v2 = {"F1": 60.0, "exact_match": 55.0, "best_f1": 71.5, "best_exact": 68.0, "HasAns_f1": 80.0}
+    assert first("squad-v2.0", plan.SQUAD, v2) == {"F1": 71.5, "EM": 68.0, "F1 at 0": 60.0, "EM at 0": 55.0}
+    assert first("squad-v1.1", plan.SQUAD, {"F1": 88.5, "exact_match": 81.0}) == {"F1": 88.5, "EM": 81.0}
+    assert first("sts-b", plan.GLUE, {"eval_spearmanr": 0.885, "eval_pearson": 0.89, "eval_corr": 0.8875}) == {
+        "Spearman": 88.5, "Pearson": 89.0}
+    assert first("mnli", plan.GLUE, {"eval_acc": 0.84}) == {"m acc": 84.0}  # no dev_mismatched.tsv
+    with pytest.raises(KeyError):
+        first("mrpc", plan.GLUE, {"eval_acc": 0.8})  # its score, F1, missing: the run is not scored

@@ -52,6 +52,10 @@ GLUE_METRICS: dict[str, tuple[Metric, ...]] = {
     "wnli": (Metric("acc", "eval_acc"),),
 }
 SQUAD_METRICS = (Metric("F1", "F1", 1.0), Metric("EM", "exact_match", 1.0))
+# SQuAD 2.0 as the BERT paper scores it (section 4.3): a null answer unless the best span beats it by a threshold
+# "selected on the dev set to maximize F1", the official script's best_f1 (and best_exact); at threshold 0 beside.
+SQUAD_V2_METRICS = (Metric("F1", "best_f1", 1.0), Metric("EM", "best_exact", 1.0), Metric("F1 at 0", "F1", 1.0),
+                    Metric("EM at 0", "exact_match", 1.0))
 RETRIEVAL_METRICS = (Metric("nDCG@10", "ndcg@10"), Metric("MRR@10", "mrr@10"), Metric("R@100", "recall@100"))
 
 
@@ -70,7 +74,9 @@ class Task:
     def metrics(self) -> tuple[Metric, ...]:
         if self.kind == GLUE:
             return GLUE_METRICS[self.name]
-        return SQUAD_METRICS if self.kind == SQUAD else RETRIEVAL_METRICS
+        if self.kind == SQUAD:
+            return SQUAD_V2_METRICS if self.name == "squad-v2.0" else SQUAD_METRICS
+        return RETRIEVAL_METRICS
 
 
 @dataclass(frozen=True)

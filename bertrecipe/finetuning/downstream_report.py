@@ -172,7 +172,8 @@ def header_lines(report: dict[str, Any]) -> list[str]:
             f"- runs: {runs['finished']} of {runs['planned']} finished"
             + (f"; failed in this call: {', '.join(runs['failed'])}" if runs["failed"] else ""),
             "- metrics are percentages on each task's dev set; MRPC and QQP are scored by F1, STS-B by Spearman, "
-            "CoLA by Matthews correlation, MNLI by matched accuracy, SQuAD by F1, retrieval by nDCG@10"]
+            "CoLA by Matthews correlation, MNLI by matched accuracy, SQuAD by F1 (v2.0: at the null-answer threshold "
+            "best on dev, as the BERT paper), retrieval by nDCG@10"]
 
 
 def configuration_lines(report: dict[str, Any]) -> list[str]:

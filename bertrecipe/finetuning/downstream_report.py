@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import statistics
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -102,7 +103,9 @@ def build_report(header: dict[str, Any], tasks: Sequence[Task], runs: Sequence[P
     average and the runs that failed in this call."""
     summaries = {task.name: summarize_task(task, [r for r in runs if r.task == task], records) for task in tasks}
     return {**header, "tasks": summaries, "glue_average": glue_average(summaries),
-            "runs": {"planned": len(runs), "finished": sum(r.label in records for r in runs), "failed": list(failed)}}
+            "runs": {"planned": len(runs), "finished": sum(r.label in records for r in runs), "failed": list(failed),
+                     "run_hours": sum(float(records[r.label].get("seconds", 0)) for r in runs
+                                      if r.label in records) / 3600}}
 
 
 def protocol_record(preset: Preset, grids: dict[str, Grid], max_steps: Optional[int] = None) -> dict[str, Any]:
@@ -169,8 +172,9 @@ def header_lines(report: dict[str, Any]) -> list[str]:
             f"- selection: {protocol['selection']}",
             f"- hardware: {device}; torch {hardware['torch']}; precision {hardware['precision']}; "
             f"{hardware['concurrent_runs']} run(s) at a time",
-            f"- runs: {runs['finished']} of {runs['planned']} finished"
+            f"- runs: {runs['finished']} of {runs['planned']} finished ({runs['run_hours']:.2f} hours of runs, summed)"
             + (f"; failed in this call: {', '.join(runs['failed'])}" if runs["failed"] else ""),
+            f"- command: `{shlex.join(str(part) for part in report.get('command', []))}`",
             "- metrics are percentages on each task's dev set; MRPC and QQP are scored by F1, STS-B by Spearman, "
             "CoLA by Matthews correlation, MNLI by matched accuracy, SQuAD by F1 (v2.0: at the null-answer threshold "
             "best on dev, as the BERT paper), retrieval by nDCG@10"]

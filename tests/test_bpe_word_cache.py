@@ -116,4 +116,14 @@ def test_a_tokenizer_json_truncation_does_not_cut_documents(bpe_json, tmp_path):
     full = load_bpe(bpe_json).tokenizer.encode(document.strip(), add_special_tokens=False).ids
     docs = bpe_documents([document + "\n\nshort one\n"], load_bpe(variant(bpe_json, tmp_path, truncate)))
     assert docs.tokens[:len(full)].tolist() == full and docs.num_documents == 2
-    assert len(docs.tokens) == len(full) + len(load_bpe(bpe_json).tokenizer.encode("short one", add_special_tokens=False).ids)
+    short = load_bpe(bpe_json).tokenizer.encode("short one", add_special_tokens=False).ids
+    assert len(docs.tokens) == len(full) + len(short)
+
+
+def test_bpe_documents_count_the_tokens_of_each_text(bpe_json):
+    vocab = load_bpe(bpe_json)
+    texts = ["the first text\n\nits second document\n", "\n", "another text whole\n"]
+    docs = bpe_documents(texts, vocab)
+    count = [len(vocab.tokenizer.encode(t, add_special_tokens=False).ids)
+             for t in ("the first text", "its second document", "another text whole")]
+    assert docs.text_tokens == (count[0] + count[1], 0, count[2]) and len(docs.tokens) == sum(count)

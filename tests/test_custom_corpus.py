@@ -95,6 +95,21 @@ def text_shard_articles(root: Path, split: str) -> Counter:
                    for block in path.read_text(encoding="utf-8").split("\n\n") if block.strip())
 
 
+def reference_source_tokens(root: Path, split: str, scratch: Path) -> list[int]:
+    """Tokens of each source's (web, wiki) articles in the split's text shards, by transformers' BERT tokenizer:
+    an article's source is the formatted text that holds it."""
+    import transformers
+
+    (scratch / "vocab").mkdir(exist_ok=True)
+    (scratch / "vocab" / "vocab.txt").write_bytes(VOCAB_EXCERPT.read_bytes())
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(scratch / "vocab", do_lower_case=True)
+    web = set(formatted_articles(root, "web"))
+    tokens = [0, 0]
+    for article, copies in text_shard_articles(root, split).items():
+        tokens[article not in web] += copies * len(tokenizer(article, add_special_tokens=False)["input_ids"])
+    return tokens
+
+
 def test_the_mixture_repeats_training_articles_by_epochs_and_the_manifest_counts_the_shards(tmp_path, sources):
     root = tmp_path / "work"
     assert prep(root, *format_flags(sources), "--n_processes", "1").returncode == 0
@@ -116,9 +131,9 @@ def test_the_mixture_repeats_training_articles_by_epochs_and_the_manifest_counts
     params = layout.InstanceParams(True, 64, 10, 0.15, 12345, 1)
     manifest = json.loads((layout.hdf5_dir(root, params) / "custom" / "manifest.json").read_text())
     assert [s["name"] for s in manifest["sources"]] == ["web", "wiki"] and manifest["sources"][1]["epochs"] == 3.0
-    for split in ("training", "test"):  # each source's tokens, estimated from its share of the split's text
-        estimates = [s["articles"][f"{split}_tokens_estimate"] for s in manifest["sources"]]
-        assert all(e > 0 for e in estimates) and abs(sum(estimates) - manifest["totals"][split]["tokens"]) <= 1
+    for split in ("training", "test"):  # each source's tokens: its articles' in the split's shards, copies counted
+        assert [s["articles"][f"{split}_tokens"] for s in manifest["sources"]] == \
+            reference_source_tokens(root, split, tmp_path)
     for split in ("training", "test"):  # the bytes counted per source are the text shards' bytes
         shard_bytes = sum(path.stat().st_size for path in
                           (layout.sharded_dir(root, 2, 1, 0.2) / "custom").glob(f"custom_{split}_*.txt"))
@@ -132,7 +147,18 @@ def test_the_mixture_repeats_training_articles_by_epochs_and_the_manifest_counts
             assert row["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
         assert manifest["totals"][split]["rows"] == sum(r["rows"] for r in rows)
 
+    made_whole = tmp_path / "whole.hdf5"  # the same text shard tokenized whole, without the sources' runs
     text_shard = layout.text_shard(root, 2, 1, 0.2, "custom", "training", 1)
+    assert run_command([sys.executable, str(REPO_ROOT / "data" / "create_pretraining_data.py"), "--input_file",
+                        str(text_shard), "--output_file", str(made_whole), "--vocab_file", str(VOCAB_EXCERPT),
+                        "--do_lower_case", "--max_seq_length", "64", "--max_predictions_per_seq", "10",
+                        "--dupe_factor", "1", "--random_seed", "12345"]).returncode == 0
+    with h5py.File(made_whole, "r") as whole, \
+            h5py.File(layout.hdf5_shard(root, params, "custom", "training", 1), "r") as by_source:
+        assert sorted(whole) == sorted(by_source) and all(np.array_equal(whole[k], by_source[k]) for k in whole)
+        assert json.loads(by_source.attrs["source_bytes"]) == [
+            [name, size] for name, size in mixture["text_shards"][text_shard.name]]
+
     assert manifest["shards"]["training"][1]["text_sha256"] == hashlib.sha256(text_shard.read_bytes()).hexdigest()
     stopped = layout.hdf5_shard(root, params, "custom", "training", 1)
     before = stopped.read_bytes()

@@ -33,6 +33,7 @@ from bertrecipe.dataprep.create_pretraining_data import (
     check_shard_paths,
     expected_attributes,
     shard_task,
+    text_attributes,
     validate,
 )
 from bertrecipe.dataprep.outputs import inside, refuse_data_input_as_output
@@ -215,7 +216,7 @@ def do_sharding(cfg: PrepConfig) -> None:
             print(f"{split}: {len(counts)} shards, {min(counts)}-{max(counts)} sentences each")
     print(f"{result.articles} articles -> {out}")
     if sources is not None:
-        corpus_sources.write_mixture(out, sources, result.by_input, cfg.random_seed)
+        corpus_sources.write_mixture(out, sources, result.by_input, cfg.random_seed, result.input_runs)
         for source, given in zip(sources["sources"], result.by_input, strict=True):
             print(f"  {source['name']} (x{source['epochs']:g}): {given['training']} training articles as "
                   f"{given['training_copies']} copies, {given['test']} test")
@@ -240,6 +241,7 @@ def _shard_jobs(cfg: PrepConfig, vocab: Path) -> list[ShardConfig]:
     params = layout.InstanceParams(cfg.do_lower_case, cfg.max_seq_length, cfg.max_predictions_per_seq,
                                    cfg.masked_lm_prob, cfg.random_seed, cfg.dupe_factor, cfg.document_chunks,
                                    is_bpe_file(vocab))
+    mixture = _custom_mixture(cfg) if cfg.dataset == corpus_sources.CORPUS else {}
     jobs = []
     for split, count in (("training", cfg.n_training_shards), ("test", cfg.n_test_shards)):
         for i in range(count):
@@ -251,8 +253,19 @@ def _shard_jobs(cfg: PrepConfig, vocab: Path) -> list[ShardConfig]:
                                     cfg.do_lower_case, cfg.max_seq_length, cfg.max_predictions_per_seq,
                                     cfg.masked_lm_prob, cfg.short_seq_prob, cfg.dupe_factor, cfg.random_seed,
                                     cfg.whole_word_masking, cfg.compression, checked_by_caller=True,
-                                    document_chunks=cfg.document_chunks, text_sha256=_sha256(source)))
+                                    document_chunks=cfg.document_chunks, text_sha256=_sha256(source),
+                                    source_bytes=corpus_sources.source_runs(mixture, source)))
     return jobs
+
+
+def _custom_mixture(cfg: PrepConfig) -> dict:
+    """The custom corpus's mixture file beside its text shards (what sharding gave each source and shard)."""
+    text_dir = layout.sharded_dir(cfg.root, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set)
+    mixture_path = corpus_sources.mixture_file(text_dir / cfg.dataset)
+    try:
+        return json.loads(mixture_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise DataError(mixture_path, f"unreadable ({err}); run --action sharding --dataset custom again") from None
 
 
 def _sha256(path: Path) -> str:
@@ -288,7 +301,8 @@ def do_create_hdf5_files(cfg: PrepConfig) -> None:
     for job in jobs:
         check_shard_paths(job)  # no shard may be the vocab or a text shard, whatever symlinks the working dir holds
     # A shard that exists with the same parameters is complete (it was renamed into place): skip it.
-    todo = [j for j in jobs if not is_complete(j.output_file, {**expected, "text_sha256": j.text_sha256})]
+    shared = {key: value for key, value in expected.items() if key not in text_attributes(jobs[0])}
+    todo = [j for j in jobs if not is_complete(j.output_file, {**shared, **text_attributes(j)})]
     print(f"{len(jobs) - len(todo)} of {len(jobs)} shards already complete")
     if not todo:
         _prepare_hdf5_dirs(jobs)
@@ -309,16 +323,11 @@ def do_create_hdf5_files(cfg: PrepConfig) -> None:
 
 def _write_custom_manifest(cfg: PrepConfig, jobs: list[ShardConfig], vocab_file: Path, attributes: dict) -> None:
     """manifest.json beside the custom corpus's shards: sources, mixture, tokenizer, counts and checksums."""
-    text_dir = layout.sharded_dir(cfg.root, cfg.n_training_shards, cfg.n_test_shards, cfg.fraction_test_set)
-    mixture_path = corpus_sources.mixture_file(text_dir / cfg.dataset)
-    try:
-        mixture = json.loads(mixture_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise DataError(mixture_path, f"unreadable ({err}); run --action sharding --dataset custom again") from None
+    mixture = _custom_mixture(cfg)
     tokenizer = {"file": str(vocab_file), "sha256": attributes.get("vocab_sha256"),
                  "size": attributes.get("vocab_size"), "kind": attributes.get("tokenizer", "wordpiece")}
     parameters = {key: value.item() if hasattr(value, "item") else value for key, value in attributes.items()
-                  if key not in ("vocab_sha256", "vocab_size", "tokenizer", "text_sha256")}  # per shard, those
+                  if key not in ("vocab_sha256", "vocab_size", "tokenizer", "text_sha256", "source_bytes")}
     shards = {split: [job.output_file for job in jobs if job.output_file.parent.name == split]
               for split in layout.SPLITS}
     manifest = jobs[0].output_file.parent.parent / "manifest.json"

@@ -31,35 +31,43 @@ def document_texts(text: str) -> Iterator[str]:
         yield " ".join(lines)
 
 
-def _batches(texts: Iterable[str]) -> Iterator[list[str]]:
-    """Documents of all texts (a text ends a document), in lists of about BATCH_CHARS characters."""
+def _batches(texts: Iterable[str]) -> Iterator[tuple[list[str], list[int]]]:
+    """Documents of all texts (a text ends a document), in lists of about BATCH_CHARS characters, each with the
+    number (in texts) of the text each document comes from."""
     batch: list[str] = []
+    origins: list[int] = []
     size = 0
-    for text in texts:
+    for number, text in enumerate(texts):
         for document in document_texts(text):
             batch.append(document)
+            origins.append(number)
             size += len(document)
             if size >= BATCH_CHARS:
-                yield batch
-                batch, size = [], 0
+                yield batch, origins
+                batch, origins, size = [], [], 0
     if batch:
-        yield batch
+        yield batch, origins
 
 
 def bpe_documents(texts: Iterable[str], vocab: BpeVocab,
                   on_progress: Callable[[int], None] | None = None) -> Documents:
     """The documents of texts (files), each tokenized whole without special tokens: Documents whose every
     document is one "sentence" (document chunks need no sentences)."""
+    texts = list(texts)
     encoder = SpacedWordEncoder(vocab)
     parts: list[np.ndarray] = []
     lengths: list[int] = []
-    for batch in _batches(texts):
+    text_tokens = [0] * len(texts)
+    for batch, origins in _batches(texts):
         ids, batch_lengths = encoder.encode(batch)
         parts.append(np.asarray(ids, np.int32))
         lengths += [n for n in batch_lengths if n]  # a document of no token (none is made here) is no document
+        for number, n in zip(origins, batch_lengths, strict=True):
+            text_tokens[number] += n
         if on_progress is not None:
             on_progress(sum(len(document) for document in batch))
     tokens = np.concatenate(parts) if parts else np.zeros(0, np.int32)
     offsets = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    return Documents(tokens=tokens, sentence_offsets=offsets, document_offsets=np.arange(len(lengths) + 1))
+    return Documents(tokens=tokens, sentence_offsets=offsets, document_offsets=np.arange(len(lengths) + 1),
+                     text_tokens=tuple(text_tokens))

@@ -292,15 +292,27 @@ def mixture_file(sharded: Path) -> Path:
     return sharded / f"{CORPUS}_mixture.json"
 
 
-def write_mixture(sharded: Path, sources: dict[str, Any], by_input: list[dict[str, int]], seed: int) -> None:
+def write_mixture(sharded: Path, sources: dict[str, Any], by_input: list[dict[str, int]], seed: int,
+                  input_runs: dict[str, list[list[int]]]) -> None:
+    """The mixture file: the sources with their articles per split, and each text shard's sources as runs of
+    [name, bytes] in the shard's order (create_pretraining_data counts each source's tokens by them)."""
+    names = [source["name"] for source in sources["sources"]]
     record = {**sources, "sharding_seed": seed,
               "sources": [{**source, "articles": given} for source, given in zip(sources["sources"], by_input,
-                                                                                  strict=True)]}
+                                                                                  strict=True)],
+              "text_shards": {shard: [[names[source], size] for source, size in runs]
+                              for shard, runs in input_runs.items()}}
     _write_json(mixture_file(sharded), record)
 
 
+def source_runs(mixture: dict[str, Any], text_shard: Path) -> tuple[tuple[str, int], ...]:
+    """A text shard's (source name, bytes) runs from the mixture file; () for a mixture written before them."""
+    return tuple((name, size) for name, size in mixture.get("text_shards", {}).get(text_shard.name, []))
+
+
 def shard_summary(path: Path) -> dict[str, Any]:
-    """A finished shard's file name, rows, tokens (its input_mask's ones), sha256 and its text shard's sha256."""
+    """A finished shard's file name, rows, tokens (its input_mask's ones), sha256, its text shard's sha256 and the
+    tokens of each source's documents in it."""
     import h5py
 
     digest = hashlib.sha256()
@@ -311,21 +323,21 @@ def shard_summary(path: Path) -> dict[str, Any]:
         mask = shard["input_mask"]
         rows = len(mask)
         tokens = sum(int(np.count_nonzero(mask[i:i + 4096])) for i in range(0, rows, 4096))
-        text = shard.attrs.get("text_sha256")
-    return {"file": path.name, "rows": rows, "tokens": tokens, "sha256": digest.hexdigest(),
-            "text_sha256": text.decode() if isinstance(text, bytes) else text}
+        text, by_source = (_text(shard.attrs.get(key)) for key in ("text_sha256", "source_tokens"))
+    return {"file": path.name, "rows": rows, "tokens": tokens, "sha256": digest.hexdigest(), "text_sha256": text,
+            "source_tokens": json.loads(by_source) if by_source else {}}
 
 
-def _with_token_estimates(source: dict[str, Any], sources: list[dict[str, Any]], totals: dict[str, dict[str, int]]
-                          ) -> dict[str, Any]:
-    """A source with the tokens it was given in each split, estimated as its share of the split's text bytes times
-    the split's tokens (its documents are mixed with the others' in the text shards before they are tokenized)."""
-    estimates = {}
-    for split, total in totals.items():
-        split_bytes = sum(s["articles"][f"{split}_bytes"] for s in sources)
-        share = source["articles"][f"{split}_bytes"] / split_bytes if split_bytes else 0.0
-        estimates[f"{split}_tokens_estimate"] = round(share * total["tokens"])
-    return {**source, "articles": {**source["articles"], **estimates}}
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _with_tokens(source: dict[str, Any], splits: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """A source with the tokens of its documents in each split's shards (each copy counted; before the documents
+    are cut into rows, so no special tokens nor padding)."""
+    tokens = {f"{split}_tokens": sum(shard["source_tokens"].get(source["name"], 0) for shard in shards)
+              for split, shards in splits.items()}
+    return {**source, "articles": {**source["articles"], **tokens}}
 
 
 def write_manifest(output: Path, mixture: dict[str, Any], tokenizer: dict[str, Any], parameters: dict[str, Any],
@@ -335,8 +347,8 @@ def write_manifest(output: Path, mixture: dict[str, Any], tokenizer: dict[str, A
     splits = {split: [shard_summary(path) for path in paths] for split, paths in shards.items()}
     totals = {split: {"shards": len(rows), "rows": sum(r["rows"] for r in rows),
                       "tokens": sum(r["tokens"] for r in rows)} for split, rows in splits.items()}
-    record = {**mixture, "sources": [_with_token_estimates(source, mixture["sources"], totals)
-                                     for source in mixture["sources"]],
+    record = {**{key: value for key, value in mixture.items() if key != "text_shards"},
+              "sources": [_with_tokens(source, splits) for source in mixture["sources"]],
               "tokenizer": tokenizer, "parameters": parameters, "totals": totals, "shards": splits}
     _write_json(output, record)
     return record

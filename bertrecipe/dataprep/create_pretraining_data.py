@@ -5,11 +5,13 @@ tokenized by a WordPiece vocab.txt or a byte-level BPE tokenizer.json (bpe_token
 bertrecipe/cli/create_pretraining_data.py. Every input is checked before anything is written."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import pairwise
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -64,6 +66,10 @@ class ShardConfig:
     # bertPrep: the sha256 of the text shard, recorded in the shard (`text_sha256`), so that a shard made from an
     # earlier text is made again rather than skipped as complete.
     text_sha256: str | None = None
+    # bertPrep --dataset custom: the text shard's articles as runs of (source name, bytes), in order, as sharding
+    # wrote them; each run is tokenized as a text of its own, so that the shard records the tokens of each source
+    # (`source_tokens`) with the same documents and rows as the text tokenized whole.
+    source_bytes: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,13 +101,28 @@ def validate(cfg: ShardConfig) -> None:
                                         "--document_chunks, or pass a WordPiece vocab.txt")
 
 
-def _text_attribute(cfg: ShardConfig) -> dict[str, object]:
-    return {"text_sha256": cfg.text_sha256} if cfg.text_sha256 else {}
+def text_attributes(cfg: ShardConfig) -> dict[str, object]:
+    """The attributes of a shard that tell its text: the text shard's sha256 and source runs (bertPrep's)."""
+    attributes: dict[str, object] = {"text_sha256": cfg.text_sha256} if cfg.text_sha256 else {}
+    if cfg.source_bytes:
+        attributes["source_bytes"] = json.dumps([list(run) for run in cfg.source_bytes])
+    return attributes
+
+
+def source_tokens(cfg: ShardConfig, docs: Documents) -> dict[str, object]:
+    """The `source_tokens` attribute (JSON: source name -> tokens of its documents in this shard, each copy
+    counted, before they are cut into rows) where the text came in source runs; nothing otherwise."""
+    if not cfg.source_bytes:
+        return {}
+    tokens: dict[str, int] = {}
+    for (name, _), count in zip(cfg.source_bytes, docs.text_tokens, strict=True):
+        tokens[name] = tokens.get(name, 0) + count
+    return {"source_tokens": json.dumps(tokens)}
 
 
 def shard_attributes(cfg: ShardConfig, vocab_size: int, vocab_sha256: str) -> dict[str, object]:
     """The HDF5 attributes that tell readers what a shard was made with."""
-    return {**_text_attribute(cfg),
+    return {**text_attributes(cfg),
         "vocab_size": vocab_size, "vocab_sha256": vocab_sha256, "do_lower_case": int(cfg.do_lower_case),
         "max_seq_length": cfg.max_seq_length, "max_predictions_per_seq": cfg.max_predictions_per_seq,
         "masked_lm_prob": cfg.masked_lm_prob, "short_seq_prob": cfg.short_seq_prob,
@@ -185,7 +206,7 @@ def chunk_vocab(vocab_file: str | Path, do_lower_case: bool) -> ChunkVocab:
 def chunk_attributes(cfg: ShardConfig, vocab: ChunkVocab) -> dict[str, object]:
     """The HDF5 attributes of a document-chunk shard: its kind, what it was made with, and its special ids."""
     special = vocab.special
-    return {**_text_attribute(cfg),
+    return {**text_attributes(cfg),
         KIND_ATTRIBUTE: DOCUMENT_CHUNKS, "tokenizer": vocab.kind, "vocab_size": vocab.size,
         "vocab_sha256": vocab.sha256, "do_lower_case": int(vocab.lowercases), "max_seq_length": cfg.max_seq_length,
         "random_seed": cfg.random_seed, "cls_id": special.cls, "sep_id": special.sep, "pad_id": special.pad,
@@ -212,8 +233,8 @@ def create_shard(cfg: ShardConfig, progress: bool | None = None) -> ShardResult:
         vocab = chunk_vocab(cfg.vocab_file, cfg.do_lower_case)
         docs, input_bytes, counts = _read_documents(cfg, vocab.tokenize, disable, by_sentence=vocab.kind != "bpe")
         rows = write_document_chunks(Path(cfg.output_file), docs, cfg.max_seq_length, vocab.special,
-                                     chunk_attributes(cfg, vocab), cfg.random_seed, compression,
-                                     clean=not cfg.checked_by_caller)
+                                     {**chunk_attributes(cfg, vocab), **source_tokens(cfg, docs)}, cfg.random_seed,
+                                     compression, clean=not cfg.checked_by_caller)
     else:
         wordpiece, tokenizer = vocab_and_tokenizer(cfg.vocab_file, cfg.do_lower_case)
         docs, input_bytes, counts = _read_documents(
@@ -233,6 +254,8 @@ def _read_documents(cfg: ShardConfig, tokenize: Callable[[Iterable[str], Callabl
     for path in files:
         texts += (google_layout(documents(path, cfg.selection, counts), by_sentence=by_sentence) if record_format(path)
                   else [read_text(path)])
+    if cfg.source_bytes:
+        texts = _source_runs(files[0], texts[0], cfg.source_bytes)
     input_bytes = sum(_size(path) for path in files)
     with tqdm(total=sum(len(t) for t in texts), unit="char", unit_scale=True,
               desc=f"tokenize {Path(cfg.output_file).name}", disable=disable, leave=False) as bar:
@@ -246,6 +269,17 @@ def _read_documents(cfg: ShardConfig, tokenize: Callable[[Iterable[str], Callabl
                                         "blank, or control and zero-width characters only); --input_file takes "
                                         "text of one sentence a line, documents separated by blank lines")
     return docs, input_bytes, counts
+
+
+def _source_runs(path: Path, text: str, runs: tuple[tuple[str, int], ...]) -> list[str]:
+    """A text shard cut into its source runs (each ends an article, so the documents are the same)."""
+    data = text.encode("utf-8")
+    if sum(size for _, size in runs) != len(data):
+        raise DataError(path, f"holds {len(data):,} bytes where its sources' runs add up to "
+                              f"{sum(size for _, size in runs):,}: it changed after sharding; run --action sharding "
+                              "again")
+    bounds = np.cumsum([0] + [size for _, size in runs]).tolist()
+    return [data[lo:hi].decode("utf-8") for lo, hi in pairwise(bounds)]
 
 
 def _check_selection(cfg: ShardConfig, files: list[Path]) -> Counts | None:
@@ -285,8 +319,8 @@ def _write_instances(cfg: ShardConfig, docs: Documents, vocab: Vocab, compressio
     # Block by block into the file: memory holds one block of rows, not the shard (~0.9 KB a row at 128/20).
     blocks = instance_blocks(docs.tokens, spans, masking, special, gen)
     write_shard_blocks(Path(cfg.output_file), len(spans), instance_row_shapes(masking), blocks,
-                       shard_attributes(cfg, len(vocab), vocab.sha256), compression=compression,
-                       clean=not cfg.checked_by_caller)
+                       {**shard_attributes(cfg, len(vocab), vocab.sha256), **source_tokens(cfg, docs)},
+                       compression=compression, clean=not cfg.checked_by_caller)
     return len(spans)
 
 

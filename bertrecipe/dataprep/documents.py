@@ -30,6 +30,7 @@ class Documents:
     tokens: np.ndarray
     sentence_offsets: np.ndarray
     document_offsets: np.ndarray
+    text_tokens: tuple[int, ...] = ()  # how many of the tokens each input text (file, or slice of one) gave
 
     @property
     def num_documents(self) -> int:
@@ -121,11 +122,14 @@ def tokenize_documents(texts: Iterable[str], tokenizer: BertTokenizer,
     """Tokenize texts as Google's reader does: a line that strips to nothing ends a document, lines with no
     tokens are dropped, empty documents are dropped. Each text (file) also ends a document."""
     token_parts, length_parts, doc_parts = [], [], []
+    text_tokens = []
     doc_base = 0
     for text in texts:
+        text_tokens.append(0)
         # Lines end at "\n" only, like a line reader: "\x0c" or "\u2028" stay inside a line.
         for chunk in _slices(text):
             ids, offsets = tokenizer.encode_text(chunk)
+            text_tokens[-1] += len(ids)
             counts = np.diff(offsets)
             doc_of_line = doc_base + np.cumsum(_blank_lines(chunk, counts))
             keep = counts > 0
@@ -145,4 +149,4 @@ def tokenize_documents(texts: Iterable[str], tokenizer: BertTokenizer,
     starts = np.flatnonzero(np.diff(doc_of_sentence, prepend=-1) != 0)
     document_offsets = np.append(starts, len(lengths)).astype(np.int64)
     return Documents(tokens=tokens.astype(np.int32, copy=False), sentence_offsets=sentence_offsets,
-                     document_offsets=document_offsets)
+                     document_offsets=document_offsets, text_tokens=tuple(text_tokens))

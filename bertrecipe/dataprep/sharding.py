@@ -73,6 +73,8 @@ class ShardingResult:
     paths: dict[str, list[Path]]
     # per input: its articles in each split, and the copies of its training articles the training shards hold
     by_input: list[dict[str, int]] | None = None
+    # per shard file name: its articles as runs of [input, bytes], in the order the file holds them
+    input_runs: dict[str, list[list[int]]] | None = None
 
 
 def split_sentences(article: str) -> list[str]:
@@ -205,7 +207,8 @@ def shard_corpus(cfg: ShardingConfig, on_article: Callable[[], None] | None = No
             raise DataError(cfg.output_dir, f"cannot write shards ({err.strerror or err}); check free space and "
                                             "permissions") from None
         raise
-    return ShardingResult(n_articles, sentences, paths, mixture.by_input)
+    return ShardingResult(n_articles, sentences, paths, mixture.by_input,
+                          {path.name: mixture.runs.get(i, []) for i, path in enumerate(targets)})
 
 
 def _segmented_in_order(jobs: Sequence[tuple], on_article: Callable[[], None] | None, run: Runner | None
@@ -229,6 +232,17 @@ class _Mixture:
         self.rng = np.random.default_rng(cfg.random_seed)
         self.by_input = [{"training": 0, "test": 0, "training_copies": 0, "training_bytes": 0, "test_bytes": 0}
                          for _ in cfg.inputs]
+        self.runs: dict[int, list[list[int]]] = {}  # shard -> [input, bytes] runs, in the shard's order
+
+    def place(self, part: int, shard: int, size: int) -> None:
+        """A copy of an article of `size` bytes of `part` goes to `shard`, after the articles placed there before
+        (write_shards writes a shard's articles in part order, each part's in its order)."""
+        runs = self.runs.setdefault(shard, [])
+        source = self.input_of_part[part]
+        if runs and runs[-1][0] == source:
+            runs[-1][1] += size
+        else:
+            runs.append([source, size])
 
     def copies(self, part: int, split: str, size: int) -> int:
         """The copies of an article of `size` bytes (its sentences' text) in the shards of its split."""
@@ -265,6 +279,7 @@ def _balance(parts: Iterator[str], paths: dict[str, list[Path]], fraction: float
                 sentences[split][shard] += n_sentences
                 shards.append(first[split] + shard)
                 rows.append(row)
+                mixture.place(number, first[split] + shard, size)
             n_articles += 1
         _save_assignment(part, np.array(shards, dtype=np.int64), offsets[rows], index[rows, 1])
     return sentences, n_articles

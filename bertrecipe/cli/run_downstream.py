@@ -122,10 +122,8 @@ def set_up(args: argparse.Namespace) -> Setup:
     grids = plan.task_grids(preset, tasks, overrides)
     checkpoint = Path(args.init_checkpoint).resolve()
     vocab_file = resolve_vocab(args, checkpoint)
+    check_output_dir(output_dir, data_dir, [("--init_checkpoint", checkpoint), ("--vocab_file", vocab_file)])
     vocab = check_model(args, checkpoint, vocab_file, max(g.max_seq_length for g in grids.values()))
-    check_writable_folder(output_dir, "--output_dir")
-    refuse_input_as_output(output_dir, "--output_dir", [("--data_dir", data_dir), ("--init_checkpoint", checkpoint),
-                                                        ("--vocab_file", vocab_file)])
     precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
     checkpoint_id = report.checkpoint_identity(checkpoint)
     identity = {"checkpoint_sha256": checkpoint_id["sha256"], "vocab_sha256": vocab["sha256"],
@@ -165,6 +163,16 @@ def check_model(args: argparse.Namespace, checkpoint: Path, vocab_file: Path, ma
     identity = identity_of(tokenizer.vocab)
     return {"path": str(vocab_file), "kind": identity.kind, "size": identity.size, "sha256": identity.sha256,
             "do_lower_case": args.do_lower_case}
+
+
+def check_output_dir(output_dir: Path, data_dir: Path, model: list[tuple[str, Path]]) -> None:
+    """--output_dir must be writable, no input, and outside --data_dir (runs among a task's files could be taken
+    for data by a later search of the folder)."""
+    check_writable_folder(output_dir, "--output_dir")
+    refuse_input_as_output(output_dir, "--output_dir", [("--data_dir", data_dir), *model])
+    if output_dir.is_relative_to(data_dir):
+        raise InputError(f"--output_dir {output_dir}: lies inside --data_dir {data_dir}; choose a folder outside "
+                         "the data")
 
 
 def make_slots(args: argparse.Namespace, preset: plan.Preset, gpus: int,

@@ -177,6 +177,8 @@ def test_bad_input_is_one_line_before_any_run_and_writes_nothing(tmp_path):
     common = ["--init_checkpoint", tmp_path / "model", "--data_dir", data, "--output_dir", out]
     assert "--tasks mrpc: " in bad_input([*common, "--tasks", "rte,mrpc", "--config_file", config])
     assert "--vocab_file: not given" in bad_input([*common[2:], "--init_checkpoint", config])
+    accumulation = [*common, "--config_file", config, "--vocab_file", vocab, "--gradient_accumulation_steps", "3"]
+    assert "batch sizes (8) must all be multiples" in bad_input([*accumulation, "--preset", "cpu_tiny"])
     inside = [*common[:4], "--output_dir", data / "RTE" / "out", "--config_file", config, "--vocab_file", vocab]
     assert "lies inside --data_dir" in bad_input(inside) and not (data / "RTE" / "out").exists()
     (data / "RTE" / "dev.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n")

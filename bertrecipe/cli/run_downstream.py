@@ -74,6 +74,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--train_batch_size", type=number_list(int), help="replaces the preset's, e.g. '16,32'")
     p.add_argument("--max_seq_length", type=int, help="replaces the preset's")
     p.add_argument("--max_steps", type=int, help="passed on: stops each run after this many optimizer steps")
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1, help="passed on: each batch in this many "
+                   "micro-batches (the same batch size, less memory; every batch size must be a multiple)")
     p.add_argument("--workers", type=int, help="runs at a time (default: one per GPU; on a CPU its cores split "
                    "by the preset's threads per run)")
     p.add_argument("--vocab_file", help="default: the checkpoint folder's vocab.txt or tokenizer.json")
@@ -86,7 +88,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--keep_models", action="store_true", help="keep each run's fine-tuned weights (removed once "
                    "scored by default)")
     args = p.parse_args(argv)
-    for name in ("max_seq_length", "max_steps", "workers"):
+    for name in ("max_seq_length", "max_steps", "workers", "gradient_accumulation_steps"):
         if getattr(args, name) is not None:
             finetuning_flags.check_positive(args, name)
     if args.fp16 and args.bf16:
@@ -120,6 +122,10 @@ def set_up(args: argparse.Namespace) -> Setup:
     overrides = plan.GridOverrides(args.learning_rates, args.epochs, args.train_batch_size, args.seeds,
                                    args.max_seq_length)
     grids = plan.task_grids(preset, tasks, overrides)
+    batches = sorted({batch for grid in grids.values() for batch in grid.batch_sizes})
+    if any(batch % args.gradient_accumulation_steps for batch in batches):
+        raise InputError(f"--gradient_accumulation_steps {args.gradient_accumulation_steps}: the grid's batch sizes "
+                         f"({', '.join(map(str, batches))}) must all be multiples of it")
     checkpoint = Path(args.init_checkpoint).resolve()
     vocab_file = resolve_vocab(args, checkpoint)
     check_output_dir(output_dir, data_dir, [("--init_checkpoint", checkpoint), ("--vocab_file", vocab_file)])
@@ -192,6 +198,7 @@ def common_flags(args: argparse.Namespace, checkpoint: Path, vocab_file: Path) -
     flags += ["--config_file", str(Path(args.config_file).resolve())] if args.config_file else []
     for name in ("do_lower_case", "allow_vocab_mismatch", "fp16", "bf16", "no_cuda"):
         flags += [f"--{name}"] if getattr(args, name) else []
+    flags += ["--gradient_accumulation_steps", str(args.gradient_accumulation_steps)]
     return flags + (["--max_steps", str(args.max_steps)] if args.max_steps else [])
 
 

@@ -11,14 +11,17 @@ the corpus and their questions the test queries (qrels/test.tsv, each question's
 other article's (question, title + paragraph) pairs are the training pairs (pairs.jsonl, and qrels/train.tsv over a
 corpus of all paragraphs in the `train` folder). The model: all-MiniLM-L6-v2 ($BERT_SHARED_DATA/minilm, mean
 pooling), else a seeded random 2-layer BERT over tests/data's vocab excerpt (then the nDCG figures mean little).
-Both sides: --steps optimizer steps of --batch pairs (the same seeded order of pairs), --seq tokens at most per
-text, AdamW (lr --lr, weight decay 0.01 off biases and LayerNorms, eps 1e-6) under a linear warm-up over 10 % of the
-steps then linear decay, fp32, scale 20 query->document cross-entropy, --threads torch threads, dropout as the
-model's config has it. Measured: training pairs per second (the optimizer steps alone, after tokenization; ours
-tokenizes once before the loop, sentence-transformers inside its data collator, which the figure includes as it is
-part of its step) and nDCG@10 / MRR@10 / recall@100 of each side's trained model, both scored by our metric code on
-embeddings each side computes itself; and the untrained model's scores. The goal (issue 40): ours >= 1.3x its pairs
-per second, nDCG@10 the same within seed noise. Results to stdout, PREFIX.json (default
+Both sides: --steps optimizer steps of --batch pairs, the same steps x batch pairs (a seeded draw) in the same
+batches (ours' seeded shuffle; sentence-transformers given them in that order by a sequential batch sampler), --seq
+tokens at most per text, AdamW (lr --lr, weight decay 0.01, eps 1e-6; fused) under a linear warm-up over 10 % of the
+steps then linear decay, no gradient clipping (ours has none: the trainer's max_grad_norm is set to 0), fp32,
+scale-20 query->document cross-entropy, dropout as the model's config has it, --threads torch threads, one after the
+other in one process (alternating which goes first over the seeds). Measured: training pairs per second, from the
+tokenization of the drawn pairs to the last step (ours tokenizes them once before its loop, sentence-transformers in
+its data collator at each step, both counted), and nDCG@10 / MRR@10 / recall@100 of each side's trained model, both
+scored by our metric code on embeddings each side computes itself (ours: encode_texts; theirs:
+SentenceTransformer.encode); and the untrained model's scores. The goal (issue 40): ours >= 1.3x its pairs per
+second, nDCG@10 the same within seed noise. Results to stdout, PREFIX.json (default
 benchmarks/results/retrieval_training/<date>)."""
 from __future__ import annotations
 
@@ -225,12 +228,13 @@ def theirs(setup: Setup, seed: int, drawn: list[int], order: list[int], work: Pa
     return {"seconds": seconds, "pairs_per_second": setup.steps * setup.batch / seconds, **scores}
 
 
-def run_seed(setup: Setup, seed: int, work: Path, theirs_first: bool) -> dict[str, Any]:
-    """Both sides on one seed, in the order given (alternated over the seeds: neither always runs first)."""
+def run_seed(setup: Setup, seed: int, work: Path, ours_first: bool) -> dict[str, Any]:
+    """Both sides on one seed, ours first or second (alternated: sentence-transformers first on the first seed
+    given, ours on the second, ...)."""
     drawn, order = pair_order(len(setup.queries), setup.batch, setup.steps, seed)
     sides = {"ours": lambda: ours(setup, seed, drawn),
              "sentence-transformers": lambda: theirs(setup, seed, drawn, order, work)}
-    names = sorted(sides, reverse=not theirs_first)
+    names = sorted(sides, reverse=not ours_first)
     result = {name: sides[name]() for name in names}
     result["speedup"] = result["ours"]["pairs_per_second"] / result["sentence-transformers"]["pairs_per_second"]
     print(f"seed {seed}: " + "; ".join(f"{name} {r['pairs_per_second']:.1f} pairs/s, nDCG@10 {r['ndcg@10']:.4f}"
@@ -299,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
 
         untrained = scores_of(setup, lambda texts: encode_texts(model, tokenizer, texts, setup.seq, 64,
                                                                 Precision("cpu")))
-        seeds = {seed: run_seed(setup, seed, Path(tmp), theirs_first=i % 2 == 1) for i, seed in enumerate(args.seeds)}
+        seeds = {seed: run_seed(setup, seed, Path(tmp), ours_first=i % 2 == 1) for i, seed in enumerate(args.seeds)}
     result = {"host": host_threads_line(detect("cpu"), "fp32"), "load": f"load average {os.getloadavg()[0]:.2f} "
               f"at the end (the machine's cores are shared)", **described,
               "options": {k: v for k, v in vars(args).items() if k != "output"},

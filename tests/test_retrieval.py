@@ -376,3 +376,20 @@ def test_squad_becomes_beir_folders_split_by_article(squad_beir):
     assert len(train.corpus_ids) == 14 and len(test.query_ids) == 24 and len(pairs.queries) == 90 - 24
     assert not set(test.query_texts) & set(pairs.queries) and not set(test.corpus_texts) & set(pairs.positives)
     assert pairs.queries == train.query_texts
+
+
+def test_the_command_trains_on_json_lines_pairs_with_hard_negatives(bert_folder, squad_beir, tmp_path):
+    train = beir_data.read_training_pairs(squad_beir / "pairs.jsonl")
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [{"query": q, "positive": p, "negative": train.positives[(i + 7) % len(train.positives)]}
+            for i, (q, p) in enumerate(zip(train.queries, train.positives))]
+    pairs.write_text("".join(json.dumps(row) + "\n" for row in rows[:8]), encoding="utf-8")
+    result = run_command(command(
+        "--init_checkpoint", bert_folder, "--vocab_file", bert_folder / "vocab.txt", "--do_lower_case", "--data_dir",
+        squad_beir / "test", "--do_train", "--train_file", pairs, "--num_train_epochs", "1", "--train_batch_size",
+        "4", "--max_seq_length", "32", "--pooling", "cls", "--symmetric_loss", "--do_eval", "--output_dir",
+        tmp_path / "out", "--disable_progress_bar"))
+    assert result.returncode == 0, result.stderr
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["hard_negatives"] is True and results["train_steps"] == 2 and results["train_pairs"] == 8
+    assert results["pooling"] == "cls" and math.isfinite(results["final_loss"])

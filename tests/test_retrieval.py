@@ -382,7 +382,7 @@ def test_the_command_trains_on_json_lines_pairs_with_hard_negatives(bert_folder,
     train = beir_data.read_training_pairs(squad_beir / "pairs.jsonl")
     pairs = tmp_path / "pairs.jsonl"
     rows = [{"query": q, "positive": p, "negative": train.positives[(i + 7) % len(train.positives)]}
-            for i, (q, p) in enumerate(zip(train.queries, train.positives))]
+            for i, (q, p) in enumerate(zip(train.queries, train.positives, strict=True))]
     pairs.write_text("".join(json.dumps(row) + "\n" for row in rows[:8]), encoding="utf-8")
     result = run_command(command(
         "--init_checkpoint", bert_folder, "--vocab_file", bert_folder / "vocab.txt", "--do_lower_case", "--data_dir",

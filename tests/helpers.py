@@ -46,6 +46,11 @@ TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "in
 # The tiny_bert fixture's Hugging Face model.
 TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
              "max_position_embeddings": 512, "type_vocab_size": 2}
+# The tiny transformers ModernBERT the fine-tuning and retrieval tests save (with vocab_size and special ids added):
+# three layers, one global, two local of window 16.
+TINY_MODERN = {"hidden_size": 32, "num_attention_heads": 2, "num_hidden_layers": 3, "intermediate_size": 48,
+               "local_attention": 16, "global_attn_every_n_layers": 3, "max_position_embeddings": 256,
+               "pad_token_id": 0}
 SHARED_DATA = Path(os.environ.get("BERT_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 SENTENCES = [("the movie was good", "1"), ("the plot was bad", "0"), ("i liked it", "1"), ("a very awful film", "0")]
 WORDS = "the a movie film plot was is good bad great awful not very i liked it".split()

@@ -15,7 +15,7 @@ from bertrecipe.finetuning import glue as glue_data
 from bertrecipe.finetuning import squad as squad_data
 from bertrecipe.finetuning.model_loading import load_tokenizer
 from bertrecipe.tokenization.bpe import BpeTokenizer
-from helpers import EXCERPT, REPO_ROOT, TEST_DATA, glue, run_command, squad, squad_subset, subset
+from helpers import EXCERPT, REPO_ROOT, TEST_DATA, TINY_MODERN, glue, run_command, squad, squad_subset, subset
 
 BOOKS = [TEST_DATA / "books" / "pg11.txt", TEST_DATA / "books" / "pg1661.txt"]
 
@@ -30,9 +30,7 @@ def bpe_folder(tmp_path_factory):
     size = len(json.loads(tokenizer.read_text(encoding="utf-8"))["model"]["vocab"])
     torch.manual_seed(0)
     config = transformers.ModernBertConfig(
-        vocab_size=size, hidden_size=32, num_attention_heads=2, num_hidden_layers=3, intermediate_size=48,
-        local_attention=16, global_attn_every_n_layers=3, max_position_embeddings=256, pad_token_id=0,
-        bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3)
+        vocab_size=size, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3, **TINY_MODERN)
     transformers.ModernBertForMaskedLM(config).save_pretrained(folder)
     return folder
 

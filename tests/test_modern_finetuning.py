@@ -11,7 +11,7 @@ import transformers
 
 from bertrecipe.deploy.onnx_export import TritonSignature, export_onnx, onnx_qa_logits, open_qa_session
 from bertrecipe.model.weights import export_huggingface, load_weights_into, model_for_weights, read_weights
-from helpers import EXCERPT, REPO_ROOT, TEST_DATA, glue, run_command, squad, squad_subset, subset
+from helpers import EXCERPT, REPO_ROOT, TEST_DATA, TINY_MODERN, glue, run_command, squad, squad_subset, subset
 
 GLUE_EXCERPTS = TEST_DATA / "glue"
 
@@ -23,9 +23,8 @@ def modern_folder(tiny_bert, tmp_path_factory):
     vocab = (tiny_bert / "vocab.txt").read_text(encoding="utf-8")
     torch.manual_seed(0)
     config = transformers.ModernBertConfig(
-        vocab_size=len(vocab.splitlines()), hidden_size=32, num_attention_heads=2, num_hidden_layers=3,
-        intermediate_size=48, local_attention=16, global_attn_every_n_layers=3, max_position_embeddings=256,
-        pad_token_id=0, bos_token_id=101, eos_token_id=102, cls_token_id=101, sep_token_id=102)
+        vocab_size=len(vocab.splitlines()), bos_token_id=101, eos_token_id=102, cls_token_id=101, sep_token_id=102,
+        **TINY_MODERN)
     folder = tmp_path_factory.mktemp("modern") / "encoder"
     transformers.ModernBertForMaskedLM(config).save_pretrained(folder)
     (folder / "vocab.txt").write_text(vocab, encoding="utf-8")

@@ -25,7 +25,7 @@ from bertrecipe.finetuning.model_loading import config_and_weights, load_tokeniz
 from bertrecipe.finetuning.retrieval_metrics import exact_search, retrieval_scores
 from bertrecipe.finetuning.retrieval_training import in_batch_negatives_loss
 from bertrecipe.training.stepper import Precision
-from helpers import EXCERPT, REPO_ROOT, run_command, snapshot
+from helpers import EXCERPT, REPO_ROOT, TINY_MODERN, run_command, snapshot
 
 FP32 = Precision("cpu")
 TEXTS = ["the movie was good", "Who won Super Bowl 50?",
@@ -211,9 +211,8 @@ def modern_encoder(tiny_bert, tmp_path_factory):
     vocab = (tiny_bert / "vocab.txt").read_text(encoding="utf-8")
     torch.manual_seed(0)
     config = transformers.ModernBertConfig(
-        vocab_size=len(vocab.splitlines()), hidden_size=32, num_attention_heads=2, num_hidden_layers=3,
-        intermediate_size=48, local_attention=16, global_attn_every_n_layers=3, max_position_embeddings=256,
-        pad_token_id=0, bos_token_id=101, eos_token_id=102, cls_token_id=101, sep_token_id=102)
+        vocab_size=len(vocab.splitlines()), bos_token_id=101, eos_token_id=102, cls_token_id=101, sep_token_id=102,
+        **TINY_MODERN)
     folder = tmp_path_factory.mktemp("retrieval_modern")
     transformers.ModernBertModel(config).save_pretrained(folder)
     (folder / "vocab.txt").write_text(vocab, encoding="utf-8")

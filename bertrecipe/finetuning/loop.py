@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -76,7 +77,8 @@ def _run_steps(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
     stepper = Stepper(model, optimizer, scheduler, precision, compute_loss)
     progress = _Progress(total_steps, settings, ctx, log, optimizer, stepper)
     config = getattr(unwrap(model), "config", None)
-    peak = _Peak(ctx, precision, settings.peak_tflops)
+    # Looked up (measured, on a CPU) the first time the logging process writes a record, after its all-reduce.
+    peak = partial(device_peak_tflops, ctx.device, precision.dtype or torch.float32, settings.peak_tflops)
     model.train()
     epoch = 0
     while progress.steps < total_steps:
@@ -156,16 +158,6 @@ class _Progress:
         elapsed = time.perf_counter() - self.start
         return {"e2e_train_time": elapsed, "training_sequences_per_second": self.sequences / elapsed,
                 "final_loss": self.final_loss}
-
-
-class _Peak:
-    """The device's peak for mfu, looked up (or measured, on a CPU) the first time a record asks."""
-
-    def __init__(self, ctx: DistributedContext, precision: Precision, given: Optional[float]) -> None:
-        self.ctx, self.precision, self.given = ctx, precision, given
-
-    def __call__(self) -> Optional[float]:
-        return device_peak_tflops(self.ctx.device, self.precision.dtype or torch.float32, self.given)
 
 
 def epoch_micro_batches(n: int, micro_batch_size: int, seed: int, epoch: int,

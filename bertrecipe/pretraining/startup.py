@@ -225,10 +225,10 @@ def masking_spec(settings: StreamSettings, shards: list, config: ModelConfig, vo
     if not settings.dynamic_masking:
         return None
     predictions, length = settings.max_predictions_per_seq, settings.max_seq_length
-    rate = max(settings.masked_lm_prob, settings.masked_lm_prob_end or 0.0)  # a schedule's highest rate
-    wanted = round(length * rate)
+    highest = max(settings.masked_lm_prob, settings.masked_lm_prob_end or 0.0)  # a schedule's highest rate
+    wanted = round(length * highest)
     if warn and wanted > predictions:
-        print(f"warning: --max_predictions_per_seq {predictions} caps --masked_lm_prob {rate} at "
+        print(f"warning: --max_predictions_per_seq {predictions} caps --masked_lm_prob {highest} at "
               f"{predictions / length:.3f} of a full {length}-token sequence; pass --max_predictions_per_seq "
               f"{wanted} for the full rate", file=sys.stderr, flush=True)
     rate = settings.masked_lm_prob

@@ -14,7 +14,6 @@ Everything lives under $BERT_PREP_WORKING_DIR (default `data/` in the checkout);
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import threading
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.cli.record_flags import add_record_arguments, selection_from
 from bertrecipe.common.atomic_files import remove_stale_temporaries_of
 from bertrecipe.common.errors import DataError
+from bertrecipe.common.files import file_sha256
 from bertrecipe.dataprep import corpus_sources, download, engine, layout, text_formatting
 from bertrecipe.dataprep.create_pretraining_data import (
     ShardConfig,
@@ -271,8 +271,7 @@ def _custom_mixture(cfg: PrepConfig) -> dict:
 def _sha256(path: Path) -> str:
     """A text shard's sha256, which its HDF5 shard records: sharding again with other text remakes the shard."""
     try:
-        with open(path, "rb") as text:
-            return hashlib.file_digest(text, "sha256").hexdigest()
+        return file_sha256(path)
     except OSError as err:
         raise DataError(path, f"cannot read the text shard ({err.strerror}); run --action sharding again") from None
 

@@ -27,6 +27,7 @@ import torch
 from bertrecipe.cli import finetuning_flags
 from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
+from bertrecipe.common.files import file_sha256
 from bertrecipe.common.output_paths import check_writable_folder, refuse_input_as_output
 from bertrecipe.finetuning import downstream_plan as plan
 from bertrecipe.finetuning import downstream_report as report
@@ -134,7 +135,7 @@ def set_up(args: argparse.Namespace) -> Setup:
     checkpoint_id = report.checkpoint_identity(checkpoint)
     identity = {"checkpoint_sha256": checkpoint_id["sha256"], "vocab_sha256": vocab["sha256"],
                 "do_lower_case": args.do_lower_case, "precision": precision, "max_steps": args.max_steps,
-                "config_sha256": report.file_sha256(Path(args.config_file)) if args.config_file else None}
+                "config_sha256": file_sha256(Path(args.config_file)) if args.config_file else None}
     planned = plan.plan_runs(tasks, grids)
     gpus = 0 if args.no_cuda else torch.cuda.device_count()
     slots, threads = make_slots(args, preset, gpus, len(planned))

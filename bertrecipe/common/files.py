@@ -1,6 +1,7 @@
 """Reading user-given text and JSON files: an InputError naming the file and the problem, never a traceback."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
@@ -69,3 +70,8 @@ def parse_json_text(path: str | Path, text: str) -> Any:
         raise InputError(f"{path}: unusable JSON ({str(error).splitlines()[0][:100]})") from None
 
 
+def file_sha256(path: str | Path) -> str:
+    """The hex sha256 of a file, read a block at a time (a corpus or a checkpoint may be gigabytes); OSError as
+    open() raises it."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

@@ -22,6 +22,7 @@ import numpy as np
 
 from bertrecipe.common.atomic_files import atomic_output, scratch_folder, write_atomic
 from bertrecipe.common.errors import DataError
+from bertrecipe.common.files import file_sha256
 from bertrecipe.dataprep import layout
 from bertrecipe.dataprep.documents import input_files
 from bertrecipe.dataprep.engine import Runner, in_order
@@ -315,16 +316,12 @@ def shard_summary(path: Path) -> dict[str, Any]:
     tokens of each source's documents in it."""
     import h5py
 
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
     with h5py.File(path, "r") as shard:
         mask = shard["input_mask"]
         rows = len(mask)
         tokens = sum(int(np.count_nonzero(mask[i:i + 4096])) for i in range(0, rows, 4096))
         text, by_source = (_text(shard.attrs.get(key)) for key in ("text_sha256", "source_tokens"))
-    return {"file": path.name, "rows": rows, "tokens": tokens, "sha256": digest.hexdigest(), "text_sha256": text,
+    return {"file": path.name, "rows": rows, "tokens": tokens, "sha256": file_sha256(path), "text_sha256": text,
             "source_tokens": json.loads(by_source) if by_source else {}}
 
 

@@ -5,7 +5,6 @@ otherwise) and renamed to `<dest>` only when complete, so an existing `<dest>` i
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import urllib.error
@@ -16,7 +15,7 @@ from typing import Callable
 
 from bertrecipe.common.atomic_files import atomic_output, move_onto, output_target, scratch_folder
 from bertrecipe.common.errors import DataError
-from bertrecipe.common.files import read_text_file
+from bertrecipe.common.files import file_sha256, read_text_file
 
 TIMEOUT = 15  # seconds without a byte: offline or a dead mirror fails fast, with the URL in the message
 CHUNK = 1 << 20
@@ -107,14 +106,6 @@ def fetch(url: str, dest: Path, on_bytes: Callable[[int], None] | None = None, t
     return True
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fetch_zip(url: str, dest_dir: Path, expected: dict[str, str] | None = None) -> Path:
     """Fetch a zip, extract it into dest_dir (atomically, via a temporary directory), check sha256s."""
     archive = dest_dir / url.rsplit("/", 1)[-1]
@@ -126,7 +117,7 @@ def fetch_zip(url: str, dest_dir: Path, expected: dict[str, str] | None = None) 
         if not (folder / name).is_file():
             raise DataError(folder / name, f"missing from {url}; delete {folder} and {archive} and run --action "
                                            "download again")
-        if sha256_file(folder / name) != sha:
+        if file_sha256(folder / name) != sha:
             raise DataError(folder / name, f"sha256 does not match the published value for {url}; delete {folder} "
                                            f"and {archive} and run --action download again")
     return folder

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from bertrecipe.common.errors import InputError
+from bertrecipe.common.files import file_sha256
 from bertrecipe.finetuning import glue, squad, squad_task
 
 GLUE, SQUAD, RETRIEVAL = "glue", "squad", "retrieval"
@@ -302,21 +303,12 @@ def checked_task_data(task: Task) -> Task:
             splits.append((mismatched, "dev"))
         for each, split in splits:
             glue.read_examples(each, task.folder, split)
-            digest.update(hashing_file(glue.split_file(each, task.folder, split)))
+            digest.update(file_sha256(glue.split_file(each, task.folder, split)).encode())
     elif task.kind == SQUAD:
         train, dev = squad.read_squad_file(task.train_file), squad.read_squad_file(task.dev_file)
         squad_task.check_scorable(dev)
         digest.update(f"{train.sha256} {dev.sha256}".encode())
     else:
         for path in (task.folder / "corpus.jsonl", task.folder / "queries.jsonl", task.train_file, task.dev_file):
-            digest.update(hashing_file(path))
+            digest.update(file_sha256(path).encode())
     return replace(task, data_sha256=digest.hexdigest())
-
-
-def hashing_file(path: Path) -> bytes:
-    """The sha256 digest of a file read a block at a time (a corpus may be gigabytes)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.digest()

@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from bertrecipe.common.atomic_files import write_atomic
+from bertrecipe.common.files import file_sha256
 from bertrecipe.common.hardware import cpu_model, read_cpuinfo
 from bertrecipe.finetuning.downstream_plan import (
     GLUE_AVERAGE_EXCLUDES,
@@ -22,17 +23,12 @@ from bertrecipe.finetuning.downstream_plan import (
     PlannedRun,
     Preset,
     Task,
-    hashing_file,
 )
 from bertrecipe.model.weights import HF_WEIGHT_FILES
 
 SELECTION = ("each configuration (learning rate, epochs, batch size) is run once per seed; its median over the "
              "seeds is its value; the task's score is the highest median on the dev set (ties: the first in the "
              "grid), reported with the min and max of that configuration's seeds")
-
-
-def file_sha256(path: Path) -> str:
-    return hashing_file(path).hex()
 
 
 def checkpoint_identity(path: Path) -> dict[str, Any]:

@@ -1030,22 +1030,23 @@ def table_markdown(rows: list[dict[str, Any]], header: Sequence[str], notes: Seq
 
 
 def ablation_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """Each leave-one-out run's accuracy at the budget minus best's, in points (none without a best row)."""
+    """Each leave-one-out run's accuracy at the budget minus its baseline's (ABLATION_BASELINES, else best), in
+    points; a run whose baseline did not run has no line."""
     at_budget = {row["run"]: row["accuracy_at_budget"] for row in rows}
-    best = at_budget.get("best")
-    ablations = [(name, value) for name, value in at_budget.items() if name.startswith("best-")]
-    if best is None or not ablations:
-        return []
-    lines = ["", "Leave-one-out, accuracy at the budget against the best set (points):"]
-    for name, value in ablations:
+    lines = []
+    for name, value in at_budget.items():
+        if not name.startswith("best-"):
+            continue
         baseline = ABLATION_BASELINES.get(name, "best")
-        base = at_budget.get(baseline)
-        if base is None:
-            baseline, base = "best", best
+        if baseline not in at_budget:
+            baseline = "best"
+        if baseline not in at_budget:
+            continue
+        base = at_budget[baseline]
         change = "n/a" if value is None or base is None else f"{100 * (value - base):+.2f}"
         against = "" if baseline == "best" else f" (against {baseline})"
         lines.append(f"- {run_label(name)}: {change}{against}")
-    return lines
+    return ["", "Leave-one-out, accuracy at the budget against the best set (points):", *lines] if lines else []
 
 
 def reach_line(results: dict[str, dict[str, Any]], ours: str, target: str, budget: float) -> Optional[str]:
@@ -1104,10 +1105,13 @@ def sweep_lines(results: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def comparison_lines(results: dict[str, dict[str, Any]], budget: float) -> list[str]:
-    """The lines under the table: ours against the tuned peers (TUNED_TARGETS), our two families, the sweeps."""
-    lines = [line for ours, target in TUNED_TARGETS if (line := reach_line(results, ours, target, budget))]
+    """The lines under the table: ours against the tuned peers (TUNED_TARGETS), an ablation against its own
+    baseline (ABLATION_BASELINES: when the mask-rate schedule reached the constant rate's final accuracy), our two
+    families, the sweeps."""
+    targets = [*TUNED_TARGETS, *ABLATION_BASELINES.items()]
+    lines = [line for ours, target in targets if (line := reach_line(results, ours, target, budget))]
     lines += family_lines(results, budget) + sweep_lines(results)
-    return ["", "Against the tuned peers, our two families, the sweeps:", *lines] if lines else []
+    return ["", "Against the tuned peers and baselines, our two families, the sweeps:", *lines] if lines else []
 
 
 def spec_line(name: str, spec: PeerSpec, sweep: float) -> str:
@@ -1159,8 +1163,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget_minutes", type=float, default=10.0, help="training minutes of each run")
     parser.add_argument("--eval_every_minutes", type=float, default=0.5, help="training minutes between evaluations")
-    parser.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS),
-                        help="the runs to make (default: all, in the order %(default)s)")
+    parser.add_argument("--runs", nargs="*", choices=RUNS, default=list(RUNS),
+                        help="the runs to make (default: all, in the order %(default)s; none: only --ablations)")
     parser.add_argument("--output_dir", type=Path, default=REPO / "benchmarks" / "results" / "time_to_accuracy")
     parser.add_argument("--precision", choices=["fp32", "bf16"],
                         help="of all runs (default: bf16 where the hardware has it natively, else fp32)")
@@ -1194,6 +1198,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
         parser.error(f"--sweep_minutes must be >= 0, got {args.sweep_minutes}")
     if not all(lr > 0 for lr in args.peer_tuned_lrs + args.modern_peer_lrs):
         parser.error("the sweeps' learning rates must be > 0")
+    if not (args.runs or args.ablations):
+        parser.error("nothing to run: give --runs or --ablations")
     args.runs = [name for name in RUNS if name in args.runs]  # the table's order, each once
     return args
 

@@ -168,6 +168,16 @@ def test_ablation_lines_give_each_leave_one_out_against_best_in_points():
     results["best-mask_schedule"] = {"curve": [(1.0, 0.19)], "steps": 9, "sequences_per_second": 1.0}
     lines = tta.ablation_lines(tta.table_rows(results, 1.0))
     assert lines[-1] == f"- {tta.ABLATIONS['mask_schedule']}: +1.00 (against best-schedule)"
+    without_best = {name: run for name, run in results.items() if name != "best"}
+    lines = tta.ablation_lines(tta.table_rows(without_best, 1.0))  # the schedule pair alone still compares
+    assert lines[2:] == [f"- {tta.ABLATIONS['mask_schedule']}: +1.00 (against best-schedule)"]
+    without_best["best-schedule"]["curve"] = [(0.5, 0.12), (1.0, 0.18)]
+    without_best["best-mask_schedule"]["curve"] = [(0.5, 0.14), (1.0, 0.19)]
+    assert ("- ours (best-mask_schedule) reached best-schedule's final accuracy (18.00%) in 0.90 minutes (budget 1)"
+            in tta.comparison_lines(without_best, 1.0))
+    assert tta.parse_args(["--runs", "--ablations", "schedule"]).runs == []
+    with pytest.raises(SystemExit):
+        tta.parse_args(["--runs"])
 
 
 def reference_neighbour_guess(train_rows, mask_rows, specials, before, after):

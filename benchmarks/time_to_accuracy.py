@@ -844,16 +844,17 @@ def calibrate_ours(out: Path, corpus: Corpus, precision: str, lr: float, warmup:
 
 def run_ours(name: str, out: Path, corpus: Corpus, precision: str, budget: float, every: float,
              options: Sequence[str], lr: float, warmup: float, time_budget: bool,
-             config: Optional[Path] = None) -> dict[str, Any]:
+             config: Optional[Path] = None, max_steps: Optional[int] = None) -> dict[str, Any]:
     """run_pretraining.py with `options` and `config` (default: the BERT model's), on --train_budget_minutes
-    (time_budget) or on --max_steps sized by a calibration run with the same flags."""
+    (time_budget), on the given --max_steps, or on --max_steps sized by a calibration run with the same flags."""
     if time_budget:
         command = our_command(out / "run", corpus, precision, lr, warmup, 10 ** 7, every,
                               [*options, "--train_budget_minutes", str(budget)], config)
     else:
-        speed = calibrate_ours(out / "calibration", corpus, precision, lr, warmup, options, config)
-        max_steps = steps_from_throughput(budget, speed, BATCH)
-        print(f"{name}: calibrated {speed:.1f} sequences/s -> --max_steps {max_steps}", flush=True)
+        if max_steps is None:
+            speed = calibrate_ours(out / "calibration", corpus, precision, lr, warmup, options, config)
+            max_steps = steps_from_throughput(budget, speed, BATCH)
+            print(f"{name}: calibrated {speed:.1f} sequences/s -> --max_steps {max_steps}", flush=True)
         command = our_command(out / "run", corpus, precision, lr, warmup, max_steps, every, options, config)
     print(f"{name}: {' '.join(command[1:])}", flush=True)
     records = run_logged(command, out / "run", f"the {name} run")
@@ -867,6 +868,13 @@ def run_ours(name: str, out: Path, corpus: Corpus, precision: str, budget: float
             "sequences_per_second": float(final.get("training_sequences_per_second", 0.0)),
             "checkpoint": str(checkpoints[-1][1]) if checkpoints else None, "command": command,
             "config": str(config), "parameters": parameter_count(config_from_json_file(config))}
+
+
+def baseline_steps(name: str, results: dict[str, dict[str, Any]]) -> Optional[int]:
+    """The steps of the run `name` is compared with (ABLATION_BASELINES) if it ran, so that the two share one
+    schedule length and differ in the ablated choice alone (two calibrations on a shared host differed by 5 %)."""
+    steps = results.get(ABLATION_BASELINES.get(name, ""), {}).get("steps")
+    return int(steps) if steps else None
 
 
 class OurRun(NamedTuple):
@@ -1224,8 +1232,10 @@ def main(argv: Optional[list[str]] = None) -> None:
                                  specs[name], name, sweep_minutes(args))
     for name, run in our_runs(args).items():
         config = corpus.modern_config if run.family == "modern" else corpus.config
+        steps = None if run.time_budget else baseline_steps(name, results)
         results[name] = run_ours(name, out / "runs" / name, corpus, precision, args.budget_minutes,
-                                 args.eval_every_minutes, run.options, run.lr, run.warmup, run.time_budget, config)
+                                 args.eval_every_minutes, run.options, run.lr, run.warmup, run.time_budget, config,
+                                 steps)
     order = [*RUNS, *(name for name in results if name not in RUNS)]  # the table's order, ablations last
     results = {name: results[name] for name in order if name in results}
     host_fields = host_record(host, precision)

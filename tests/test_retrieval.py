@@ -6,6 +6,7 @@ the same embeddings; the ONNX and safetensors exports; bad input refused in one 
 BEIR folder made of SQuAD articles (questions -> their paragraph), trained on some articles, scored on others."""
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -23,7 +24,12 @@ from bertrecipe.finetuning import beir_data
 from bertrecipe.finetuning.embedding import encode_texts, load_embedding_model, tokenize_texts
 from bertrecipe.finetuning.model_loading import config_and_weights, load_tokenizer
 from bertrecipe.finetuning.retrieval_metrics import exact_search, retrieval_scores
-from bertrecipe.finetuning.retrieval_training import in_batch_negatives_loss
+from bertrecipe.finetuning.retrieval_training import (
+    contrastive_loss,
+    embed_by_length,
+    in_batch_negatives_loss,
+    length_groups,
+)
 from bertrecipe.training.stepper import Precision
 from helpers import EXCERPT, REPO_ROOT, TINY_MODERN, run_command, snapshot
 
@@ -234,27 +240,74 @@ def test_a_modern_folder_embeds_as_sentence_transformers_does(modern_encoder, po
 
 @pytest.mark.slow  # importing sentence-transformers takes seconds
 def test_the_loss_is_multiple_negatives_ranking_loss_on_the_same_embeddings():
-    """Ours on an identity 'model' of given unit vectors against sentence-transformers' loss on the same vectors,
-    with hard negatives and without; the symmetric form against the two directions written out."""
+    """Ours on given unit vectors against sentence-transformers' loss on the same vectors, with hard negatives and
+    without; the symmetric form against the two directions written out."""
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
     generator = torch.Generator().manual_seed(0)
     vectors = {c: torch.nn.functional.normalize(torch.randn(6, 8, generator=generator), dim=1)
                for c in ("query", "positive", "negative")}
-
-    def identity(ids, mask):  # a row's "ids" are its vector
-        return ids
-
     mnrl = MultipleNegativesRankingLoss(model=torch.nn.Identity())  # scale 20, query -> documents
     for columns in (("query", "positive"), ("query", "positive", "negative")):
-        batch = {f"{c}_{part}": vectors[c] for c in columns for part in ("ids", "mask")}
         theirs = mnrl.compute_loss_from_embeddings([vectors[c] for c in columns], None)
-        assert float(in_batch_negatives_loss(identity, batch)) == pytest.approx(float(theirs), rel=1e-6)
-    batch = {f"{c}_{part}": vectors[c] for c in ("query", "positive") for part in ("ids", "mask")}
+        documents = torch.cat([vectors[c] for c in columns[1:]])
+        assert float(contrastive_loss(vectors["query"], documents)) == pytest.approx(float(theirs), rel=1e-6)
     logits = 20 * vectors["query"] @ vectors["positive"].T
     targets = torch.arange(6)
     both = (torch.nn.functional.cross_entropy(logits, targets) + torch.nn.functional.cross_entropy(logits.T, targets))
-    assert float(in_batch_negatives_loss(identity, batch, symmetric=True)) == pytest.approx(float(both) / 2, rel=1e-6)
+    symmetric = contrastive_loss(vectors["query"], vectors["positive"], symmetric=True)
+    assert float(symmetric) == pytest.approx(float(both) / 2, rel=1e-6)
+
+
+def reference_groups_cost(lengths: list[int], most: int) -> int:
+    """Plain Python: the fewest padded positions over every way to cut the rows sorted by length into at most
+    `most` runs, each padded to its longest."""
+    ordered = sorted(lengths, reverse=True)
+    best = sum(ordered[0] for _ in ordered)
+    for groups in range(2, min(most, len(ordered)) + 1):
+        for cuts in itertools.combinations(range(1, len(ordered)), groups - 1):
+            bounds = [0, *cuts, len(ordered)]
+            best = min(best, sum((bounds[g + 1] - bounds[g]) * ordered[bounds[g]] for g in range(groups)))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_length_groups_pad_least_and_keep_every_row_once(seed):
+    generator = np.random.default_rng(seed)
+    lengths = [int(x) for x in generator.integers(3, 60, size=int(generator.integers(1, 12)))]
+    for most in (1, 2, 3, 4):
+        groups = length_groups(lengths, most)
+        assert sorted(row for group in groups for row in group) == list(range(len(lengths)))
+        assert 1 <= len(groups) <= most
+        assert all(lengths[group[0]] == max(lengths[row] for row in group) for group in groups)
+        cost = sum(len(group) * lengths[group[0]] for group in groups)
+        assert cost == reference_groups_cost(lengths, most)
+
+
+def test_embedding_by_length_gives_one_pass_s_embeddings_and_gradients(bert_folder):
+    """A batch of very different lengths encoded in length groups against one padded pass of the same model: the
+    same embeddings and the same gradients of a loss on them (up to float rounding)."""
+    model, tokenizer = ours(bert_folder, "mean", 64)
+    model.eval()  # no dropout: the two passes must see the same function
+    texts = [" ".join(["word"] * n) for n in (40, 2, 17, 3, 60, 9, 1, 33)]
+    ids, mask = (torch.from_numpy(a).long() for a in tokenize_texts(tokenizer, texts, 64))
+    weights = torch.randn(8, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    outputs, gradients = [], []
+    for embed in (embed_by_length, lambda m, i, k: m(i, k)):
+        model.zero_grad()
+        embedded = embed(model, ids, mask)
+        (embedded * weights).sum().backward()
+        outputs.append(embedded.detach())
+        gradients.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert len(length_groups(mask.sum(1).tolist())) == 4
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gradients[0], gradients[1], rtol=1e-4, atol=1e-6)
+    # the loss on a batch whose columns have their own widths, against each column in one pass of its own
+    batch = {"query_ids": ids[:4, :20], "query_mask": mask[:4, :20], "positive_ids": ids[4:], "positive_mask": mask[4:],
+             "negative_ids": ids[:4, :45], "negative_mask": mask[:4, :45]}
+    documents = torch.cat([model(ids[4:], mask[4:]), model(ids[:4, :45], mask[:4, :45])])
+    expected = contrastive_loss(model(ids[:4, :20], mask[:4, :20]), documents)
+    assert float(in_batch_negatives_loss(model, batch)) == pytest.approx(float(expected), rel=1e-5)
 
 
 # --- exports --------------------------------------------------------------------------------------------------

@@ -176,6 +176,9 @@ def test_ablation_lines_give_each_leave_one_out_against_best_in_points():
     assert ("- ours (best-mask_schedule) reached best-schedule's final accuracy (18.00%) in 0.90 minutes (budget 1)"
             in tta.comparison_lines(without_best, 1.0))
     assert tta.parse_args(["--runs", "--ablations", "schedule"]).runs == []
+    assert tta.baseline_steps("best-mask_schedule", {"best-schedule": {"steps": 1379}}) == 1379  # one length
+    assert tta.baseline_steps("best-mask_schedule", {}) is None  # no baseline ran: it calibrates its own
+    assert tta.baseline_steps("best-nsp", {"best": {"steps": 9}}) is None  # best is on the wall clock
     with pytest.raises(SystemExit):
         tta.parse_args(["--runs"])
 

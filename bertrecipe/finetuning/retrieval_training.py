@@ -25,6 +25,9 @@ from bertrecipe.training.stepper import Precision, Stepper
 
 SCALE = 20.0  # MultipleNegativesRankingLoss's default: cosines in [-1, 1] made into logits in [-20, 20]
 COLUMNS = ("query", "positive", "negative")
+# Encoder passes a micro-batch's texts are split into, by length: more passes save fewer positions each and add
+# their fixed cost (four take a batch of 16 SQuAD paragraphs from 37 % padding to 7 %).
+LENGTH_GROUPS = 4
 
 
 def pair_arrays(tokenizer: FineTuningTokenizer, pairs: TrainingPairs, max_seq_length: int) -> dict[str, np.ndarray]:
@@ -60,18 +63,65 @@ def documents_of(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Te
     return torch.cat(padded[0]), torch.cat(padded[1])
 
 
-def in_batch_negatives_loss(model: nn.Module, batch: dict[str, torch.Tensor], symmetric: bool = False
-                            ) -> torch.Tensor:
-    """Cross-entropy of each query over scale * cosine with every document of the batch, its own positive the
-    target; symmetric adds each positive over the batch's queries and halves the sum."""
-    queries = model(batch["query_ids"], batch["query_mask"])
-    documents = model(*documents_of(batch))
+def length_groups(lengths: list[int], most: int = LENGTH_GROUPS) -> list[list[int]]:
+    """The rows (indices into lengths) in at most `most` groups of neighbouring lengths, longest first in each,
+    cut where padding each group to its longest row costs the fewest token positions (dynamic programming over the
+    rows sorted by length)."""
+    order = sorted(range(len(lengths)), key=lambda row: -lengths[row])
+    longest = [lengths[row] for row in order]
+    n, groups = len(order), min(most, len(order))
+    # padded[k][j]: fewest positions for the j longest rows in k groups; cut[k][j]: where its last group starts
+    padded = [[0] + [float("inf")] * n for _ in range(groups + 1)]
+    cut = [[0] * (n + 1) for _ in range(groups + 1)]
+    for k in range(1, groups + 1):
+        for j in range(1, n + 1):
+            for i in range(k - 1, j):
+                cost = padded[k - 1][i] + (j - i) * longest[i]
+                if cost < padded[k][j]:
+                    padded[k][j], cut[k][j] = cost, i
+    bounds, end = [], n
+    for k in range(groups, 0, -1):
+        if end == 0:
+            break
+        bounds.append((cut[k][end], end))
+        end = cut[k][end]
+    return [order[start:stop] for start, stop in reversed(bounds) if stop > start]
+
+
+def embed_by_length(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """model(ids, mask) with the rows encoded in length_groups, each cut to its longest row, and put back in order:
+    the same embeddings (padding is masked out either way) for fewer padded positions. A batch's rows are drawn
+    as they come, not by length, and attention (and, off CUDA, all of ModernBERT) runs at the padded width: 16
+    SQuAD paragraphs at 256 tokens are 37 % padding in one pass, 7 % in four groups, with half the attention
+    scores."""
+    lengths = mask.sum(1).tolist()
+    groups = length_groups(lengths)
+    if len(groups) == 1:
+        return model(ids[:, : max(lengths)], mask[:, : max(lengths)])
+    rows = [torch.tensor(group, device=ids.device) for group in groups]
+    embedded = torch.cat([model(ids[index, : lengths[group[0]]], mask[index, : lengths[group[0]]])
+                          for group, index in zip(groups, rows, strict=True)])
+    back = torch.empty(len(lengths), dtype=torch.long, device=ids.device)
+    back[torch.cat(rows)] = torch.arange(len(lengths), device=ids.device)
+    return embedded[back]
+
+
+def contrastive_loss(queries: torch.Tensor, documents: torch.Tensor, symmetric: bool = False) -> torch.Tensor:
+    """Cross-entropy of each query over scale * cosine with every document of the batch, its own positive (the
+    document of its row) the target; symmetric adds each positive over the batch's queries and halves the sum."""
     targets = torch.arange(len(queries), device=queries.device)
     loss = nn.functional.cross_entropy(SCALE * queries @ documents.T, targets)
     if symmetric:
         positives = documents[: len(queries)]
         loss = (loss + nn.functional.cross_entropy(SCALE * positives @ queries.T, targets)) / 2
     return loss
+
+
+def in_batch_negatives_loss(model: nn.Module, batch: dict[str, torch.Tensor], symmetric: bool = False
+                            ) -> torch.Tensor:
+    """contrastive_loss of the batch's queries against its positives (and hard negatives)."""
+    queries = embed_by_length(model, batch["query_ids"], batch["query_mask"])
+    return contrastive_loss(queries, embed_by_length(model, *documents_of(batch)), symmetric)
 
 
 def train_embeddings(model: EmbeddingModel, arrays: dict[str, np.ndarray], settings: LoopSettings,

@@ -104,13 +104,24 @@ def build_report(header: dict[str, Any], tasks: Sequence[Task], runs: Sequence[P
                                       if r.label in records) / 3600}}
 
 
-def protocol_record(preset: Preset, grids: dict[str, Grid], max_steps: Optional[int] = None) -> dict[str, Any]:
-    """The preset, the grid each task actually ran (overrides applied) and --max_steps when runs were cut short."""
+def protocol_record(preset: Preset, grids: dict[str, Grid], max_steps: Optional[int] = None,
+                    replaced: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The preset, the preset's values this command replaced (flag -> value), the grid each task actually ran
+    (replacements applied) and --max_steps when runs were cut short."""
     return {"preset": preset.name, "source": preset.source, "selection": SELECTION, "max_steps": max_steps,
+            "replaced": dict(replaced or {}),
             "grids": {name: {"learning_rates": list(g.learning_rates), "epochs": list(g.epochs),
                              "batch_sizes": list(g.batch_sizes), "seeds": list(g.seeds),
                              "max_seq_length": g.max_seq_length, "warmup_proportion": g.warmup_proportion}
                       for name, g in grids.items()}}
+
+
+def replaced_text(replaced: Optional[dict[str, Any]]) -> str:
+    """'; **replaced by this command: --seeds 1,2,3**' for the preset values a command's flags replaced."""
+    if not replaced:
+        return ""
+    flags = ", ".join(f"--{flag} {value}" for flag, value in replaced.items())
+    return f"; **replaced by this command: {flags}** (each task's grid below is what ran)"
 
 
 def task_title(name: str) -> str:
@@ -163,6 +174,7 @@ def header_lines(report: dict[str, Any]) -> list[str]:
             f"- vocab: `{vocab['path']}` ({vocab['kind']}, {vocab['size']:,} tokens, sha256 `{vocab['sha256']}`), "
             f"--do_lower_case {'on' if vocab['do_lower_case'] else 'off'}",
             f"- protocol: preset `{protocol['preset']}`: {protocol['source']}"
+            + replaced_text(protocol.get("replaced"))
             + (f"; **every run stopped after {protocol['max_steps']} steps (--max_steps): not the preset's "
                "protocol**" if protocol.get("max_steps") else ""),
             f"- selection: {protocol['selection']}",

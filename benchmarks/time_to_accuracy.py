@@ -1045,10 +1045,8 @@ def ablation_lines(rows: list[dict[str, Any]]) -> list[str]:
     for name, value in at_budget.items():
         if not name.startswith("best-"):
             continue
-        baseline = ABLATION_BASELINES.get(name, "best")
-        if baseline not in at_budget:
-            baseline = "best"
-        if baseline not in at_budget:
+        baseline = next((b for b in (ABLATION_BASELINES.get(name), "best") if b in at_budget), None)
+        if baseline is None:
             continue
         base = at_budget[baseline]
         change = "n/a" if value is None or base is None else f"{100 * (value - base):+.2f}"
@@ -1232,10 +1230,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                                  specs[name], name, sweep_minutes(args))
     for name, run in our_runs(args).items():
         config = corpus.modern_config if run.family == "modern" else corpus.config
-        steps = None if run.time_budget else baseline_steps(name, results)
         results[name] = run_ours(name, out / "runs" / name, corpus, precision, args.budget_minutes,
                                  args.eval_every_minutes, run.options, run.lr, run.warmup, run.time_budget, config,
-                                 steps)
+                                 baseline_steps(name, results))
     order = [*RUNS, *(name for name in results if name not in RUNS)]  # the table's order, ablations last
     results = {name: results[name] for name in order if name in results}
     host_fields = host_record(host, precision)

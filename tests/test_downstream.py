@@ -325,7 +325,7 @@ def test_the_tables_name_the_checkpoint_protocol_and_hardware_and_flag_what_is_i
               "vocab": {"path": "vocab.txt", "kind": "wordpiece", "size": 30522, "sha256": "beef",
                         "do_lower_case": True},
               "protocol": report.protocol_record(plan.PRESETS["bert"], grids, max_steps=5,
-                                                 replaced={"seeds": "1,2"}),
+                                                 overrides=plan.GridOverrides(seeds=(1, 2))),
               "hardware": {"gpus": ["NVIDIA H100"] * 2, "cpu": "x", "cpu_cores": 8, "torch": "2.5", "cuda": "12.4",
                            "precision": "fp16", "concurrent_runs": 2, "threads_per_run": None}}
     table = report.build_report(header, tasks, planned, records, [planned[-1].label])
@@ -334,7 +334,7 @@ def test_the_tables_name_the_checkpoint_protocol_and_hardware_and_flag_what_is_i
     text = (tmp_path / "results.md").read_text()
     for expected in ("`f00d`", "30,522 tokens", "preset `bert`", "Devlin et al. 2019", "2 GPU(s): NVIDIA H100",
                      "precision fp16", "stopped after 5 steps",
-                     "**replaced by this command: --seeds 1,2**",
+                     "**replaced by this command: seeds 1, 2**",
                      "| CoLA | MCC | 35.00 | n=2, 30.00 - 40.00 | lr 2e-05",
                      "WNLI (incomplete)", "**GLUE average** (CoLA; WNLI excluded) | | **35.00**",
                      f"failed in this call: {planned[-1].label}"):

@@ -282,6 +282,9 @@ def test_length_groups_pad_least_and_keep_every_row_once(seed):
         assert all(lengths[group[0]] == max(lengths[row] for row in group) for group in groups)
         cost = sum(len(group) * lengths[group[0]] for group in groups)
         assert cost == reference_groups_cost(lengths, most)
+        fewer = reference_groups_cost(lengths, len(groups) - 1) if len(groups) > 1 else None
+        assert fewer is None or fewer > cost  # no group more than the least padding needs
+    assert length_groups([7] * 9) == [list(range(9))]  # one length: one pass
 
 
 def test_embedding_by_length_gives_one_pass_s_embeddings_and_gradients(bert_folder):

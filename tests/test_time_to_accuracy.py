@@ -178,7 +178,7 @@ def test_ablation_lines_give_each_leave_one_out_against_best_in_points():
     assert tta.parse_args(["--runs", "--ablations", "schedule"]).runs == []
     assert tta.baseline_steps("best-mask_schedule", {"best-schedule": {"steps": 1379}}) == 1379  # one length
     assert tta.baseline_steps("best-mask_schedule", {}) is None  # no baseline ran: it calibrates its own
-    assert tta.baseline_steps("best-nsp", {"best": {"steps": 9}}) is None  # best is on the wall clock
+    assert tta.baseline_steps("best-nsp", {"best": {"steps": 9}}) is None  # compared with best, not its steps
     with pytest.raises(SystemExit):
         tta.parse_args(["--runs"])
 

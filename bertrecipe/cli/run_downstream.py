@@ -139,20 +139,12 @@ def set_up(args: argparse.Namespace) -> Setup:
     planned = plan.plan_runs(tasks, grids)
     gpus = 0 if args.no_cuda else torch.cuda.device_count()
     slots, threads = make_slots(args, preset, gpus, len(planned))
-    protocol = report.protocol_record(preset, grids, args.max_steps, replaced_flags(args))
+    protocol = report.protocol_record(preset, grids, args.max_steps, overrides)
     header = {"checkpoint": checkpoint_id, "vocab": vocab, "config_file": args.config_file,
               "data_dir": str(data_dir), "protocol": protocol,
               "hardware": report.hardware_record(gpus, len(slots), threads, precision), "command": sys.argv}
     return Setup(output_dir, tasks, grids, planned, identity, header, slots,
                  common_flags(args, checkpoint, vocab_file), args.keep_models)
-
-
-def replaced_flags(args: argparse.Namespace) -> dict[str, str]:
-    """The grid flags given, as the command line had them (flag -> comma-separated values)."""
-    given = {"learning_rates": args.learning_rates, "epochs": args.epochs, "train_batch_size": args.train_batch_size,
-             "seeds": args.seeds, "max_seq_length": args.max_seq_length}
-    return {flag: ",".join(f"{v:g}" for v in value) if isinstance(value, tuple) else f"{value:g}"
-            for flag, value in given.items() if value is not None}
 
 
 def resolve_vocab(args: argparse.Namespace, checkpoint: Path) -> Path:

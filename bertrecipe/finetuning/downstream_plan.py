@@ -9,7 +9,7 @@ import hashlib
 import itertools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.files import file_sha256
@@ -143,9 +143,12 @@ class GridOverrides:
     seeds: Optional[tuple[int, ...]] = None
     max_seq_length: Optional[int] = None
 
+    def given(self) -> dict[str, Any]:
+        """The grid fields these flags replace (field -> value)."""
+        return {name: value for name, value in vars(self).items() if value is not None}
+
     def apply(self, grid: Grid) -> Grid:
-        changes = {name: value for name, value in vars(self).items() if value is not None}
-        return replace(grid, **changes)
+        return replace(grid, **self.given())
 
 
 def task_grids(preset: Preset, tasks: Sequence[Task], overrides: GridOverrides) -> dict[str, Grid]:

@@ -20,6 +20,7 @@ from bertrecipe.finetuning.downstream_plan import (
     GLUE_AVERAGE_EXCLUDES,
     GLUE_FOLDERS,
     Grid,
+    GridOverrides,
     PlannedRun,
     Preset,
     Task,
@@ -105,11 +106,13 @@ def build_report(header: dict[str, Any], tasks: Sequence[Task], runs: Sequence[P
 
 
 def protocol_record(preset: Preset, grids: dict[str, Grid], max_steps: Optional[int] = None,
-                    replaced: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    """The preset, the preset's values this command replaced (flag -> value), the grid each task actually ran
-    (replacements applied) and --max_steps when runs were cut short."""
+                    overrides: Optional[GridOverrides] = None) -> dict[str, Any]:
+    """The preset, the grid fields this command's flags replaced, the grid each task actually ran (replacements
+    applied) and --max_steps when runs were cut short."""
+    replaced = {name: list(value) if isinstance(value, tuple) else value
+                for name, value in (overrides.given() if overrides else {}).items()}
     return {"preset": preset.name, "source": preset.source, "selection": SELECTION, "max_steps": max_steps,
-            "replaced": dict(replaced or {}),
+            "replaced": replaced,
             "grids": {name: {"learning_rates": list(g.learning_rates), "epochs": list(g.epochs),
                              "batch_sizes": list(g.batch_sizes), "seeds": list(g.seeds),
                              "max_seq_length": g.max_seq_length, "warmup_proportion": g.warmup_proportion}
@@ -117,11 +120,12 @@ def protocol_record(preset: Preset, grids: dict[str, Grid], max_steps: Optional[
 
 
 def replaced_text(replaced: Optional[dict[str, Any]]) -> str:
-    """'; **replaced by this command: --seeds 1,2,3**' for the preset values a command's flags replaced."""
+    """'; **replaced by this command: seeds 1, 2, 3**' for the grid fields a command's flags replaced."""
     if not replaced:
         return ""
-    flags = ", ".join(f"--{flag} {value}" for flag, value in replaced.items())
-    return f"; **replaced by this command: {flags}** (each task's grid below is what ran)"
+    values = ", ".join(f"{name} {', '.join(f'{v:g}' for v in value) if isinstance(value, list) else value}"
+                       for name, value in replaced.items())
+    return f"; **replaced by this command: {values}** (each task's grid below is what ran)"
 
 
 def task_title(name: str) -> str:

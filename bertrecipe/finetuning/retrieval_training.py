@@ -64,28 +64,27 @@ def documents_of(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Te
 
 
 def length_groups(lengths: list[int], most: int = LENGTH_GROUPS) -> list[list[int]]:
-    """The rows (indices into lengths) in at most `most` groups of neighbouring lengths, longest first in each,
-    cut where padding each group to its longest row costs the fewest token positions (dynamic programming over the
-    rows sorted by length)."""
+    """The rows (indices into lengths) in at most `most` groups of neighbouring lengths, longest first in each:
+    the fewest groups among the cuts where padding each group to its longest row costs the fewest token positions
+    (dynamic programming over the rows sorted by length; rows of one length stay one pass)."""
     order = sorted(range(len(lengths)), key=lambda row: -lengths[row])
     longest = [lengths[row] for row in order]
-    n, groups = len(order), min(most, len(order))
+    n, most = len(order), min(most, len(order))
     # padded[k][j]: fewest positions for the j longest rows in k groups; cut[k][j]: where its last group starts
-    padded = [[0] + [float("inf")] * n for _ in range(groups + 1)]
-    cut = [[0] * (n + 1) for _ in range(groups + 1)]
-    for k in range(1, groups + 1):
-        for j in range(1, n + 1):
+    padded = [[0] + [float("inf")] * n for _ in range(most + 1)]
+    cut = [[0] * (n + 1) for _ in range(most + 1)]
+    for k in range(1, most + 1):
+        for j in range(k, n + 1):
             for i in range(k - 1, j):
                 cost = padded[k - 1][i] + (j - i) * longest[i]
                 if cost < padded[k][j]:
                     padded[k][j], cut[k][j] = cost, i
+    groups = min(range(1, most + 1), key=lambda k: padded[k][n])  # the first (fewest) of the cheapest
     bounds, end = [], n
-    for k in range(groups, 0, -1):
-        if end == 0:
-            break
+    for k in range(groups, 0, -1):  # every group holds at least one row, so the cuts end at 0
         bounds.append((cut[k][end], end))
         end = cut[k][end]
-    return [order[start:stop] for start, stop in reversed(bounds) if stop > start]
+    return [order[start:stop] for start, stop in reversed(bounds)]
 
 
 def embed_by_length(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ command line.
 
 The command is bertrecipe/cli/evaluate_squad.py (also the console script after `pip install -e .`); `--help` lists
 its flags."""
-from bertrecipe.cli.evaluate_squad import cli
+from bertrecipe.cli.entry import evaluate_squad
 
 if __name__ == "__main__":
-    cli()
+    evaluate_squad()

@@ -3,7 +3,7 @@
 
 The command is bertrecipe/cli/inference.py (also the console script after `pip install -e .`); `--help` lists its
 flags."""
-from bertrecipe.cli.inference import cli
+from bertrecipe.cli.entry import inference
 
 if __name__ == "__main__":
-    cli()
+    inference()

@@ -5,7 +5,7 @@ table.
 
 The command is bertrecipe/cli/run_downstream.py (also the console script after `pip install -e .`); `--help` lists
 its flags; docs/downstream.md explains the table."""
-from bertrecipe.cli.run_downstream import cli
+from bertrecipe.cli.entry import run_downstream
 
 if __name__ == "__main__":
-    cli()
+    run_downstream()

@@ -4,7 +4,7 @@ RTE, WNLI).
 
 The command is bertrecipe/cli/run_glue.py (also the console script after `pip install -e .`); `--help` lists its
 flags."""
-from bertrecipe.cli.run_glue import cli
+from bertrecipe.cli.entry import run_glue
 
 if __name__ == "__main__":
-    cli()
+    run_glue()

@@ -3,7 +3,7 @@
 
 The command is bertrecipe/cli/run_pretraining.py (also the console script after `pip install -e .`); `--help` lists
 its flags."""
-from bertrecipe.cli.run_pretraining import cli
+from bertrecipe.cli.entry import run_pretraining
 
 if __name__ == "__main__":
-    cli()
+    run_pretraining()

@@ -4,7 +4,7 @@ recall@100), optionally fine-tuned first with in-batch negatives; corpus embeddi
 
 The command is bertrecipe/cli/run_retrieval.py (also the console script after `pip install -e .`); `--help` lists
 its flags."""
-from bertrecipe.cli.run_retrieval import cli
+from bertrecipe.cli.entry import run_retrieval
 
 if __name__ == "__main__":
-    cli()
+    run_retrieval()

@@ -3,7 +3,7 @@
 
 The command is bertrecipe/cli/run_squad.py (also the console script after `pip install -e .`); `--help` lists its
 flags."""
-from bertrecipe.cli.run_squad import cli
+from bertrecipe.cli.entry import run_squad
 
 if __name__ == "__main__":
-    cli()
+    run_squad()

@@ -3,7 +3,7 @@
 
 The command is bertrecipe/cli/bert_prep.py (also the console script after `pip install -e .`); `--help` lists its
 flags."""
-from bertrecipe.cli.bert_prep import cli
+from bertrecipe.cli.entry import bert_prep
 
 if __name__ == "__main__":
-    cli()
+    bert_prep()

@@ -3,7 +3,7 @@
 
 The command is bertrecipe/cli/build_default_corpus.py (also the console script after `pip install -e .`); `--help`
 lists its flags."""
-from bertrecipe.cli.build_default_corpus import cli
+from bertrecipe.cli.entry import build_default_corpus
 
 if __name__ == "__main__":
-    cli()
+    build_default_corpus()

@@ -3,7 +3,7 @@
 
 The command is bertrecipe/cli/create_pretraining_data.py (also the console script after `pip install -e .`);
 `--help` lists its flags."""
-from bertrecipe.cli.create_pretraining_data import cli
+from bertrecipe.cli.entry import create_pretraining_data
 
 if __name__ == "__main__":
-    cli()
+    create_pretraining_data()

@@ -3,7 +3,7 @@
 
 The command is bertrecipe/cli/convert_checkpoint.py (also the console script after `pip install -e .`); `--help`
 lists its flags."""
-from bertrecipe.cli.convert_checkpoint import cli
+from bertrecipe.cli.entry import convert_checkpoint
 
 if __name__ == "__main__":
-    cli()
+    convert_checkpoint()

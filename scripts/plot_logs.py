@@ -4,7 +4,7 @@ fine-tuning) to a PNG.
 
 The command is bertrecipe/cli/plot_logs.py (also the console script after `pip install -e .`); `--help` lists its
 flags."""
-from bertrecipe.cli.plot_logs import cli
+from bertrecipe.cli.entry import plot_logs
 
 if __name__ == "__main__":
-    cli()
+    plot_logs()

@@ -420,16 +420,15 @@ def in_process(cli: Callable[[], object], argv: list, cwd: Optional[Path] = None
 
 @functools.lru_cache(maxsize=None)
 def command_module(script: Path) -> Optional[str]:
-    """The bertrecipe.cli module whose cli() a root script of the checkout calls (`from bertrecipe.cli.X import
-    cli`, as every one of them does), or None for any other file."""
+    """The bertrecipe.cli module whose cli() a root script of the checkout runs (`from bertrecipe.cli.entry import
+    X`, as every one of them does, runs bertrecipe.cli.X's), or None for any other file."""
     try:
         tree = ast.parse(script.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, UnicodeDecodeError):
         return None
     for node in tree.body:
-        if (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bertrecipe.cli.")
-                and [alias.name for alias in node.names] == ["cli"]):
-            return node.module
+        if isinstance(node, ast.ImportFrom) and node.module == "bertrecipe.cli.entry" and len(node.names) == 1:
+            return f"bertrecipe.cli.{node.names[0].name}"
     return None
 
 

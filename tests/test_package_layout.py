@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from bertrecipe.cli import entry
 from helpers import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "bertrecipe"
@@ -125,26 +126,40 @@ def console_scripts() -> dict[str, str]:
         return tomllib.load(f)["project"]["scripts"]
 
 
+def command_module(name: str) -> Path:
+    """The module bertrecipe.cli.entry runs for the entry point `name`, checked to be a command: it has a cli()."""
+    assert name in entry.COMMANDS, name
+    path = PACKAGE / "cli" / f"{name}.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    assert "cli" in {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}, path
+    return path
+
+
 @pytest.mark.parametrize("relative", ROOT_COMMANDS)
 def test_a_root_command_is_thin_and_is_also_a_console_script(relative):
+    """A root command imports only its entry point (which imports the command where a signal has its one line) and
+    calls it; the same entry point is a console script."""
     path = REPO_ROOT / relative
     text = path.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= MAX_COMMAND_LINES
     tree = ast.parse(text)
-    imported = [node for node in tree.body if isinstance(node, ast.ImportFrom)]
-    assert len(imported) == 1 and [alias.name for alias in imported[0].names] == ["cli"], relative
-    target = f"{imported[0].module}:cli"
-    assert imported[0].module.startswith("bertrecipe.cli."), relative
-    assert target in console_scripts().values(), f"{relative}: no console script runs {target}"
+    imported = [node for node in tree.body if isinstance(node, (ast.ImportFrom, ast.Import))]
+    assert len(imported) == 1 and imported[0].module == "bertrecipe.cli.entry", relative
+    [alias] = imported[0].names
+    command_module(alias.name)
+    assert f"bertrecipe.cli.entry:{alias.name}" in console_scripts().values(), f"{relative}: no console script"
     assert not [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
 
 
-def test_every_console_script_runs_a_command_module():
+def test_every_console_script_runs_a_command_module_through_its_entry_point():
     for name, target in console_scripts().items():
         module, _, function = target.partition(":")
-        assert function == "cli" and module.startswith("bertrecipe.cli.") and resolves(module), (name, target)
-        tree = ast.parse((REPO_ROOT.joinpath(*module.split(".")).with_suffix(".py")).read_text(encoding="utf-8"))
-        assert "cli" in {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}, target
+        assert module == "bertrecipe.cli.entry", (name, target)
+        command_module(function)
+    # every command module (a module of cli/ with a cli()) has its entry point
+    commands = {path.stem for path in (PACKAGE / "cli").glob("*.py")
+                if "def cli()" in path.read_text(encoding="utf-8")}
+    assert commands == set(entry.COMMANDS)
 
 
 @pytest.mark.parametrize("relative", ROOT_FACADES)

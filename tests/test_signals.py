@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,37 @@ def test_a_signal_while_a_shard_is_written_is_one_line_and_leaves_nothing(long_t
     assert stderr.strip().splitlines() == [f"{said}: stopped before the end; nothing half-written was kept, run the "
                                            "command again to finish"], stderr
     assert list(out.iterdir()) == []
+
+
+def torch_is_loading(pid: int) -> bool:
+    """True once the process has mapped torch's library: it is inside its imports, a second or more from main()."""
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["run_downstream.py", "run_retrieval.py", "run_pretraining.py",
+                                     "inference.py", ".venv/bin/run_retrieval"])
+@pytest.mark.parametrize("sent, status, said", [(signal.SIGINT, 130, "interrupted (Ctrl-C)"),
+                                                (signal.SIGTERM, 143, "SIGTERM")])
+def test_a_signal_while_the_command_still_imports_is_one_line(command, sent, status, said):
+    """Ctrl-C in a command's first second, while torch imports, was Python's 39-line traceback (issue 48)."""
+    script = REPO_ROOT / command
+    if not script.exists():
+        pytest.skip(f"{command} is made by `pip install -e .` (scripts/test.sh)")
+    launch = [str(script)] if command.startswith(".venv") else [sys.executable, str(script)]
+    process = subprocess.Popen([*launch, "--help"], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not torch_is_loading(process.pid):
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.002)
+        process.send_signal(sent)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert (process.returncode, stderr.splitlines()) == (status, [
+        f"{said}: stopped before the end; nothing half-written was kept, run the command again to finish"])

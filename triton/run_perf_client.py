@@ -3,7 +3,7 @@
 
 The command is bertrecipe/cli/triton_perf_client.py (also the console script after `pip install -e .`); `--help`
 lists its flags."""
-from bertrecipe.cli.triton_perf_client import cli
+from bertrecipe.cli.entry import triton_perf_client
 
 if __name__ == "__main__":
-    cli()
+    triton_perf_client()

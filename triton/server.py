@@ -3,7 +3,7 @@
 
 The command is bertrecipe/cli/triton_server.py (also the console script after `pip install -e .`); `--help` lists
 its flags."""
-from bertrecipe.cli.triton_server import cli
+from bertrecipe.cli.entry import triton_server
 
 if __name__ == "__main__":
-    cli()
+    triton_server()

@@ -1,6 +1,6 @@
 """The commands' shared front: an argparse parser whose errors are one line, and run_cli, which turns a main()'s
-InputError into `error: <file>: <problem>` and exit status 2 (Ctrl-C: 130; the reader of its output gone, as in
-`| head -1`: 141, quietly)."""
+InputError, and any OSError no layer turned into one, into `error: <file>: <problem>` and exit status 2 (Ctrl-C:
+130, SIGTERM: 143, each one line; the reader of its output gone, as in `| head -1`: 141, quietly)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,8 @@ import os
 import select
 import signal
 import sys
-from typing import Callable, NoReturn, Optional, TextIO
+from contextlib import contextmanager
+from typing import Callable, Iterator, NoReturn, Optional, TextIO
 
 from bertrecipe.common.errors import InputError, error_text
 
@@ -70,26 +71,51 @@ def stop_line(what: str) -> str:
     return f"{what}: stopped before the end; nothing half-written was kept, run the command again to finish"
 
 
-def run_cli(main: Callable[[], object]) -> NoReturn:
-    """Runs an entry point's main(): InputError becomes the one-line exit-2 report, Ctrl-C one line and exit 130,
-    SIGTERM (where nothing else handles it) one line and exit 143, and a reader of the output that went away
-    (`| head -1`) a quiet exit 141, as for any Unix tool."""
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # a launcher's or a loop's own handler stays
+def raise_terminated_on_sigterm() -> None:
+    """SIGTERM raises Terminated where the command is, as Ctrl-C raises KeyboardInterrupt; a handler already set (a
+    launcher's, a loop's own) stays."""
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+@contextmanager
+def signals_end_in_one_line() -> Iterator[None]:
+    """Ctrl-C in the block ends the command with one line and exit 130, a SIGTERM (raised as Terminated) with one
+    line and exit 143."""
     try:
-        main()
-        if sys.stdout is not None:
-            sys.stdout.flush()  # output still buffered meets a closed pipe here, not at exit where it cannot be caught
-    except InputError as error:
-        fail(error_text(error))
+        yield
     except KeyboardInterrupt:
         print(stop_line("interrupted (Ctrl-C)"), file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
     except Terminated:
         print(stop_line("SIGTERM"), file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGTERM) from None
-    except BrokenPipeError:
-        if not (_reader_gone(sys.stdout) or _reader_gone(sys.stderr)):
-            raise  # another pipe or a socket (a server's connection) broke: not the reader of our output
-        _end_quietly_after_the_reader_left()
+
+
+def run_cli(main: Callable[[], object]) -> NoReturn:
+    """Runs an entry point's main(): InputError becomes the one-line exit-2 report, Ctrl-C one line and exit 130,
+    SIGTERM (where nothing else handles it) one line and exit 143, and a reader of the output that went away
+    (`| head -1`) a quiet exit 141, as for any Unix tool."""
+    raise_terminated_on_sigterm()
+    try:
+        with signals_end_in_one_line():
+            main()
+            if sys.stdout is not None:
+                sys.stdout.flush()  # buffered output meets a closed pipe here, not at exit where it cannot be caught
+    except InputError as error:
+        fail(error_text(error))
+    except BrokenPipeError as error:
+        if _reader_gone(sys.stdout) or _reader_gone(sys.stderr):
+            _end_quietly_after_the_reader_left()
+        fail(os_error_text(error))  # another pipe or a socket (a server's connection) broke: a real error
+    except OSError as error:  # whatever no layer named: still one line, naming the file where the OS did
+        fail(os_error_text(error))
     raise SystemExit(0)
+
+
+def os_error_text(error: OSError) -> str:
+    """An OSError as `<file>: <the OS's words>` (both files of a rename or link), or the words alone where the
+    error names no file (a socket)."""
+    words = error.strerror or str(error) or type(error).__name__
+    files = [str(name) for name in (error.filename, error.filename2) if name is not None]
+    return f"{' -> '.join(files)}: {words}" if files else words

@@ -1,6 +1,9 @@
 """model.py and model_weights.py against Hugging Face transformers, the independent reference."""
 import copy
+import dataclasses
+import inspect
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -18,7 +21,9 @@ from bertrecipe.model.bert import (
     BertModel,
     Linear,
     TokenPacking,
+    accepts_config_key,
 )
+from bertrecipe.model.modern_config import MODERN_KEYS
 from bertrecipe.model.weights import (
     WeightsError,
     export_huggingface,
@@ -113,6 +118,74 @@ def test_the_accepted_keys_cover_what_transformers_and_our_exports_write(tmp_pat
         export_huggingface(model, folder)
         back = read_config(folder / "config.json")
         assert {k: v for k, v in back.to_dict().items() if k not in back.extra} == config.to_dict()
+
+
+# rope_scaling and rope_theta are read by PretrainedConfig only for the rotary models that declare them: the modern
+# family takes them (modern_config.SPELLINGS), a BERT with absolute positions has nothing they could set.
+ROTARY_KEYS = {"rope_scaling", "rope_theta"}
+
+
+def keys_transformers_configs_take() -> set[str]:
+    """What transformers.PretrainedConfig itself writes (to_dict), declares (its fields), reads from its keyword
+    arguments (__post_init__) or lets be set (public properties with a setter), and the generation settings it drops
+    on reading: the keys a config.json of any model may carry."""
+    base = transformers.PretrainedConfig
+    keys = set(base().to_dict()) | {field.name for field in dataclasses.fields(base)}
+    keys |= set(re.findall(r'kwargs\.(?:pop|get)\(\s*"(\w+)"', inspect.getsource(base.__post_init__)))
+    keys |= {name for klass in base.__mro__ for name, attribute in vars(klass).items()
+             if isinstance(attribute, property) and attribute.fset is not None and not name.startswith("_")}
+    keys |= set(transformers.GenerationConfig._get_default_generation_params())
+    assert {"mask_token_id", "cls_token_id"} & keys == set()  # token ids go by their suffix (tested below)
+    return keys
+
+
+@pytest.mark.parametrize("family_keys", [BERT_KEYS, MODERN_KEYS], ids=["bert", "modernbert"])
+def test_the_generic_keys_are_written_by_us_and_cover_every_key_transformers_configs_take(family_keys):
+    """Our list of transformers' generic keys (bert.TRANSFORMERS_COMMON_KEYS, written out: the package never imports
+    transformers) against the installed PretrainedConfig, so that a key it gains is caught here; every *_token_id,
+    which transformers validates as a token id by that suffix, is accepted by the suffix too."""
+    theirs = keys_transformers_configs_take() - (ROTARY_KEYS if family_keys is BERT_KEYS else set())
+    assert {key for key in theirs if not accepts_config_key(key, family_keys)} == set()
+    assert '.endswith("_token_id")' in inspect.getsource(transformers.PretrainedConfig.validate_token_ids)
+    for key in ("mask_token_id", "cls_token_id", "unk_token_id", "image_token_id"):
+        assert accepts_config_key(key, family_keys)
+    for misspelt in ("num_hidden_layer", "mask_token", "mask_token_idx", "token_id_mask"):
+        assert not accepts_config_key(misspelt, family_keys)
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_a_config_transformers_saved_with_every_special_token_id_loads_and_keeps_them(tmp_path, family):
+    """Issue 48, item 14: a ModernBERT config.json with mask_token_id (passed to ModernBertConfig like any token id)
+    was refused as "unknown ModernBERT config key mask_token_id (did you mean pad_token_id?)"."""
+    ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, mask_token_id=4,
+               unk_token_id=3)
+    if family == "bert":
+        theirs = transformers.BertConfig(**TINY, **ids, problem_type="regression", output_hidden_states=True)
+    else:
+        theirs = transformers.ModernBertConfig(**TINY, **ids, local_attention=8, problem_type="regression")
+    theirs.save_pretrained(tmp_path / "saved")
+    written = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert written["mask_token_id"] == 4 and written["unk_token_id"] == 3
+    ours = read_config(tmp_path / "saved" / "config.json")
+    assert {key: ours.to_dict()[key] for key in ids} == ids
+    (tmp_path / "saved" / "config.json").write_text(json.dumps({**written, "num_hidden_layer": 2}))
+    with pytest.raises(WeightsError, match="unknown .* config key num_hidden_layer "
+                                           r"\(did you mean num_hidden_layers\?\)"):
+        read_config(tmp_path / "saved" / "config.json")
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_a_per_layer_config_is_refused_naming_the_key_and_an_empty_one_loads(tmp_path, family):
+    """per_layer_config, which PretrainedConfig takes, overrides settings layer by layer; our models build every
+    layer from the one config, so a config with overrides is refused rather than read as if it had none."""
+    base = {**TINY, "model_type": family} | ({"local_attention": 8} if family == "modernbert" else {})
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**base, "per_layer_config": {}}))
+    assert read_config(path).num_hidden_layers == TINY["num_hidden_layers"]
+    path.write_text(json.dumps({**base, "per_layer_config": {"1": {"intermediate_size": 32}}}))
+    with pytest.raises(WeightsError, match=f"^{re.escape(str(path))}: per_layer_config is .*, expected null or "
+                                           r"\{\}"):
+        read_config(path)
 
 
 def test_pretraining_outputs_equal_transformers_on_padded_batch(pair):

@@ -49,25 +49,58 @@ _NON_NEGATIVE_KEYS = ("initializer_range", "layer_norm_eps")
 # refused when its weights load), and layer_norm_eps is absent from Google's and NVIDIA's files.
 BERT_REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                       "max_position_embeddings")
-# Keys any transformers config may carry: PretrainedConfig's, current and of the 4.x releases, and the generation
-# settings that 4.x wrote into config.json (transformers drops those on reading). Both families accept them and
-# keep them in `extra`; test_model.py compares this list with the installed transformers.
+# Keys any transformers config may carry, whatever its model, written out here (the package never imports
+# transformers; test_model.py compares this list with the installed PretrainedConfig). Both families accept them
+# and keep them in `extra`. Besides these, every key ending in _token_id is one (is_token_id_key).
 TRANSFORMERS_COMMON_KEYS = frozenset({
-    "_attn_implementation_autoset", "_commit_hash", "_name_or_path", "add_cross_attention", "architectures",
-    "assistant_confidence_threshold", "assistant_lookbehind", "attn_implementation", "bad_words_ids",
-    "begin_suppress_tokens", "bos_token_id", "chunk_size_feed_forward", "cross_attention_hidden_size",
-    "decoder_start_token_id", "diversity_penalty", "do_sample", "dtype", "early_stopping",
-    "encoder_no_repeat_ngram_size", "encoder_repetition_penalty", "eos_token_id", "epsilon_cutoff", "eta_cutoff",
-    "exponential_decay_length_penalty", "finetuning_task", "forced_bos_token_id", "forced_eos_token_id",
-    "gradient_checkpointing", "id2label", "is_decoder", "is_encoder_decoder", "label2id", "length_penalty",
-    "max_length", "min_length", "model_type", "no_repeat_ngram_size", "num_assistant_tokens",
-    "num_assistant_tokens_schedule", "num_beam_groups", "num_beams", "num_labels", "num_return_sequences",
-    "output_attentions", "output_hidden_states", "output_scores", "pad_token_id", "prefix", "problem_type",
-    "pruned_heads", "remove_invalid_values", "repetition_penalty", "return_dict", "return_dict_in_generate",
-    "sep_token_id", "suppress_tokens", "target_lookbehind", "task_specific_params", "temperature", "tf_legacy_loss",
-    "tie_encoder_decoder", "tie_word_embeddings", "tokenizer_class", "top_k", "top_p", "torch_dtype", "torchscript",
-    "transformers_version", "typical_p", "use_bfloat16", "use_cache",
+    # PretrainedConfig (5.x): its fields, the keyword arguments its constructor reads, its settable properties
+    "_commit_hash", "_name_or_path", "allow_global_per_layer_attribute_access", "architectures",
+    "attn_implementation", "chunk_size_feed_forward", "dtype", "experts_implementation", "id2label",
+    "is_encoder_decoder", "label2id", "model_type", "name_or_path", "num_labels", "output_attentions",
+    "output_hidden_states", "per_layer_config", "problem_type", "return_dict", "serialize_explicit_per_layer_config",
+    "torch_dtype", "transformers_version",
+    # internals that saved configs carry and PretrainedConfig skips on reading
+    "_attn_implementation_autoset", "_attn_implementation_internal", "_experts_implementation_internal",
+    # PretrainedConfig of the 4.x releases, whose config.json files are still about
+    "add_cross_attention", "bos_token_id", "cross_attention_hidden_size", "decoder_start_token_id",
+    "eos_token_id", "finetuning_task", "gradient_checkpointing", "is_decoder", "pad_token_id", "prefix",
+    "pruned_heads", "sep_token_id", "task_specific_params", "tf_legacy_loss", "tie_encoder_decoder",
+    "tie_word_embeddings", "tokenizer_class", "torchscript", "use_bfloat16",
+    # the generation settings that 4.x wrote into config.json (transformers drops them on reading)
+    "assistant_confidence_threshold", "assistant_lookbehind", "bad_words_ids", "begin_suppress_tokens",
+    "diversity_penalty", "do_sample", "early_stopping", "encoder_no_repeat_ngram_size",
+    "encoder_repetition_penalty", "epsilon_cutoff", "eta_cutoff", "exponential_decay_length_penalty",
+    "forced_bos_token_id", "forced_eos_token_id", "length_penalty", "max_length", "min_length",
+    "no_repeat_ngram_size", "num_assistant_tokens", "num_assistant_tokens_schedule", "num_beam_groups", "num_beams",
+    "num_return_sequences", "output_scores", "remove_invalid_values", "repetition_penalty",
+    "return_dict_in_generate", "suppress_tokens", "target_lookbehind", "temperature", "top_k", "top_p", "typical_p",
+    "use_cache",
 })
+# transformers takes any attribute whose name ends so as a special token's id (it validates them by the suffix):
+# bos/eos/pad/sep/cls/mask/unk_token_id, decoder_start_token_id, forced_bos_token_id, a model's own ones.
+TOKEN_ID_SUFFIX = "_token_id"
+
+
+def is_token_id_key(key: Any) -> bool:
+    """Whether `key` names a special token's id, which a config of either family may carry (kept in `extra`)."""
+    return isinstance(key, str) and key.endswith(TOKEN_ID_SUFFIX)
+
+
+def accepts_config_key(key: Any, known: Collection[str]) -> bool:
+    """Whether a config of the family whose keys are `known` may carry `key`: one of them, or a token id."""
+    return key in known or is_token_id_key(key)
+
+
+def per_layer_config_problem(given: dict[str, Any]) -> str:
+    """"" unless the config asks for per-layer overrides (transformers' per_layer_config), which our models, whose
+    layers are all built from the one config, would silently ignore."""
+    overrides = given.get("per_layer_config")
+    if overrides is None or overrides == {}:
+        return ""
+    return (f"per_layer_config is {_short(overrides)}, expected null or {{}} (every layer of this recipe's models "
+            "takes the config's one setting)")
+
+
 # BERT keys our model has no use for: transformers' BertConfig (position_embedding_type is checked to be
 # "absolute"), NVIDIA's BertConfig (output_all_encoded_layers) and Google's multilingual and Chinese files.
 BERT_UNUSED_KEYS = frozenset({
@@ -96,7 +129,7 @@ def unknown_keys_problem(keys: Iterable[Any], known: Collection[str], family: st
                          other_fields: Collection[str], other_family: str) -> str:
     """"" when every key is known, else "unknown <family> config key A (did you mean B?), ...; <fix>". A misspelling
     is named with the closest key: of this family's model settings, else the other family's, else any known one."""
-    unknown = [str(key) for key in keys if key not in known]
+    unknown = [str(key) for key in keys if not accepts_config_key(key, known)]
     if not unknown:
         return ""
     described = []
@@ -195,7 +228,7 @@ class BertConfig:
             raise ConfigError(f"{source}: extra is {type(extra).__name__}, expected an object; fix it in the config")
         given = {**extra, **{k: v for k, v in values.items() if k != "extra"}}
         if not strict:
-            given = {k: v for k, v in given.items() if k in BERT_KEYS}
+            given = {k: v for k, v in given.items() if accepts_config_key(k, BERT_KEYS)}
         problem = unknown_keys_problem(given, BERT_KEYS, "BERT", BERT_FIELDS, modern_keys, "ModernBERT") or \
             missing_keys_problem(given, BERT_REQUIRED_KEYS, "BERT", "bert_configs/base.json")
         if problem:
@@ -237,7 +270,7 @@ def _unused_key_problem(given: dict[str, Any]) -> str:
     for key in ("is_decoder", "add_cross_attention"):
         if given.get(key):
             return f"{key} is {_short(given[key])}, expected false (this BERT is a bidirectional encoder)"
-    return ""
+    return per_layer_config_problem(given)
 
 
 def read_config_json(path: str | Path) -> Any:

@@ -19,7 +19,9 @@ from bertrecipe.model.bert import (
     TRANSFORMERS_COMMON_KEYS,
     ConfigError,
     _short,
+    accepts_config_key,
     missing_keys_problem,
+    per_layer_config_problem,
     size_problem,
     unknown_keys_problem,
 )
@@ -159,7 +161,7 @@ class ModernBertConfig:
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: holds a JSON {type(values).__name__}, expected an object of ModernBERT "
                               "settings such as bert_configs/modernbert-base.json")
-        values = {k: v for k, v in values.items() if strict or k in MODERN_KEYS}
+        values = {k: v for k, v in values.items() if strict or accepts_config_key(k, MODERN_KEYS)}
         problem = unknown_keys_problem(values, MODERN_KEYS, "ModernBERT", MODERN_SETTINGS, BERT_FIELDS, "BERT") or \
             missing_keys_problem(values, MODERN_REQUIRED_KEYS, "ModernBERT", "bert_configs/modernbert-base.json")
         if problem:
@@ -207,6 +209,9 @@ def _normalized_keys(values: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"rope_scaling is {_short(values['rope_scaling'])}, expected null (only plain rotary "
                           f"positions are implemented){FIX}")
     values.pop("rope_scaling", None)
+    problem = per_layer_config_problem(values)
+    if problem:
+        raise ConfigError(problem + FIX)
     _layer_pattern(values)
     _local_window(values)
     _rotary_bases(values)

@@ -377,3 +377,13 @@ def test_each_task_is_scored_by_the_metric_papers_report():
     assert first("mnli", plan.GLUE, {"eval_acc": 0.84}) == {"m acc": 84.0}  # no dev_mismatched.tsv
     with pytest.raises(KeyError):
         first("mrpc", plan.GLUE, {"eval_acc": 0.8})  # its score, F1, missing: the run is not scored
+
+
+@pytest.mark.parametrize("value", ["-1e-5", "-1e-5,3e-5", "-.5"])
+def test_a_negative_learning_rate_is_judged_as_a_value_not_read_as_a_flag(tmp_path, value):
+    """`--learning_rates -1e-5` was `expected one argument`: argparse took the value for an unknown flag (issue 48)."""
+    result = in_process(run_downstream.cli, ["run_downstream.py", "--init_checkpoint", tmp_path, "--data_dir",
+                                             tmp_path, "--output_dir", tmp_path / "out", "--learning_rates", value])
+    assert (result.returncode, result.stderr) == (2, f"error: run_downstream.py: argument --learning_rates: "
+                                                     f"'{value}': give one or more values > 0; see --help\n")
+    assert not (tmp_path / "out").exists()

@@ -106,8 +106,8 @@ def test_a_worker_traceback_is_told_from_torchruns_own():
 
 def test_a_full_disk_must_end_the_run_in_one_line_per_process_saying_where_to_resume():
     out = "/campaign/faulted"
-    rank0 = (f"{out}/ckpt_4.pt: cannot write the checkpoint (No space left on device); nothing of it is left and the "
-             f"earlier checkpoints in {out} are intact; the newest good checkpoint is {out}/ckpt_2.pt: resume from it "
+    rank0 = (f"{out}/ckpt_4.pt: cannot write the checkpoint (No space left on device); nothing of it is left; "
+             f"the newest good checkpoint is {out}/ckpt_2.pt: resume from it "
              "with --resume_from_checkpoint")
     rank1 = (f"{out}: the first process could not write the checkpoint; no checkpoint in {out} yet")
     assert fi.full_disk_problems(1, [rank0, rank1], 2, finished=False, traceback=None) == []

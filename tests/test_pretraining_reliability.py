@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from bertrecipe.cli import run_pretraining
+from bertrecipe.cli.command_line import Terminated
 from bertrecipe.common.errors import InputError
 from bertrecipe.pretraining import startup
 from bertrecipe.pretraining.data import BertPretrainingCriterion
@@ -235,10 +236,25 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint_and_says_so(worksp
     monkeypatch.setattr(torch, "save", save_until_the_disk_fills)
     with pytest.raises(InputError, match="ckpt_4.pt: cannot write the checkpoint .No space left on device.") as error:
         run_pretraining.main(flags(workspace, "--num_steps_per_checkpoint", 2, "--max_steps", 6))
-    assert "intact" in str(error.value)
     out = workspace / "out"
+    assert str(error.value).endswith(f"nothing of it is left; the newest good checkpoint is {out / 'ckpt_2.pt'}: "
+                                     "resume from it with --resume_from_checkpoint")
     assert sorted(p.name for p in out.iterdir() if p.name != "tensorboard") == ["ckpt_2.pt", "log.json"]
     assert torch.load(out / "ckpt_2.pt", weights_only=True)["phase_step"] == 2
+
+
+def test_disk_full_at_the_first_checkpoint_says_there_is_none_and_nothing_else(workspace, monkeypatch):
+    """The line said "the earlier checkpoints ... are intact; no checkpoint ... yet" (issue 48)."""
+    def disk_full(obj, f, *args, **kwargs):
+        f.write(b"x" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(InputError) as error:
+        run_pretraining.main(flags(workspace, "--num_steps_per_checkpoint", 2, "--max_steps", 6))
+    out = workspace / "out"
+    assert str(error.value) == (f"{out / 'ckpt_2.pt'}: cannot write the checkpoint (No space left on device); nothing "
+                                f"of it is left; no checkpoint in {out} yet")
 
 
 # --- Non-finite training (item 8) ---------------------------------------------------------------------------------
@@ -517,6 +533,107 @@ def test_ctrl_c_exits_130_naming_the_checkpoint_to_resume_from(workspace):
     assert last == (f"interrupted (Ctrl-C): the newest good checkpoint is {workspace / 'out' / newest}: resume from it "
                     "with --resume_from_checkpoint")
     assert not (workspace / "out" / ".run.lock").exists()
+
+
+SLOW_SAVES = """
+import sys, time
+import torch
+from bertrecipe.cli.entry import run_pretraining
+
+real_save = torch.save
+
+
+class SlowFile:
+    # Each of torch's writes takes a while, as a large checkpoint's do: the signal lands inside the zip writer.
+    def __init__(self, file):
+        self.file = file
+
+    def write(self, data):
+        time.sleep(0.005)
+        return self.file.write(data)
+
+    def flush(self):
+        self.file.flush()
+
+
+torch.save = lambda obj, file, **kw: real_save(obj, SlowFile(file), **kw)
+sys.argv[0] = "run_pretraining.py"
+run_pretraining()
+"""
+
+
+def size_or_0(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_inside_a_checkpoint_write_is_the_interrupted_line_and_leaves_no_temporary(workspace):
+    """torch's zip writer turned the KeyboardInterrupt into `RuntimeError: [enforce fail at inline_container.cc]`
+    and 50 lines (issue 48); the one line names the checkpoint before, which loads."""
+    out = workspace / "out"
+    command = [sys.executable, "-c", SLOW_SAVES, *flags(workspace, "--max_steps", 100, "--num_steps_per_checkpoint", 1)]
+    process = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               cwd=REPO_ROOT)
+    try:
+        deadline = time.time() + 120
+        # the second checkpoint's temporary holds bytes: torch's zip writer is under way
+        while not [tmp for tmp in out.glob(".ckpt_2.pt.*.tmp") if size_or_0(tmp) > 0]:
+            assert process.poll() is None and time.time() < deadline, process.communicate()
+            time.sleep(0.005)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1:] == [f"interrupted (Ctrl-C): the newest good checkpoint is "
+                                                f"{out / 'ckpt_1.pt'}: resume from it with --resume_from_checkpoint"]
+    assert "Traceback" not in stderr and "RuntimeError" not in stderr, stderr
+    assert checkpoint_names(out) == ["ckpt_1.pt"] and not list(out.glob(".*.tmp"))
+    assert run_pretraining.checkpointing.load_checkpoint(out / "ckpt_1.pt")["global_step"] == 1
+
+
+class FailingFile:
+    """A file whose third write raises `failure`, as a signal or a full disk would in the middle of torch.save."""
+
+    def __init__(self, failure):
+        self.failure, self.writes = failure, 0
+
+    def write(self, data):
+        self.writes += 1
+        if self.writes == 3:
+            raise self.failure
+        return len(data)
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt(), Terminated(), OSError(errno.ENOSPC, "No space left")])
+def test_what_interrupts_torchs_writer_is_raised_as_itself(failure):
+    from bertrecipe.model.weights import save_torch_to
+
+    with pytest.raises(type(failure)) as raised:
+        save_torch_to({"weights": torch.zeros(100_000), "more": torch.ones(1000)}, FailingFile(failure))
+    assert raised.value is failure
+
+
+@pytest.mark.slow
+def test_a_reader_of_the_output_that_leaves_is_a_quiet_141(workspace):
+    """`run_pretraining.py ... | head -1` ended with exit 2 and `error: <output_dir>: Broken pipe` (issue 48)."""
+    env = {key: value for key, value in ENV.items() if key != "PYTHONUNBUFFERED"}
+    command = [sys.executable, str(REPO_ROOT / "run_pretraining.py"), *flags(workspace, "--max_steps", 1000)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline()
+        process.stdout.close()  # as `| head -1` does
+        stderr = process.stderr.read()
+        process.wait(timeout=120)
+    finally:
+        process.kill()
+    assert (process.returncode, stderr) == (128 + signal.SIGPIPE, "")
 
 
 def test_the_docs_table_of_resume_rules_is_the_codes():

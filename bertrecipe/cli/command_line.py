@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import re
 import select
 import signal
 import sys
 from contextlib import contextmanager
-from typing import Callable, Iterator, NoReturn, Optional, TextIO
+from typing import Any, Callable, Iterator, NoReturn, Optional, TextIO
 
 from bertrecipe.common.errors import InputError, error_text
 
@@ -23,7 +24,14 @@ def fail(message: str) -> NoReturn:
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser whose errors (unknown flag, bad value, missing flag) are one line,
-    `error: <prog>: <problem>; see --help`, exit 2, instead of the whole usage text."""
+    `error: <prog>: <problem>; see --help`, exit 2, instead of the whole usage text; a value that starts like a
+    negative number (`-1e-5`, `-0.1,3e-5`) is a value, for the flag's own check to judge."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # argparse takes only `-1` and `-.5` for numbers, so `--learning_rates -1e-5` read as an unknown flag.
+        # No flag of ours starts with a digit, so nothing that does can be one.
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         fail(f"{self.prog}: {message}; see --help")

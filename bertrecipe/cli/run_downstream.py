@@ -37,9 +37,7 @@ from bertrecipe.model.families import sequence_classification_model
 from bertrecipe.tokenization.vocab_files import identity_of
 from bertrecipe.training.run_lock import locked_output_folder
 
-COMMANDS = {plan.GLUE: ("bertrecipe.cli.run_glue", "run_glue.py"),
-            plan.SQUAD: ("bertrecipe.cli.run_squad", "run_squad.py"),
-            plan.RETRIEVAL: ("bertrecipe.cli.run_retrieval", "run_retrieval.py")}
+COMMANDS = {plan.GLUE: "run_glue", plan.SQUAD: "run_squad", plan.RETRIEVAL: "run_retrieval"}  # entry.py's names
 VOCAB_NAMES = ("vocab.txt", "tokenizer.json")  # what a checkpoint folder may hold as its vocab
 
 
@@ -206,8 +204,8 @@ def common_flags(args: argparse.Namespace, checkpoint: Path, vocab_file: Path) -
 
 def run_command(setup: Setup, run: plan.PlannedRun, folder: Path) -> list[str]:
     """The command line of one run: its task's command with the common flags and the run's own."""
-    module, script = COMMANDS[run.task.kind]
-    code = f"import sys; sys.argv[0] = {script!r}; from {module} import cli; cli()"
+    name = COMMANDS[run.task.kind]
+    code = f"import sys; sys.argv[0] = '{name}.py'; from bertrecipe.cli.entry import {name}; {name}()"
     hyper = ["--learning_rate", f"{run.learning_rate!r}", "--num_train_epochs", f"{run.epochs!r}",
              "--train_batch_size", str(run.batch_size), "--seed", str(run.seed), "--max_seq_length",
              str(run.max_seq_length), "--warmup_proportion", str(run.warmup_proportion), "--output_dir", str(folder)]

@@ -35,7 +35,11 @@ from bertrecipe.model.modern import (
     ModernBertForSequenceClassification,
     ModernBertModel,
 )
-from bertrecipe.tokenization.tokenizer_json import is_tokenizer_json
+from bertrecipe.tokenization.vocab_files import (
+    load_vocab_file,
+    transformers_tokenizer_files,
+    transformers_tokenizer_names,
+)
 
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 CONFIG_FILES = ("config.json", "bert_config.json")
@@ -363,27 +367,45 @@ def _hf_config(model: nn.Module) -> dict[str, Any]:
 
 
 def export_huggingface(model: nn.Module, out_dir: str | Path, vocab_file: Optional[str | Path] = None,
-                       overwrite: bool = False) -> Path:
-    """Writes a Hugging Face directory: config.json, model.safetensors and (when given) the vocab as vocab.txt, or
-    a tokenizer.json as itself, each atomically. An existing directory keeps every other file; an export file
-    already there is refused unless `overwrite`."""
+                       overwrite: bool = False, do_lower_case: Optional[bool] = None) -> Path:
+    """Writes a Hugging Face directory: config.json, model.safetensors and, when given, the vocab with what
+    transformers' AutoTokenizer needs besides it (vocab_files.transformers_tokenizer_files; `do_lower_case` where a
+    WordPiece vocab's tokens do not tell its casing), each atomically, all made before the first is written. An
+    existing directory keeps every other file; an export file already there is refused unless `overwrite`."""
     out_dir = Path(out_dir)
-    names = ["config.json", "model.safetensors"] + ([vocab_export_name(vocab_file)] if vocab_file is not None else [])
-    check_export_target(out_dir, names, overwrite)
-    config_text = json.dumps(_hf_config(model), indent=2) + "\n"
-    tensors = safetensors_bytes(export_state_dict(model), metadata={"format": "pt"})
-    write_atomic(out_dir / "config.json", lambda f: f.write(config_text.encode("utf-8")))
-    write_atomic(out_dir / "model.safetensors", lambda f: f.write(tensors))
+    check_export_target(out_dir, huggingface_export_names(vocab_file), overwrite)
+    config = _hf_config(model)
+    tokenizer_files: dict[str, bytes] = {}
     if vocab_file is not None:
-        vocab = Path(vocab_file).read_bytes()
-        write_atomic(out_dir / names[-1], lambda f: f.write(vocab))
+        vocab = load_vocab_file(vocab_file)
+        modern = is_modern_config(model.config)
+        tokenizer_files = transformers_tokenizer_files(
+            vocab, model.config.max_position_embeddings, do_lower_case,
+            model_input_names=["input_ids", "attention_mask"] if modern else None)  # ModernBERT has no segments
+        config.update(_special_token_ids(vocab, modern))
+    files = {"config.json": (json.dumps(config, indent=2) + "\n").encode("utf-8"),
+             "model.safetensors": safetensors_bytes(export_state_dict(model), metadata={"format": "pt"}),
+             **tokenizer_files}
+    for name, content in files.items():
+        write_atomic(out_dir / name, lambda f, content=content: f.write(content))
     return out_dir
 
 
-def vocab_export_name(vocab_file: str | Path) -> str:
-    """The name a model folder gives its vocab: tokenizer.json for a tokenizer.json (byte-level BPE or WordPiece,
-    copied as it is), else vocab.txt."""
-    return "tokenizer.json" if is_tokenizer_json(vocab_file) else "vocab.txt"
+def huggingface_export_names(vocab_file: Optional[str | Path]) -> list[str]:
+    """The files export_huggingface writes: these and no other are its own in a folder."""
+    return ["config.json", "model.safetensors",
+            *(transformers_tokenizer_names(vocab_file) if vocab_file is not None else [])]
+
+
+def _special_token_ids(vocab: Any, modern: bool) -> dict[str, int]:
+    """The tokenizer's special ids as config.json names them: transformers otherwise takes its defaults, which for
+    ModernBERT are the released tokenizer's (50281-50283), outside a smaller vocab (and a padding row outside the
+    embeddings stops transformers from building the model)."""
+    ids = {"pad_token_id": vocab.id("[PAD]")}
+    if modern:  # as the released ModernBERT's config.json: [CLS] begins a text and [SEP] ends it
+        cls, sep = vocab.id("[CLS]"), vocab.id("[SEP]")
+        ids.update(cls_token_id=cls, sep_token_id=sep, bos_token_id=cls, eos_token_id=sep)
+    return ids
 
 
 def check_export_target(out_dir: Path, names: list[str], overwrite: bool) -> None:
@@ -404,13 +426,28 @@ def save_torch_atomic(obj: Any, path: str | Path) -> None:
 
 
 def save_torch_to(obj: Any, file: Any) -> None:
-    """torch.save(obj, file), with an OSError of the file's writes raised as itself: torch's zip writer catches it
-    and raises its own RuntimeError ("[enforce fail at inline_container.cc] unexpected pos") with the OSError only
-    as context."""
+    """torch.save(obj, file), with what interrupted the file's writes raised as itself: torch's zip writer catches
+    it and raises its own RuntimeError ("[enforce fail at inline_container.cc] unexpected pos") with the cause only
+    as context. A signal (Ctrl-C's KeyboardInterrupt, SIGTERM raised as an exception) then ends the command with its
+    one line, and a failed write (a full disk) names its file."""
     try:
         torch.save(obj, file)
     except RuntimeError as error:
-        cause = error.__cause__ or error.__context__
-        if isinstance(cause, OSError):
+        cause = interruption_behind(error)
+        if cause is not None:
             raise cause from None
         raise
+
+
+def interruption_behind(error: BaseException) -> Optional[BaseException]:
+    """The signal's exception (any BaseException that is not an Exception) or, failing one, the OSError in the
+    chain of causes and contexts behind `error`, or None."""
+    chain, seen = [], set()
+    link: Optional[BaseException] = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    signals = [link for link in chain if not isinstance(link, Exception)]
+    failures = [link for link in chain if isinstance(link, OSError)]
+    return (signals or failures or [None])[0]

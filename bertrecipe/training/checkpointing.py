@@ -103,8 +103,8 @@ def save_checkpoint(output_dir: str | Path, global_step: int, payload: dict[str,
     """Writes ckpt_<global_step>.pt atomically, then rotates within the payload's phase: the newest KEEP_NEWEST
     checkpoints of that phase that load stay, and so do the one just written and `keep` (the one this run
     resumed from); the other phase's are never touched; a checkpoint that does not load is moved aside as
-    `*.corrupt`, never counted and never deleted. A failed write (disk full) is an InputError that names the file,
-    with every earlier checkpoint intact; so is a file already at that name, which is never overwritten."""
+    `*.corrupt`, never counted and never deleted. A failed write (disk full) is an InputError that names the file
+    (every earlier checkpoint intact); so is a file already at that name, which is never overwritten."""
     path = checkpoint_path(output_dir, global_step)
     if path.exists():
         raise InputError(f"{path}: already exists and was not written by this run; it is kept and this run stops "
@@ -112,8 +112,9 @@ def save_checkpoint(output_dir: str | Path, global_step: int, payload: dict[str,
     try:
         save_torch_atomic({**payload, "global_step": global_step}, path)
     except OSError as error:
-        raise InputError(f"{path}: cannot write the checkpoint ({error.strerror or error}); nothing of it is left "
-                         f"and the earlier checkpoints in {output_dir} are intact") from None
+        # No word on earlier checkpoints here: the caller's line names the newest good one, or says there is none.
+        raise InputError(f"{path}: cannot write the checkpoint ({error.strerror or error}); nothing of it is "
+                         "left") from None
     phase = checkpoint_phase(payload)
     loadable = []
     for saved in survey(output_dir):
@@ -202,6 +203,8 @@ def failures_name_the_checkpoint(output_dir: str | Path) -> Iterator[None]:
         yield
     except InputError as error:
         raise InputError(f"{error_text(error)}; {where_to_resume(output_dir)}") from None
+    except BrokenPipeError:
+        raise  # the reader of the output left (`| head -1`): the command ends as Unix tools do, not a file's fault
     except OSError as error:
         where = error.filename or output_dir
         raise InputError(f"{where}: {error.strerror or error}; {where_to_resume(output_dir)}") from None

@@ -468,9 +468,23 @@ def test_resume_lines_name_only_what_the_user_changed_and_never_say_refused(work
     run_pretraining.main(flags(workspace, "--max_steps", 8, "--steps_this_run", 1, "--resume_from_checkpoint",
                                "--max_tokens", 20000, "--warmup_tokens", 1000))
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("resume: ")]
+    # still in the token warm-up, where the rate is tokens / warm-up tokens: no rate line, it has not changed
     assert lines == ["resume: --max_steps 4 -> 8 (the decay now ends at the new step)",
                      "resume: --max_tokens 10000 -> 20000 (the schedule goes on from the checkpoint's token count "
                      "with the new budget)"]
+
+
+def test_a_longer_wsd_run_says_what_the_learning_rate_is_now(workspace, capsys):
+    """A WSD run resumed with a larger --max_steps said that the decay now ends later, not that the rate, decayed
+    to 2e-19, is back at its peak (issue 48)."""
+    wsd = ("--lr_schedule", "wsd", "--decay_proportion", 0.5, "--warmup_proportion", 0)
+    run_pretraining.main(flags(workspace, "--max_steps", 4, *wsd))
+    capsys.readouterr()
+    run_pretraining.main(flags(workspace, "--max_steps", 12, "--steps_this_run", 1, "--resume_from_checkpoint", *wsd))
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("resume: ")]
+    # step 4 of 4 ended the decay at 0; of 12, it lies in the stable part (the decay takes steps 6 to 12)
+    assert lines == ["resume: --max_steps 4 -> 12 (the decay now ends at the new step)",
+                     "resume: the learning rate at step 4 goes from 0 to 0.001 under the new schedule"]
 
 
 @pytest.mark.slow

@@ -74,11 +74,26 @@ def pretrain(settings: PretrainingSettings, config: ModelConfig, ctx: Distribute
             if ctx.is_main:
                 print(f"resume: {change}", file=sys.stderr, flush=True)
         ddp_model, optimizer, scheduler, resume = set_up_optimizer(settings, ctx, model, precision, log, resume_from)
+        rate = rate_change(resume_from, optimizer, resume.phase_step) if changes else None
+        if rate is not None:
+            log.log("PARAMETER", {"resume_applies": rate}, echo=False)
+            if ctx.is_main:
+                print(f"resume: {rate}", file=sys.stderr, flush=True)
         setup = TrainingSetup(ctx, config, ddp_model, optimizer, scheduler, precision, log, eval_shards, lock,
                               start_time)
         with checkpointing.failures_name_the_checkpoint(run_settings.output_dir):
             final = train_and_evaluate(settings, setup, loop, train_shards, spec, resume, steps_left)
     return final
+
+
+def rate_change(resume_from: Optional[tuple[Path, dict[str, Any]]], optimizer: Any, step: int) -> Optional[str]:
+    """What a resume's changes did to the learning rate at the checkpoint's step (a longer WSD run's decay starts
+    later, so a rate decayed to ~0 is back at its peak), or None where it is the same."""
+    groups = ((resume_from or (None, {}))[1].get("optimizer") or {}).get("param_groups") or [{}]
+    saved, now = groups[0].get("lr"), optimizer.param_groups[0]["lr"]
+    if saved is None or float(saved) == float(now):
+        return None
+    return f"the learning rate at step {step} goes from {float(saved):.3g} to {float(now):.3g} under the new schedule"
 
 
 def check_pretraining_outputs(settings: PretrainingSettings, train_shards: list, eval_shards: list) -> None:

@@ -12,9 +12,15 @@ import transformers
 
 from bertrecipe.cli import convert_checkpoint
 from bertrecipe.common.errors import InputError
+from bertrecipe.dataprep.vocab_training import train_bpe
+from bertrecipe.finetuning.model_loading import load_tokenizer
 from bertrecipe.model.bert import BertConfig, BertForPreTraining, BertForQuestionAnswering
+from bertrecipe.model.modern import ModernBertForMaskedLM
+from bertrecipe.model.modern_config import ModernBertConfig
 from bertrecipe.model.weights import export_huggingface, read_weights
-from helpers import REPO_ROOT, run_command
+from bertrecipe.tokenization.vocab_files import load_vocab_file
+from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS
+from helpers import REPO_ROOT, TEST_DATA, VOCAB_EXCERPT, run_command
 
 SCRIPT = REPO_ROOT / "scripts" / "convert_checkpoint.py"
 TINY = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -205,3 +211,113 @@ def test_an_export_file_onto_an_input_is_refused_even_with_overwrite(tmp_path, f
         convert_checkpoint.main([str(source), str(tmp_path / "hf"), "--overwrite", flag,
                                                           str(tmp_path / "hf" / name)])
     assert _snapshot(tmp_path / "hf") == before
+
+
+# --- Issue 48, item 6: a converted folder is one transformers' AutoTokenizer and fill-mask pipeline can use ----------
+BOOKS = [TEST_DATA / "books" / "pg11.txt", TEST_DATA / "books" / "pg1661.txt"]
+SENTENCE = "Alice said: 'Héllo, Mr. HOLMES!' and was beginning to get very tired of sitting by her sister."
+MASKED = "Alice was beginning to get very {mask} of sitting by her sister on the bank."
+TINY_MODERN_SIZES = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48,
+                         local_attention=8, max_position_embeddings=96, pad_token_id=0)
+
+
+@pytest.fixture(scope="module")
+def vocab_files(tmp_path_factory):
+    """A vocab of each kind: the uncased vocab.txt excerpt, a cased WordPiece tokenizer.json of it (as transformers
+    saves a cased BERT's) and a byte-level BPE tokenizer.json trained on the books."""
+    root = tmp_path_factory.mktemp("vocabs")
+    (root / "source").mkdir()
+    shutil.copyfile(VOCAB_EXCERPT, root / "source" / "vocab.txt")
+    transformers.BertTokenizerFast.from_pretrained(root / "source", do_lower_case=False).save_pretrained(root / "cased")
+    return {"vocab.txt": VOCAB_EXCERPT, "wordpiece tokenizer.json": root / "cased" / "tokenizer.json",
+            "bpe tokenizer.json": train_bpe(BOOKS, root / "bpe" / "tokenizer.json", 600)}
+
+
+def spread_model(family, vocab_size):
+    """A tiny model of the family with weights far from their init, so that its top-5 predictions are far apart."""
+    torch.manual_seed(0)
+    if family == "bert":
+        model = BertForPreTraining(BertConfig(**{**TINY, "vocab_size": vocab_size, "max_position_embeddings": 96}))
+    else:
+        model = ModernBertForMaskedLM(ModernBertConfig(vocab_size=vocab_size, **TINY_MODERN_SIZES))
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.3)
+    return model.eval()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, kind, lower_case", [
+    ("bert", "vocab.txt", True), ("bert", "wordpiece tokenizer.json", False), ("bert", "bpe tokenizer.json", None),
+    ("modernbert", "bpe tokenizer.json", None), ("modernbert", "vocab.txt", True)])
+def test_a_converted_folder_gives_transformers_our_tokenizer_and_our_fill_mask_top_5(tmp_path, vocab_files, family,
+                                                                                       kind, lower_case):
+    """A ModernBERT folder carried tokenizer.json and nothing naming its mask token: AutoTokenizer's mask_token was
+    None and pipeline("fill-mask") failed. Now AutoTokenizer has our special tokens, ids, casing and length, and the
+    pipeline's top 5 are our model's."""
+    vocab_file = vocab_files[kind]
+    vocab = load_vocab_file(vocab_file)
+    model = spread_model(family, len(vocab))
+    torch.save({"model": model.state_dict(), "config": model.config.to_dict()}, tmp_path / "ours.pt")
+    convert_checkpoint.main([str(tmp_path / "ours.pt"), str(tmp_path / "hf"), "--vocab_file", str(vocab_file)])
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    roles = {"cls": "[CLS]", "sep": "[SEP]", "pad": "[PAD]", "mask": "[MASK]", "unk": "[UNK]"}
+    assert {role: getattr(theirs, f"{role}_token") for role in roles} == roles
+    assert {role: getattr(theirs, f"{role}_token_id") for role in roles} == {r: vocab.id(t) for r, t in roles.items()}
+    assert theirs.model_max_length == 96
+    ours = load_tokenizer(vocab_file, bool(lower_case))
+    assert theirs(SENTENCE)["input_ids"] == [vocab.id("[CLS]"), *ours.encode_lines([SENTENCE])[0].tolist(),
+                                                 vocab.id("[SEP]")]
+    settings = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    assert settings.get("do_lower_case") is lower_case
+    if kind == "vocab.txt":  # its tokenizer.json, written beside it, is the same tokenizer to the recipe
+        written = load_vocab_file(tmp_path / "hf" / "tokenizer.json")
+        assert (written.sha256, written.lower_case) == (vocab.sha256, lower_case)
+    text = MASKED.format(mask=theirs.mask_token)
+    predicted = transformers.pipeline("fill-mask", model=str(tmp_path / "hf"), top_k=5)(text)
+    ids = torch.tensor([theirs(text)["input_ids"]])
+    with torch.no_grad():
+        logits = model(ids, torch.zeros_like(ids), torch.ones_like(ids),
+                       predict_positions=ids == vocab.id("[MASK]")).prediction_logits
+    assert [guess["token"] for guess in predicted] == logits[0].topk(5).indices.tolist()
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert written["pad_token_id"] == vocab.id("[PAD]")
+    if family == "modernbert":  # transformers' defaults would be the released tokenizer's ids, outside this vocab
+        assert (written["cls_token_id"], written["eos_token_id"]) == (vocab.id("[CLS]"), vocab.id("[SEP]"))
+
+
+@pytest.mark.slow
+def test_a_vocab_whose_tokens_do_not_tell_its_casing_needs_the_flag_and_nothing_is_written_first(tmp_path):
+    source = _our_checkpoint(tmp_path / "results")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(f"{token}\n" for token in [*SPECIAL_TOKENS, *(f"tok{i}" for i in range(96))]))
+    result = convert(source, tmp_path / "hf", "--vocab_file", vocab)
+    assert result.returncode == 2 and not (tmp_path / "hf").exists()
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"error: {vocab}: ") and "--do_lower_case or --no-do_lower_case" in line
+    assert convert(source, tmp_path / "hf", "--vocab_file", vocab, "--no-do_lower_case").returncode == 0
+    assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["do_lower_case"] is False
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf").tokenize("Tok7") == ["[UNK]"]  # kept cased
+
+
+@pytest.mark.slow
+def test_the_tokenizer_files_are_the_exports_own_kept_unless_overwrite_and_nothing_else_is_touched(tmp_path):
+    (tmp_path / "results").mkdir()
+    model = BertForPreTraining(BertConfig(**{**TINY, "vocab_size": len(load_vocab_file(VOCAB_EXCERPT))}))
+    source = tmp_path / "results" / "ours.pt"
+    torch.save({"model": model.state_dict(), "config": model.config.to_dict()}, source)
+    (tmp_path / "results" / "notes.txt").write_text("mine")
+    before = _snapshot(tmp_path / "results")
+    result = convert(source, tmp_path / "results", "--vocab_file", VOCAB_EXCERPT)
+    assert result.returncode == 0, result.stderr
+    after = _snapshot(tmp_path / "results")
+    assert {k: after[k] for k in before} == before
+    assert set(after) - set(before) == {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json",
+                                        "tokenizer_config.json", "special_tokens_map.json"}
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "special_tokens_map.json").write_text("{}")
+    result = convert(source, tmp_path / "hf", "--vocab_file", VOCAB_EXCERPT)
+    assert result.returncode == 2 and "special_tokens_map.json" in result.stderr and "--overwrite" in result.stderr
+    assert _snapshot(tmp_path / "hf") == {"special_tokens_map.json": b"{}"}
+    assert convert(source, tmp_path / "hf", "--vocab_file", VOCAB_EXCERPT, "--overwrite").returncode == 0
+    assert json.loads((tmp_path / "hf" / "special_tokens_map.json").read_text())["mask_token"] == "[MASK]"

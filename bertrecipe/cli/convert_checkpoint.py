@@ -5,10 +5,15 @@ one, or a path without a suffix) becomes a Hugging Face directory; a file (.pt/.
 {"model": state_dict, "config": ...}, in NVIDIA's names when the source is ours or Hugging Face's and in ours
 when the source is NVIDIA's. --to overrides the inference.
 
-Nothing is deleted: into an existing directory only config.json, model.safetensors (and vocab.txt) are written,
-and an existing file of those, or an existing DST file, is replaced only with --overwrite. No file written may be
-one of the inputs (SRC or its files, --config_file, --vocab_file). A --vocab_file must fit the model: not more
-tokens than its word embeddings, nor far fewer (--allow_vocab_mismatch warns instead of the latter).
+With --vocab_file, the directory also gets the vocab (vocab.txt, or the tokenizer.json as it is) and what
+transformers' AutoTokenizer needs besides it: tokenizer_config.json and special_tokens_map.json (the special tokens,
+model_max_length, and for WordPiece the casing, which the vocab's tokens or its normalizer tell, else
+--do_lower_case / --no-do_lower_case).
+
+Nothing is deleted: into an existing directory only config.json, model.safetensors (and those vocab files) are
+written, and an existing file of those, or an existing DST file, is replaced only with --overwrite. No file written
+may be one of the inputs (SRC or its files, --config_file, --vocab_file). A --vocab_file must fit the model: not
+more tokens than its word embeddings, nor far fewer (--allow_vocab_mismatch warns instead of the latter).
 
 Examples:
   convert_checkpoint.py results/ckpt_8601.pt hf_bert/                      # ours -> Hugging Face
@@ -28,20 +33,21 @@ from bertrecipe.model.weights import (
     check_export_target,
     export_huggingface,
     export_state_dict,
+    huggingface_export_names,
     load_weights_into,
     model_for_weights,
     read_config,
     read_weights,
     save_torch_atomic,
-    vocab_export_name,
 )
 from bertrecipe.tokenization.vocab_files import (
     identity_from_record,
     identity_of,
     load_vocab_file,
     refuse_other_tokenizer,
+    wordpiece_lower_case,
 )
-from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, check_vocab_for_model
+from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, Vocab, check_vocab_for_model
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config_file", type=Path, help="bert_config.json, needed when SRC carries no config")
     parser.add_argument("--vocab_file", type=Path,
                         help="vocab.txt or tokenizer.json to place in a Hugging Face directory")
+    parser.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction,
+                        help="a WordPiece --vocab_file's casing, for tokenizer_config.json (default: what its tokens "
+                             "or its normalizer tell)")
     parser.add_argument(ALLOW_VOCAB_MISMATCH, action="store_true",
                         help="warn instead of refusing a --vocab_file with far fewer tokens than the model embeds")
     parser.add_argument("--to", choices=("huggingface", "ours", "nvidia"), help="target kind (default: inferred)")
@@ -72,8 +81,7 @@ def check_export_paths(args: argparse.Namespace, kind: str) -> None:
     if args.vocab_file is not None and not args.vocab_file.is_file():
         raise InputError(f"{args.vocab_file}: --vocab_file not found")
     if kind == "huggingface":
-        names = ["config.json", "model.safetensors"] + ([vocab_export_name(args.vocab_file)] if args.vocab_file
-                                                         else [])
+        names = huggingface_export_names(args.vocab_file)
         targets = [args.dst / name for name in names]
         check_export_target(args.dst, names, args.overwrite)
     else:
@@ -103,16 +111,21 @@ def main(argv: list[str] | None = None) -> None:
     config = read_config(args.config_file) if args.config_file else weights.config
     if config is None:
         raise InputError(f"{args.src}: carries no model config; pass --config_file bert_config.json")
+    lower_case = args.do_lower_case
     if args.vocab_file is not None:  # placed beside the model: it must be the model's
         vocab = load_vocab_file(args.vocab_file)
-        check_vocab_for_model(vocab, model_vocab_size=config.vocab_size, allow_mismatch=args.allow_vocab_mismatch)
+        check_vocab_for_model(vocab, model_vocab_size=config.vocab_size, do_lower_case=args.do_lower_case,
+                              allow_mismatch=args.allow_vocab_mismatch)
         refuse_other_tokenizer(identity_of(vocab), identity_from_record(weights.tokenizer, str(args.src)),
                                "pass the vocab the checkpoint was trained with", args.allow_vocab_mismatch)
+        if isinstance(vocab, Vocab) and exporting:  # tokenizer_config.json states it: known before any write
+            lower_case = wordpiece_lower_case(vocab, args.do_lower_case)
     model = model_for_weights(weights, config)
     load_weights_into(model, weights, args.src)
     kind = args.to or target_kind(args.dst, weights.source_format)
     if kind == "huggingface":
-        export_huggingface(model, args.dst, vocab_file=args.vocab_file, overwrite=args.overwrite)
+        export_huggingface(model, args.dst, vocab_file=args.vocab_file, overwrite=args.overwrite,
+                           do_lower_case=lower_case)
     else:
         save_torch_atomic({"model": export_state_dict(model, naming=kind), "config": config.to_dict(),
                            "tokenizer": weights.tokenizer}, args.dst)

@@ -17,8 +17,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
 from bertrecipe.common.errors import DataError
-from bertrecipe.tokenization.wordpiece import Vocab, vocab_from_bytes
+from bertrecipe.tokenization.wordpiece import MAX_CHARS_PER_WORD, SPECIAL_TOKENS, Vocab, vocab_from_bytes
 
 WORDPIECE_MODEL = "WordPiece"  # the "type" of a tokenizer.json's "model" that loads as a Vocab
 BPE_MODEL = "BPE"
@@ -147,3 +149,21 @@ def _check_added_tokens(path: Path, added: Any, vocab: Vocab) -> None:
         if not isinstance(index, int) or not 0 <= index < len(vocab) or vocab.tokens[index] != content:
             raise DataError(path, f"its added token {content!r} (id {index!r}) is not the WordPiece vocab's token "
                                   "of that id; the recipe tokenizes with the vocab alone")
+
+
+def wordpiece_tokenizer_json(vocab: Vocab, lower_case: bool) -> str:
+    """A vocab.txt as the tokenizer.json of the recipe's WordPiece tokenizer (load_wordpiece_json reads it back as
+    the same vocab): BERT's normalizer, pre-tokenizer and Google's 200-character words, the special tokens as
+    special, and [CLS] A [SEP] B [SEP] around texts, so that transformers' fast tokenizers (ModernBERT's is one, and
+    reads nothing but a tokenizer.json) give the recipe's ids."""
+    tokenizer = Tokenizer(models.WordPiece({token: vocab.id(token) for token in vocab.tokens}, unk_token="[UNK]",
+                                           max_input_chars_per_word=MAX_CHARS_PER_WORD))
+    tokenizer.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                      strip_accents=lower_case, lowercase=lower_case)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS])
+    cls, sep = ("[CLS]", vocab.id("[CLS]")), ("[SEP]", vocab.id("[SEP]"))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[cls, sep])
+    return tokenizer.to_str(pretty=True)

@@ -1,6 +1,8 @@
 """A signal to a command that has no handler of its own (data preparation, fine-tuning, conversion) ends it with
 one line and the shell's status for it (143 for SIGTERM, 130 for Ctrl-C), and what it was writing is not left
 behind: SIGTERM's default action used to kill it silently mid-write, leaving a temporary file (issue 41)."""
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ENV, REPO_ROOT, TEST_DATA, VOCAB_EXCERPT
+from helpers import ENV, GLUE_EXCERPTS, REPO_ROOT, TEST_DATA, VOCAB_EXCERPT
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +80,45 @@ def test_a_signal_while_the_command_still_imports_is_one_line(command, sent, sta
         process.kill()
     assert (process.returncode, stderr.splitlines()) == (status, [
         f"{said}: stopped before the end; nothing half-written was kept, run the command again to finish"])
+
+
+def processes_naming(text: str) -> list[int]:
+    """The live processes whose command line holds `text` (a test's own folder: the command and its children)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode():
+                found.append(int(entry.name))
+        except OSError:  # ended meanwhile
+            continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sent, to_group, delay, status, said", [
+    (signal.SIGINT, True, 1.5, 130, "interrupted (Ctrl-C)"),  # the runs still import
+    (signal.SIGTERM, False, 5, 143, "SIGTERM")])  # the runs train
+def test_a_signal_while_run_downstream_runs_its_children_ends_them_all_in_one_line(tiny_bert, tmp_path, sent,
+                                                                                   to_group, delay, status, said):
+    """Ctrl-C reaches the terminal's whole process group, the command and its runs; Slurm's or a user's SIGTERM may
+    reach the command alone: either way one line, the shell's status and no run left behind."""
+    data = tmp_path / "data"
+    shutil.copytree(GLUE_EXCERPTS / "RTE", data / "RTE")
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "run_downstream.py"), "--init_checkpoint", str(tiny_bert), "--data_dir",
+         str(data), "--output_dir", str(out), "--do_lower_case", "--preset", "cpu_tiny", "--workers", "2"],
+        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        while " started " not in process.stdout.readline():  # a run's process is up
+            assert process.poll() is None, process.communicate()
+        time.sleep(delay)
+        os.killpg(process.pid, sent) if to_group else process.send_signal(sent)
+        start = time.monotonic()
+        _, stderr = process.communicate(timeout=60)
+        seconds = time.monotonic() - start
+    finally:
+        process.kill()
+    assert (process.returncode, stderr.splitlines()) == (status, [
+        f"{said}: stopped before the end; nothing half-written was kept, run the command again to finish"])
+    assert seconds < 10 and processes_naming(str(out)) == []

@@ -463,6 +463,48 @@ def test_cli_v2_refused_na_prob_file_prints_only_the_error_line(tmp_path):
     assert len(lines) == 1 and lines[0] == f"error: {na}: no probability for question c", done.stderr
 
 
+# Issue 48, item 11: a na-prob that is a string, null or list blamed the good data file ("not a SQuAD file
+# (TypeError: '>' not supported ...)"); NaN and true were taken as numbers.
+@pytest.mark.parametrize("question, value", [
+    ("c", "0.4"), ("c", None), ("c", [0.4]), ("c", True), ("c", float("nan")), ("c", float("inf")),
+    ("not-in-the-data", "x")], ids=["string", "null", "list", "bool", "nan", "inf", "unused-question"])
+def test_a_na_prob_that_is_not_a_finite_number_is_one_line_naming_the_na_prob_file_and_the_question(
+        tmp_path, question, value):
+    _, data, pred = write_v2_fixture(tmp_path, {"a": "Paris", "c": "three", "e": ""})
+    na = tmp_path / "na.json"
+    na.write_text(json.dumps({"a": 0.1, "c": 0.4, "e": 0.9, question: value}))
+    with pytest.raises(InputError) as refused:
+        ev.evaluate_files(data, pred, na)
+    message = str(refused.value)
+    assert message.startswith(f"{na}: ") and f"question {question} " in message and str(data) not in message
+    assert "\n" not in message and "finite number" in message
+    with pytest.raises(InputError, match=f"^na-prob file: .*question {question} "):  # in process, as run_squad calls
+        ev.evaluate_predictions(data, json.loads(pred.read_text()), json.loads(na.read_text()))
+
+
+def test_the_na_prob_file_is_checked_for_a_v1_1_data_file_too_and_the_command_exits_2(tmp_path):
+    (tmp_path / "v1.json").write_text(json.dumps({"version": "1.1", "data": as_articles([("a", ["x"])])}))
+    (tmp_path / "pred.json").write_text(json.dumps({"a": "x"}))
+    (tmp_path / "na.json").write_text(json.dumps({"a": None}))
+    done = run_cli(tmp_path / "v1.json", tmp_path / "pred.json", "-n", tmp_path / "na.json")
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"error: {tmp_path / 'na.json'}: the no-answer probability of question a is null")
+
+
+@pytest.mark.parametrize("version", ["1.1", "v2.0"])
+@pytest.mark.parametrize("answer", [None, ["three"], 3, {"text": "three"}], ids=["null", "list", "number", "object"])
+def test_a_prediction_that_is_not_a_string_is_one_line_naming_the_predictions_and_the_question(tmp_path, version,
+                                                                                               answer):
+    questions = [("a", ["Paris"]), ("c", ["two"])]
+    (tmp_path / "data.json").write_text(json.dumps({"version": version, "data": as_articles(questions)}))
+    (tmp_path / "pred.json").write_text(json.dumps({"a": "Paris", "c": answer}))
+    with pytest.raises(InputError) as refused:
+        ev.evaluate_files(tmp_path / "data.json", tmp_path / "pred.json")
+    message = str(refused.value)
+    assert message.startswith(f"{tmp_path / 'pred.json'}: the prediction for c is {json.dumps(answer)}, not a string")
+
+
 def test_cli_logistic_regression_baseline_like_evaluate_v1_1():
     _, questions = load_dev(EXCERPT, "1.1")
     [pred] = (EXCERPT / "predictions-v1.1").glob("Logistic_Regression_Baseline_*.json")

@@ -6,7 +6,9 @@ bertrecipe/finetuning/squad_metrics.py):
 v1.1 prints {"exact_match", "f1"} on one line; v2.0 prints its summary indented (not at all with --out-file), as
 the official scripts do. Questions without a prediction are handled as the official scripts handle them (see
 squad_metrics); a v2.0 file with no prediction at all is an error (exit 2).
-`--strict` refuses predictions that miss any question (exit 2); `--allow-missing`, once needed to get the
+A prediction that is not a string, or a --na-prob-file value that is not a finite number (checked whenever the file
+is given), is one line naming that file and the question (exit 2). `--strict` refuses predictions that miss any
+question (exit 2); `--allow-missing`, once needed to get the
 v1.1 behaviour, is accepted and changes nothing. `--out-file` must name a file in an existing, writable folder,
 none of the input files (checked before anything is read); it is written whole or not at all. Standard output
 sent into an input file (`> pred.json`) is refused too.

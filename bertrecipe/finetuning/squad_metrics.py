@@ -14,12 +14,16 @@ Questions without a prediction are treated as the official scripts treat them, s
   over the predicted questions too (a group with no predicted question is left out, as the official script
   leaves out an empty group), consistent with the main scores. A v2.0 file with no prediction at all, where
   the official script divides by zero, is an error.
-`strict` refuses predictions that miss any question instead. prediction_scores gives a run's exact_match and F1,
+`strict` refuses predictions that miss any question instead. A prediction that is not a string, and a na-prob that is
+not a finite number (a string, null, list, true, NaN), are refused naming their file and question, where the
+official scripts fail on them. prediction_scores gives a run's exact_match and F1,
 by this metric or by an official-style evaluation script.
 """
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import re
 import string
 import subprocess
@@ -95,8 +99,27 @@ def _missing_predictions(
         )
     for qa in questions:
         if qa["id"] in predictions and not isinstance(predictions[qa["id"]], str):
-            raise InputError(f"{pred_file}: the prediction for {qa['id']} is not a string")
+            raise InputError(f"{pred_file}: the prediction for {qa['id']} is {_described(predictions[qa['id']])}, "
+                             "not a string; give each question its answer text (\"\" for no answer)")
     return missing
+
+
+def _described(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."  # a pasted blob must not flood the one-line error
+
+
+def checked_na_probs(na_probs: Any, source: str = "na-prob file") -> dict[str, float]:
+    """The na-probs (question id -> no-answer score: a probability, or run_squad's null odds) as floats; InputError
+    "<source>: ..." naming the first question whose value is not a finite number (bool is none), since the
+    thresholds compare and sort them all, those of questions outside the data file included."""
+    if not isinstance(na_probs, dict):
+        raise InputError(f"{source}: must hold a JSON object mapping question ids to no-answer probabilities")
+    for qid, value in na_probs.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise InputError(f"{source}: the no-answer probability of question {qid} is {_described(value)}, "
+                             "expected a finite number; write one for every question")
+    return {qid: float(value) for qid, value in na_probs.items()}
 
 
 def evaluate_v1(
@@ -196,6 +219,8 @@ def evaluate_v2(
     when no question has one); every predicted question needs a probability in na_probs."""
     questions = _questions(dataset)
     missing = _missing_predictions(questions, predictions, pred_file, strict)
+    if na_probs is not None:
+        na_probs = checked_na_probs(na_probs)
     if len(missing) == len(questions):
         raise InputError(f"{pred_file}: no prediction for any of the {len(questions)} questions")
     has_answer = {qa["id"]: bool(qa["answers"]) for qa in questions}
@@ -264,7 +289,9 @@ def evaluate_files(
     """evaluate_predictions with the predictions (and na-probs) read from JSON files."""
     squad_file = as_squad_file(data_file)  # a bad data file is reported first
     predictions = _load_json_object(pred_file, "predictions")
-    na_probs = _load_json_object(na_prob_file, "na-prob") if na_prob_file else None
+    # Checked here for either version: a v1.1 evaluation does not use it, but a file given must be a good one.
+    na_probs = checked_na_probs(_load_json_object(na_prob_file, "na-prob"), str(na_prob_file)) if na_prob_file \
+        else None
     try:
         return evaluate_predictions(squad_file, predictions, na_probs, na_prob_thresh, strict, str(pred_file))
     except InputError as error:

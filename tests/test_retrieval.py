@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -164,6 +165,91 @@ def test_training_pairs_read_from_json_lines_or_a_qrels_train_split(tmp_path):
     (folder / "qrels" / "train.tsv").write_text(GOOD_QRELS, encoding="utf-8")
     pairs = beir_data.read_training_pairs(folder / "qrels" / "train.tsv")
     assert (pairs.queries, pairs.positives, pairs.negatives) == (["first"], ["T one"], None)  # score 0 left out
+
+
+# Issue 48, item 10: a query that tokenizes to nothing was embedded as [CLS] [SEP] and scored (SQuAD refuses the
+# same question); records that contradict each other were refused naming one line, or not at all (qrels).
+BLANKS = {"empty": "", "spaces": "  \t ", "zero-width": "\u200b\u200d", "control": "\x00\x07"}
+
+
+@pytest.mark.parametrize("blank", sorted(BLANKS))
+def test_a_query_that_tokenizes_to_nothing_is_refused_naming_the_queries_file_line_and_id(tmp_path, blank):
+    text = BLANKS[blank]
+    folder = write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES + json.dumps({"_id": "q2", "text": text}) + "\n",
+                        GOOD_QRELS)
+    with pytest.raises(InputError) as refused:
+        beir_data.read_beir(folder)
+    assert str(refused.value).startswith(f"{folder / 'queries.jsonl'}:2: query 'q2' is {text!r}, which tokenizes "
+                                         "to nothing;")
+
+
+@pytest.mark.parametrize("side", ["query", "positive", "negative"])
+@pytest.mark.parametrize("blank", ["empty", "zero-width"])
+def test_a_training_pair_with_an_empty_side_is_refused_naming_the_line_and_the_side(tmp_path, side, blank):
+    rows = [{"query": "q", "positive": "p", "negative": "n"}, {"query": "r", "positive": "s", "negative": "t"}]
+    rows[1][side] = BLANKS[blank]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    with pytest.raises(InputError, match=f"^{re.escape(str(path))}:2: field '{side}' is .*, which tokenizes to "
+                                         "nothing;"):
+        beir_data.read_training_pairs(path)
+
+
+def test_a_judged_relevant_document_without_text_is_no_training_pair_and_a_title_alone_is_one(tmp_path):
+    corpus = (GOOD_CORPUS + '{"_id": "d3", "title": "", "text": " "}\n'
+              '{"_id": "d4", "title": "Only a title", "text": ""}\n')
+    folder = write_beir(tmp_path / "beir", corpus, GOOD_QUERIES, GOOD_QRELS)
+    (folder / "qrels" / "train.tsv").write_text(GOOD_QRELS + "q1\td4\t1\n", encoding="utf-8")
+    assert beir_data.read_training_pairs(folder / "qrels" / "train.tsv").positives == ["T one", "Only a title"]
+    (folder / "qrels" / "train.tsv").write_text(GOOD_QRELS + "q1\td3\t1\n", encoding="utf-8")
+    with pytest.raises(InputError, match=f"^{re.escape(str(folder / 'corpus.jsonl'))}:3: document 'd3', judged "
+                                         "relevant to query 'q1' in .*train.tsv, has no text"):
+        beir_data.read_training_pairs(folder / "qrels" / "train.tsv")
+
+
+def test_a_document_without_text_is_kept_as_beir_keeps_it_with_one_warning(tmp_path, capsys):
+    """Decision: BEIR corpora carry empty documents now and then, and BEIR scores with them in the corpus; refusing
+    would make such a corpus unusable and dropping them would change every score against BEIR's, so they are kept,
+    with one warning naming the file, their count and the first."""
+    corpus = GOOD_CORPUS + '{"_id": "d3", "text": ""}\n{"_id": "d4", "title": "\u200b", "text": " "}\n'
+    split = beir_data.read_beir(write_beir(tmp_path, corpus, GOOD_QUERIES, GOOD_QRELS))
+    assert split.corpus_ids == ["d1", "2", "d3", "d4"]
+    [warning] = capsys.readouterr().err.splitlines()
+    assert warning.startswith(f"warning: {tmp_path / 'corpus.jsonl'}: 2 documents have no text (first: 'd3', line 3)")
+    beir_data.read_beir(write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, GOOD_QRELS))
+    assert capsys.readouterr().err == ""
+
+
+CONTRADICTIONS = {
+    "corpus id": ("corpus.jsonl", GOOD_CORPUS + '{"_id": "d1", "title": "T", "text": "other"}\n',
+                  "corpus.jsonl:3: _id 'd1' is given on line 1 with other contents"),
+    "numeric corpus id": ("corpus.jsonl", GOOD_CORPUS + '{"_id": "2", "text": "other"}\n',
+                          "corpus.jsonl:3: _id '2' is given on line 2 with other contents"),
+    "query id": ("queries.jsonl", GOOD_QUERIES + '{"_id": "q1", "text": "second"}\n',
+                 "queries.jsonl:2: _id 'q1' is given on line 1 with other contents"),
+    "qrels pair": ("qrels/test.tsv", GOOD_QRELS + "q1\td1\t1\n",
+                   "test.tsv:4: query-id 'q1' corpus-id 'd1' is given on line 2 with score 2, here 1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONTRADICTIONS))
+def test_records_that_contradict_each_other_are_refused_naming_both_lines(tmp_path, case):
+    name, text, expected = CONTRADICTIONS[case]
+    folder = write_beir(tmp_path, GOOD_CORPUS, GOOD_QUERIES, GOOD_QRELS)
+    (folder / name).write_text(text, encoding="utf-8")
+    with pytest.raises(InputError) as refused:
+        beir_data.read_beir(folder)
+    message = str(refused.value)
+    assert message.startswith(str(folder / name)) and expected in message and "\n" not in message
+
+
+def test_a_record_given_twice_alike_is_read_once(tmp_path):
+    """Decision: the same record twice (a file concatenated with an overlapping one) says nothing new, as BEIR's
+    own loader, which keeps the last, reads it: read once, never refused."""
+    folder = write_beir(tmp_path, GOOD_CORPUS + GOOD_CORPUS.splitlines()[0] + "\n", GOOD_QUERIES * 2,
+                        GOOD_QRELS + "q1\td1\t2\n")
+    assert beir_data.read_beir(folder) == beir_data.read_beir(write_beir(tmp_path / "once", GOOD_CORPUS,
+                                                                          GOOD_QUERIES, GOOD_QRELS))
 
 
 # --- embeddings against sentence-transformers ---------------------------------------------------------------------
@@ -374,15 +460,18 @@ def test_the_command_trains_scores_and_exports(bert_folder, squad_beir, tmp_path
     assert json.loads((tmp_path / "again" / "results.json").read_text())["ndcg@10"] == results["ndcg@10"]
 
 
-@pytest.mark.parametrize("case", ["bad corpus line", "bad pairs line", "output is the data"])
+@pytest.mark.parametrize("case", ["bad corpus line", "bad pairs line", "output is the data", "zero-width query"])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(bert_folder, tmp_path, case):
     folder = write_beir(tmp_path / "beir", GOOD_CORPUS, GOOD_QUERIES, GOOD_QRELS)
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text('{"query": "q", "positive": "p"}\n', encoding="utf-8")
     out, expected = tmp_path / "out", {"bad corpus line": "corpus.jsonl:2: malformed JSON",
                                        "bad pairs line": "pairs.jsonl:1: field 'positive' is not a string (int)",
-                                       "output is the data": "--output_dir"}[case]
-    if case == "bad corpus line":
+                                       "output is the data": "--output_dir",
+                                       "zero-width query": "queries.jsonl:1: query 'q1' is '\\u200b'"}[case]
+    if case == "zero-width query":
+        (folder / "queries.jsonl").write_text('{"_id": "q1", "text": "\\u200b"}\n', encoding="utf-8")
+    elif case == "bad corpus line":
         (folder / "corpus.jsonl").write_text(GOOD_CORPUS.splitlines()[0] + "\n{\n", encoding="utf-8")
     elif case == "bad pairs line":
         pairs.write_text('{"query": "q", "positive": 3}\n', encoding="utf-8")

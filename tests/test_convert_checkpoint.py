@@ -300,6 +300,16 @@ def test_a_vocab_whose_tokens_do_not_tell_its_casing_needs_the_flag_and_nothing_
     assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf").tokenize("Tok7") == ["[UNK]"]  # kept cased
 
 
+def test_do_lower_case_with_a_bpe_tokenizer_is_a_warning_that_it_does_not_apply(tmp_path, vocab_files, capsys):
+    bpe = vocab_files["bpe tokenizer.json"]
+    model = spread_model("modernbert", len(load_vocab_file(bpe)))
+    torch.save({"model": model.state_dict(), "config": model.config.to_dict()}, tmp_path / "ours.pt")
+    convert_checkpoint.main([str(tmp_path / "ours.pt"), str(tmp_path / "hf"), "--vocab_file", str(bpe),
+                             "--do_lower_case"])
+    assert f"warning: {bpe}: --do_lower_case does not apply" in capsys.readouterr().err
+    assert "do_lower_case" not in json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+
+
 @pytest.mark.slow
 def test_the_tokenizer_files_are_the_exports_own_kept_unless_overwrite_and_nothing_else_is_touched(tmp_path):
     (tmp_path / "results").mkdir()

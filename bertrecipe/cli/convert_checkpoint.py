@@ -23,6 +23,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import NoReturn
 
@@ -120,6 +121,9 @@ def main(argv: list[str] | None = None) -> None:
                                "pass the vocab the checkpoint was trained with", args.allow_vocab_mismatch)
         if isinstance(vocab, Vocab) and exporting:  # tokenizer_config.json states it: known before any write
             lower_case = wordpiece_lower_case(vocab, args.do_lower_case)
+        elif not isinstance(vocab, Vocab) and args.do_lower_case is not None:
+            print(f"warning: {args.vocab_file}: --do_lower_case does not apply to a tokenizer.json of byte-level BPE "
+                  "(its own normalizer decides the casing); ignored", file=sys.stderr, flush=True)
     model = model_for_weights(weights, config)
     load_weights_into(model, weights, args.src)
     kind = args.to or target_kind(args.dst, weights.source_format)

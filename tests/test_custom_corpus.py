@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bertrecipe.dataprep import corpus_sources, layout
+from bertrecipe.dataprep.records import Selection
 from helpers import REPO_ROOT, TEST_DATA, VOCAB_EXCERPT, run_command
 
 BERT_PREP = REPO_ROOT / "data" / "bertPrep.py"
@@ -72,7 +73,8 @@ def format_flags(sources: dict) -> list[str]:
 def test_formatting_by_row_group_keeps_what_a_plain_reading_keeps_in_any_process_count(tmp_path, sources,
                                                                                       monkeypatch):
     monkeypatch.setattr(corpus_sources, "TASK_BYTES", 1500)  # a task or two per row group: many tasks for one file
-    assert len(corpus_sources.source_tasks(corpus_sources.Source("web", str(sources["folder"] / "web.parquet")))) > 4
+    web = corpus_sources.Source("web", str(sources["folder"] / "web.parquet"))
+    assert len(corpus_sources.plan_source(web, Selection()).tasks) > 4
     outputs = {}
     for processes in ("1", "2"):
         root = tmp_path / f"work{processes}"
@@ -191,7 +193,8 @@ def test_bad_sources_are_one_line_before_anything_is_written(tmp_path, sources):
         "bad syntax": (["--dataset", "custom", "--source", "web:x=/data"], "error: --source: 'web:x=/data' is not "
                                                                             "NAME[:EPOCHS]=FILES"),
         "zero epochs": (["--dataset", "custom", "--source", f"web:0={text}"], "with EPOCHS > 0"),
-        "text source": (["--dataset", "custom", "--source", f"web={text}"], "plain.txt: --source web: not Parquet"),
+        "text source": (["--dataset", "custom", "--source", f"web={text}"],
+                        "plain.txt: --source web: text, not Parquet"),
         "same names": (["--dataset", "custom", "--source", f"a={sources['folder'] / 'web.parquet'}", "--source",
                         f"a={sources['folder'] / 'wiki.jsonl.gz'}"], "error: --source: names must differ: a, a"),
         "source of another dataset": (["--dataset", "wikicorpus_en", "--source", f"a={text}"],

@@ -27,6 +27,7 @@ from bertrecipe.cli.record_flags import add_record_arguments, selection_from
 from bertrecipe.common.atomic_files import remove_stale_temporaries_of
 from bertrecipe.common.errors import DataError
 from bertrecipe.common.files import file_sha256
+from bertrecipe.common.output_paths import check_writable_folder
 from bertrecipe.dataprep import corpus_sources, download, engine, layout, text_formatting
 from bertrecipe.dataprep.create_pretraining_data import (
     ShardConfig,
@@ -183,10 +184,10 @@ def do_custom_formatting(cfg: PrepConfig) -> None:
                                     "--input_files FILES)")
     used: set[str] = set()
     with engine.open_runner(cfg.engine) as run, tqdm(desc="format custom", unit="record", disable=None) as bar:
-        tasks = {source.name: corpus_sources.source_tasks(source) for source in cfg.sources}  # planned once
-        n_tasks = sum(len(planned) for planned in tasks.values())
+        plans = {source.name: corpus_sources.plan_source(source, cfg.selection) for source in cfg.sources}  # once
+        n_tasks = sum(len(plan.tasks) for plan in plans.values())
         described = corpus_sources.format_custom(list(cfg.sources), cfg.selection, cfg.root,
-                                                 _runner(cfg, run, n_tasks, used), bar.update, cfg.drop_sources, tasks)
+                                                 _runner(cfg, run, n_tasks, used), bar.update, cfg.drop_sources, plans)
     for source in described:
         counts = source["counts"]
         if not source["this_call"]:
@@ -362,7 +363,8 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
                         "Sources of earlier calls stay in the mixture (a source with other record flags is a call "
                         "of its own)")
     p.add_argument("--drop_source", action="append", default=[], metavar="NAME",
-                   help="--dataset custom, text_formatting: leave a source of an earlier call out of the mixture")
+                   help="--dataset custom, text_formatting: leave a source of an earlier call out of the mixture "
+                        "(with --source NAME=FILES in the same call: replace it)")
     p.add_argument("--n_training_shards", type=int, default=256)
     p.add_argument("--n_test_shards", type=int, default=256)
     p.add_argument("--fraction_test_set", type=float, default=0.1)
@@ -410,7 +412,7 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
 def _sources(a: argparse.Namespace) -> tuple[corpus_sources.Source, ...]:
     sources = [corpus_sources.parse_source(text) for text in a.source]
     if a.input_files and a.dataset == corpus_sources.CORPUS:
-        sources.append(corpus_sources.Source("input", a.input_files))
+        sources.append(corpus_sources.Source("input", corpus_sources.absolute_spec(a.input_files)))
     if sources and a.dataset != corpus_sources.CORPUS:
         raise DataError("--source", f"names the files of --dataset custom, not of {a.dataset}")
     return tuple(sources)
@@ -445,6 +447,8 @@ def _engine_config(a: argparse.Namespace) -> engine.EngineConfig:
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
+    if cfg.action != "create_vocab" or cfg.vocab_file is None:  # every output of the action is under it
+        check_writable_folder(cfg.root, "$BERT_PREP_WORKING_DIR")
     if cfg.engine.engine != "local" and cfg.action in ("download", "create_vocab"):
         raise DataError("--engine", f"Dask runs text_formatting, sharding and create_hdf5_files, not {cfg.action}; "
                                     "drop --engine, --scheduler and --scheduler_file for this action")

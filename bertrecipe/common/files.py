@@ -1,12 +1,15 @@
-"""Reading user-given text and JSON files: an InputError naming the file and the problem, never a traceback."""
+"""Reading user-given text and JSON files: an InputError naming the file and the problem, never a traceback; a
+file's identity (FileStamp) to tell that it changed between two reads."""
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from bertrecipe.common.errors import InputError
+from bertrecipe.common.errors import DataError, InputError
 
 # How read_text_file words each failure, after "<path>: "; a caller may reword some for its file (same fields).
 READ_PROBLEMS = {
@@ -75,3 +78,39 @@ def file_sha256(path: str | Path) -> str:
     open() raises it."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    """What tells a file's contents apart cheaply: its size, modification time (ns) and inode. A file written in
+    place, appended to, or replaced by a rename (rsync, an atomic writer) has another stamp. Take the stamp before
+    the first read, check it at each later use and after the last. Compare stamps taken on one host: inode
+    numbers differ between the clients of some network file systems (FUSE)."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+
+    @classmethod
+    def of(cls, path: str | Path) -> FileStamp:
+        """The stamp of path (through symlinks); a DataError naming it when it cannot be looked at."""
+        try:
+            status = os.stat(path)
+        except OSError as error:
+            raise DataError(path, f"cannot be read ({error.strerror})") from None
+        return cls(status.st_size, status.st_mtime_ns, status.st_ino)
+
+    def check(self, path: str | Path, what: str = "input file") -> None:
+        """A DataError naming path (as `what`) when it is no longer the file this stamp was taken of."""
+        try:
+            now = FileStamp.of(path)
+        except DataError:
+            raise DataError(path, f"{what} removed while this command ran; put it back and run the command again"
+                            ) from None
+        if now == self:
+            return
+        changes = [f"size {self.size} -> {now.size} bytes"] if now.size != self.size else []
+        changes += ["modified"] if now.mtime_ns != self.mtime_ns else []
+        changes += ["replaced by another file"] if now.inode != self.inode else []
+        raise DataError(path, f"{what} changed while this command ran ({', '.join(changes)}); run the command "
+                              "again once nothing writes to it")

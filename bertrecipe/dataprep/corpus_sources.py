@@ -5,24 +5,29 @@ Formatting runs as tasks of one file, or of a range of a Parquet file's row grou
 work), each writing its kept documents one a line to a part in a scratch folder; the parts are joined in corpus
 order into one formatted file per source, exact duplicates dropped across the whole source on request (the tasks
 hash, the join keeps 8 bytes a document: SeenHashes). What each source is and gave goes into
-`<corpus>_sources.json` beside the formatted text; sharding (epochs) and create_hdf5_files (the manifest) read it,
-so they need no --source again."""
+`<corpus>_sources.json` beside the formatted text, with absolute paths; sharding (epochs) and create_hdf5_files (the
+manifest) read it, so they need no --source again. A file belongs to one source, and a source name to one set of
+files; every file is stamped when planned (common/files.py's FileStamp) and refused if it changes before its
+source is formatted."""
 from __future__ import annotations
 
+import errno
+import glob
 import hashlib
 import json
+import os
 import re
 from array import array
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from bertrecipe.common.atomic_files import atomic_output, scratch_folder, write_atomic
 from bertrecipe.common.errors import DataError
-from bertrecipe.common.files import file_sha256
+from bertrecipe.common.files import FileStamp, file_sha256
 from bertrecipe.dataprep import layout
 from bertrecipe.dataprep.documents import input_files
 from bertrecipe.dataprep.engine import Runner, in_order
@@ -30,15 +35,18 @@ from bertrecipe.dataprep.records import (
     Counts,
     Selection,
     arrow_files,
+    check_column_types,
     documents,
     normalised_text,
     parquet_file,
     record_format,
+    record_schemas,
 )
 from bertrecipe.dataprep.text_formatting import append_part
 
 CORPUS = "custom"
 TASK_BYTES = 64 << 20  # uncompressed Parquet bytes (of all columns, as the footer counts them) a task reads
+_FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _SOURCE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)(?::([0-9.]+))?=(.+)$")
 
 
@@ -59,7 +67,20 @@ def parse_source(text: str) -> Source:
     if not match or not epochs > 0:
         raise DataError("--source", f"{text!r} is not NAME[:EPOCHS]=FILES with EPOCHS > 0 (e.g. --source "
                                     "web=/data/web/*.parquet --source wiki:3=/data/wiki.jsonl.zst)")
-    return Source(match.group(1), match.group(3), epochs)
+    return Source(match.group(1), absolute_spec(match.group(3)), epochs)
+
+
+def absolute_spec(spec: str, base: Path | None = None) -> str:
+    """FILES of a source (a path, or a comma-separated list of paths and glob patterns, as input_paths reads them)
+    with each relative path made absolute against base (default: the current folder), so that the record of the
+    call, and a later call from another folder, name the same files."""
+    folder = str(base) if base is not None else os.getcwd()
+
+    def absolute(part: str) -> str:
+        return part if os.path.isabs(part) else os.path.join(folder, part)
+    if os.path.exists(absolute(spec)) or "," not in spec and not glob.has_magic(spec):
+        return absolute(spec)
+    return ",".join(absolute(part.strip()) for part in spec.split(",") if part.strip())
 
 
 def _epochs(text: str) -> float:
@@ -78,26 +99,62 @@ def sources_file(root: Path) -> Path:
     return layout.formatted_text(root, CORPUS).with_name(f"{CORPUS}_sources.json")
 
 
-def source_tasks(source: Source) -> list[tuple[str, tuple[int, ...] | None]]:
-    """(file, row groups or None for the whole file) of each formatting task of a source, in corpus order."""
-    tasks: list[tuple[str, tuple[int, ...] | None]] = []
+Tasks = list[tuple[str, tuple[int, ...] | None]]  # (file, its row groups, or None for the whole file)
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """A source's input files as planned, each with the stamp taken before its first read, and its formatting
+    tasks in corpus order."""
+
+    files: tuple[tuple[str, FileStamp], ...]
+    tasks: Tasks
+
+    def check_files(self, source: Source) -> None:
+        """A DataError naming the first file of the source that changed since it was planned."""
+        for path, stamp in self.files:
+            stamp.check(path, f"input file of --source {source.name}")
+
+
+def plan_source(source: Source, selection: Selection) -> SourcePlan:
+    """A source's files (stamped before they are read), its tasks (one a file, or a Parquet file's row groups in runs
+    of TASK_BYTES, from its footer) and its filtered columns checked for one type each (check_column_types): all
+    before anything is written."""
+    files: list[tuple[str, FileStamp]] = []
+    tasks: Tasks = []
+    schemas: list[tuple[Path, Any]] = []
     for path in input_files(source.spec):
         kind = record_format(path)
         if kind is None:
-            raise DataError(path, f"--source {source.name}: not Parquet, JSON Lines or a save_to_disk folder (text "
-                                  "in one-sentence-a-line files goes through create_pretraining_data.py)")
-        if kind != "parquet":
-            tasks.append((str(path), None))  # a compressed stream cannot be entered in the middle
+            raise DataError(path, f"--source {source.name}: text, not Parquet, JSON Lines or Arrow records (text of "
+                                  "one sentence a line goes through create_pretraining_data.py)")
+        files += [(str(file), FileStamp.of(file)) for file in (arrow_files(path) if path.is_dir() else [path])]
+        if kind == "parquet":
+            parquet = parquet_file(path)
+            schemas.append((path, parquet.schema_arrow))
+            tasks += _row_group_tasks(str(path), parquet.metadata)
             continue
-        metadata, group, size = parquet_file(path).metadata, [], 0
-        for index in range(metadata.num_row_groups):
-            group.append(index)
-            size += metadata.row_group(index).total_byte_size
-            if size >= TASK_BYTES:
-                tasks.append((str(path), tuple(group)))
-                group, size = [], 0
-        if group or not tasks or tasks[-1][0] != str(path):
-            tasks.append((str(path), tuple(group)))
+        if kind == "arrow" and selection.filters:
+            schemas += record_schemas(path)
+        tasks.append((str(path), None))  # a compressed stream cannot be entered in the middle
+    check_column_types(schemas, selection)
+    return SourcePlan(tuple(files), tasks)
+
+
+def _row_group_tasks(path: str, metadata: Any) -> Tasks:
+    """A Parquet file's row groups in runs of about TASK_BYTES (uncompressed), a task each; a file without row
+    groups is one task of none."""
+    tasks: Tasks = []
+    group: list[int] = []
+    size = 0
+    for index in range(metadata.num_row_groups):
+        group.append(index)
+        size += metadata.row_group(index).total_byte_size
+        if size >= TASK_BYTES:
+            tasks.append((path, tuple(group)))
+            group, size = [], 0
+    if group or not tasks:
+        tasks.append((path, tuple(group)))
     return tasks
 
 
@@ -131,20 +188,19 @@ def _hash(text: str) -> int:
     return int.from_bytes(digest, "little")
 
 
-Tasks = list[tuple[str, tuple[int, ...] | None]]
-
-
 def format_source(source: Source, selection: Selection, output: Path, run: Runner | None,
-                  on_documents: Callable[[int], None] | None = None, tasks: Tasks | None = None) -> Counts:
+                  on_documents: Callable[[int], None] | None = None, plan: SourcePlan | None = None) -> Counts:
     """A source's tasks run (run: dataprep/engine.py's runner, or None: here) and joined into output atomically;
-    what the selection did. A failure leaves no output, part or folder behind."""
-    tasks = source_tasks(source) if tasks is None else tasks
+    what the selection did. Its files must be as planned when it starts and when its tasks are done. A failure
+    leaves no output, part or folder behind, and an earlier output as it was."""
+    plan = plan_source(source, selection) if plan is None else plan
+    plan.check_files(source)
     total = Counts()
     seen = SeenHashes()
     with atomic_output(output) as tmp, scratch_folder(output) as scratch:
-        parts = [str(scratch / f"part-{i:06d}.txt") for i in range(len(tasks))]
-        jobs = [(path, groups, selection, part) for (path, groups), part in zip(tasks, parts, strict=True)]
-        with open(tmp, "wb") as out, closing(in_order(run, format_records, jobs)) as results:
+        parts = [str(scratch / f"part-{i:06d}.txt") for i in range(len(plan.tasks))]
+        jobs = [(path, groups, selection, part) for (path, groups), part in zip(plan.tasks, parts, strict=True)]
+        with _writing(output), open(tmp, "wb") as out, closing(in_order(run, format_records, jobs)) as results:
             for part, counts in zip(parts, results, strict=True):
                 for key, value in counts.items():
                     setattr(total, key, getattr(total, key) + value)
@@ -155,11 +211,25 @@ def format_source(source: Source, selection: Selection, output: Path, run: Runne
                     append_part(part, out)
                 if on_documents is not None:
                     on_documents(counts["records"])
-    if total.kept == 0:
-        output.unlink()
-        raise DataError(source.spec, f"--source {source.name}: no document left of {total.records} records "
-                                     f"({total.dropped()}); loosen --filter, --min_chars or --max_chars")
+        plan.check_files(source)  # a file changed while the tasks read it: the output is discarded
+        if total.records == 0:
+            raise DataError(source.spec, f"--source {source.name}: its files hold no record (0 rows); check the "
+                                         "files it names")
+        if total.kept == 0:
+            raise DataError(source.spec, f"--source {source.name}: no document left of {total.records} records "
+                                         f"({total.dropped()}); loosen --filter, --min_chars or --max_chars")
     return total
+
+
+@contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """A full disk (or quota) while path is written, as one line naming it."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in _FULL_DISK:
+            raise
+        raise DataError(path, f"cannot write ({err.strerror}); free some space and run the command again") from None
 
 
 class SeenHashes:
@@ -199,61 +269,113 @@ def _append_new(part: str, out: Any, seen: SeenHashes) -> int:
 
 def format_custom(sources: list[Source], selection: Selection, root: Path, run: Runner | None,
                   on_documents: Callable[[int], None] | None = None, drop: tuple[str, ...] = (),
-                  tasks: dict[str, Tasks] | None = None) -> list[dict[str, Any]]:
+                  plans: dict[str, SourcePlan] | None = None) -> list[dict[str, Any]]:
     """The sources formatted with this selection, then recorded in `<corpus>_sources.json` beside the sources of
     earlier calls (each with its own selection: a source whose text sits in another column, or that needs other
-    filters, is formatted by a call of its own), less those in drop. A source formatted before from the same files
-    (sizes and times) with the same selection is reused, so a stopped run started again formats only what it had
-    not finished. Every source of the mixture, in order. tasks: each source's source_tasks, where the caller
-    has them already (planning reads every Parquet file's footer)."""
+    filters, is formatted by a call of its own), less those in drop (a source of drop given again is replaced).
+    A source formatted before from the same files (sizes and times) with the same selection is reused, so a stopped
+    run started again formats only what it had not finished. Every source of the mixture, in order. plans: each
+    source's plan_source, where the caller has them already (planning reads every Parquet file's footer)."""
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         raise DataError("--source", f"names must differ: {', '.join(names)}")
-    recorded = _read_json(sources_file(root)) or {"sources": []}
-    unknown = [name for name in drop if name not in {s["name"] for s in recorded["sources"]} | set(names)]
+    recorded = read_sources(root)["sources"] if sources_file(root).is_file() else []
+    unknown = [name for name in drop if name not in {entry["name"] for entry in recorded}]
     if unknown:
         raise DataError("--drop_source", f"{', '.join(unknown)}: no such source in {sources_file(root)}")
-    if tasks is None:  # every file checked before any is formatted
-        tasks = {source.name: source_tasks(source) for source in sources}
-    mixture = {entry["name"]: {**entry, "this_call": False} for entry in recorded["sources"]}
-    for source in sources:
-        mixture[source.name] = {**_formatted(source, selection, root, run, on_documents, tasks[source.name]),
-                                "this_call": True}
-    for name in drop:
-        mixture.pop(name, None)
-    if not mixture:
+    kept = [entry for entry in recorded if entry["name"] not in drop]
+    if not kept and not sources:
         raise DataError("--drop_source", "would leave the mixture without a source")
+    if plans is None:  # every file checked before any is formatted
+        plans = {source.name: plan_source(source, selection) for source in sources}
+    _check_one_source_per_file(sources, plans, kept, root)
+    mixture = {entry["name"]: {**entry, "this_call": False} for entry in kept}
+    for source in sources:
+        mixture[source.name] = {**_formatted(source, selection, root, run, on_documents, plans[source.name]),
+                                "this_call": True}
     transient = ("this_call", "reused")  # what this call did, for its report alone
     _write_json(sources_file(root), {"corpus": CORPUS, "sources": [
         {key: value for key, value in entry.items() if key not in transient} for entry in mixture.values()]})
     return list(mixture.values())
 
 
+def _check_one_source_per_file(sources: list[Source], plans: dict[str, SourcePlan], kept: list[dict[str, Any]],
+                               root: Path) -> None:
+    """Refuses a name of an earlier call's source given again for other files (it would replace that source
+    unseen), and a file in two sources or twice in one (the mixture would hold its documents twice): one line
+    naming both, before anything is formatted. Files are compared by their real paths (links followed)."""
+    given = {source.name: source for source in sources}
+    owners: dict[str, tuple[str, bool, str]] = {}  # real path -> (source, of an earlier call, the path as named)
+    for entry in kept:
+        files = _recorded_files(entry, root)
+        if entry["name"] in given:  # formatted again: its files must be the same
+            _refuse_other_files(given[entry["name"]], entry, files, [path for path, _ in
+                                                                     plans[entry["name"]].files])
+            continue
+        for file in files:
+            owners.setdefault(os.path.realpath(file), (entry["name"], True, file))
+    for source in sources:
+        for file, _ in plans[source.name].files:
+            real = os.path.realpath(file)
+            if real not in owners:
+                owners[real] = (source.name, False, file)
+                continue
+            name, earlier, named = owners[real]
+            if name == source.name and not earlier:
+                spelt = f" (as {named})" if named != file else ""
+                raise DataError(file, f"twice in --source {name}{spelt}; name each file once")
+            where = f"{name} of an earlier call (as {named})" if earlier else f"--source {name}"
+            fix = f"leave it out, or --drop_source {name}" if earlier else "leave it out of one of them"
+            raise DataError(file, f"in --source {source.name} and in {where}; a file belongs to one source: {fix}")
+
+
+def _refuse_other_files(source: Source, earlier: dict[str, Any], before: list[str], now: list[str]) -> None:
+    if earlier["spec"] == source.spec or sorted(map(os.path.realpath, before)) == sorted(map(os.path.realpath, now)):
+        return  # the same source (its FILES may match more files than before: they are its own)
+    raise DataError(f"--source {source.name}", f"the mixture holds a source {source.name} of other files "
+                                               f"({_listing(before)}); this call's: {_listing(now)}; give this one "
+                                               f"another name, or replace that one with --drop_source {source.name} "
+                                               f"--source {source.name}=FILES")
+
+
+def _listing(paths: list[str], shown: int = 3) -> str:
+    more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
+    return ", ".join(paths[:shown]) + more if paths else "no file known"
+
+
+def _recorded_files(entry: dict[str, Any], root: Path) -> list[str]:
+    """The files an earlier call formatted a source from: as its done file records them, or (a done file gone, or
+    one of relative paths, which older versions wrote) as its FILES name them now."""
+    done = _read_json(_done_file(layout.formatted_text(root, f"{CORPUS}_{entry['name']}")))
+    try:
+        paths = [str(item["path"]) for item in done["identity"]["inputs"]]
+    except (TypeError, KeyError):
+        paths = []
+    if paths and all(os.path.isabs(path) for path in paths):
+        return paths
+    try:
+        return [str(file) for path in input_files(entry["spec"])
+                for file in (arrow_files(path) if path.is_dir() else [path])]
+    except DataError:  # its files are gone: none of them can be in this call
+        return []
+
+
 def _formatted(source: Source, selection: Selection, root: Path, run: Runner | None,
-               on_documents: Callable[[int], None] | None, tasks: Tasks) -> dict[str, Any]:
+               on_documents: Callable[[int], None] | None, plan: SourcePlan) -> dict[str, Any]:
     """One source formatted (or its earlier formatting reused): its record in the sources file."""
     output = layout.formatted_text(root, formatted_name(source))
+    inputs = [{"path": path, "size": stamp.size, "mtime_ns": stamp.mtime_ns} for path, stamp in plan.files]
     identity = {"name": source.name, "spec": source.spec, "selection": _selection_record(selection),
-                "inputs": _inputs_record(source)}  # not the epochs: sharding applies them
+                "inputs": inputs}  # not the epochs: sharding applies them
     earlier = _read_json(_done_file(output)) if output.is_file() else None
     reused = earlier is not None and earlier.get("identity") == identity
     if reused:
         counts = earlier["counts"]
     else:
-        counts = format_source(source, selection, output, run, on_documents, tasks).as_dict()
+        counts = format_source(source, selection, output, run, on_documents, plan).as_dict()
         _write_json(_done_file(output), {"identity": identity, "counts": counts})
     return {**asdict(source), "selection": identity["selection"], "formatted": str(output), "counts": counts,
             "reused": reused}
-
-
-def _inputs_record(source: Source) -> list[dict[str, Any]]:
-    """Each input file of a source (an Arrow folder's .arrow files) with its size and modification time."""
-    files = []
-    for path in input_files(source.spec):
-        for file in (arrow_files(path) if path.is_dir() else [path]):
-            stat = file.stat()
-            files.append({"path": str(file), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
-    return files
 
 
 def _done_file(output: Path) -> Path:
@@ -269,7 +391,8 @@ def _read_json(path: Path) -> Any:
 
 def _write_json(path: Path, record: Any) -> None:
     text = json.dumps(record, indent=2) + "\n"
-    write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+    with _writing(path):
+        write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def _selection_record(selection: Selection) -> dict[str, Any]:
@@ -278,14 +401,45 @@ def _selection_record(selection: Selection) -> dict[str, Any]:
 
 
 def read_sources(root: Path) -> dict[str, Any]:
-    """The `<corpus>_sources.json` that text_formatting wrote; DataError saying to run it where there is none."""
+    """The `<corpus>_sources.json` that text_formatting wrote, its paths absolute (_with_absolute_paths); DataError
+    saying to run it where there is none, and naming one that cannot be read (never taken for none: the next
+    call would write a mixture without the sources it records)."""
     path = sources_file(root)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(path.read_text(encoding="utf-8"))
+        [str(entry["name"]) for entry in record["sources"]]  # a record without its sources' names is unreadable
     except FileNotFoundError:
         raise DataError(path, "not found: run --action text_formatting --dataset custom --source ... first") from None
-    except (OSError, ValueError) as err:
-        raise DataError(path, f"unreadable ({err}); run --action text_formatting --dataset custom again") from None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DataError(path, f"unreadable ({_first_words(err)}); mend it, or remove it and run --action "
+                              "text_formatting --dataset custom for every source again") from None
+    return _with_absolute_paths(record, Path(os.path.abspath(root)), path)
+
+
+def _first_words(error: BaseException) -> str:
+    if isinstance(error, OSError):
+        return error.strerror or type(error).__name__
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def _with_absolute_paths(record: dict[str, Any], root: Path, path: Path) -> dict[str, Any]:
+    """The sources file's record with the paths that older versions wrote as given (relative to the folder the
+    call ran in: the working folder and FILES) made absolute. That folder is the one from which the recorded
+    formatted text's path leads to where it is now: this one, or (a path without '..') one above the working
+    folder. A DataError where none does."""
+    sources = []
+    for entry in record["sources"]:
+        formatted, now = entry.get("formatted"), layout.formatted_text(root, f"{CORPUS}_{entry['name']}")
+        if not isinstance(formatted, str) or os.path.isabs(formatted):
+            sources.append(entry)
+            continue
+        folders = [Path.cwd()] + ([] if ".." in Path(formatted).parts else list(now.parents))
+        base = next((f for f in folders if os.path.normpath(f / formatted) == os.path.normpath(now)), None)
+        if base is None:
+            raise DataError(path, f"records paths relative to the folder an earlier bertPrep ran in ({entry['name']}: "
+                                  f"{formatted}), which is not this one; run this command from that folder")
+        sources.append({**entry, "spec": absolute_spec(str(entry.get("spec", "")), base), "formatted": str(now)})
+    return {**record, "sources": sources}
 
 
 def mixture_file(sharded: Path) -> Path:

@@ -31,7 +31,15 @@ from bertrecipe.dataprep.instances import (
     truncate_spans,
 )
 from bertrecipe.dataprep.outputs import check_data_output_writable, refuse_data_input_as_output
-from bertrecipe.dataprep.records import Counts, Selection, documents, google_layout, record_format
+from bertrecipe.dataprep.records import (
+    Counts,
+    Selection,
+    check_column_types,
+    documents,
+    google_layout,
+    record_format,
+    record_schemas,
+)
 from bertrecipe.dataprep.shard_writer import write_shard_blocks
 from bertrecipe.pretraining.shard_schema import DOCUMENT_CHUNKS, KIND_ATTRIBUTE, SpecialTokenIds
 from bertrecipe.tokenization.bpe import BpeVocab, load_bpe
@@ -261,7 +269,9 @@ def _read_documents(cfg: ShardConfig, tokenize: Callable[[Iterable[str], Callabl
               desc=f"tokenize {Path(cfg.output_file).name}", disable=disable, leave=False) as bar:
         docs = tokenize(texts, bar.update)
     if docs.num_documents == 0:
-        if counts is not None and counts.records:
+        if counts is not None and not counts.records:  # no hint of text or filters: the files hold no row
+            raise DataError(cfg.input_file, "no record in it (0 rows); pass record files that hold documents")
+        if counts is not None:
             empty = f", {counts.kept} without a sentence" if counts.kept else ""
             raise DataError(cfg.input_file, f"no document left of {counts.records} records ({counts.dropped()}"
                                             f"{empty}); loosen --filter, --min_chars or --max_chars")
@@ -283,8 +293,10 @@ def _source_runs(path: Path, text: str, runs: tuple[tuple[str, int], ...]) -> li
 
 
 def _check_selection(cfg: ShardConfig, files: list[Path]) -> Counts | None:
-    """Counts for the record inputs; a selection given to text inputs alone is refused (it would do nothing)."""
+    """Counts for the record inputs, whose filtered columns hold one type each (check_column_types); a selection
+    given to text inputs alone is refused (it would do nothing)."""
     if any(record_format(path) for path in files):
+        check_column_types((schema for path in files for schema in record_schemas(path)), cfg.selection)
         return Counts()
     selection = cfg.selection
     flags = [flag for flag, given in (("--filter", selection.filters), ("--min_chars", selection.min_chars),

@@ -10,7 +10,7 @@ import numpy as np
 
 from bertrecipe.common.errors import DataError
 from bertrecipe.common.files import read_text_file
-from bertrecipe.dataprep.records import record_format
+from bertrecipe.dataprep.records import is_record_name, record_format
 from bertrecipe.tokenization.ascii_wordpiece import non_ascii_lines
 from bertrecipe.tokenization.wordpiece import BertTokenizer
 
@@ -62,14 +62,14 @@ def input_paths(spec: str | Path) -> list[Path]:
 
 def input_files(spec: str | Path) -> list[Path]:
     """The inputs of input_paths(spec): a file as it is; an Arrow folder of datasets' save_to_disk as itself; any
-    other folder as its text (.txt) and record files (Parquet, JSON Lines) in name order (the order fixes the
-    output)."""
+    other folder as its files named as text (.txt) or records (Parquet, JSON Lines: is_record_name) in name order
+    (the order fixes the output). What each file is, its bytes tell (records.record_format)."""
     files = []
     for path in input_paths(spec):
         if path.is_file() or record_format(path) == "arrow":
             files.append(path)
         elif path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.is_file() and (p.suffix == ".txt" or record_format(p)))
+            found = sorted(p for p in path.iterdir() if p.is_file() and (p.suffix == ".txt" or is_record_name(p)))
             if not found:
                 raise DataError(path, "directory holds no .txt, Parquet or JSON Lines files; --input_file takes "
                                       "text, Parquet, JSON Lines or save_to_disk folders, or a comma-separated list "
@@ -81,8 +81,9 @@ def input_files(spec: str | Path) -> list[Path]:
 
 
 def read_text(path: Path) -> str:
-    """The whole file as text, line ends as they are; an unreadable file or non-UTF-8 bytes are a DataError."""
-    return read_text_file(path, "input file", newline="", error=DataError, wording={
+    """The whole file as text, line ends as they are, without the byte order mark some Windows tools write at its
+    start (one elsewhere is content); an unreadable file or non-UTF-8 bytes are a DataError."""
+    return read_text_file(path, "input file", encoding="utf-8-sig", newline="", error=DataError, wording={
         "missing": "input file not found; check --input_file",
         "unreadable": "cannot read the input file ({reason}); check --input_file",
         "not UTF-8": "not UTF-8 text (invalid byte at offset {byte}); convert it to UTF-8, e.g. iconv -f <its "

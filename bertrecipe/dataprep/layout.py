@@ -13,8 +13,9 @@ SPLITS = ("training", "test")
 
 
 def working_dir() -> Path:
-    """$BERT_PREP_WORKING_DIR, default `data/` in the checkout (NVIDIA's convention)."""
-    return Path(os.environ.get("BERT_PREP_WORKING_DIR") or REPO_ROOT / "data")
+    """$BERT_PREP_WORKING_DIR, default `data/` in the checkout (NVIDIA's convention), made absolute where it is read
+    (at the start), so that what a command records names the same files from any folder."""
+    return Path(os.environ.get("BERT_PREP_WORKING_DIR") or REPO_ROOT / "data").absolute()
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,17 @@
 """Documents from the corpus files of today, read as streams: Parquet (pyarrow, the text column and the filtered
-columns alone, a batch at a time), JSON Lines (.jsonl, .ndjson, .json; plain, .gz or .zst) and the Arrow folders
-that `datasets`' save_to_disk writes. Each record is one document; `Selection` says which column holds its text,
-which rows to keep (filters on other columns, length bounds) and whether exact duplicates go. Memory holds one
-batch of rows (Parquet, Arrow) or one line (JSON Lines), never the file. Bad input is a DataError naming the
-file and the row (or line)."""
+columns alone, a batch at a time), JSON Lines (plain, gzip or zstd), Arrow IPC files and the Arrow folders that
+`datasets`' save_to_disk writes. A file's format is told by its bytes, not its name (record_format); one that none
+of these readers takes is refused naming what it is. Each record is one document; `Selection` says which column
+holds its text, which rows to keep (filters on other columns, length bounds) and whether exact duplicates go.
+Memory holds one batch of rows (Parquet, Arrow) or one line (JSON Lines), never the file. Bad input is a DataError
+naming the file and the row (or line)."""
 from __future__ import annotations
 
+import csv
 import gzip
 import hashlib
 import io
+import itertools
 import json
 import math
 import operator
@@ -25,7 +28,22 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 JSON_LINES_SUFFIXES = (".jsonl", ".ndjson", ".json")
 COMPRESSIONS = (".gz", ".zst")
 ARROW_STATE = "state.json"  # what save_to_disk writes beside its .arrow files
+DATASET_DICT = "dataset_dict.json"  # what DatasetDict.save_to_disk writes beside its splits' folders
 BATCH_ROWS = 1024  # rows of a Parquet or Arrow batch: bounds the memory a reader holds
+HEAD_BYTES = 1 << 16  # the bytes read to tell JSON Lines, CSV, text and binary data apart
+BOM = b"\xef\xbb\xbf"  # the UTF-8 byte order mark that Windows tools write at the start of a text file
+_GZIP, _ZSTD = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
+_RECORD_MAGIC = ((b"PAR1", "parquet"), (b"ARROW1", "arrow"), (b"\xff\xff\xff\xff", "arrow"))  # Arrow: file, stream
+# Formats that none of the readers takes, each with what to do instead.
+_OTHER_FORMATS = (
+    (rb"BZh[1-9]1AY&SY", "bzip2-compressed, which is not read", "decompress it (bunzip2), or compress it with gzip "
+                                                                "or zstd"),
+    (rb"\xfd7zXZ\x00", "xz-compressed, which is not read", "decompress it (unxz), or compress it with gzip or zstd"),
+    (rb"PK\x03\x04", "a zip archive", "unpack it and pass its files"),
+    (rb"\x89HDF\r\n\x1a\n", "an HDF5 file, not text or records", "pass the text or records it was made from"),
+    (rb"%PDF-", "a PDF document, not text", "extract its text first"),
+    (rb"\xff\xfe|\xfe\xff", "UTF-16 text", "convert it to UTF-8 (iconv -f UTF-16 -t UTF-8)"))
+_HEADER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 
 _OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
     ">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt}
@@ -67,6 +85,84 @@ def parse_filter(text: str) -> RowFilter:
     return RowFilter(column, op, value)
 
 
+class _ColumnKinds:
+    """What each filtered column holds in one input (number, string, boolean, ...), as first seen: a later file or
+    line that holds another kind, or a kind that a filter on the column cannot compare (numbers against text),
+    is a DataError naming both, since every row of it would be dropped without a word. Nulls (missing values) fit
+    any kind: they pass no filter."""
+
+    def __init__(self, selection: Selection) -> None:
+        self.filters = selection.filters
+        self.columns = list(dict.fromkeys(f.column for f in selection.filters))
+        self.first: dict[str, tuple[str, str, str]] = {}  # column -> (kind, its type in words, where)
+
+    def note(self, path: Path, column: str, kind: str, shown: str, line: str = "") -> None:
+        """Column holds kind (`shown`: its type in words) in path, at line (JSON Lines) or in the whole file."""
+        if kind == "null":
+            return
+        noun, at = ("field", f"{line}: ") if line else ("column", "")
+        earlier_kind, earlier_shown, earlier = self.first.setdefault(column, (kind, shown, line or str(path)))
+        if kind != earlier_kind:
+            filters = " ".join(f"--filter {f}" for f in self.filters if f.column == column)
+            raise DataError(path, f"{at}{noun} {column!r} holds {shown}, {earlier}'s holds {earlier_shown}: one "
+                                  f"{noun} of two types in one input, which {filters} cannot compare alike; store "
+                                  f"it as one type in every {'record' if line else 'file'}")
+        for f in self.filters:
+            if f.column == column and (kind == "number") != isinstance(f.value, float):
+                wanted, fix = (("numbers", "store it as numbers, or filter on text") if isinstance(f.value, float)
+                               else ("text", f"give a number (e.g. --filter {f.column}{f.op}3) or filter text"))
+                raise DataError(path, f"{at}{noun} {column!r} holds {shown}, and --filter {f} compares {wanted}: "
+                                      f"no row of it would pass; {fix}")
+
+
+def _arrow_kind(arrow_type: Any) -> str:
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    if pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type) or pa.types.is_decimal(arrow_type):
+        return "number"
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_string_view(arrow_type):
+        return "string"
+    if pa.types.is_boolean(arrow_type):
+        return "boolean"
+    return "null" if pa.types.is_null(arrow_type) else str(arrow_type)  # others by their type: date32[day], ...
+
+
+def check_column_types(schemas: Iterable[tuple[Path, Any]], selection: Selection) -> None:
+    """The filtered columns of the files of one input, by their Arrow schemas ((file, schema) pairs, read only
+    when there is a filter): a column of another type in one file than in an earlier one, or than its filter's
+    value, is a DataError naming the file, the column and both types (see _ColumnKinds)."""
+    if not selection.filters:
+        return
+    kinds = _ColumnKinds(selection)
+    for path, schema in schemas:
+        for column in kinds.columns:
+            if column in schema.names:  # a missing column: the reader names it
+                arrow_type = schema.field(column).type
+                kinds.note(path, column, _arrow_kind(arrow_type), str(arrow_type))
+
+
+def record_schemas(path: Path) -> list[tuple[Path, Any]]:
+    """(file, Arrow schema) of a Parquet file (its footer), an Arrow IPC file or each file of a save_to_disk folder
+    (their first message); none for JSON Lines, whose records carry their own types."""
+    import pyarrow as pa
+
+    kind = record_format(path)
+    if kind == "parquet":
+        return [(path, parquet_file(path).schema_arrow)]
+    if kind != "arrow":
+        return []
+    schemas = []
+    for file in arrow_files(path) if path.is_dir() else [path]:
+        try:
+            with pa.memory_map(str(file)) as source:
+                schemas.append((file, _ipc_batches(source)[0]))
+        except (pa.ArrowException, OSError) as err:
+            raise DataError(file, f"not a readable Arrow file ({_first_line(err)}); is it whole?") from None
+    return schemas
+
+
 @dataclass(frozen=True)
 class Selection:
     """Which records of a record file are documents, and where their text is."""
@@ -105,18 +201,133 @@ class Counts:
         return {key: value for key, value in vars(self).items() if key != "seen"}
 
 
-def record_format(path: Path) -> str | None:
-    """'parquet', 'jsonl' or 'arrow' for a record file or folder; None for anything else (text)."""
-    if path.is_dir():
-        return "arrow" if (path / ARROW_STATE).is_file() else None
+def is_record_name(path: Path) -> bool:
+    """Whether a file's name is a record file's (.parquet, .pq, .jsonl, .ndjson, .json, the last three also .gz or
+    .zst): the files of a folder that are read. What each one is, its bytes tell (record_format)."""
+    return _format_by_name(path) is not None
+
+
+def _format_by_name(path: Path) -> str | None:
     name = path.name.lower()
     for compression in COMPRESSIONS:
         if name.endswith(compression):
-            name = name[: -len(compression)]
-            return "jsonl" if name.endswith(JSON_LINES_SUFFIXES) else None
+            return "jsonl" if name[: -len(compression)].endswith(JSON_LINES_SUFFIXES) else None
     if name.endswith(PARQUET_SUFFIXES):
         return "parquet"
     return "jsonl" if name.endswith(JSON_LINES_SUFFIXES) else None
+
+
+def record_format(path: Path) -> str | None:
+    """'parquet', 'jsonl' or 'arrow' for a record file or folder, told by its bytes, not its name (an empty file,
+    which has none, by its name); None for text. A file or folder that none of the readers takes (a DatasetDict
+    folder, compressed Parquet or text, bzip2, xz, zip, HDF5, PDF, a CSV table, UTF-16 text, binary data) is a
+    DataError naming what it is."""
+    if path.is_dir():
+        return _folder_format(path)
+    magic = _head(path, 16)
+    kind = next((kind for prefix, kind in _RECORD_MAGIC if magic.startswith(prefix)), None)
+    if kind is not None:
+        return kind
+    if magic.startswith((_GZIP, _ZSTD)):
+        return _compressed_format(path, "gzip" if magic.startswith(_GZIP) else "zstd")
+    for pattern, what, fix in _OTHER_FORMATS:
+        if re.match(pattern, magic):
+            raise DataError(path, f"{what}; {fix}")
+    head = _head(path, HEAD_BYTES)
+    if not head.removeprefix(BOM).strip():
+        return _format_by_name(path)
+    if _looks_like_json(head):
+        return "jsonl"
+    problem = _not_text(head)
+    if problem:
+        raise DataError(path, problem)
+    return None
+
+
+def _head(path: Path, size: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(size)
+    except FileNotFoundError:
+        raise DataError(path, "input file not found; check --input_file") from None
+    except OSError as err:
+        raise DataError(path, f"cannot read the input file ({err.strerror}); check --input_file") from None
+
+
+def _looks_like_json(head: bytes) -> bool:
+    """A JSON array or an object (with a key, or empty) first: JSON Lines (the reader says when it is one array)."""
+    return re.match(rb"\s*(\[|\{\s*[\"}])", head.removeprefix(BOM)) is not None
+
+
+def _not_text(head: bytes) -> str | None:
+    """Why the first bytes of a file that is neither JSON nor of a known binary format are not text to read as
+    sentences: a NUL byte (binary data) or a table (CSV, TSV); None for text."""
+    nul = head.find(b"\0")
+    if nul >= 0:
+        return (f"binary data (a NUL byte at offset {nul}), not text, Parquet, JSON Lines or Arrow; pass the corpus "
+                "in one of those")
+    table = _table_header(head, cut=len(head) == HEAD_BYTES)
+    if table:
+        kind, names = table
+        return (f"a {kind} file (columns: {', '.join(names)}), not JSON Lines or Parquet; convert it, e.g. "
+                "pandas.read_csv(file).to_parquet(...)")
+    return None
+
+
+def _table_header(head: bytes, cut: bool) -> tuple[str, list[str]] | None:
+    """('CSV' or 'TSV', the column names) when the text is a table: a header of two or more names without spaces,
+    then rows of as many fields (a quoted field may span lines); None for other text. cut: the head ends mid-file,
+    so its last row may be partial."""
+    text = head.removeprefix(BOM).decode("utf-8", errors="ignore")
+    for delimiter, kind in ((",", "CSV"), ("\t", "TSV")):
+        try:
+            table = list(itertools.islice(csv.reader(io.StringIO(text), delimiter=delimiter), 21))
+        except csv.Error:
+            continue
+        header, rows = (table[0] if table else []), [row for row in table[1:len(table) - cut] if row]
+        if (len(header) >= 2 and rows and all(_HEADER_NAME.fullmatch(name) for name in header)
+                and all(len(row) == len(header) for row in rows)):
+            return kind, header
+    return None
+
+
+def _compressed_format(path: Path, compression: str) -> str:
+    """'jsonl' for compressed JSON Lines (or a stream too damaged to tell: the JSON Lines reader names the damage);
+    a DataError naming anything else compressed."""
+    import zstandard
+
+    try:
+        with _open_bytes(path) as stream:
+            head = stream.read(HEAD_BYTES)
+    except (EOFError, OSError, zlib.error, zstandard.ZstdError):
+        return "jsonl"
+    if not head.removeprefix(BOM).strip() or _looks_like_json(head):
+        return "jsonl"
+    tool = {"gzip": "gunzip", "zstd": "zstd -d"}[compression]
+    inner = next((kind for prefix, kind in _RECORD_MAGIC if head.startswith(prefix)), None)
+    if inner is not None:
+        name = {"parquet": "Parquet", "arrow": "Arrow"}[inner]
+        raise DataError(path, f"{compression}-compressed {name}; decompress it ({tool}): {name} compresses its own "
+                              "data")
+    what = "binary data" if b"\0" in head else "text"
+    raise DataError(path, f"{compression}-compressed {what}, not JSON Lines; decompress it ({tool}) and pass "
+                          f"{'the text as it is' if what == 'text' else 'records or text'}")
+
+
+def _folder_format(folder: Path) -> str | None:
+    """'arrow' for a save_to_disk folder of one dataset; None for a plain folder; a DataError naming a DatasetDict
+    folder (several splits), of which one split is the corpus, with its splits."""
+    if (folder / ARROW_STATE).is_file():
+        return "arrow"
+    if not (folder / DATASET_DICT).is_file():
+        return None
+    try:
+        splits = [str(name) for name in json.loads((folder / DATASET_DICT).read_text(encoding="utf-8"))["splits"]]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        splits = sorted(p.name for p in folder.iterdir() if (p / ARROW_STATE).is_file())
+    example = folder / ("train" if "train" in splits or not splits else splits[0])
+    raise DataError(folder, f"a DatasetDict folder of datasets' save_to_disk (splits: {', '.join(splits) or 'none'}), "
+                            f"not one dataset; pass one split's folder, e.g. {example}")
 
 
 def normalised_text(text: str) -> str:
@@ -234,17 +445,18 @@ def arrow_files(folder: Path) -> list[Path]:
     return files
 
 
-def _arrow_rows(folder: Path, selection: Selection) -> Iterator[tuple[str, dict[str, Any]]]:
+def _arrow_rows(path: Path, selection: Selection) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The records of a save_to_disk folder (its .arrow files in order) or of one Arrow IPC file."""
     import pyarrow as pa
 
     row = 0
-    for file in arrow_files(folder):
+    for file in arrow_files(path) if path.is_dir() else [path]:
         try:
             with pa.memory_map(str(file)) as source:
-                reader = pa.ipc.open_stream(source)
-                _missing_columns(file, reader.schema.names, selection)
-                _text_type(file, selection.text_field, reader.schema.field(selection.text_field).type, selection)
-                for batch in reader:
+                schema, batches = _ipc_batches(source)
+                _missing_columns(file, schema.names, selection)
+                _text_type(file, selection.text_field, schema.field(selection.text_field).type, selection)
+                for batch in batches:
                     for start in range(0, batch.num_rows, BATCH_ROWS):
                         part = batch.slice(start, BATCH_ROWS).select(selection.columns)
                         for record in part.to_pylist():
@@ -254,15 +466,29 @@ def _arrow_rows(folder: Path, selection: Selection) -> Iterator[tuple[str, dict[
             raise DataError(file, f"cannot read past row {row} ({_first_line(err)}); is the file whole?") from None
 
 
+def _ipc_batches(source: Any) -> tuple[Any, Iterator[Any]]:
+    """The schema and record batches of an Arrow IPC file (random-access format, magic ARROW1) or stream (the
+    format save_to_disk writes)."""
+    import pyarrow as pa
+
+    is_file_format = source.read(6) == b"ARROW1"
+    source.seek(0)
+    if is_file_format:
+        reader = pa.ipc.open_file(source)
+        return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
+    stream = pa.ipc.open_stream(source)
+    return stream.schema, iter(stream)
+
+
 # --- JSON Lines ------------------------------------------------------------------------------------------------------
 
 def _open_bytes(path: Path) -> io.BufferedIOBase:
-    """The file's bytes, decompressed on the fly for .gz and .zst."""
+    """The file's bytes, decompressed on the fly when they are gzip or zstd (told by their magic numbers)."""
     raw = open(path, "rb")  # noqa: SIM115 - the returned reader closes it
-    name = path.name.lower()
-    if name.endswith(".gz"):
+    magic = raw.peek(4)[:4]
+    if magic.startswith(_GZIP):
         return gzip.GzipFile(fileobj=raw, mode="rb")
-    if name.endswith(".zst"):
+    if magic.startswith(_ZSTD):
         return io.BufferedReader(_ZstdFrames(raw), 1 << 20)
     return raw
 
@@ -312,15 +538,20 @@ def _json_lines_rows(path: Path, selection: Selection) -> Iterator[tuple[str, di
     import zstandard
 
     number = 0
+    kinds = _ColumnKinds(selection)
     try:
         with _open_bytes(path) as stream:
             for number, data in enumerate(stream, 1):  # noqa: B007 - number names the line of an error
                 try:
-                    line = data.decode("utf-8")
+                    line = (data.removeprefix(BOM) if number == 1 else data).decode("utf-8")
                 except UnicodeDecodeError as err:
                     raise DataError(path, f"line {number}: not UTF-8 ({err.reason} at byte {err.start})") from None
                 if line.strip():
-                    yield f"line {number}", _json_record(path, number, line, selection)
+                    record = _json_record(path, number, line, selection)
+                    for column in kinds.columns:
+                        kind = _json_kind(record[column])
+                        kinds.note(path, column, kind, _JSON_KIND_WORDS.get(kind, kind), f"line {number}")
+                    yield f"line {number}", record
     except (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError) as err:
         raise DataError(path, f"compressed stream cut or damaged after line {number} ({_first_line(err)}); is the "
                               "file whole?") from None
@@ -344,6 +575,18 @@ def _json_record(path: Path, number: int, line: str, selection: Selection) -> di
             raise DataError(path, f"line {number}: no field {column!r} (fields: {', '.join(record) or 'none'}); "
                                   f"check {flag}")
     return record
+
+
+_JSON_KIND_WORDS = {"string": "a string", "number": "a number", "boolean": "a boolean", "array": "an array",
+                    "object": "an object"}
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), "number")
 
 
 def _first_line(error: BaseException) -> str:

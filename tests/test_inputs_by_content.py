@@ -64,7 +64,8 @@ def test_resume_over_shards_of_the_same_names_but_other_contents_is_refused(text
     data = make_shards(texts, workspace / "data")
     run_pretraining.main(pretrain_flags(workspace, data, "--max_steps", 4, "--steps_this_run", 2))
     before = files_of(workspace / "out")
-    for other in (("--dupe_factor", 3), ("--random_seed", 7), ("--no-do_lower_case",)):
+    # (A shard of the other casing is refused before this comparison: test_contradicting_inputs.py.)
+    for other in (("--dupe_factor", 3), ("--random_seed", 7), ("--masked_lm_prob", 0.2)):
         # NVIDIA's layout: every shard folder holds books_training_<i>.hdf5; one was swapped for another's.
         make_shards(texts, workspace / "other", VOCAB_EXCERPT, *other)
         shutil.copyfile(workspace / "other" / "books_training_1.hdf5", data / "books_training_1.hdf5")
@@ -131,7 +132,7 @@ def test_checkpoints_record_the_shards_tokenizer_and_a_run_on_another_ones_shard
     run_pretraining.main(pretrain_flags(workspace, data, "--max_steps", 2))
     ckpt = torch.load(workspace / "out" / "ckpt_2.pt", weights_only=True)
     sha = hashlib.sha256(VOCAB_EXCERPT.read_bytes()).hexdigest()
-    assert ckpt["tokenizer"] == {"kind": "wordpiece", "size": TINY["vocab_size"], "sha256": sha}
+    assert ckpt["tokenizer"] == {"kind": "wordpiece", "size": TINY["vocab_size"], "sha256": sha, "lower_case": True}
     other = make_shards(texts, workspace / "other", other_vocab(workspace))
     # Phase 2 on shards of another tokenizer; a new run from the checkpoint's weights on them.
     with pytest.raises(InputError, match=rf"books_training_0\.hdf5: its tokenizer \(wordpiece, .*\) is not the one "

@@ -97,7 +97,9 @@ def one_line_refusal(done, path: Path, *fragments: str) -> str:
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("casing", ["uncased", "cased"])
 def test_shards_of_the_tokenizer_json_equal_those_of_the_vocab_txt(released, tmp_path, kind, casing):
-    flags = KINDS[kind] + ([] if casing == "uncased" else ["--no-do_lower_case"])
+    # The excerpt's tokens say it is uncased: the vocab.txt keeps the case only with the override (the cased
+    # tokenizer.json says it keeps the case in its normalizer).
+    flags = KINDS[kind] + ([] if casing == "uncased" else ["--no-do_lower_case", "--allow_vocab_mismatch"])
     made = {}
     for name, vocab in (("txt", VOCAB_EXCERPT), ("json", released[casing])):
         made[name] = tmp_path / f"{name}.hdf5"

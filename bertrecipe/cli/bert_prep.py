@@ -82,6 +82,7 @@ class PrepConfig:
     sources: tuple[corpus_sources.Source, ...] = ()  # --dataset custom, text_formatting: the mixture's sources
     selection: Selection = Selection()  # --dataset custom, text_formatting: which records are documents
     drop_sources: tuple[str, ...] = ()  # --dataset custom, text_formatting: sources of earlier calls to leave out
+    allow_vocab_mismatch: bool = False  # create_hdf5_files: a casing the vocab contradicts is a warning
 
 
 def corpus_members(dataset: str, root: Path | None = None) -> tuple[str, ...]:
@@ -255,7 +256,8 @@ def _shard_jobs(cfg: PrepConfig, vocab: Path) -> list[ShardConfig]:
                                     cfg.masked_lm_prob, cfg.short_seq_prob, cfg.dupe_factor, cfg.random_seed,
                                     cfg.whole_word_masking, cfg.compression, checked_by_caller=True,
                                     document_chunks=cfg.document_chunks, text_sha256=_sha256(source),
-                                    source_bytes=corpus_sources.source_runs(mixture, source)))
+                                    source_bytes=corpus_sources.source_runs(mixture, source),
+                                    allow_vocab_mismatch=cfg.allow_vocab_mismatch))
     return jobs
 
 
@@ -377,6 +379,8 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
     p.add_argument("--max_seq_length", type=int, default=512)
     p.add_argument("--max_predictions_per_seq", type=int, default=20)
     p.add_argument("--do_lower_case", type=int, choices=(0, 1), default=1)
+    p.add_argument("--allow_vocab_mismatch", action="store_true",
+                   help="create_hdf5_files: warn instead of refusing a casing the WordPiece vocab contradicts")
     p.add_argument("--whole_word_masking", action="store_true")
     p.add_argument("--vocab_file", type=Path,
                    help="create_hdf5_files: the tokenizer, a WordPiece vocab.txt or tokenizer.json (a released "
@@ -406,7 +410,8 @@ def parse_args(argv: list[str] | None = None) -> PrepConfig:
                       a.short_seq_prob, a.max_seq_length, a.max_predictions_per_seq, bool(a.do_lower_case),
                       a.whole_word_masking, a.vocab_file, a.vocab_size, a.bookscorpus_url_list, a.compression,
                       _engine_config(a), document_chunks=a.document_chunks, vocab_type=a.vocab_type,
-                      sources=_sources(a), selection=selection_from(a), drop_sources=tuple(a.drop_source))
+                      sources=_sources(a), selection=selection_from(a), drop_sources=tuple(a.drop_source),
+                      allow_vocab_mismatch=a.allow_vocab_mismatch)
 
 
 def _sources(a: argparse.Namespace) -> tuple[corpus_sources.Source, ...]:

@@ -33,6 +33,9 @@ def parse_args(argv: list[str] | None = None) -> ShardConfig:
                         "--action create_vocab --vocab_type bpe)")
     p.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction, default=True,
                    help="uncased model (default; --no-do_lower_case for cased)")
+    p.add_argument("--allow_vocab_mismatch", action="store_true",
+                   help="warn instead of refusing a casing the WordPiece vocab contradicts (an uncased vocab with "
+                        "--no-do_lower_case, a cased one without it): e.g. to finish a set of shards made so before")
     p.add_argument("--max_seq_length", type=int, default=128)
     p.add_argument("--max_predictions_per_seq", type=int, default=20)
     p.add_argument("--masked_lm_prob", type=float, default=0.15)

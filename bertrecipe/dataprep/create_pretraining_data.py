@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -44,7 +45,7 @@ from bertrecipe.dataprep.shard_writer import write_shard_blocks
 from bertrecipe.pretraining.shard_schema import DOCUMENT_CHUNKS, KIND_ATTRIBUTE, SpecialTokenIds
 from bertrecipe.tokenization.bpe import BpeVocab, load_bpe
 from bertrecipe.tokenization.vocab_files import BPE, load_wordpiece_file, vocab_file_kind
-from bertrecipe.tokenization.wordpiece import BertTokenizer, Vocab
+from bertrecipe.tokenization.wordpiece import ALLOW_VOCAB_MISMATCH, BertTokenizer, Vocab, vocab_lower_cases
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ class ShardConfig:
     # wrote them; each run is tokenized as a text of its own, so that the shard records the tokens of each source
     # (`source_tokens`) with the same documents and rows as the text tokenized whole.
     source_bytes: tuple[tuple[str, int], ...] = ()
+    # A casing the WordPiece vocab contradicts (check_casing) is a warning instead of a refusal.
+    allow_vocab_mismatch: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,8 +92,9 @@ class ShardResult:
     records: Counts | None = None  # of the record inputs, where there were any
 
 
-def validate(cfg: ShardConfig) -> None:
-    """Refuse parameters the algorithm cannot work with (DataError names the flag)."""
+def validate(cfg: ShardConfig, warn: bool = True) -> None:
+    """Refuse parameters the algorithm cannot work with (DataError names the flag) and a casing the WordPiece vocab
+    contradicts (check_casing; with allow_vocab_mismatch a warning, printed when `warn`)."""
     if cfg.max_seq_length < 8:
         raise DataError("--max_seq_length", f"must be at least 8, got {cfg.max_seq_length}")
     if cfg.max_predictions_per_seq < 1:
@@ -107,6 +111,41 @@ def validate(cfg: ShardConfig) -> None:
     if not cfg.document_chunks and vocab_file_kind(cfg.vocab_file) == BPE:  # by content: one line for no tokenizer
         raise DataError(cfg.vocab_file, "a BPE tokenizer.json makes document-chunk shards only: add "
                                         "--document_chunks, or pass a WordPiece vocab.txt")
+    if vocab_file_kind(cfg.vocab_file) != BPE:  # a byte-level BPE tokenizer keeps the case: no flag to contradict
+        check_casing(cfg, warn)
+
+
+def check_casing(cfg: ShardConfig, warn: bool = True) -> None:
+    """Refuses (DataError naming the vocab) a do_lower_case that the WordPiece vocab contradicts: an uncased vocab with
+    text that keeps its case makes every capitalised word [UNK], a cased one with lower-cased text never uses its
+    capitalised tokens. With allow_vocab_mismatch, a warning on stderr (when `warn`) instead."""
+    vocab, _ = vocab_and_tokenizer(cfg.vocab_file, cfg.do_lower_case)
+    problem = casing_problem(vocab, cfg.do_lower_case)
+    if problem is None:
+        return
+    if not cfg.allow_vocab_mismatch:
+        raise DataError(vocab.path, f"{problem} (or {ALLOW_VOCAB_MISMATCH} to go on)")
+    if warn:
+        print(f"warning: {vocab.path}: {problem.split('; ')[0]}; going on ({ALLOW_VOCAB_MISMATCH})", file=sys.stderr,
+              flush=True)
+
+
+def casing_problem(vocab: Vocab, do_lower_case: bool) -> str | None:
+    """What is wrong with tokenizing for `vocab` with do_lower_case, in both commands' spellings; None when nothing
+    is (or the vocab does not tell its casing)."""
+    if vocab.lower_case is not None:  # a tokenizer.json's normalizer says it
+        return vocab.casing_problem(do_lower_case)
+    lower_cases = vocab_lower_cases(vocab)
+    if lower_cases and not do_lower_case:
+        return ("the vocab is uncased (next to none of its tokens is capitalised) but the text keeps its case "
+                "(--no-do_lower_case; bertPrep.py: --do_lower_case 0): every capitalised word would become [UNK]; "
+                "drop --no-do_lower_case (bertPrep.py: --do_lower_case 1), or pass a cased model's vocab")
+    if lower_cases is False and do_lower_case:
+        return ("the vocab is cased (it holds capitalised tokens) but the text is lower-cased (create_pretraining_data"
+                ".py's default; bertPrep.py: --do_lower_case 1): its capitalised tokens would never be used and the "
+                "accents would be stripped; pass --no-do_lower_case (bertPrep.py: --do_lower_case 0), or an uncased "
+                "model's vocab")
+    return None
 
 
 def text_attributes(cfg: ShardConfig) -> dict[str, object]:
@@ -166,16 +205,13 @@ def _file_key(path: str | Path) -> tuple:
 def vocab_and_tokenizer(vocab_file: str | Path, do_lower_case: bool) -> tuple:
     """The WordPiece vocab (a vocab.txt or a WordPiece tokenizer.json) and its tokenizer, built once per process for
     a file as it is now (a shard task of create_hdf5_files spent about 25 ms rebuilding them, which dominated shards
-    of a few hundred KB). A tokenizer.json whose casing do_lower_case contradicts is refused (one line)."""
+    of a few hundred KB). A casing the vocab contradicts is validate's (check_casing) to refuse."""
     return _cached_vocab_and_tokenizer(_file_key(vocab_file), str(vocab_file), do_lower_case)
 
 
 @lru_cache(maxsize=2)
 def _cached_vocab_and_tokenizer(key: tuple, vocab_file: str, do_lower_case: bool) -> tuple:
     vocab = load_wordpiece_file(vocab_file)
-    problem = vocab.casing_problem(do_lower_case) if vocab.lower_case is not None else None  # the file says it
-    if problem is not None:
-        raise DataError(vocab.path, problem)
     return vocab, BertTokenizer(vocab, do_lower_case)
 
 
@@ -234,7 +270,7 @@ def create_shard(cfg: ShardConfig, progress: bool | None = None) -> ShardResult:
     """Text file(s) -> one HDF5 shard at cfg.output_file. Depends only on the input, the vocab and cfg.
     Every input is checked before the first write: a refused run leaves the output location as it was."""
     started = time.perf_counter()
-    validate(cfg)
+    validate(cfg, warn=not cfg.checked_by_caller)  # bertPrep validated the first job and warned once
     disable = None if progress is None else not progress  # None: bars only on a terminal
     compression = None if cfg.compression == "none" else cfg.compression
     if cfg.document_chunks:

@@ -17,13 +17,22 @@ from bertrecipe.pretraining import masking
 from bertrecipe.pretraining.data import BertPretrainingCriterion
 from bertrecipe.pretraining.loop import LoopSettings, TrainingSetup, evaluate, pretraining_loop
 from bertrecipe.pretraining.resume_rules import check_resume, find_resume_checkpoint, stream_lanes, with_fingerprints
-from bertrecipe.pretraining.run_tokenizer import refuse_checkpoint_of_another_tokenizer, run_tokenizer
+from bertrecipe.pretraining.run_tokenizer import (
+    TextCasing,
+    casing_record,
+    checkpoint_casing,
+    refuse_checkpoint_of_another_tokenizer,
+    refuse_other_casing,
+    run_casing,
+    run_tokenizer,
+)
 from bertrecipe.pretraining.settings import PretrainingSettings
 from bertrecipe.pretraining.shard_schema import ShardInfo, find_shards, inspect_shard
 from bertrecipe.pretraining.startup import (
     ResumePoint,
     build_pretraining_model,
     masking_spec,
+    read_init_checkpoint,
     sample_stream,
     set_up_optimizer,
 )
@@ -51,23 +60,27 @@ def pretrain(settings: PretrainingSettings, config: ModelConfig, ctx: Distribute
     import torch._dynamo  # noqa: F401
     train_shards, eval_shards = inspect_inputs(settings, config, ctx)
     vocab = load_run_vocab(settings, config)
-    tokenizer = run_tokenizer(train_shards + eval_shards, vocab, config.vocab_size,
-                              settings.stream.allow_vocab_mismatch)
+    allow_mismatch = settings.stream.allow_vocab_mismatch
+    tokenizer = run_tokenizer(train_shards + eval_shards, vocab, config.vocab_size, allow_mismatch)
+    casing = run_casing(train_shards + eval_shards, vocab, allow_mismatch)
+    init_weights = read_init_checkpoint(settings.model, config, tokenizer, casing, allow_mismatch, warn=ctx.is_main)
     check_pretraining_outputs(settings, train_shards, eval_shards)
     # The lock is the first write: the resume point is chosen, and the checkpoints written, by one run at a time.
     with locked_output_folder(run_settings.output_dir, ctx.is_main, lambda flag: any_process(flag, ctx),
                               log_file=run_settings.json_summary) as lock:
-        settings, resume_from, steps_left, changes = choose_resume(settings, config, ctx, train_shards, tokenizer)
+        settings, resume_from, steps_left, changes = choose_resume(settings, config, ctx, train_shards, tokenizer,
+                                                                   casing)
         spec = None
         if run_settings.do_train:
             spec = masking_spec(settings.stream, train_shards, config, vocab, settings.model.no_nsp,
                                 warn=ctx.is_main)
         seed_everything(settings.stream.seed + ctx.rank)
-        model = build_pretraining_model(settings.model, config, ctx.device, tokenizer,
-                                        settings.stream.allow_vocab_mismatch)  # reads --init_checkpoint
+        # A resumed run's weights are its checkpoint's: what --init_checkpoint lacks does not matter then.
+        model = build_pretraining_model(settings.model, config, ctx.device, init_weights,
+                                        warn=ctx.is_main and resume_from is None)
         if ctx.is_main:
             remove_stale_temporaries(run_settings.output_dir, checkpointing.CHECKPOINT_NAME)
-        loop = pretraining_loop_settings(settings, ctx, tokenizer)
+        loop = pretraining_loop_settings(settings, ctx, tokenizer, casing)
         log = open_pretraining_log(settings, ctx, loop.progress_bar)
         for change in changes:
             log.log("PARAMETER", {"resume_applies": change}, echo=False)
@@ -154,16 +167,18 @@ def open_pretraining_log(settings: PretrainingSettings, ctx: DistributedContext,
 
 
 def choose_resume(settings: PretrainingSettings, config: ModelConfig, ctx: DistributedContext,
-                  train_shards: list[ShardInfo], tokenizer: Optional[TokenizerIdentity]
+                  train_shards: list[ShardInfo], tokenizer: Optional[TokenizerIdentity],
+                  casing: Optional[TextCasing] = None
                   ) -> tuple[PretrainingSettings, Optional[tuple[Path, dict[str, Any]]], int, list[str]]:
-    """Under the lock: the checkpoint the run continues (checked to be of its tokenizer), the steps left and the
-    changes a resume applies; returns the settings with the stream's lanes (those of the checkpoint's stream when
-    the run continues it)."""
+    """Under the lock: the checkpoint the run continues (checked to be of its tokenizer and casing), the steps left
+    and the changes a resume applies; returns the settings with the stream's lanes (those of the checkpoint's stream
+    when the run continues it)."""
     existing = checkpointing.survey(settings.run.output_dir)  # each checkpoint's phase, read once
     resume_from = find_resume_checkpoint(settings, config, existing)
     if resume_from is not None:
-        refuse_checkpoint_of_another_tokenizer(tokenizer, resume_from[1].get("tokenizer"), str(resume_from[0]),
-                                               settings.stream.allow_vocab_mismatch)
+        path, record = str(resume_from[0]), resume_from[1].get("tokenizer")
+        refuse_checkpoint_of_another_tokenizer(tokenizer, record, path, settings.stream.allow_vocab_mismatch)
+        refuse_other_casing(casing, checkpoint_casing(record, path), settings.stream.allow_vocab_mismatch)
     if not settings.run.do_train:
         return settings, resume_from, 0, []
     steps_left, changes = check_resume(settings, ctx, train_shards, resume_from, existing)
@@ -172,12 +187,15 @@ def choose_resume(settings: PretrainingSettings, config: ModelConfig, ctx: Distr
 
 
 def pretraining_loop_settings(settings: PretrainingSettings, ctx: DistributedContext,
-                              tokenizer: Optional[TokenizerIdentity] = None) -> LoopSettings:
-    """The loop's settings; the checkpoints record every flag (settings.record()) and the run's tokenizer."""
+                              tokenizer: Optional[TokenizerIdentity] = None,
+                              casing: Optional[TextCasing] = None) -> LoopSettings:
+    """The loop's settings; the checkpoints record every flag (settings.record()) and the run's tokenizer with the
+    casing of its shards."""
     run, stream = settings.run, settings.stream
     return LoopSettings(
         output_dir=run.output_dir, flags=settings.record(),
-        tokenizer=tokenizer.record() if tokenizer is not None else None, num_workers=stream.num_workers,
+        tokenizer={**tokenizer.record(), **casing_record(casing)} if tokenizer is not None else None,
+        num_workers=stream.num_workers,
         log_freq=run.log_freq, num_steps_per_checkpoint=run.num_steps_per_checkpoint,
         skip_checkpoint=run.skip_checkpoint, phase2=run.phase2, phase1_end_step=run.phase1_end_step,
         do_eval=run.do_eval, eval_steps=run.eval_steps, eval_batch_size=run.eval_batch_size or stream.micro_batch,

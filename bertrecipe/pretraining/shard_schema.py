@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 
 from bertrecipe.common.errors import InputError
+from bertrecipe.common.files import FileStamp
 from bertrecipe.pretraining import masking
 from bertrecipe.tokenization.vocab_files import BPE, WORDPIECE, TokenizerIdentity
 
@@ -71,6 +72,8 @@ class ShardInfo:
     special: Optional[SpecialTokenIds] = None  # document chunks only
     tokenizer: Optional[TokenizerIdentity] = None  # what the writer recorded (None: NVIDIA's shards record nothing)
     fingerprint: Optional[str] = None  # content_fingerprint's, where the run computed it
+    lower_case: Optional[bool] = None  # whether the text was lower-cased (do_lower_case; None: not recorded)
+    stamp: Optional[FileStamp] = None  # the file as inspected: each later opening checks it is still that file
 
 
 def find_shards(directory: str | Path, name_must_contain: str = "") -> list[Path]:
@@ -93,6 +96,7 @@ def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_lengt
                   max_predictions: Optional[int] = None, type_vocab_size: int = 2) -> ShardInfo:
     """Checks keys, dtypes and shapes (and the writer's attributes when present) without reading the data.
     max_predictions (static masks expected) refuses a document-chunk shard, which holds no masks."""
+    stamp = FileStamp.of(path)  # before the first read: a change from here on is caught at the next opening
     kind, shapes, attrs, chunks = _read_layout(path)
     if kind == DOCUMENT_CHUNKS:
         if max_predictions is not None:
@@ -114,7 +118,17 @@ def inspect_shard(path: Path, vocab_size: int, max_positions: int, max_seq_lengt
     _check_vocab_size(path, attrs, vocab_size)
     special = _special_ids(path, attrs) if kind == DOCUMENT_CHUNKS else None
     return ShardInfo(path, n, seq, preds, type_vocab_size, block_rows_for(n, chunks), kind, special,
-                     _recorded_tokenizer(path, attrs))
+                     _recorded_tokenizer(path, attrs), lower_case=_recorded_casing(path, attrs), stamp=stamp)
+
+
+def _recorded_casing(path: Path, attrs: dict) -> Optional[bool]:
+    """The do_lower_case attribute as a bool; None for a shard that records none (NVIDIA's, Google's)."""
+    value = attrs.get("do_lower_case")
+    if value is None:
+        return None
+    if isinstance(value, (bool, int, float, np.integer, np.floating, np.bool_)) and float(value) in (0.0, 1.0):
+        return bool(value)
+    raise InputError(f"{path}: attribute do_lower_case is {value!r}, not 0 or 1; rewrite the shard")
 
 
 def _recorded_tokenizer(path: Path, attrs: dict) -> Optional[TokenizerIdentity]:

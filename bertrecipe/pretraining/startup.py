@@ -16,11 +16,11 @@ import torch
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.families import ModelConfig, is_modern_config, pretraining_model
-from bertrecipe.model.weights import load_weights_into, read_weights
+from bertrecipe.model.weights import LoadedWeights, load_weights_into, read_weights
 from bertrecipe.pretraining import masking
 from bertrecipe.pretraining.data import PretrainingData, StepShape, read_rows
 from bertrecipe.pretraining.resume_rules import saved_optimizer
-from bertrecipe.pretraining.run_tokenizer import refuse_checkpoint_of_another_tokenizer
+from bertrecipe.pretraining.run_tokenizer import TextCasing, check_init_checkpoint_tokenizer
 from bertrecipe.pretraining.settings import ModelSettings, OptimizerSettings, PretrainingSettings, StreamSettings
 from bertrecipe.pretraining.shard_schema import ShardInfo, check_run_kinds
 from bertrecipe.tokenization.bpe import BpeVocab
@@ -52,21 +52,54 @@ def with_dropout(config: ModelConfig, probability: float) -> ModelConfig:
     return dataclasses.replace(config, hidden_dropout_prob=probability, attention_probs_dropout_prob=probability)
 
 
+def read_init_checkpoint(settings: ModelSettings, config: ModelConfig, tokenizer: Optional[TokenizerIdentity],
+                         casing: Optional[TextCasing], allow_vocab_mismatch: bool,
+                         warn: bool = True) -> Optional[LoadedWeights]:
+    """--init_checkpoint's weights (None without the flag), read before the run's first write and refused when their
+    config computes otherwise than `config` (refuse_another_function), or when they were trained with another
+    tokenizer or casing than the run's, unless allow_vocab_mismatch (run_tokenizer.check_init_checkpoint_tokenizer;
+    `warn`: print its warnings)."""
+    if not settings.init_checkpoint:
+        return None
+    weights = read_weights(settings.init_checkpoint)
+    refuse_another_function(weights.config, config, settings.init_checkpoint, settings.config_file)
+    check_init_checkpoint_tokenizer(weights, settings.init_checkpoint, tokenizer, casing, allow_vocab_mismatch, warn)
+    return weights
+
+
+# Config keys that change what the weights compute without changing a shape (load_weights_into checks shapes).
+FUNCTION_KEYS = ("hidden_act", "layer_norm_eps", "hidden_activation", "norm_eps")
+
+
+def refuse_another_function(theirs: Optional[ModelConfig], ours: ModelConfig, source: str, config_file: str) -> None:
+    """One line naming both files when the checkpoint's config (its folder's config.json, our checkpoint's record)
+    has another activation or normalisation epsilon than --config_file's: the weights would compute another
+    function than the one they were trained as."""
+    if theirs is None:
+        return
+    recorded, given = theirs.to_dict(), ours.to_dict()
+    changed = [f"{key} {recorded[key]} -> {given[key]}" for key in FUNCTION_KEYS
+               if key in recorded and key in given and recorded[key] != given[key]]
+    if changed:
+        raise InputError(f"{source}: its config differs from {config_file} in what the weights compute "
+                         f"({'; '.join(changed)}); pass the checkpoint's own config as --config_file")
+
+
 def build_pretraining_model(settings: ModelSettings, config: ModelConfig, device: torch.device,
-                            tokenizer: Optional[TokenizerIdentity] = None,
-                            allow_vocab_mismatch: bool = False) -> torch.nn.Module:
-    """The model the settings ask for, on `device`: --init_checkpoint's weights (refused when they record another
-    tokenizer than the run's, unless allow_vocab_mismatch), the --pretrain_dropout, the NSP head frozen with
-    --no_nsp, compiled with --compile."""
+                            init_weights: Optional[LoadedWeights] = None, warn: bool = True) -> torch.nn.Module:
+    """The model the settings ask for, on `device`: --init_checkpoint's weights (`init_weights` as
+    read_init_checkpoint read them, else read here), with a warning for each head they lack and the weights they
+    hold beyond the model (when `warn`), the --pretrain_dropout, the NSP head frozen with --no_nsp, compiled with
+    --compile."""
     if settings.pretrain_dropout is not None:  # the model's own copy: the checkpoint keeps the config's dropout
         config = with_dropout(config, settings.pretrain_dropout)
     model = pretraining_model(config)
     model.set_checkpoint_activations(settings.checkpoint_activations)
     if settings.init_checkpoint:
-        weights = read_weights(settings.init_checkpoint)
-        refuse_checkpoint_of_another_tokenizer(tokenizer, weights.tokenizer, settings.init_checkpoint,
-                                               allow_vocab_mismatch)
-        load_weights_into(model, weights, settings.init_checkpoint)
+        weights = init_weights or read_weights(settings.init_checkpoint)
+        missing = load_weights_into(model, weights, settings.init_checkpoint)
+        if warn:
+            warn_of_partial_weights(model, weights, missing, settings.init_checkpoint, settings.no_nsp)
     if settings.no_nsp and not is_modern_config(config):  # the modern family has no NSP head to freeze
         # Frozen, so that neither LAMB nor DDP waits for gradients that never come (DDP would fail on unused
         # parameters); they are saved as they are.
@@ -76,6 +109,47 @@ def build_pretraining_model(settings: ModelSettings, config: ModelConfig, device
     if settings.compile:
         model.compile()  # in place: parameter names, state_dict keys and checkpoints stay the same
     return model
+
+
+MASKED_LM_HEAD, NSP_HEAD, OTHER_WEIGHTS = "masked-LM head", "next-sentence head", "other weights"
+# The weights of each head of the pre-training models (both families) by name; the rest is the encoder.
+HEAD_PREFIXES = {MASKED_LM_HEAD: ("cls.predictions.", "head.", "decoder."),
+                 NSP_HEAD: ("bert.pooler.", "cls.seq_relationship.")}
+SHOWN_AS_GROUP = ("cls.predictions.transform.", "bert.pooler.", "cls.seq_relationship.", "head.")  # prefix.*
+MASKED_LM_NOTE = ("the decoder is the word embeddings (tied), so only the transform and the output bias are new, and "
+                  "the first losses can exceed ln(vocab_size), a uniform guess's")
+MOST_NAMES_SHOWN = 6
+
+
+def head_groups(names: list[str]) -> dict[str, list[str]]:
+    """Weight names by the head they belong to (OTHER_WEIGHTS for the rest), each head's layers shown as
+    `prefix.*`, in a fixed order."""
+    groups: dict[str, set[str]] = {}
+    for name in names:
+        head = next((h for h, prefixes in HEAD_PREFIXES.items() if name.startswith(prefixes)), OTHER_WEIGHTS)
+        groups.setdefault(head, set()).add(next((p + "*" for p in SHOWN_AS_GROUP if name.startswith(p)), name))
+    order = [MASKED_LM_HEAD, NSP_HEAD, OTHER_WEIGHTS]
+    return {head: sorted(groups[head]) for head in order if head in groups}
+
+
+def warn_of_partial_weights(model: torch.nn.Module, weights: LoadedWeights, missing: list[str], source: str,
+                            no_nsp: bool) -> None:
+    """One line per head the init checkpoint lacks (a sentence-transformers or bare BertModel folder has neither:
+    each starts at random), and one naming the weights it holds that the model has no place for (a task head),
+    which are dropped. The NSP head is left unsaid under --no_nsp, where it is frozen and unused."""
+    for head, names in head_groups(missing).items():
+        if head == NSP_HEAD and no_nsp:
+            continue
+        lacks = (f"lacks {', '.join(names)}: they start at random" if head == OTHER_WEIGHTS
+                 else f"no {head} ({', '.join(names)}): it starts at random")
+        note = f"; {MASKED_LM_NOTE}" if head == MASKED_LM_HEAD else ""
+        print(f"warning: {source}: {lacks}{note}", file=sys.stderr, flush=True)
+    own = model.state_dict()
+    dropped = sorted(name for name in weights.state_dict if name not in own)
+    if dropped:
+        shown = ", ".join(dropped[:MOST_NAMES_SHOWN]) + (", ..." if len(dropped) > MOST_NAMES_SHOWN else "")
+        print(f"warning: {source}: {len(dropped)} weights the model has no place for are dropped: {shown}",
+              file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)

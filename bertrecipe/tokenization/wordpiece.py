@@ -138,6 +138,15 @@ def vocab_casing(vocab: Vocab) -> Optional[str]:
     return "cased" if capitalised * 100 >= cased_letters else None
 
 
+def vocab_lower_cases(vocab: Vocab) -> Optional[bool]:
+    """Whether the vocab is made for lower-cased text: what a tokenizer.json's normalizer says, else what the tokens
+    tell (vocab_casing); None when neither tells."""
+    if vocab.lower_case is not None:
+        return vocab.lower_case
+    casing = vocab_casing(vocab)
+    return None if casing is None else casing == "uncased"
+
+
 def _casing_problem(vocab: Vocab, do_lower_case: bool) -> Optional[str]:
     if vocab.lower_case is not None:  # the file says how it normalizes: nothing to guess from its tokens
         return _declared_casing_problem(vocab.lower_case, do_lower_case)

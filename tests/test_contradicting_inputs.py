@@ -141,7 +141,9 @@ def test_data_prep_refuses_a_casing_that_contradicts_the_vocab_before_any_write(
     create_pretraining_data.main(shard_argv(texts / "a.txt", out, VOCAB_EXCERPT, *KINDS[kind], "--no-do_lower_case",
                                             ALLOW))
     [warning] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
-    assert warning.startswith(f"warning: {VOCAB_EXCERPT}: the vocab is uncased") and warning.endswith(f"({ALLOW})")
+    assert warning == (f"warning: {VOCAB_EXCERPT}: the vocab is uncased (next to none of its tokens is capitalised) "
+                       "but the text keeps its case (--no-do_lower_case, bertPrep.py's --do_lower_case 0): every "
+                       f"capitalised word would become [UNK]; going on ({ALLOW})")
     with h5py.File(out, "r") as f:
         assert int(f.attrs["do_lower_case"]) == 0
 

@@ -131,18 +131,18 @@ def check_casing(cfg: ShardConfig, warn: bool = True) -> None:
 
 
 def casing_problem(vocab: Vocab, do_lower_case: bool) -> str | None:
-    """What is wrong with tokenizing for `vocab` with do_lower_case, in both commands' spellings; None when nothing
-    is (or the vocab does not tell its casing)."""
+    """What is wrong with tokenizing for `vocab` with do_lower_case, in both commands' spellings, its first "; "
+    ending what a warning says; None when nothing is (or the vocab does not tell its casing)."""
     if vocab.lower_case is not None:  # a tokenizer.json's normalizer says it
         return vocab.casing_problem(do_lower_case)
     lower_cases = vocab_lower_cases(vocab)
     if lower_cases and not do_lower_case:
         return ("the vocab is uncased (next to none of its tokens is capitalised) but the text keeps its case "
-                "(--no-do_lower_case; bertPrep.py: --do_lower_case 0): every capitalised word would become [UNK]; "
+                "(--no-do_lower_case, bertPrep.py's --do_lower_case 0): every capitalised word would become [UNK]; "
                 "drop --no-do_lower_case (bertPrep.py: --do_lower_case 1), or pass a cased model's vocab")
     if lower_cases is False and do_lower_case:
         return ("the vocab is cased (it holds capitalised tokens) but the text is lower-cased (create_pretraining_data"
-                ".py's default; bertPrep.py: --do_lower_case 1): its capitalised tokens would never be used and the "
+                ".py's default, bertPrep.py's --do_lower_case 1): its capitalised tokens would never be used and the "
                 "accents would be stripped; pass --no-do_lower_case (bertPrep.py: --do_lower_case 0), or an uncased "
                 "model's vocab")
     return None

@@ -1,6 +1,8 @@
 """The pre-training sample stream at cluster scale (sample_order.py, pretraining_data.PretrainingData): each rank
 reads only its share, the order is a function of (seed, lanes, global batch) and never of the number of
 processes or DataLoader workers, and a resume on another number of processes continues the same stream."""
+import dataclasses
+
 import h5py
 import numpy as np
 import pytest
@@ -8,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from bertrecipe.common.errors import InputError
+from bertrecipe.common.files import FileStamp
 from bertrecipe.pretraining import masking, sample_order
 from bertrecipe.pretraining.data import PretrainingData, StepShape
 from bertrecipe.pretraining.shard_schema import inspect_shard
@@ -199,8 +202,13 @@ def test_default_lanes_divide_the_batch_and_suit_the_processes():
 
 def test_a_shard_that_shrank_since_the_start_is_one_line(tmp_path):
     infos = write_shards(tmp_path, [64, 64])
-    write_shards(tmp_path, [64, 10])  # rewritten shorter while the run goes on
+    write_shards(tmp_path, [64, 10])  # rewritten (the second shorter) while the run goes on
     data = PretrainingData(infos, 0, StepShape(8, 1, 1, 0), 8, VOCAB, max_steps=16)
+    with pytest.raises(InputError, match="tiny_training_0.hdf5: shard changed while this command ran"):
+        list(data.batches(iter(data.reader())))  # its stamp (size, mtime, inode) tells at its first opening
+    # Where the stamps cannot tell (a clock too coarse, a file system that keeps mtime), the rows still do.
+    unstamped = [dataclasses.replace(info, stamp=None) for info in infos]
+    data = PretrainingData(unstamped, 0, StepShape(8, 1, 1, 0), 8, VOCAB, max_steps=16)
     with pytest.raises(InputError, match="tiny_training_1.hdf5: holds fewer rows"):
         list(data.batches(iter(data.reader())))
 
@@ -306,8 +314,17 @@ def test_a_shard_truncated_mid_run_is_one_line_naming_it(tmp_path):
     path = infos[1].path
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # a copy that stopped half way
     data = PretrainingData(infos, 0, StepShape(8, 1, 1, 0), 8, VOCAB, max_steps=16)
+    with pytest.raises(InputError, match=r"tiny_training_1.hdf5: shard changed while this command ran \(size"):
+        list(data.batches(iter(data.reader())))
+    unstamped = [dataclasses.replace(info, stamp=None) for info in infos]  # where a stamp cannot tell
+    data = PretrainingData(unstamped, 0, StepShape(8, 1, 1, 0), 8, VOCAB, max_steps=16)
     with pytest.raises(InputError, match="tiny_training_1.hdf5: cannot read rows"):
         list(data.batches(iter(data.reader())))
+
+
+def restamped(infos):
+    """The shards as they are now: a test that edits them after inspecting them is not a run they changed under."""
+    return [dataclasses.replace(info, stamp=FileStamp.of(info.path)) for info in infos]
 
 
 def test_binning_by_length_keeps_each_steps_samples_and_groups_like_lengths(tmp_path):
@@ -316,6 +333,7 @@ def test_binning_by_length_keeps_each_steps_samples_and_groups_like_lengths(tmp_
     for info in infos:  # real lengths 2..8, in random order
         with h5py.File(info.path, "r+") as f:
             f["input_mask"][...] = (np.arange(8) < rng.integers(2, 9, (64, 1))).astype(np.int8)
+    infos = restamped(infos)
 
     def steps(bin_by_length):
         data = PretrainingData(infos, 0, StepShape(4, 4, 1, 0), 8, VOCAB, max_steps=6, bin_by_length=bin_by_length)
@@ -385,6 +403,7 @@ def test_a_binned_samples_loss_does_not_depend_on_its_batch_mates(tmp_path):
             ids = rng.integers(5, 100, (64, 8)).astype(np.int32)
             ids[:, 0] = f["input_ids"][:, 0]  # keeps the sample id (and [CLS]'s place)
             f["input_ids"][...] = ids * (np.arange(8) < lengths)
+    infos = restamped(infos)
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
                                           num_attention_heads=4, intermediate_size=64, max_position_embeddings=64))

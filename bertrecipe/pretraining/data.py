@@ -318,7 +318,7 @@ class PortionReader(IterableDataset):
     def _read(self, files: "_OpenFiles", portion: sample_order.Portion) -> dict[str, np.ndarray]:
         """The portion's rows, range-checked, in its shuffled order (masked afresh with --dynamic_masking)."""
         info = self.data.shards[portion.file]
-        arrays = read_rows(info, files.get(info.path), portion.start, portion.stop, self.data.vocab_size)
+        arrays = read_rows(info, files.get(info), portion.start, portion.stop, self.data.vocab_size)
         order = self.data.stream.portion_order(portion)
         arrays = {k: v[order] for k, v in arrays.items()}
         if self.data.masking_spec is not None:
@@ -349,13 +349,16 @@ class _OpenFiles:
         # Each dataset's chunk layout, kept when its file is closed and reopened.
         self.layouts: dict[tuple[Path, str], Optional[ChunkLayout]] = {}
 
-    def get(self, path: Path) -> RowSource:
+    def get(self, info: ShardInfo) -> RowSource:
+        path = info.path
         if path in self.files:
             self.files[path] = self.files.pop(path)
         else:
             if len(self.files) >= self.limit:
                 oldest = next(iter(self.files))
                 self.files.pop(oldest).close()
+            if info.stamp is not None:  # rewritten since the run checked it: its rows are no longer those checked
+                info.stamp.check(path, "shard")
             try:
                 self.files[path] = RowSource(path, layouts=self.layouts)
             except OSError as error:  # e.g. truncated since the run started
@@ -413,7 +416,7 @@ def _rows_in_order(shards: list[ShardInfo], first: np.ndarray, start: int, stop:
             file = int(np.searchsorted(first, position, side="right")) - 1
             info, local = shards[file], position - int(first[file])
             end = min((local // info.block_rows + 1) * info.block_rows, info.num_samples, stop - int(first[file]))
-            yield read_rows(info, files.get(info.path), local, end, vocab_size)
+            yield read_rows(info, files.get(info), local, end, vocab_size)
             position = int(first[file]) + end
     finally:
         files.close()

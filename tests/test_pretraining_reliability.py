@@ -650,7 +650,8 @@ def test_a_reader_of_the_output_that_leaves_is_a_quiet_141(workspace):
     assert (process.returncode, stderr) == (128 + signal.SIGPIPE, "")
 
 
-def test_a_shard_rewritten_while_the_run_goes_on_is_refused_at_its_next_opening(workspace, monkeypatch):
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_shard_rewritten_while_the_run_goes_on_is_refused_at_its_next_opening(workspace, monkeypatch, workers):
     """A shard is checked once, at start-up, and read for the whole run: one rewritten in between (another
     create_pretraining_data writing into the folder) was read as if it were the one checked (issue 48)."""
     from bertrecipe.pretraining import session
@@ -667,7 +668,9 @@ def test_a_shard_rewritten_while_the_run_goes_on_is_refused_at_its_next_opening(
     monkeypatch.setattr(session, "inspect_shard", inspect_then_rewrite)
     changed = rf"^{rewritten}: shard changed while this command ran \(modified\); run the command again once nothing"
     with pytest.raises(InputError, match=changed + " writes to it; (the newest good checkpoint is|no checkpoint in) "):
-        run_pretraining.main(flags(workspace, "--max_steps", 40, "--num_steps_per_checkpoint", 1))
+        # a loader worker's error reaches the run as the worker raised it (torch would make it a RuntimeError)
+        run_pretraining.main(flags(workspace, "--max_steps", 40, "--num_steps_per_checkpoint", 1, "--num_workers",
+                                   workers))
 
 
 def test_the_docs_table_of_resume_rules_is_the_codes():

@@ -146,6 +146,13 @@ class PortionRows(NamedTuple):
     rows: dict[str, Any]
 
 
+class ReaderFailure(NamedTuple):
+    """A reader's one-line error delivered as an item: raised in a DataLoader worker, torch would bring it to the
+    training process as a RuntimeError holding the worker's traceback."""
+
+    error: InputError
+
+
 class PretrainingData:
     """This rank's share of the stream (sample_order.py) from stream position `start` on, for `max_steps` steps
     (None: without end). `reader()` is the IterableDataset that reads the portions of shards the rank needs
@@ -219,7 +226,8 @@ class PretrainingData:
         """The IterableDataset for the DataLoader, whose workers read the portions."""
         return PortionReader(self)
 
-    def batches(self, delivered: Iterator[PortionRows], pin_memory: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+    def batches(self, delivered: Iterator[PortionRows | ReaderFailure], pin_memory: bool = False
+                ) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's micro-batches, step after step, from the reader's portions in the order it delivers them.
         Step s takes lane indexes [i + s * per_lane, i + (s + 1) * per_lane) of each of the rank's lanes, lane
         after lane (i: the start's lane index); it pulls the next portion only when a lane holds too few. A step
@@ -232,7 +240,10 @@ class PretrainingData:
             per_lane, pieces = self._step_per_lane(), []
             for lane in self.lane_range:
                 while lanes[lane].end < index + per_lane:
-                    portion, rows = next(delivered)
+                    item = next(delivered)
+                    if isinstance(item, ReaderFailure):
+                        raise item.error
+                    portion, rows = item
                     lanes[portion.lane].add(portion, _numpy(rows))
                 pieces += lanes[lane].take(index, per_lane)
             step, index = step + 1, index + per_lane
@@ -304,7 +315,7 @@ class PortionReader(IterableDataset):
     def __init__(self, data: PretrainingData) -> None:
         self.data = data
 
-    def __iter__(self) -> Iterator[PortionRows]:
+    def __iter__(self) -> Iterator[PortionRows | ReaderFailure]:
         worker = get_worker_info()
         workers, worker_id = (worker.num_workers, worker.id) if worker else (1, 0)
         files = _OpenFiles(OPEN_FILES_PER_READER)
@@ -312,6 +323,10 @@ class PortionReader(IterableDataset):
             for serial, portion in enumerate(self.data.portions()):
                 if serial % workers == worker_id:
                     yield PortionRows(portion, self._read(files, portion))
+        except InputError as error:
+            if worker is None:
+                raise
+            yield ReaderFailure(error)  # batches() raises it in the training process
         finally:
             files.close()
 

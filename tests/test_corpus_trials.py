@@ -197,6 +197,17 @@ def test_every_file_is_read_as_what_its_bytes_are_or_refused_naming_what_it_is(t
     assert not (tmp_path / "out").exists()
 
 
+def test_text_with_a_stray_nul_byte_is_text_and_data_of_control_bytes_is_not(tmp_path):
+    """Google's tokenizer drops control characters: a NUL inside prose (the pinned golden input holds one) is text,
+    as before; only a file where control bytes are common is binary data."""
+    text = tmp_path / "prose.txt"
+    text.write_text("The first sentence of a document.\nA second one with a stray\x00byte in it.\n\n" * 20)
+    assert create(text, tmp_path / "out" / "shard.hdf5").returncode == 0
+    blob = tmp_path / "blob.txt"
+    blob.write_bytes(b"header line\n" + bytes(range(32)) * 10)
+    assert "binary data (a NUL byte at offset 12)" in one_line(create(blob, tmp_path / "out" / "other.hdf5"))
+
+
 def test_a_dataset_dict_folder_is_refused_naming_its_splits_and_the_folder_to_pass(tmp_path):
     splits = datasets.DatasetDict({"train": datasets.Dataset.from_list(rows(12)),
                                    "test": datasets.Dataset.from_list(rows(4, 12))})

@@ -30,6 +30,7 @@ COMPRESSIONS = (".gz", ".zst")
 ARROW_STATE = "state.json"  # what save_to_disk writes beside its .arrow files
 DATASET_DICT = "dataset_dict.json"  # what DatasetDict.save_to_disk writes beside its splits' folders
 BATCH_ROWS = 1024  # rows of a Parquet or Arrow batch: bounds the memory a reader holds
+_CONTROL_BYTES = [bytes([code]) for code in range(32) if chr(code) not in "\t\n\v\f\r"]
 HEAD_BYTES = 1 << 16  # the bytes read to tell JSON Lines, CSV, text and binary data apart
 BOM = b"\xef\xbb\xbf"  # the UTF-8 byte order mark that Windows tools write at the start of a text file
 _GZIP, _ZSTD = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
@@ -261,9 +262,10 @@ def _looks_like_json(head: bytes) -> bool:
 
 def _not_text(head: bytes) -> str | None:
     """Why the first bytes of a file that is neither JSON nor of a known binary format are not text to read as
-    sentences: a NUL byte (binary data) or a table (CSV, TSV); None for text."""
+    sentences: binary data (NUL and other control bytes make more than 1 % of it) or a table (CSV, TSV); None for
+    text. A stray NUL in text is text: Google's tokenizer drops it, as it drops other control characters."""
     nul = head.find(b"\0")
-    if nul >= 0:
+    if nul >= 0 and sum(map(head.count, _CONTROL_BYTES)) > len(head) / 100:
         return (f"binary data (a NUL byte at offset {nul}), not text, Parquet, JSON Lines or Arrow; pass the corpus "
                 "in one of those")
     table = _table_header(head, cut=len(head) == HEAD_BYTES)

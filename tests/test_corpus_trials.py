@@ -201,7 +201,8 @@ def test_text_with_a_stray_nul_byte_is_text_and_data_of_control_bytes_is_not(tmp
     """Google's tokenizer drops control characters: a NUL inside prose (the pinned golden input holds one) is text,
     as before; only a file where control bytes are common is binary data."""
     text = tmp_path / "prose.txt"
-    text.write_text("The first sentence of a document.\nA second one with a stray\x00byte in it.\n\n" * 20)
+    text.write_text("The first sentence of a document.\nA second one, with nothing odd in it.\n\n" * 20
+                    + "A last document with a stray\x00byte in it.\n")
     assert create(text, tmp_path / "out" / "shard.hdf5").returncode == 0
     blob = tmp_path / "blob.txt"
     blob.write_bytes(b"header line\n" + bytes(range(32)) * 10)

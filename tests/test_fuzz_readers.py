@@ -666,7 +666,7 @@ def test_config_value_that_cannot_build_a_model_is_one_line_naming_file_and_key(
     (b'"base"', "holds a JSON str"),
     (b"", "malformed JSON"),
     (b'{"vocab_size": 101,', "malformed JSON"),
-    (b"\xff\xfe{}", "BERT config file is not UTF-8"),
+    (b"\xff\xfe{}", "UTF-16 text, not a BERT config file"),  # named as what it is
     (b"[" * 3000, "unusable JSON"),  # json's recursion limit
     (b'{"vocab_size": ' + b"9" * 5000 + b"}", "unusable JSON"),  # Python's 4300-digit limit
 ], ids=["list", "string", "empty", "truncated", "utf-16", "deep nesting", "5000-digit integer"])

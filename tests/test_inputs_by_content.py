@@ -2,6 +2,7 @@
 names but other contents are refused on resume, the tokenizer the shards record must fit the model, --vocab_file
 and the checkpoint it starts from, and a tokenizer.json is taken wherever a vocab.txt is. Real shards from
 tests/data's books through create_pretraining_data.py, the commands' main() in this process."""
+import gzip
 import hashlib
 import json
 import shutil
@@ -9,6 +10,7 @@ import shutil
 import h5py
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from bertrecipe.cli import convert_checkpoint, create_pretraining_data, run_pretraining
 from bertrecipe.common.errors import InputError
@@ -227,3 +229,45 @@ def test_text_that_tokenizes_to_nothing_is_refused_like_an_empty_file(tmp_path, 
         create_pretraining_data.main(["--input_file", str(source), "--output_file", str(tmp_path / "out.hdf5"),
                                       "--vocab_file", str(VOCAB_EXCERPT)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blank.txt"]
+
+
+def other_formats(folder):
+    """Files of formats a user may pass by mistake, named as our readers should name them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"a gzip-compressed file": folder / "data.json.gz", "an HDF5 file": folder / "shard.hdf5",
+             "a zip archive (a torch checkpoint is one)": folder / "model.pt",
+             "a safetensors file": folder / "model.safetensors"}
+    files["a gzip-compressed file"].write_bytes(gzip.compress(b'{"data": []}'))
+    with h5py.File(files["an HDF5 file"], "w") as f:
+        f["input_ids"] = [[1, 2]]
+    torch.save({"model": {}}, files["a zip archive (a torch checkpoint is one)"])
+    save_file({"weight": torch.zeros(3)}, files["a safetensors file"])
+    return files
+
+
+@pytest.mark.parametrize("reader, expected", [
+    ("squad", "not a SQuAD JSON file"), ("config", "not a BERT config file"), ("glue", "not a TSV file"),
+    ("vocab", "not a vocab file")])
+def test_a_file_of_another_format_is_named_as_what_its_bytes_say(tmp_path, reader, expected):
+    """A gzip'd SQuAD file, a checkpoint given as the config, a shard as the vocab: each reader said `not UTF-8
+    (byte 1)` or `malformed JSON`; the rule of issue 48 is that a wrong file is named as what it is."""
+    from bertrecipe.finetuning.glue import read_tsv
+    from bertrecipe.finetuning.squad import read_squad_file
+    from bertrecipe.model.bert import BertConfig
+    from bertrecipe.tokenization.vocab_files import load_vocab_file
+
+    read = {"squad": read_squad_file, "config": BertConfig.from_json_file, "glue": read_tsv,
+            "vocab": load_vocab_file}[reader]
+    for kind, path in other_formats(tmp_path).items():
+        with pytest.raises(InputError) as refused:
+            read(path)
+        assert str(refused.value) in (f"{path}: {kind}, {expected}", f"{path}: {kind}, not JSON"), str(refused.value)
+
+
+def test_a_file_of_another_format_among_the_shards_is_named(tmp_path):
+    from bertrecipe.pretraining.shard_schema import inspect_shard
+
+    path = tmp_path / "books_training_0.hdf5"
+    path.write_bytes(gzip.compress(b"not a shard"))
+    with pytest.raises(InputError, match=rf"^{path}: a gzip-compressed file, not an HDF5 shard; move it out of"):
+        inspect_shard(path, 100, 128)

@@ -1,10 +1,12 @@
-"""Reading user-given text and JSON files: an InputError naming the file and the problem, never a traceback; a
-file's identity (FileStamp) to tell that it changed between two reads."""
+"""Reading user-given text and JSON files: an InputError naming the file and the problem, never a traceback (a file
+of another format named as what its bytes say it is: content_kind); a file's identity (FileStamp) to tell that it
+changed between two reads."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
@@ -20,6 +22,45 @@ READ_PROBLEMS = {
 }
 
 
+# What a file is, told by its first bytes: for a reader to name what it was given instead of what it expected.
+_SIGNATURES = (
+    (rb"\x1f\x8b", "a gzip-compressed file"), (rb"\x28\xb5\x2f\xfd", "a zstd-compressed file"),
+    (rb"BZh[1-9]1AY&SY", "a bzip2-compressed file"), (rb"\xfd7zXZ\x00", "an xz-compressed file"),
+    (rb"PK\x03\x04", "a zip archive (a torch checkpoint is one)"), (rb"\x89HDF\r\n\x1a\n", "an HDF5 file"),
+    (rb"PAR1", "a Parquet file"), (rb"ARROW1", "an Arrow file"), (rb"%PDF-", "a PDF document"),
+    (rb"SQLite format 3\x00", "an SQLite database"), (rb"\x80[\x02-\x05]", "a Python pickle"),
+    (rb"\xff\xfe|\xfe\xff", "UTF-16 text"), (rb"\x7fELF", "an executable"),
+    (rb"(?s).{6}\x00\x00\{\"", "a safetensors file"))  # a little-endian header length, then its JSON
+
+
+def content_kind(path: str | Path) -> Optional[str]:
+    """What the file is by its first bytes ("a gzip-compressed file", "an HDF5 file", ...), or None where they
+    name no format: text (even text that starts like a signature, "PAR1 ..."), an empty or unreadable file. Cheap
+    enough for a reader to ask before it reads."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return None
+    if _reads_as_text(head):
+        return None
+    return next((kind for signature, kind in _SIGNATURES if re.match(signature, head)), None)
+
+
+def _reads_as_text(head: bytes) -> bool:
+    # UTF-8 without control bytes but whitespace; the head may end inside a character
+    text = head.decode("utf-8", errors="ignore") if _utf8_but_the_end(head) else None
+    return text is not None and not any(ord(c) < 32 and c not in "\t\n\r\f\v" for c in text)
+
+
+def _utf8_but_the_end(head: bytes) -> bool:
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return error.start >= len(head) - 3 and error.reason == "unexpected end of data"
+    return True
+
+
 def _input_error(path: str | Path, problem: str) -> InputError:
     return InputError(f"{path}: {problem}")
 
@@ -28,8 +69,12 @@ def read_text_file(path: str | Path, what: str = "file", *, encoding: str = "utf
                    wording: Mapping[str, str] = {},
                    error: Callable[[str | Path, str], InputError] = _input_error) -> str:
     """The text of a user-given file; an error(path, problem) (InputError by default) naming the file (as `what`)
-    when it cannot be read. `wording` replaces some of READ_PROBLEMS (e.g. to add the fix); `newline` is open()'s
-    (None: universal newlines; "": the text as it is)."""
+    when it cannot be read, or is a file of another format (named as its bytes say: content_kind). `wording`
+    replaces some of READ_PROBLEMS (e.g. to add the fix); `newline` is open()'s (None: universal newlines; "": the
+    text as it is)."""
+    found = content_kind(path)
+    if found is not None:
+        raise error(path, f"{found}, not a {what}")
     try:
         with open(path, encoding=encoding, newline=newline) as f:
             return f.read()

@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.common.files import FileStamp
+from bertrecipe.common.files import FileStamp, content_kind
 from bertrecipe.pretraining import masking
 from bertrecipe.tokenization.vocab_files import BPE, WORDPIECE, TokenizerIdentity
 
@@ -199,6 +199,9 @@ def _read_layout(path: Path) -> tuple[str, dict[str, tuple], dict, list[tuple[in
     except InputError:
         raise
     except (OSError, KeyError, RuntimeError, ValueError) as error:  # h5py's errors for damaged metadata
+        found = content_kind(path)
+        if found is not None and found != "an HDF5 file":
+            raise InputError(f"{path}: {found}, not an HDF5 shard; move it out of the folder") from None
         raise InputError(f"{path}: not a readable HDF5 file ({error}); rewrite it or move it out of the folder"
                          ) from None
 

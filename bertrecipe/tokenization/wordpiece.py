@@ -22,6 +22,7 @@ import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from bertrecipe.common.errors import DataError
+from bertrecipe.common.files import content_kind
 from bertrecipe.tokenization.ascii_wordpiece import AsciiWordPiece, non_ascii_lines, spread
 from bertrecipe.tokenization.basic_tokenizer import clean_text
 
@@ -75,6 +76,9 @@ class ModelVocab(Protocol):
 def load_vocab(path: str | Path) -> Vocab:
     """Read and validate a vocab.txt (UTF-8, one token a line, must hold the five special tokens)."""
     path = Path(path)
+    found = content_kind(path)
+    if found is not None:
+        raise DataError(path, f"{found}, not a vocab file")
     try:
         raw = path.read_bytes()
     except FileNotFoundError:

@@ -133,6 +133,22 @@ def test_empty_question_is_an_input_error_naming_the_file_and_the_question(tmp_p
         "What jumped?", "What did it do?"]  # real questions are read as they are
 
 
+@pytest.mark.parametrize("is_training", [True, False])
+def test_one_id_for_two_questions_is_refused_naming_both_places(tmp_path, is_training):
+    """Predictions are keyed by id: the second question of an id took the first one's answer, and both were scored
+    against it (issue 48: records that contradict each other inside one input)."""
+    other = {"context": "A lazy dog slept.", "qas": [
+        {"id": "a", "question": "Who slept?", "answers": [{"text": "A lazy dog", "answer_start": 0}]}]}
+    path = write_squad(tmp_path / "d.json", [PARAGRAPH, other])
+    with pytest.raises(InputError) as error:
+        squad.read_squad_examples(path, is_training=is_training)
+    assert str(error.value) == (f"{path}: question 'a': given twice, in article 0 paragraph 0 and in article 0 "
+                                "paragraph 1, for different questions or contexts; predictions are keyed by id: give "
+                                "each question an id of its own")
+    same = write_squad(tmp_path / "same.json", [PARAGRAPH, PARAGRAPH])  # one entry twice: one question
+    assert len(squad.read_squad_examples(same, is_training=is_training)) == 4
+
+
 def test_missing_and_non_utf8_files(tmp_path):
     with pytest.raises(InputError, match="file not found"):
         squad.read_squad_examples(tmp_path / "absent.json", is_training=False)

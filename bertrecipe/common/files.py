@@ -4,6 +4,7 @@ changed between two reads."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -39,10 +40,14 @@ def content_kind(path: str | Path) -> Optional[str]:
     enough for a reader to ask before it reads."""
     try:
         with open(path, "rb") as f:
-            head = f.read(64)
+            return kind_of_head(f.read(64))
     except OSError:
         return None
-    if _reads_as_text(head):
+
+
+def kind_of_head(head: bytes) -> Optional[str]:
+    """content_kind of a file's first bytes (64 tell every format named here)."""
+    if _reads_as_text(head[:64]):
         return None
     return next((kind for signature, kind in _SIGNATURES if re.match(signature, head)), None)
 
@@ -72,12 +77,13 @@ def read_text_file(path: str | Path, what: str = "file", *, encoding: str = "utf
     when it cannot be read, or is a file of another format (named as its bytes say: content_kind). `wording`
     replaces some of READ_PROBLEMS (e.g. to add the fix); `newline` is open()'s (None: universal newlines; "": the
     text as it is)."""
-    found = content_kind(path)
-    if found is not None:
-        raise error(path, f"{found}, not a {what}")
     try:
-        with open(path, encoding=encoding, newline=newline) as f:
-            return f.read()
+        with open(path, "rb") as f:  # read once: the bytes tell the format, then decode as open() would
+            raw = f.read()
+        found = kind_of_head(raw[:64])
+        if found is not None:
+            raise error(path, f"{found}, not a {what}")
+        return io.TextIOWrapper(io.BytesIO(raw), encoding=encoding, newline=newline).read()
     except FileNotFoundError:
         kind, fields = "missing", {}
     except IsADirectoryError:

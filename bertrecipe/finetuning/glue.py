@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.common.files import content_kind
+from bertrecipe.common.files import kind_of_head
 from bertrecipe.tokenization.bpe import FineTuningTokenizer
 
 
@@ -90,11 +90,12 @@ def read_tsv(path: str | Path, columns: Optional[int] = None, has_header: bool =
     """Rows of a TSV file (header removed), split on tabs only. Every row must have `columns` fields, or the
     header's count when `columns` is None. Raises InputError naming the file and line otherwise."""
     path = Path(path)
-    found = content_kind(path)
-    if found is not None:
-        raise InputError(f"{path}: {found}, not a TSV file")
     try:
-        text = path.read_bytes().decode("utf-8-sig")  # -sig: MRPC starts with a byte-order mark
+        raw = path.read_bytes()
+        found = kind_of_head(raw[:64])
+        if found is not None:
+            raise InputError(f"{path}: {found}, not a TSV file")
+        text = raw.decode("utf-8-sig")  # -sig: MRPC starts with a byte-order mark
     except FileNotFoundError:
         raise InputError(f"{path}: file not found") from None
     except IsADirectoryError:

@@ -138,11 +138,12 @@ def read_squad_examples(
     examples: list[SquadExample] = []
     skipped = 0
     where = "the file"
+    seen: dict[str, tuple[str, str, str]] = {}  # question id -> (where, question, context) where first met
     try:
         context_id = 0
         for a, article in enumerate(data["data"]):
             for p, paragraph in enumerate(article["paragraphs"]):
-                where = f"article {a} paragraph {p}"
+                where = paragraph_where = f"article {a} paragraph {p}"
                 if not isinstance(paragraph["context"], str):  # split_context would take a list's items for words
                     raise _BadEntry(f"the context is a JSON {type(paragraph['context']).__name__}, expected a string")
                 words, char_to_word = split_context(paragraph["context"])
@@ -154,6 +155,8 @@ def read_squad_examples(
                     example = SquadExample(
                         _question_id(qa), _question_text(qa), words, answers, impossible, context_id
                     )
+                    _refuse_another_question_of_that_id(seen, example.qas_id, paragraph_where,
+                                                        example.question_text, paragraph["context"])
                     if is_training and not impossible and not _trainable(example, path, where):
                         skipped += 1
                         continue
@@ -167,6 +170,16 @@ def read_squad_examples(
     if skipped:
         logger.warning("%s: %d training question(s) skipped", path, skipped)
     return examples
+
+
+def _refuse_another_question_of_that_id(seen: dict[str, tuple[str, str, str]], qid: str, where: str, question: str,
+                                       context: str) -> None:
+    """Predictions and scores are keyed by question id: a second question of one id (another question or another
+    context) would take the first one's answer. The same entry twice is the same question."""
+    first = seen.setdefault(qid, (where, question, context))
+    if first[1:] != (question, context):
+        raise _BadEntry(f"given twice, in {first[0]} and in {where}, for different questions or contexts; "
+                        "predictions are keyed by id: give each question an id of its own")
 
 
 def _trainable(example: SquadExample, path: Path, where: str) -> bool:

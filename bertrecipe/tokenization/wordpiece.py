@@ -22,7 +22,7 @@ import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from bertrecipe.common.errors import DataError
-from bertrecipe.common.files import content_kind
+from bertrecipe.common.files import kind_of_head
 from bertrecipe.tokenization.ascii_wordpiece import AsciiWordPiece, non_ascii_lines, spread
 from bertrecipe.tokenization.basic_tokenizer import clean_text
 
@@ -76,9 +76,6 @@ class ModelVocab(Protocol):
 def load_vocab(path: str | Path) -> Vocab:
     """Read and validate a vocab.txt (UTF-8, one token a line, must hold the five special tokens)."""
     path = Path(path)
-    found = content_kind(path)
-    if found is not None:
-        raise DataError(path, f"{found}, not a vocab file")
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -93,6 +90,9 @@ def load_vocab(path: str | Path) -> Vocab:
 def vocab_from_bytes(path: Path, raw: bytes) -> Vocab:
     """The Vocab of a vocab.txt's bytes (load_vocab's rules; `path` names the file in the errors). Its sha256 is of
     these bytes."""
+    found = kind_of_head(raw[:64])
+    if found is not None:
+        raise DataError(path, f"{found}, not a vocab file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:

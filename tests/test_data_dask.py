@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -19,7 +20,8 @@ import h5py
 import numpy as np
 import pytest
 
-from bertrecipe.dataprep import layout
+from bertrecipe.cli.command_line import stop_line
+from bertrecipe.dataprep import engine, layout
 from bertrecipe.dataprep.sharding import split_sentences
 from bertrecipe.dataprep.text_formatting import book_text
 from helpers import REPO_ROOT, TEST_DATA, held_ports, write_formatted
@@ -283,6 +285,54 @@ def test_inconsistent_engine_flags_are_one_line(tmp_path, flags, words):
     run = _prep(tmp_path, *flags, *FLAGS[:2])
     _one_line_refusal(run, *words)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_a_dask_client_is_one_line_keeps_the_workers_and_leaves_nothing_half_written(cluster, workdir,
+                                                                                              vocab_file):
+    """The tasks run on the user's Dask workers, which bertPrep neither started nor ends; a task already running
+    when the signal came ends on its worker (Dask cannot interrupt it), its shard renamed into place whole."""
+    local = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--n_processes", "1", vocab=vocab_file)
+    assert local.returncode == 0, local.stderr
+    layout.hdf5_dir(workdir, PARAMS).rename(workdir / "local")
+    stderr = workdir.parent / "stderr.txt"
+    with open(stderr, "wb") as err:
+        process = subprocess.Popen([PYTHON, str(REPO_ROOT / "data" / "bertPrep.py"), "--action", "create_hdf5_files",
+                                    *FLAGS, "--vocab_file", str(vocab_file), "--scheduler_file",
+                                    str(cluster.scheduler_file)], env={**os.environ, "BERT_PREP_WORKING_DIR":
+                                    str(workdir)}, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not layout.hdf5_dir(workdir, PARAMS).exists():  # made once the scheduler answered
+            assert process.poll() is None and time.monotonic() < deadline, stderr.read_text()
+            time.sleep(0.005)
+        os.killpg(process.pid, signal.SIGINT)
+        signalled = time.monotonic()
+        assert process.wait(timeout=5) == 130
+        assert time.monotonic() - signalled < 5
+    finally:
+        process.kill()
+        process.wait()
+    assert stderr.read_text().splitlines() == [stop_line("interrupted (Ctrl-C)")]
+    deadline = time.monotonic() + 30  # the tasks that were running end on their workers
+    while list(workdir.rglob(".*.tmp")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list(workdir.rglob(".*.tmp")) == []
+    again = _prep(workdir, "--action", "create_hdf5_files", *FLAGS, "--scheduler_file", str(cluster.scheduler_file),
+                  vocab=vocab_file)
+    assert again.returncode == 0 and again.stderr == "", again.stderr  # the same workers, still there
+    _assert_same_shards(workdir / "local", layout.hdf5_dir(workdir, PARAMS))
+
+
+@pytest.mark.slow
+def test_closing_in_order_early_on_dask_stops_waiting_for_the_running_tasks(cluster):
+    config = engine.EngineConfig("dask", scheduler_file=cluster.scheduler_file)
+    with engine.open_runner(config) as run:
+        results = engine.in_order(run, time.sleep, [(0.0,), (6.0,), (6.0,)])
+        assert next(results) is None
+        began = time.monotonic()
+        results.close()
+        assert time.monotonic() - began < 3  # not the 6 s of the tasks that run on
 
 
 # ---------------------------------------------------------------- data/prep.sub

@@ -2,7 +2,7 @@
 Slurm jobs (dask-jobqueue). A task is a module-level function and its arguments; its result depends on those
 only, so the engine and the worker count cannot change the output.
 
-  --engine local                        multiprocessing, --n_processes at a time (as before)
+  --engine local                        --n_processes worker processes (local_processes.py: a signal ends them all)
   --scheduler tcp://host:8786           a Dask scheduler (`dask scheduler`) and its workers
   --scheduler_file scheduler.json       the same, by the file `dask scheduler --scheduler-file` writes
   --engine slurm --slurm_jobs 8 ...     a Dask scheduler here and workers in Slurm jobs (SLURMCluster)
@@ -13,7 +13,6 @@ system) and run the same Python environment.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import sys
 import threading
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from bertrecipe.common.errors import DataError
+from bertrecipe.dataprep.local_processes import WorkerProcesses
 
 ENGINES = ("local", "dask", "slurm")
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the bertrecipe folder
@@ -83,27 +83,28 @@ def _on_worker(function: Callable, task: tuple) -> tuple[Any, str, str]:
     return function(*task), get_worker().address, str(PACKAGE_ROOT)
 
 
+# The stop event of the tasks a thread runs: set by in_order for its background thread (a runner reached through
+# wrappers of any signature still sees it), None elsewhere.
+_THIS_THREAD = threading.local()
+
+
+def _stop_event() -> threading.Event | None:
+    return getattr(_THIS_THREAD, "stop", None)
+
+
 def _run_local(cfg: EngineConfig, function: Callable, tasks: Sequence[tuple], on_done: Callable[[Any], None]
                ) -> set[str]:
+    stop = _stop_event()
     if runs_here(cfg, len(tasks)):
         for task in tasks:
+            if stop is not None and stop.is_set():
+                break
             on_done(function(*task))
         return set()
     # Each task depends only on its arguments, so the process count cannot change the output.
-    with multiprocessing.get_context("spawn").Pool(min(cfg.n_processes, len(tasks))) as pool:
-        for result in pool.imap_unordered(_Star(function), tasks):
-            on_done(result)
+    with WorkerProcesses(min(cfg.n_processes, len(tasks))) as workers:
+        workers.run(function, tasks, on_done, stop)
     return set()
-
-
-class _Star:
-    """function(*task) as a picklable one-argument callable for Pool.imap_unordered."""
-
-    def __init__(self, function: Callable) -> None:
-        self.function = function
-
-    def __call__(self, task: tuple) -> Any:
-        return self.function(*task)
 
 
 def _scheduler_address(cfg: EngineConfig) -> str:
@@ -168,7 +169,7 @@ def _run_dask(client: Any, function: Callable, tasks: Sequence[tuple], on_done: 
     futures = [client.submit(_on_worker, function, task, pure=False) for task in tasks]
     workers: set[str] = set()
     try:
-        for future in distributed.as_completed(futures, loop=client.loop):
+        for future in _completed(distributed.as_completed(futures, loop=client.loop), _stop_event()):
             try:
                 result, worker, package = future.result()  # a task's DataError is raised here, intact
             except ModuleNotFoundError as error:
@@ -183,10 +184,26 @@ def _run_dask(client: Any, function: Callable, tasks: Sequence[tuple], on_done: 
             workers.add(worker)
             on_done(result)
     finally:
-        client.cancel(futures)
+        client.cancel(futures)  # those not started never will; a task already running ends on its worker
     return workers
 
 
+def _completed(futures: Any, stop: threading.Event | None) -> Iterator[Any]:
+    """The futures of a Dask as_completed as they complete, and none once stop is set (looked at every tenth of
+    a second; Dask cannot interrupt a task that runs, so this is how a closed in_order stops waiting for them)."""
+    while not futures.is_empty():
+        if stop is not None and stop.is_set():
+            return
+        batch = futures.next_batch(block=False)
+        if not batch:
+            time.sleep(0.1)
+        yield from batch
+
+
+# run(function, tasks, on_done) -> the Dask workers used (none locally): function(*task) for each task, on_done(result)
+# in this process as each ends, in any order. Run by in_order, it returns once in_order is closed, without waiting for
+# the tasks still running: they are stopped (local processes) or dropped (Dask: one that already runs ends on its
+# worker).
 Runner = Callable[[Callable, Sequence[tuple], Callable[[Any], None]], set]
 
 
@@ -212,6 +229,7 @@ def in_order(run: Runner | None, function: Callable, tasks: Sequence[tuple]) -> 
     results: dict[int, Any] = {}
     failure: list[BaseException] = []
     over = threading.Event()
+    stop = threading.Event()
     ready = threading.Condition()
 
     def done(numbered: tuple[int, Any]) -> None:
@@ -220,6 +238,7 @@ def in_order(run: Runner | None, function: Callable, tasks: Sequence[tuple]) -> 
             ready.notify_all()
 
     def run_all() -> None:
+        _THIS_THREAD.stop = stop
         try:
             run(_Numbered(function), [(i, *task) for i, task in enumerate(tasks)], done)
         except BaseException as err:  # noqa: BLE001 - re-raised in the consuming thread
@@ -240,6 +259,7 @@ def in_order(run: Runner | None, function: Callable, tasks: Sequence[tuple]) -> 
                 result = results.pop(index)
             yield result
     finally:
+        stop.set()  # at the end, nothing is left to stop
         worker.join()
 
 

@@ -11,8 +11,9 @@ and handed to the trainer as its first tokens in code-point order, so that every
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -30,6 +31,7 @@ _CODE_POINTS = 0x110000
 _CHUNK_BYTES = 1 << 22  # text read per numpy pass (whole lines)
 BPE_MULTIPLE = 64  # ModernBERT's choice: a vocab (so embedding) size that is a multiple of 64 suits the GPU
 _BYTES = 256  # byte-level BPE's alphabet
+_T = TypeVar("_T")
 
 
 def vocab_path(root: str | Path, corpus: str, do_lower_case: bool, vocab_size: int, bpe: bool = False) -> Path:
@@ -53,7 +55,7 @@ def train_bpe(inputs: Sequence[Path], output: Path, vocab_size: int, min_frequen
                                   special_tokens=list(SPECIAL_TOKENS), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     try:
-        tokenizer.train([str(p) for p in inputs], trainer)
+        _interruptible(lambda: tokenizer.train([str(p) for p in inputs], trainer))
     except Exception as err:  # tokenizers reports a file it cannot read or decode as a plain Exception
         raise DataError(inputs[0], f"cannot train on the formatted text ({' '.join(str(err).split())}); run "
                                    "--action text_formatting again") from None
@@ -124,12 +126,35 @@ def _train(inputs: Sequence[Path], do_lower_case: bool, vocab_size: int, min_fre
     # The trainer puts special tokens first, in the order given: the base tokens' ids are ours. With no
     # alphabet of its own (limit 0) it adds only `##` pieces that base lacks, after them.
     given = list(SPECIAL_TOKENS) + base
-    tokenizer.train([str(p) for p in inputs], vocab_size=vocab_size, min_frequency=min_frequency,
-                    special_tokens=given, limit_alphabet=0, wordpieces_prefix=PREFIX, show_progress=False)
+    _interruptible(lambda: tokenizer.train([str(p) for p in inputs], vocab_size=vocab_size,
+                                           min_frequency=min_frequency, special_tokens=given, limit_alphabet=0,
+                                           wordpieces_prefix=PREFIX, show_progress=False))
     tokens = [token for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])]
     # Merges join two pieces, so a token of one character (after the prefix) can only be an added base token.
     unforeseen = [t for t in tokens[len(given):] if len(t.removeprefix(PREFIX)) == 1]
     return tokens, unforeseen
+
+
+def _interruptible(train: Callable[[], _T]) -> _T:
+    """train() (tokenizers' trainer) in a daemon thread while this thread waits for it. The trainer runs in Rust
+    without returning to Python, so a Ctrl-C or SIGTERM in the thread that calls it waits for the end of the
+    training (minutes on a real corpus); a waiting thread takes the signal's exception at once, and the process
+    ends without waiting for the training it leaves (nothing of it has been written)."""
+    outcome: list[tuple[bool, object]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, train()))
+        except BaseException as error:  # noqa: BLE001 - raised again in the waiting thread
+            outcome.append((False, error))
+
+    thread = threading.Thread(target=run, name="vocab-training", daemon=True)
+    thread.start()
+    thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 def _canonical(base: list[str]) -> list[str]:

@@ -33,19 +33,27 @@ def test_a_signal_while_a_shard_is_written_is_one_line_and_leaves_nothing(long_t
          "--output_file", str(out / "shard.hdf5"), "--vocab_file", str(VOCAB_EXCERPT), "--dupe_factor", "2",
          "--compression", "gzip"], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
+    # the shard's temporary: the write has begun
+    stderr = signal_once(process, lambda: list(out.glob(".shard.hdf5.*.tmp")), sent, deadline=240, poll=0.01)
+    assert (process.returncode, stderr.splitlines()) == (status, [stop_line(said)])
+    assert list(out.iterdir()) == []
+
+
+def stop_line(said: str) -> str:
+    return f"{said}: stopped before the end; nothing half-written was kept, run the command again to finish"
+
+
+def signal_once(process: subprocess.Popen, ready, sent: int, deadline: float, poll: float) -> str:
+    """Sends `sent` to the process once ready() is true (it must still run by then), and returns its stderr."""
     try:
-        deadline = time.monotonic() + 240
-        while not list(out.glob(".shard.hdf5.*.tmp")):  # the shard's temporary: the write has begun
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
-            time.sleep(0.01)
+        end = time.monotonic() + deadline
+        while not ready():
+            assert process.poll() is None and time.monotonic() < end, process.communicate()
+            time.sleep(poll)
         process.send_signal(sent)
-        _, stderr = process.communicate(timeout=60)
+        return process.communicate(timeout=60)[1]
     finally:
         process.kill()
-    assert process.returncode == status, stderr
-    assert stderr.strip().splitlines() == [f"{said}: stopped before the end; nothing half-written was kept, run the "
-                                           "command again to finish"], stderr
-    assert list(out.iterdir()) == []
 
 
 def torch_is_loading(pid: int) -> bool:
@@ -69,17 +77,8 @@ def test_a_signal_while_the_command_still_imports_is_one_line(command, sent, sta
     launch = [str(script)] if command.startswith(".venv") else [sys.executable, str(script)]
     process = subprocess.Popen([*launch, "--help"], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not torch_is_loading(process.pid):
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
-            time.sleep(0.002)
-        process.send_signal(sent)
-        _, stderr = process.communicate(timeout=60)
-    finally:
-        process.kill()
-    assert (process.returncode, stderr.splitlines()) == (status, [
-        f"{said}: stopped before the end; nothing half-written was kept, run the command again to finish"])
+    stderr = signal_once(process, lambda: torch_is_loading(process.pid), sent, deadline=60, poll=0.002)
+    assert (process.returncode, stderr.splitlines()) == (status, [stop_line(said)])
 
 
 def processes_naming(text: str) -> list[int]:
@@ -119,6 +118,5 @@ def test_a_signal_while_run_downstream_runs_its_children_ends_them_all_in_one_li
         seconds = time.monotonic() - start
     finally:
         process.kill()
-    assert (process.returncode, stderr.splitlines()) == (status, [
-        f"{said}: stopped before the end; nothing half-written was kept, run the command again to finish"])
+    assert (process.returncode, stderr.splitlines()) == (status, [stop_line(said)])
     assert seconds < 10 and processes_naming(str(out)) == []

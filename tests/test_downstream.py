@@ -201,7 +201,7 @@ def test_a_vocab_of_another_model_is_refused_before_any_run(tmp_path, tiny_bert)
 @pytest.mark.slow
 def test_a_failing_run_is_named_its_log_kept_and_the_call_exits_1(tmp_path, tiny_bert, monkeypatch):
     data = data_folder(tmp_path, ("RTE",), squad=False)
-    monkeypatch.setitem(run_downstream.COMMANDS, plan.GLUE, ("bertrecipe.no_such_command", "run_glue.py"))
+    monkeypatch.setitem(run_downstream.COMMANDS, plan.GLUE, "no_such_command")
     out = tmp_path / "out"
     result = in_process(run_downstream.cli, [COMMAND, "--init_checkpoint", tiny_bert, "--data_dir", data,
                                              "--output_dir", out, "--do_lower_case", "--preset", "cpu_tiny",
@@ -209,7 +209,7 @@ def test_a_failing_run_is_named_its_log_kept_and_the_call_exits_1(tmp_path, tiny
     assert result.returncode == 1
     assert "1 run(s) failed: rte/lr0.0001_ep1_bs8_seed1" in result.stderr
     log = out / "runs" / "rte" / "lr0.0001_ep1_bs8_seed1" / runs.LOG
-    assert "No module named 'bertrecipe.no_such_command'" in log.read_text()
+    assert "cannot import name 'no_such_command' from 'bertrecipe.cli.entry'" in log.read_text()
     table = json.loads((out / "results.json").read_text())
     assert table["runs"]["failed"] == ["rte/lr0.0001_ep1_bs8_seed1"] and table["tasks"]["rte"]["score"] is None
 

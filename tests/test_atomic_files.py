@@ -263,3 +263,30 @@ def test_staged_outputs_through_links_replace_the_targets_and_keep_the_links(tmp
     assert (shared / "predictions.json").read_text(encoding="utf-8") == "{}\n"
     assert sorted(p.name for p in shared.iterdir()) == ["predictions.json", "pytorch_model.bin"]
     assert sorted(p.name for p in out.iterdir()) == ["bert_config.json", "predictions.json", "pytorch_model.bin"]
+
+
+def test_a_signal_that_python_swallowed_during_the_write_still_stops_the_commit(tmp_path):
+    """A Ctrl-C landing in a weakref callback (h5py runs many while a shard is written) is printed as "Exception
+    ignored" and dropped by Python: the shard was committed and the command exited 0 (issue 48)."""
+    import signal
+    import weakref
+
+    from bertrecipe.common.stop_signals import forget_signals, raise_on_signal
+
+    class Registered:
+        pass
+
+    def write_and_be_interrupted_in_a_callback(f):
+        f.write(b"half of it")
+        dropped = Registered()
+        callback = weakref.ref(dropped, lambda ref: raise_on_signal(signal.SIGINT, None))  # noqa: F841
+        del dropped  # the callback runs now, its KeyboardInterrupt swallowed
+        f.write(b" and the rest")
+
+    forget_signals()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_atomic(tmp_path / "shard.hdf5", write_and_be_interrupted_in_a_callback)
+    finally:
+        forget_signals()
+    assert list(tmp_path.iterdir()) == []

@@ -120,3 +120,35 @@ def test_a_signal_while_run_downstream_runs_its_children_ends_them_all_in_one_li
         process.kill()
     assert (process.returncode, stderr.splitlines()) == (status, [stop_line(said)])
     assert seconds < 10 and processes_naming(str(out)) == []
+
+
+SIGNAL_IN_A_CALLBACK = """
+import os, signal, sys, time, weakref
+from bertrecipe.cli.command_line import run_cli
+
+def main():
+    class Registered:
+        pass
+
+    def callback(ref):  # as h5py's registry's: Python swallows what is raised here
+        os.kill(os.getpid(), int(sys.argv[1]))
+        time.sleep(0.5)  # the handler runs inside the callback
+
+    dropped = Registered()
+    keep = weakref.ref(dropped, callback)
+    del dropped
+    time.sleep(5)  # the signal was delivered again: raised here
+    print("the command went on")
+
+run_cli(main)
+"""
+
+
+@pytest.mark.parametrize("sent, status, said", [(signal.SIGINT, 130, "interrupted (Ctrl-C)"),
+                                                (signal.SIGTERM, 143, "SIGTERM")])
+def test_a_signal_python_swallows_in_a_weakref_callback_still_stops_the_command(sent, status, said):
+    """Python prints "Exception ignored in ..." and drops a KeyboardInterrupt raised in a weakref callback; a
+    shard's write (h5py runs many) then went on to commit it and exit 0 (issue 48)."""
+    done = subprocess.run([sys.executable, "-c", SIGNAL_IN_A_CALLBACK, str(int(sent))], env=ENV,
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr.splitlines()) == (status, "", [stop_line(said)])

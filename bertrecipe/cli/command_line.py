@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NoReturn, Optional, TextIO
 
 from bertrecipe.common.errors import InputError, error_text
+from bertrecipe.common.stop_signals import Terminated, handle_stop_signals
 
 
 def fail(message: str) -> NoReturn:
@@ -65,25 +66,9 @@ def _end_quietly_after_the_reader_left() -> NoReturn:
     raise SystemExit(EXIT_BROKEN_PIPE)
 
 
-class Terminated(BaseException):
-    """SIGTERM, raised where the command is, as Ctrl-C raises KeyboardInterrupt: the outputs being written are
-    discarded on the way out (atomic_files, StagedOutputs), where the default action would leave them behind."""
-
-
-def _raise_terminated(signum: int, frame: object) -> NoReturn:
-    raise Terminated()
-
-
 def stop_line(what: str) -> str:
     """A signal's one line: outputs are only ever kept whole, so a second run finishes what is missing."""
     return f"{what}: stopped before the end; nothing half-written was kept, run the command again to finish"
-
-
-def raise_terminated_on_sigterm() -> None:
-    """SIGTERM raises Terminated where the command is, as Ctrl-C raises KeyboardInterrupt; a handler already set (a
-    launcher's, a loop's own) stays."""
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 @contextmanager
@@ -104,7 +89,7 @@ def run_cli(main: Callable[[], object]) -> NoReturn:
     """Runs an entry point's main(): InputError becomes the one-line exit-2 report, Ctrl-C one line and exit 130,
     SIGTERM (where nothing else handles it) one line and exit 143, and a reader of the output that went away
     (`| head -1`) a quiet exit 141, as for any Unix tool."""
-    raise_terminated_on_sigterm()
+    handle_stop_signals()  # SIGTERM raised as Ctrl-C is, both remembered (common/stop_signals.py)
     try:
         with signals_end_in_one_line():
             main()

@@ -8,7 +8,8 @@ import importlib
 from functools import partial
 from typing import Callable, NoReturn
 
-from bertrecipe.cli.command_line import raise_terminated_on_sigterm, signals_end_in_one_line
+from bertrecipe.cli.command_line import signals_end_in_one_line
+from bertrecipe.common.stop_signals import handle_stop_signals
 
 # The modules of bertrecipe/cli/ that are commands (each has a cli()); an entry point of each name is below.
 COMMANDS = ("run_pretraining", "run_squad", "run_glue", "run_downstream", "run_retrieval", "inference",
@@ -20,7 +21,7 @@ COMMANDS = ("run_pretraining", "run_squad", "run_glue", "run_downstream", "run_r
 def start_command(name: str) -> NoReturn:
     """Imports bertrecipe.cli.<name> and runs its cli(); a signal during the import ends the command in one line
     (nothing has been written yet, so the usual line, run the command again, holds)."""
-    raise_terminated_on_sigterm()
+    handle_stop_signals()
     with signals_end_in_one_line():
         command = importlib.import_module(f"bertrecipe.cli.{name}")
     command.cli()

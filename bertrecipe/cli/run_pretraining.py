@@ -19,8 +19,9 @@ from typing import NoReturn, Optional
 
 import torch
 
-from bertrecipe.cli.command_line import ArgumentParser, Terminated, run_cli
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
+from bertrecipe.common.stop_signals import Terminated
 from bertrecipe.model.families import ModelConfig, is_modern_config
 from bertrecipe.model.weights import read_config
 from bertrecipe.pretraining.masking import SCHEDULE_SHAPES

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator, Optional
 
 from bertrecipe.common.errors import InputError
+from bertrecipe.common.stop_signals import raise_if_stopped
 
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789_"  # tempfile's, as in the names earlier versions wrote
 _RANDOM = rf"[{_ALPHABET}]{{8}}"
@@ -121,6 +122,7 @@ def atomic_output(path: str | Path, clean: bool = True) -> Iterator[Path]:
         stale_beside = ([path] if clean else []) + ([target] if target != path else [])
         remove_stale_temporaries_of(stale_beside)
         yield tmp
+        raise_if_stopped()  # a signal Python swallowed during the write (in a weakref callback) still stops it here
         os.replace(tmp, target)
         _ACTIVE.discard(tmp)
     except BaseException:
@@ -170,6 +172,7 @@ def move_onto(source: str | Path, path: str | Path) -> Path:
     to shared storage) is first copied to a temporary beside the target. Returns the target."""
     source = Path(source)
     target = output_target(path)
+    raise_if_stopped()
     try:
         os.replace(source, target)
     except OSError as error:

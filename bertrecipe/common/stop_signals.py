@@ -1,0 +1,69 @@
+"""Ctrl-C and SIGTERM as exceptions that are also remembered. Python drops an exception raised inside a weakref
+callback or a __del__ ("Exception ignored in ..." and its traceback) and goes on: h5py runs many while a shard is
+written, so a signal landing there was lost and the shard committed with exit 0. Here such a signal is delivered
+again, where it can be raised, without the traceback; and writers that commit an output (atomic_files) ask
+raise_if_stopped() first, so that nothing is committed after a signal whatever became of its exception."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Any, NoReturn
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is, as Ctrl-C raises KeyboardInterrupt: the outputs being written are
+    discarded on the way out (atomic_files, StagedOutputs), where the default action would leave them behind."""
+
+
+_received: list[int] = []
+
+
+def handle_stop_signals() -> None:
+    """SIGINT and SIGTERM raise their exceptions (raise_on_signal) where no other handler was set (a launcher's, a
+    training loop's own stay), and a swallowed one is delivered again; no signal is remembered yet."""
+    forget_signals()
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, raise_on_signal):
+        signal.signal(signal.SIGTERM, raise_on_signal)
+    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, raise_on_signal):
+        signal.signal(signal.SIGINT, raise_on_signal)
+    if sys.unraisablehook is not _deliver_again:
+        global _unraisable_before
+        _unraisable_before = sys.unraisablehook
+        sys.unraisablehook = _deliver_again
+
+
+def _deliver_again(unraisable: Any) -> None:
+    """sys.unraisablehook: a stop signal's exception that Python could not raise (it landed in a weakref callback
+    or a __del__) is sent again, to be raised in the code that runs next; anything else is shown as before."""
+    if isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated)) and _received:
+        # Sent from a thread a moment later: sent now, its handler would run here, inside the hook, and be
+        # swallowed again; the main thread is back in its own code by then (a callback again: this repeats).
+        again = threading.Timer(0.01, os.kill, (os.getpid(), _received[-1]))
+        again.daemon = True
+        again.start()
+        return
+    _unraisable_before(unraisable)
+
+
+_unraisable_before = sys.unraisablehook
+
+
+def raise_on_signal(signum: int, frame: object) -> NoReturn:
+    """The handler of SIGINT and SIGTERM in a command: remembers the signal, then raises its exception."""
+    _received.append(signum)
+    raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+
+def raise_if_stopped() -> None:
+    """Raises the first signal's exception again when one arrived since forget_signals(): where Python swallowed it,
+    the command still stops before its next commit. In the main thread only, where signals are raised and handled:
+    another thread's commit is of a whole output, and the main thread ends the command."""
+    if _received and threading.current_thread() is threading.main_thread():
+        raise KeyboardInterrupt() if _received[0] == signal.SIGINT else Terminated()
+
+
+def forget_signals() -> None:
+    """A new command (or a test's next in-process one) starts with no signal received."""
+    _received.clear()

@@ -212,3 +212,14 @@ def test_a_log_file_that_is_not_a_folder_nor_writable_file_is_refused_and_dev_nu
     check_writable_file("/dev/null", "--json-summary")  # a way to keep no log
     with pytest.raises(InputError, match=r"is a folder; give a file name such as .*logfile.txt"):
         check_writable_file(tmp_path, "--log_file", example="logfile.txt")
+
+
+def test_a_record_still_being_appended_is_not_read(tmp_path):
+    """A reader of a live run's log (a test, plot_logs) met a half-appended last line: JSONDecodeError."""
+    from bertrecipe.training.metric_logger import read_log
+
+    log = tmp_path / "dllogger.json"
+    log.write_text('DLLL {"step": [0, 1], "data": {"loss": 1.0}}\nDLLL {"step": [0, 2], "da', encoding="utf-8")
+    assert read_log(log) == [{"step": [0, 1], "data": {"loss": 1.0}}]
+    log.write_text(log.read_text() + 'ta": {"loss": 0.5}}\n', encoding="utf-8")
+    assert [r["data"]["loss"] for r in read_log(log)] == [1.0, 0.5]

@@ -183,9 +183,11 @@ class EventFile:
 
 
 def read_log(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a dllogger JSON-lines file (lines without the DLLL prefix are ignored)."""
+    """All records of a dllogger JSON-lines file (lines without the DLLL prefix are ignored). A last line without
+    its newline is a record still being appended (a reader of a live run's log) or cut off by a crash: not read."""
     records = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    text = Path(path).read_text(encoding="utf-8")
+    for line in text[:text.rfind("\n") + 1].splitlines():
         if line.startswith("DLLL "):
             records.append(json.loads(line[5:]))
     return records

@@ -28,8 +28,13 @@ def handle_stop_signals() -> None:
         signal.signal(signal.SIGTERM, raise_on_signal)
     if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, raise_on_signal):
         signal.signal(signal.SIGINT, raise_on_signal)
+    deliver_swallowed_signals_again()
+
+
+def deliver_swallowed_signals_again() -> None:
+    """A stop signal's exception that Python swallows is sent again instead of printed (sys.unraisablehook)."""
+    global _unraisable_before
     if sys.unraisablehook is not _deliver_again:
-        global _unraisable_before
         _unraisable_before = sys.unraisablehook
         sys.unraisablehook = _deliver_again
 

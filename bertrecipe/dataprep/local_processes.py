@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator, NoReturn, Sequence
 from tqdm import tqdm
 
 from bertrecipe.common.errors import DataError, InputError
+from bertrecipe.common.stop_signals import Terminated, deliver_swallowed_signals_again, raise_on_signal
 
 STOP_SECONDS = 2.0  # from a worker's SIGTERM to its SIGKILL: a task inside C code runs on until it returns
 SIGNAL_GRACE = 1.0  # how long a worker's death by SIGTERM waits for this process's own signal
@@ -63,9 +64,10 @@ class WorkerTraceback(Exception):
 
 def _exit_quietly(signum: int, frame: object) -> NoReturn:
     # The parent's SIGTERM follows Slurm's or a group's: it must not cut short the unwinding that removes the
-    # task's temporaries (SIGKILL remains, after STOP_SECONDS).
+    # task's temporaries (SIGKILL remains, after STOP_SECONDS). Raised as a remembered Terminated: where Python
+    # swallows it (a weakref callback of h5py's), the task's next commit still stops (common/stop_signals.py).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise SystemExit(EXIT_ON_SIGTERM)  # an int code: multiprocessing ends the process without printing anything
+    raise_on_signal(signum, frame)
 
 
 def _serve(connection: Connection) -> None:
@@ -73,7 +75,15 @@ def _serve(connection: Connection) -> None:
     until None comes, the parent is gone, or SIGTERM."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_quietly)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # held since the start: a pending SIGTERM ends us here
+    deliver_swallowed_signals_again()  # and never print one as "Exception ignored"
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # held since the start: a pending SIGTERM ends us here
+        _answer_tasks(connection)
+    except Terminated:
+        raise SystemExit(EXIT_ON_SIGTERM) from None  # an int code: multiprocessing ends the process silently
+
+
+def _answer_tasks(connection: Connection) -> None:
     # tqdm's default lock, even for a disabled bar, is a multiprocessing semaphore, which the resource tracker
     # reports on stderr at exit when the worker that made it was SIGKILLed: a thread lock does here.
     tqdm.set_lock(threading.RLock())

@@ -71,6 +71,7 @@ class LoopSettings:
     batch_ramp: Optional[BatchRamp] = None  # the batch-size warm-up's micro-batches per step (None: always full)
     progress_bar: bool = True
     peak_tflops: Optional[float] = None  # --peak_tflops: the device's peak that mfu is against (None: looked up)
+    objective: dict[str, Any] = field(default_factory=dict)  # its checkpoint record (objective.py); {}: masked LM
 
     @property
     def step_offset(self) -> int:
@@ -393,6 +394,7 @@ def checkpoint_payload(state: LoopState, rng_per_rank: list[dict[str, Any]]) -> 
         "skipped_steps": state.stepper.skipped_steps,  # the log's counter goes on after a resume
         "train_seconds": state.train_seconds,  # a --train_budget_minutes run goes on with what is left
         "tokens": state.tokens,  # so does a --max_tokens run, and the batch-size warm-up
+        **({"objective": settings.objective} if settings.objective else {}),  # a resume compares it
     }
 
 

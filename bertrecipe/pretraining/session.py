@@ -5,6 +5,7 @@ loop (loop.py) and the evaluation. The command keeps the flags, the signals and 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -14,8 +15,8 @@ from bertrecipe.common.atomic_files import remove_stale_temporaries
 from bertrecipe.common.output_paths import check_writable_folder, refuse_input_as_output
 from bertrecipe.model.families import ModelConfig
 from bertrecipe.pretraining import masking
-from bertrecipe.pretraining.data import BertPretrainingCriterion
 from bertrecipe.pretraining.loop import LoopSettings, TrainingSetup, evaluate, pretraining_loop
+from bertrecipe.pretraining.objective import MASKED_LM, Criterion, PretrainingObjective
 from bertrecipe.pretraining.resume_rules import check_resume, find_resume_checkpoint, stream_lanes, with_fingerprints
 from bertrecipe.pretraining.run_tokenizer import (
     TextCasing,
@@ -47,10 +48,11 @@ from bertrecipe.training.stepper import allow_tf32, make_precision, seed_everyth
 
 
 def pretrain(settings: PretrainingSettings, config: ModelConfig, ctx: DistributedContext,
-             start_time: float) -> dict[str, Any]:
+             start_time: float, objective: PretrainingObjective = MASKED_LM) -> dict[str, Any]:
     """The run of these settings: inputs and outputs checked before the first write, the output folder locked,
     the resume point chosen, model, optimizer and sample stream set up, then pretraining_loop and the
-    evaluation; returns the closing record (its "stopped_by" says when a SIGTERM ended the run early)."""
+    evaluation; returns the closing record (its "stopped_by" says when a SIGTERM ended the run early). The
+    objective (pretraining/objective.py) says what is trained and how its loss is computed."""
     device, run_settings = settings.device, settings.run
     precision = make_precision(ctx.device, device.fp16, device.bf16, device.init_loss_scale)
     allow_tf32(device.tf32)
@@ -63,24 +65,32 @@ def pretrain(settings: PretrainingSettings, config: ModelConfig, ctx: Distribute
     allow_mismatch = settings.stream.allow_vocab_mismatch
     tokenizer = run_tokenizer(train_shards + eval_shards, vocab, config.vocab_size, allow_mismatch)
     casing = run_casing(train_shards + eval_shards, vocab, allow_mismatch)
+    objective.check(config, tokenizer, casing, allow_mismatch)
     init_weights = read_init_checkpoint(settings.model, config, tokenizer, casing, allow_mismatch, warn=ctx.is_main)
+    init_source = None
+    if init_weights is None and objective.initial_weights(config) is not None:
+        init_weights, init_source = objective.initial_weights(config)
     check_pretraining_outputs(settings, train_shards, eval_shards)
     # The lock is the first write: the resume point is chosen, and the checkpoints written, by one run at a time.
     with locked_output_folder(run_settings.output_dir, ctx.is_main, lambda flag: any_process(flag, ctx),
                               log_file=run_settings.json_summary) as lock:
         settings, resume_from, steps_left, changes = choose_resume(settings, config, ctx, train_shards, tokenizer,
                                                                    casing)
+        if resume_from is not None:
+            objective.check_resume(*resume_from)
         spec = None
         if run_settings.do_train:
             spec = masking_spec(settings.stream, train_shards, config, vocab, settings.model.no_nsp,
                                 warn=ctx.is_main)
         seed_everything(settings.stream.seed + ctx.rank)
         # A resumed run's weights are its checkpoint's: what --init_checkpoint lacks does not matter then.
-        model = build_pretraining_model(settings.model, config, ctx.device, init_weights,
-                                        warn=ctx.is_main and resume_from is None)
+        model = objective.trainable(build_pretraining_model(settings.model, config, ctx.device, init_weights,
+                                                            warn=ctx.is_main and resume_from is None,
+                                                            init_source=init_source))
         if ctx.is_main:
             remove_stale_temporaries(run_settings.output_dir, checkpointing.CHECKPOINT_NAME)
-        loop = pretraining_loop_settings(settings, ctx, tokenizer, casing)
+        loop = replace(pretraining_loop_settings(settings, ctx, tokenizer, casing),
+                       objective=objective.checkpoint_record())
         log = open_pretraining_log(settings, ctx, loop.progress_bar)
         for change in changes:
             log.log("PARAMETER", {"resume_applies": change}, echo=False)
@@ -95,7 +105,8 @@ def pretrain(settings: PretrainingSettings, config: ModelConfig, ctx: Distribute
         setup = TrainingSetup(ctx, config, ddp_model, optimizer, scheduler, precision, log, eval_shards, lock,
                               start_time)
         with checkpointing.failures_name_the_checkpoint(run_settings.output_dir):
-            final = train_and_evaluate(settings, setup, loop, train_shards, spec, resume, steps_left)
+            criterion = objective.criterion(nsp=not settings.model.no_nsp)
+            final = train_and_evaluate(settings, setup, loop, train_shards, spec, resume, steps_left, criterion)
     return final
 
 
@@ -213,7 +224,7 @@ def step_ramp(settings: PretrainingSettings, ctx: DistributedContext) -> Optiona
 
 def train_and_evaluate(settings: PretrainingSettings, setup: TrainingSetup, loop: LoopSettings,
                        shards: list[ShardInfo], spec: Optional[masking.MaskingSpec], resume: ResumePoint,
-                       steps_left: int) -> dict[str, Any]:
+                       steps_left: int, criterion: Criterion) -> dict[str, Any]:
     """Trains the steps left (saying so when there are none), evaluates as asked, logs the closing record."""
     final: dict[str, Any] = {}
     run, optimizer = settings.run, settings.optimizer
@@ -229,7 +240,6 @@ def train_and_evaluate(settings: PretrainingSettings, setup: TrainingSetup, loop
     elif run.do_train:
         data = sample_stream(settings.stream, settings.derived.lanes, setup.ctx, shards, spec, resume, steps_left,
                              setup.config.vocab_size, optimizer.max_steps)
-        criterion = BertPretrainingCriterion(nsp=not settings.model.no_nsp)
         final.update(pretraining_loop(setup, data, criterion, loop, resume, steps_left))
     if run.do_eval and setup.eval_shards and "eval_mlm_accuracy" not in final:
         final.update(evaluate(setup, loop.eval_batch_size))

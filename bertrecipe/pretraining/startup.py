@@ -86,20 +86,22 @@ def refuse_another_function(theirs: Optional[ModelConfig], ours: ModelConfig, so
 
 
 def build_pretraining_model(settings: ModelSettings, config: ModelConfig, device: torch.device,
-                            init_weights: Optional[LoadedWeights] = None, warn: bool = True) -> torch.nn.Module:
+                            init_weights: Optional[LoadedWeights] = None, warn: bool = True,
+                            init_source: Optional[str] = None) -> torch.nn.Module:
     """The model the settings ask for, on `device`: --init_checkpoint's weights (`init_weights` as
-    read_init_checkpoint read them, else read here), with a warning for each head they lack and the weights they
-    hold beyond the model (when `warn`), the --pretrain_dropout, the NSP head frozen with --no_nsp, compiled with
-    --compile."""
+    read_init_checkpoint read them, else read here; or an objective's, named `init_source`), with a warning for
+    each head they lack and the weights they hold beyond the model (when `warn`), the --pretrain_dropout, the NSP
+    head frozen with --no_nsp, compiled with --compile."""
     if settings.pretrain_dropout is not None:  # the model's own copy: the checkpoint keeps the config's dropout
         config = with_dropout(config, settings.pretrain_dropout)
     model = pretraining_model(config)
     model.set_checkpoint_activations(settings.checkpoint_activations)
-    if settings.init_checkpoint:
+    if settings.init_checkpoint or init_weights is not None:  # the flag's, or an objective's (a teacher's layers)
         weights = init_weights or read_weights(settings.init_checkpoint)
-        missing = load_weights_into(model, weights, settings.init_checkpoint)
+        source = settings.init_checkpoint or init_source or "the initial weights"
+        missing = load_weights_into(model, weights, source)
         if warn:
-            warn_of_partial_weights(model, weights, missing, settings.init_checkpoint, settings.no_nsp)
+            warn_of_partial_weights(model, weights, missing, source, settings.no_nsp)
     if settings.no_nsp and not is_modern_config(config):  # the modern family has no NSP head to freeze
         # Frozen, so that neither LAMB nor DDP waits for gradients that never come (DDP would fail on unused
         # parameters); they are saved as they are.

@@ -53,6 +53,9 @@ NVIDIA_FUSED = (
 )
 ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
 MODERN_ENCODER_PREFIXES = ("embeddings.", "layers.", "final_norm.")  # a bare ModernBertModel's names
+# A distilled student's training extras (its projection to the teacher's width, distillation/student.py): saved
+# with its weights, never weights of a model, so every reader and writer here leaves them out without a word.
+DISTILLATION_PREFIX = "distillation."
 
 
 class WeightsError(InputError):
@@ -119,10 +122,12 @@ def read_config(path: str | Path) -> ModelConfig:
 
 def _weight_entries(state_dict: dict[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
     """The tensors of a state dict under their names without DDP's `module.` prefix (a pickle may hold int keys
-    or other objects: not weights)."""
+    or other objects, a distilled student its training extras: not weights)."""
     for key, value in state_dict.items():
         if isinstance(value, Tensor) and isinstance(key, str):
-            yield key.removeprefix("module."), value
+            name = key.removeprefix("module.")
+            if not name.startswith(DISTILLATION_PREFIX):
+                yield name, value
 
 
 def normalize_state_dict(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], str]:
@@ -225,7 +230,7 @@ def load_weights_into(model: nn.Module, weights: LoadedWeights, source: str | Pa
     if is_modern_config(model.config):
         return _load_modern_into(model, weights, source)
     own = model.state_dict()
-    state = dict(weights.state_dict)
+    state = _without_extras(weights.state_dict)
     if not any(name.startswith("bert.") for name in own):  # a bare encoder (BertModel) takes unprefixed names
         state = {name.removeprefix("bert."): value for name, value in state.items()}
     for name in own:
@@ -252,6 +257,11 @@ def load_weights_into(model: nn.Module, weights: LoadedWeights, source: str | Pa
     return missing
 
 
+def _without_extras(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A copy without a distilled student's training extras (LoadedWeights made elsewhere than read_weights)."""
+    return {name: value for name, value in state_dict.items() if not name.startswith(DISTILLATION_PREFIX)}
+
+
 def _check_shapes(own: dict[str, Tensor], state: dict[str, Tensor], source: str | Path) -> None:
     for name, tensor in state.items():
         if name in own and own[name].shape != tensor.shape:
@@ -264,7 +274,7 @@ def _check_shapes(own: dict[str, Tensor], state: dict[str, Tensor], source: str 
 def _load_modern_into(model: nn.Module, weights: LoadedWeights, source: str | Path) -> list[str]:
     """load_weights_into for the modern family: same names as transformers', the decoder tied."""
     own = model.state_dict()
-    state = dict(weights.state_dict)
+    state = _without_extras(weights.state_dict)
     if isinstance(model, ModernBertModel):  # a bare encoder takes unprefixed names
         state = {name.removeprefix("model."): value for name, value in state.items()}
     vocab_size = getattr(weights.config, "vocab_size", None)
@@ -308,16 +318,16 @@ def model_for_weights(weights: LoadedWeights, config: ModelConfig) -> nn.Module:
 
 
 def export_state_dict(model: nn.Module, naming: str = "ours") -> dict[str, Tensor]:
-    """The model's weights for writing: vocab rows cut to vocab_size, tied decoder left out, NVIDIA names
-    when `naming` is "nvidia"."""
+    """The model's weights for writing: vocab rows cut to vocab_size, tied decoder left out (and a distilled
+    student's training extras), NVIDIA names when `naming` is "nvidia"."""
     if is_modern_config(model.config):  # transformers' names already; the tied decoder comes with the embeddings
         prefix = "model." if isinstance(model, ModernBertModel) else ""
-        return {prefix + name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()
-                if name != "decoder.weight"}
+        return {prefix + name: tensor.detach().cpu().contiguous()
+                for name, tensor in _without_extras(model.state_dict()).items() if name != "decoder.weight"}
     vocab_size = model.config.vocab_size
     result: dict[str, Tensor] = {}
     bare_encoder = isinstance(model, BertModel)
-    for name, tensor in model.state_dict().items():
+    for name, tensor in _without_extras(model.state_dict()).items():
         if name == "cls.predictions.decoder.weight":
             continue
         if bare_encoder:  # files always use the full BertForPreTraining names

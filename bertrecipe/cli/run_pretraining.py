@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Callable, NoReturn, Optional
 
 import torch
 
@@ -39,15 +39,24 @@ from bertrecipe.training.process_group import (
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    return checked(build_parser(__doc__).parse_args(argv))
+
+
+def build_parser(description: Optional[str], config_required: bool = True) -> ArgumentParser:
+    """Every flag of a pre-training run (general distillation adds its own to these)."""
+    p = ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     # Declared in --help's order: inputs, then the step, then the run, then the data stream and device.
-    add_input_flags(p)
+    add_input_flags(p, config_required)
     add_step_flags(p)
     add_optimizer_flags(p)
     add_run_flags(p)
     add_stream_flags(p)
     add_budget_flags(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def checked(args: argparse.Namespace) -> argparse.Namespace:
+    """The parsed flags checked (one line for each senseless value or combination) and completed."""
     check_numbers(args)
     check_token_flags(args)
     check_combinations(args)
@@ -59,10 +68,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
-def add_input_flags(p: argparse.ArgumentParser) -> None:
+def add_input_flags(p: argparse.ArgumentParser, config_required: bool = True) -> None:
     """Where the shards, the config and the starting weights are, and where the checkpoints go."""
     p.add_argument("--input_dir", required=True, help="directory of *training*.hdf5 shards")
-    p.add_argument("--config_file", required=True, help="bert_config.json")
+    p.add_argument("--config_file", required=config_required, help="bert_config.json")
     p.add_argument("--output_dir", required=True, help="where ckpt_<step>.pt files go")
     p.add_argument("--bert_model", default="bert-large-uncased", help="accepted for NVIDIA compatibility; unused")
     p.add_argument("--init_checkpoint", help="initial weights: our checkpoint, NVIDIA's or a Hugging Face directory")
@@ -190,8 +199,9 @@ def add_stream_flags(p: argparse.ArgumentParser) -> None:
                    help="with --masked_lm_prob_schedule linear or cosine: the rate at the phase's last step")
     p.add_argument("--whole_word_masking", action="store_true",
                    help="with --dynamic_masking: mask all pieces of a word together (needs --vocab_file)")
-    p.add_argument("--vocab_file", help="with --dynamic_masking: the shards' vocab.txt or tokenizer.json (WordPiece or "
-                                        "byte-level BPE; default: the ids the shards record, or [CLS], [SEP] and "
+    p.add_argument("--vocab_file", help="the shards' vocab.txt or tokenizer.json (WordPiece or byte-level BPE), "
+                                        "checked against the shards and the model; with --dynamic_masking its "
+                                        "special ids mask (default: the ids the shards record, or [CLS], [SEP] and "
                                         "[MASK] read off the first shard)")
     p.add_argument(ALLOW_VOCAB_MISMATCH, action="store_true",
                    help="warn instead of refusing a tokenizer that does not look like the model's: far fewer tokens "
@@ -249,8 +259,8 @@ def check_combinations(args: argparse.Namespace) -> None:
     if args.train_batch_size % args.gradient_accumulation_steps:
         raise InputError(f"--train_batch_size {args.train_batch_size} is not a multiple of "
                          f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
-    if (args.whole_word_masking or args.vocab_file) and not args.dynamic_masking:
-        raise InputError("--whole_word_masking and --vocab_file go with --dynamic_masking")
+    if args.whole_word_masking and not args.dynamic_masking:  # a --vocab_file alone is checked against the shards
+        raise InputError("--whole_word_masking goes with --dynamic_masking")
     if args.whole_word_masking and not args.vocab_file:
         raise InputError("--whole_word_masking needs --vocab_file (to know which tokens are '##' word pieces)")
     if args.masked_lm_prob is not None and not args.dynamic_masking:
@@ -357,10 +367,16 @@ def check_token_flags(args: argparse.Namespace) -> None:
 
 def main(argv: Optional[list[str]] = None) -> None:
     """Parses the flags (argv: sys.argv's when None) and runs; Ctrl-C ends it with one line and exit 130."""
-    args = parse_args(argv)
+    run_in_process_group(parse_args(argv), run)
+
+
+def run_in_process_group(args: argparse.Namespace,
+                         run_with: Callable[[argparse.Namespace, DistributedContext], None]) -> None:
+    """run_with(args, the process group): a signal or a peer's end is one line naming the checkpoint to resume from
+    (Ctrl-C 130, SIGTERM outside the steps 143, another process stopped 1)."""
     ctx = init_distributed(args.no_cuda)
     try:
-        run(args, ctx)
+        run_with(args, ctx)
     except KeyboardInterrupt:
         if ctx.is_main:
             print(f"interrupted (Ctrl-C): {checkpointing.where_to_resume(args.output_dir)}", file=sys.stderr,
@@ -401,7 +417,11 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> None:
     # Every input is checked before the first write: a refused run leaves --output_dir as it was.
     config = read_config(args.config_file)
     settings = settings_for(args, config)
-    final = pretrain(settings, config, ctx, start_time)
+    say_how_it_ended(pretrain(settings, config, ctx, start_time), settings, ctx)
+
+
+def say_how_it_ended(final: dict, settings: PretrainingSettings, ctx: DistributedContext) -> None:
+    """Exit 143 with its line when a SIGTERM stopped the run before its end."""
     if final.get("stopped_by") == "SIGTERM":
         if ctx.is_main:
             print(f"stopped by SIGTERM at step {final['global_step']} before the end of the phase; checkpoint "

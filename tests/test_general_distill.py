@@ -11,7 +11,7 @@ import torch
 from bertrecipe.cli import general_distill, run_glue, run_pretraining
 from bertrecipe.common.errors import InputError
 from bertrecipe.training.metric_logger import read_log
-from helpers import REPO_ROOT, in_process, run_command, tiny_sst2
+from helpers import REPO_ROOT, TINY_MODERN, in_process, run_command, tiny_sst2
 
 VOCAB, SEQ, PREDS = 128, 16, 3
 TEACHER = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -204,3 +204,28 @@ def test_two_processes_distil_as_one_with_the_same_global_batch(teacher_space, t
     one, two = (torch.load(tmp_path / name / "ckpt_4.pt", weights_only=True)["model"] for name in ("one", "two"))
     for name, value in one.items():
         torch.testing.assert_close(two[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow
+def test_a_modern_teacher_distils_into_a_modern_student(teacher_space, tmp_path):
+    """The modern family (rotary positions, local windows, fused QKV): a 3-layer teacher into a 1-layer student on
+    the same shards (masked LM alone, no NSP)."""
+    modern = {"model_type": "modernbert", "vocab_size": VOCAB, **TINY_MODERN, "max_position_embeddings": 32}
+    (tmp_path / "teacher.json").write_text(json.dumps(modern))
+    (tmp_path / "student.json").write_text(json.dumps({**modern, "num_hidden_layers": 1}))
+    run_pretraining.main(["--input_dir", str(teacher_space / "data"), "--config_file", str(tmp_path / "teacher.json"),
+                          "--output_dir", str(tmp_path / "teacher"), "--max_seq_length", str(SEQ),
+                          "--max_predictions_per_seq", str(PREDS), "--train_batch_size", "4", "--max_steps", "2",
+                          "--optimizer", "adamw", "--do_train", "--disable_progress_bar"])
+    backbone = {"distillation": True, "distillation_config": {**BACKBONE["distillation_config"],
+                                                              "use_pred_states": False}}
+    (tmp_path / "backbone.json").write_text(json.dumps(backbone))  # NVIDIA's first stage: the states alone
+    argv = distil_flags(teacher_space, tmp_path / "student", "--max_steps", 12, "--learning_rate", 3e-3,
+                        config=tmp_path / "student.json",
+                        distill=tmp_path / "backbone.json")
+    argv[argv.index("--teacher_model") + 1] = str(tmp_path / "teacher" / "ckpt_2.pt")
+    general_distill.main(argv)
+    curve = losses(tmp_path / "student")
+    assert len(curve) == 12 and np.mean(curve[-3:]) < 0.8 * np.mean(curve[:3]), curve
+    ckpt = torch.load(tmp_path / "student" / "ckpt_12.pt", weights_only=True)
+    assert ckpt["config"]["num_hidden_layers"] == 1 and "model.layers.0.attn.Wqkv.weight" in ckpt["model"]

@@ -55,6 +55,25 @@ def add_common_arguments(p: argparse.ArgumentParser, *, batch_size: int, learnin
     p.add_argument("--no_cuda", action="store_true")
 
 
+def add_onnx_model_argument(p: argparse.ArgumentParser, export: str) -> None:
+    """--onnx_model: prediction and evaluation with an exported model instead of a checkpoint."""
+    p.add_argument("--onnx_model", help=f"instead of --init_checkpoint: a model.onnx of {export}, fp32 or --int8, run "
+                                        "on ONNX Runtime's CPU kernels (prediction and evaluation only)")
+
+
+def check_onnx_model_flags(args: argparse.Namespace) -> None:
+    """--onnx_model runs the exported model as it is: the flags that pick, train or cast a PyTorch model are refused
+    beside it (InputError naming them)."""
+    if not args.onnx_model:
+        return
+    given = [flag for flag, value in (("--init_checkpoint", args.init_checkpoint), ("--config_file", args.config_file),
+                                      ("--do_train", args.do_train), ("--fp16", args.fp16), ("--bf16", args.bf16))
+             if value]
+    if given:
+        raise InputError(f"--onnx_model runs the exported model as it is, on ONNX Runtime: {', '.join(given)} "
+                         "do not apply")
+
+
 def check_common_arguments(args: argparse.Namespace) -> None:
     """Refuses flag values that make no sense with one line naming the flag (InputError), before anything is
     read or written, and applies --tf32. --max_steps keeps NVIDIA's meaning: -1 trains --num_train_epochs."""
@@ -99,9 +118,10 @@ Paths = list[tuple[str, Optional[str | Path]]]  # (flag or description, path or 
 
 
 def model_inputs(args: argparse.Namespace) -> Paths:
-    """The model files a run reads: --vocab_file, --config_file and --init_checkpoint with what read_weights may
-    read along (a folder's weights and config, the config beside a checkpoint file)."""
-    inputs: Paths = [("--vocab_file", args.vocab_file), ("--config_file", args.config_file)]
+    """The model files a run reads: --vocab_file, --config_file, --onnx_model and --init_checkpoint with what
+    read_weights may read along (a folder's weights and config, the config beside a checkpoint file)."""
+    inputs: Paths = [("--vocab_file", args.vocab_file), ("--config_file", args.config_file),
+                     ("--onnx_model", getattr(args, "onnx_model", None))]
     if args.init_checkpoint:
         path = Path(args.init_checkpoint)
         folder = path if path.is_dir() else path.parent

@@ -5,7 +5,9 @@
     python inference.py --onnx_model triton/model_repository/bert/1/model.onnx --vocab_file vocab.txt ...
 
 --onnx_model runs, instead of a checkpoint, the ONNX file that triton/deployer.py --format onnx exported (and
-checked against PyTorch) on ONNX Runtime's CPU kernels, in fp32: faster than PyTorch on a CPU.
+checked against PyTorch) on ONNX Runtime's CPU kernels: in fp32, faster than PyTorch on a CPU, or the int8 model of
+deployer.py --int8, about 2-3x faster again on a CPU with VNNI (docs/benchmarks.md has the figures and the
+accuracy kept).
 
 Prints one JSON object: the question, the answer, the n-best list and the number of windows (plus the null
 odds with --version_2_with_negative). Without --question, questions are read from stdin, one per line, and
@@ -70,8 +72,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
     p.add_argument("--bert_model", default="bert-large-uncased", help="model name, informational (NVIDIA's flag)")
     model = p.add_mutually_exclusive_group(required=True)
     model.add_argument("--init_checkpoint", help="fine-tuned checkpoint: ours, NVIDIA's or a HF directory")
-    model.add_argument("--onnx_model", help="instead: a model.onnx of triton/deployer.py --format onnx, run on ONNX "
-                                            "Runtime (CPU, fp32)")
+    model.add_argument("--onnx_model", help="instead: a model.onnx of triton/deployer.py --format onnx (fp32, or int8 "
+                                            "with --int8), run on ONNX Runtime (CPU)")
     p.add_argument("--config_file", help="bert_config.json (default: the one in or beside the checkpoint)")
     p.add_argument("--vocab_file", required=True,
                    help="vocab.txt or tokenizer.json (WordPiece or byte-level BPE) of the model")
@@ -91,7 +93,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
     if args.fp16 and args.bf16:
         p.error("--fp16 and --bf16 exclude each other")
     if args.onnx_model and (args.fp16 or args.bf16 or args.config_file):
-        p.error("--onnx_model runs the exported fp32 model as it is: --fp16, --bf16 and --config_file do not apply")
+        p.error("--onnx_model runs the exported model as it is: --fp16, --bf16 and --config_file do not apply")
     for flag in ("max_seq_length", "doc_stride", "n_best_size", "max_answer_length", "predict_batch_size"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag} must be at least 1")
@@ -121,8 +123,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> InferenceOptions:
 def refuse_output_onto_inputs(args: argparse.Namespace) -> None:
     """The answers go to the standard output: refused (InputError) when the shell sends it into one of the inputs
     (`> context.txt` has emptied the file already, `>> context.txt` would append to it)."""
-    inputs = [*finetuning_flags.model_inputs(args), ("--onnx_model", args.onnx_model),
-              ("--context_file", args.context_file)]
+    inputs = [*finetuning_flags.model_inputs(args), ("--context_file", args.context_file)]
     refuse_input_as_output("/dev/stdout", "the standard output", inputs,
                            fix="send the output (>) to another file")
 

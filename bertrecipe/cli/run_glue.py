@@ -10,6 +10,8 @@ metrics, inference latency percentiles and throughput) after evaluation, test_pr
 first write (a refused run creates nothing; no output, --json-summary included, may be one of the inputs, and the
 vocab must be the model's: --allow_vocab_mismatch), and the run's files are renamed into place together at its end:
 a failure on the way leaves the previous run's model and results.json as they were.
+--onnx_model evaluates (and predicts with) an exported model instead of a checkpoint, fp32 or int8, on ONNX
+Runtime's CPU kernels (triton/deployer.py --task glue [--int8]); results.json then names it and its precision.
 Launch with torchrun for more than one process; evaluation and prediction run on the first process.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn, Optional
 
 import numpy as np
@@ -26,6 +29,8 @@ from tqdm import tqdm
 from bertrecipe.cli import finetuning_flags
 from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
+from bertrecipe.deploy.onnx_export import check_session_vocab, open_classifier_session, timed_onnx_outputs
+from bertrecipe.deploy.quantization import onnx_precision
 from bertrecipe.finetuning import glue, glue_task, loop
 from bertrecipe.finetuning.model_loading import build_model, config_and_weights, load_tokenizer
 from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
@@ -51,6 +56,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--mode", help='NVIDIA run_glue.sh spelling: "train", "eval", "prediction" or a combination')
     p.add_argument("--max_seq_length", type=int, default=128)
     p.add_argument("--eval_batch_size", type=int, default=8)
+    finetuning_flags.add_onnx_model_argument(p, "triton/deployer.py --task glue")
     args = p.parse_args(argv)
     if args.mode:
         words = [w for w in re.split(r"[\s,+_]+", args.mode) if w]
@@ -62,8 +68,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         args.do_predict |= "prediction" in words
     if not (args.do_train or args.do_eval or args.do_predict):
         raise InputError("nothing to do: pass --do_train, --do_eval and/or --do_predict (or --mode)")
-    if not (args.do_train or args.init_checkpoint):
-        raise InputError("evaluation without training needs --init_checkpoint (a fine-tuned model)")
+    finetuning_flags.check_onnx_model_flags(args)
+    if not (args.do_train or args.init_checkpoint or args.onnx_model):
+        raise InputError("evaluation without training needs --init_checkpoint (a fine-tuned model) or --onnx_model")
     task = glue.get_task(args.task_name)
     finetuning_flags.check_common_arguments(args)
     finetuning_flags.check_positive(args, "eval_batch_size")
@@ -123,10 +130,11 @@ class GlueRun:
     task: glue.GlueTask
     precision: Precision
     bar: bool  # this process shows progress bars
-    config: ModelConfig
-    model: torch.nn.Module
+    config: Optional[ModelConfig]  # None with --onnx_model
+    model: Optional[torch.nn.Module]  # None with --onnx_model: the session predicts
     splits: dict[str, glue.GlueFeatures]  # "train", "dev", "dev_mm", "test": those the run needs
     vocab: AnyVocab  # --vocab_file's, whose identity the fine-tuned model records
+    session: Any = None  # --onnx_model's ONNX Runtime session
 
 
 def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
@@ -148,6 +156,8 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
             if ctx.is_main and (args.do_eval or args.do_predict):
                 results.update(evaluate_and_predict(state, stage))
                 results["eval_batch_size"] = args.eval_batch_size
+                if args.onnx_model:
+                    results.update(onnx_model=str(args.onnx_model), precision=onnx_precision(Path(args.onnx_model)))
                 stage.write_json("results.json", results)
             if ctx.is_main:
                 stage.commit()
@@ -158,11 +168,19 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
 
 
 def prepare(args: argparse.Namespace, ctx: DistributedContext) -> GlueRun:
-    """Reads and checks every input and builds the model. It writes nothing: a refused run creates nothing, not
-    even the log."""
+    """Reads and checks every input and builds the model (or opens --onnx_model). It writes nothing: a refused run
+    creates nothing, not even the log."""
     task = glue.get_task(args.task_name)
     precision = make_precision(ctx.device, args.fp16, args.bf16)
     tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
+    bar = ctx.is_main and not args.disable_progress_bar
+    if args.onnx_model:
+        if ctx.world_size != 1:
+            raise InputError("--onnx_model evaluates in one process; launch it without torchrun")
+        session = open_classifier_session(Path(args.onnx_model), task.num_labels)
+        check_session_vocab(session, Path(args.onnx_model), tokenizer.vocab, args.allow_vocab_mismatch)
+        splits = read_splits(task, args, tokenizer)
+        return GlueRun(args, ctx, task, precision, bar, None, None, splits, tokenizer.vocab, session)
     config, weights = config_and_weights(args.config_file, args.init_checkpoint)
     splits = read_splits(task, args, tokenizer)
     seed_everything(args.seed)  # the same new classifier on every process
@@ -170,7 +188,6 @@ def prepare(args: argparse.Namespace, ctx: DistributedContext) -> GlueRun:
                         args.init_checkpoint, tokenizer.vocab, args.max_seq_length,
                         args.allow_vocab_mismatch).to(ctx.device)
     torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
-    bar = ctx.is_main and not args.disable_progress_bar
     return GlueRun(args, ctx, task, precision, bar, config, model, splits, tokenizer.vocab)
 
 
@@ -238,6 +255,12 @@ def predict_test(state: GlueRun, stage: StagedOutputs) -> dict[str, Any]:
 
 def predict_split(state: GlueRun, task: glue.GlueTask,
                   features: glue.GlueFeatures) -> tuple[np.ndarray, list[float]]:
+    if state.session is not None:
+        arrays = glue_task.glue_arrays(features)
+        (logits,), latencies = timed_onnx_outputs(state.session, (arrays["input_ids"], arrays["segment_ids"],
+                                                                  arrays["input_mask"]),
+                                                  state.args.eval_batch_size, trim=True)
+        return glue_task.glue_predictions(task, logits), latencies
     (logits,), latencies = timed_inference(state.model, glue_task.glue_arrays(features), state.args.eval_batch_size,
                                            state.precision, glue_task.glue_logits, state.bar, trim=True)
     return glue_task.glue_predictions(task, logits), latencies

@@ -11,7 +11,8 @@ qrels/train.tsv: each judged-relevant pair). --init_checkpoint is our checkpoint
 or a Hugging Face folder (a sentence-transformers model's folder too: its encoder). Writes OUT/results.json
 (ndcg@10, mrr@10, recall@100, the counts, pooling, checkpoint) after --do_eval; OUT/pytorch_model.bin +
 bert_config.json (the encoder) after --do_train; corpus_embeddings.safetensors + corpus_ids.json with
---export_embeddings; model.onnx (encoder and pooling) with --export_onnx. Every input is read and checked before
+--export_embeddings; model.onnx (encoder and pooling) with --export_onnx, its int8 form with --int8 as well
+(for CPUs; docs/benchmarks.md has its speed and how close its embeddings stay). Every input is read and checked before
 the first write (a refused run writes nothing) and the outputs are renamed into place together at the end.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from bertrecipe.cli import finetuning_flags
 from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.deploy.embedding_export import embeddings_safetensors, ids_json, onnx_bytes
+from bertrecipe.deploy.quantization import quantized_bytes
 from bertrecipe.finetuning import beir_data
 from bertrecipe.finetuning.embedding import POOLINGS, EmbeddingModel, encode_texts, load_embedding_model
 from bertrecipe.finetuning.model_loading import config_and_weights, load_tokenizer
@@ -55,11 +57,16 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--eval_batch_size", type=int, default=64)
     p.add_argument("--export_embeddings", action="store_true", help="corpus_embeddings.safetensors + corpus_ids.json")
     p.add_argument("--export_onnx", action="store_true", help="model.onnx: the encoder and its pooling")
+    p.add_argument("--int8", action="store_true",
+                   help="--export_onnx writes the int8 model (ONNX Runtime dynamic quantization of the linear layers, "
+                        "for CPUs)")
     args = p.parse_args(argv)
     if not (args.do_train or args.do_eval or args.export_embeddings or args.export_onnx):
         raise InputError("nothing to do: pass --do_train, --do_eval, --export_embeddings and/or --export_onnx")
     if not args.init_checkpoint:
         raise InputError("--init_checkpoint is needed: the encoder to score or fine-tune")
+    if args.int8 and not args.export_onnx:
+        raise InputError("--int8 quantizes the ONNX export: add --export_onnx")
     if args.do_train and not args.train_file:
         raise InputError("--do_train needs --train_file (JSON Lines of pairs, or a BEIR qrels/train.tsv)")
     finetuning_flags.check_common_arguments(args)
@@ -126,7 +133,10 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
             if args.do_eval:
                 stage.write_json("results.json", results)
             if args.export_onnx:
-                stage.write("model.onnx", lambda f: f.write(onnx_bytes(model, args.max_seq_length)))
+                exported = onnx_bytes(model, args.max_seq_length)
+                if args.int8:
+                    exported = quantized_bytes(exported, "the embedding model's ONNX export")
+                stage.write("model.onnx", lambda f: f.write(exported))
             stage.commit()
         log.log([], results)
         log.close()

@@ -9,6 +9,8 @@ Every input is checked before the first write (a refused run creates nothing: no
 among others no output (model, predictions, --json-summary) may be one of the inputs, and the vocab must be the
 model's (--allow_vocab_mismatch to go on with a warning where it can). The run's files are renamed into place
 together at its end: a failure on the way leaves the previous run's model and predictions as they were.
+--onnx_model predicts with an exported model instead of a checkpoint, fp32 or int8, on ONNX Runtime's CPU kernels
+(triton/deployer.py --format onnx [--int8]); the log's closing record then names it and its precision.
 Launch with torchrun for more than one process; prediction and evaluation run on the first process.
 """
 from __future__ import annotations
@@ -25,9 +27,12 @@ from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.cli.squad_flags import features_for
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable_folder
-from bertrecipe.finetuning import loop, squad, squad_task
+from bertrecipe.deploy.onnx_export import check_session_vocab, open_qa_session, timed_onnx_outputs
+from bertrecipe.deploy.quantization import onnx_precision
+from bertrecipe.finetuning import loop, squad, squad_answers, squad_task
 from bertrecipe.finetuning.model_loading import build_model, config_and_weights, load_tokenizer
 from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
+from bertrecipe.finetuning.timed_inference import latency_summary
 from bertrecipe.model.families import question_answering_model
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.process_group import DistributedContext, barrier, init_distributed, shutdown
@@ -49,6 +54,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     squad_flags.add_answer_arguments(p)
     p.add_argument("--verbose_logging", action="store_true", help="accepted for compatibility")
     squad_flags.add_cache_arguments(p)
+    finetuning_flags.add_onnx_model_argument(p, "triton/deployer.py --format onnx")
     args = p.parse_args(argv)
     if not (args.do_train or args.do_predict or args.do_eval):
         raise InputError("nothing to do: pass --do_train, --do_predict and/or --do_eval")
@@ -56,8 +62,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         raise InputError("--do_train needs --train_file")
     if (args.do_predict or args.do_eval) and not args.predict_file:
         raise InputError("--do_predict/--do_eval need --predict_file")
-    if args.do_predict and not (args.do_train or args.init_checkpoint):
-        raise InputError("--do_predict without --do_train needs --init_checkpoint (a fine-tuned model)")
+    finetuning_flags.check_onnx_model_flags(args)
+    if args.do_predict and not (args.do_train or args.init_checkpoint or args.onnx_model):
+        raise InputError("--do_predict without --do_train needs --init_checkpoint (a fine-tuned model) or --onnx_model")
     if args.doc_stride < 1 or args.max_query_length < 1:
         raise InputError("--doc_stride and --max_query_length must be positive")
     finetuning_flags.check_common_arguments(args)
@@ -88,13 +95,22 @@ def check_squad_outputs(args: argparse.Namespace) -> None:
     finetuning_flags.check_run_outputs(args, inputs, files)
 
 
-def stage_predictions(args: argparse.Namespace, model: torch.nn.Module, tokenizer: Any, precision: Precision,
+def stage_predictions(args: argparse.Namespace, model: Any, tokenizer: Any, precision: Precision,
                       progress_bar: bool, examples: list[squad.SquadExample], features: squad.SquadFeatures,
                       stage: StagedOutputs) -> tuple[dict[str, Any], dict[str, Path]]:
     """Stages predictions.json, nbest_predictions.json (and null_odds.json for v2.0) for the features of
-    --predict_file; returns the inference timings and the staged files by name."""
-    predictions, timings = squad_task.predict_answers(model, tokenizer, examples, features, args.predict_batch_size,
-                                                      precision, squad_flags.answer_settings(args), progress_bar)
+    --predict_file, from the PyTorch model or the --onnx_model session; returns the inference timings and the
+    staged files by name."""
+    settings = squad_flags.answer_settings(args)
+    if args.onnx_model:
+        (start, end), latencies = timed_onnx_outputs(model, (features.input_ids, features.segment_ids,
+                                                             features.input_mask), args.predict_batch_size)
+        predictions = squad_answers.extract_answers(examples, features, start, end, tokenizer.vocab, settings)
+        timings = {**latency_summary(latencies, len(features)), "predict_features": len(features),
+                   "onnx_model": str(args.onnx_model), "precision": onnx_precision(Path(args.onnx_model))}
+    else:
+        predictions, timings = squad_task.predict_answers(model, tokenizer, examples, features,
+                                                          args.predict_batch_size, precision, settings, progress_bar)
     contents = squad_task.prediction_contents(predictions, args.version_2_with_negative)
     staged = {name: stage.write_json(name, obj, indent=4) for name, obj in contents.items()}  # squad_answers' layout
     return timings, staged
@@ -125,7 +141,12 @@ def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: An
     training and prediction features and the file to score (other processes read the training features later,
     from the cache the first one writes)."""
     inputs: dict[str, Any] = {"model": None, "config": None, "train": None, "predict": None, "predict_file": None}
-    if args.do_train or args.do_predict:
+    if args.onnx_model:  # the session stands in for the model (prediction only)
+        if ctx.world_size != 1:
+            raise InputError("--onnx_model predicts in one process; launch it without torchrun")
+        inputs["model"] = open_qa_session(Path(args.onnx_model))
+        check_session_vocab(inputs["model"], Path(args.onnx_model), tokenizer.vocab, args.allow_vocab_mismatch)
+    elif args.do_train or args.do_predict:
         config, weights = config_and_weights(args.config_file, args.init_checkpoint)
         seed_everything(args.seed)  # the same new QA head on every process
         inputs["model"] = build_model(question_answering_model, config, weights, args.init_checkpoint,

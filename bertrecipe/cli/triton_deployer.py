@@ -11,6 +11,10 @@ logits (GLUE: output__0 alone, float32 [batch, num_labels]). Batch and sequence 
 anything is written, the export is run on real SQuAD features (--predict_file, else a built-in paragraph) at
 two batch sizes and two lengths and compared with PyTorch; a maximum absolute difference above --tolerance is
 refused (exit 2) and leaves the repository as it was.
+
+--int8 writes the int8 model instead (ONNX Runtime's dynamic quantization of the linear layers, for CPU instances:
+about 2-3x the fp32 model's sequences per second on a CPU with VNNI, docs/benchmarks.md); its check accepts a
+difference up to --int8_tolerance of the largest logit.
 """
 from __future__ import annotations
 
@@ -45,7 +49,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     squad_flags.add_window_arguments(p)
     p.add_argument("--format", choices=tuple(PLATFORMS), default="onnx")
     p.add_argument("--opset", type=int, default=17)
-    p.add_argument("--tolerance", type=float, default=1e-3, help="largest accepted |export - PyTorch|")
+    p.add_argument("--tolerance", type=float, default=1e-3, help="largest accepted |export - PyTorch| (fp32)")
+    p.add_argument("--int8", action="store_true",
+                   help="export the int8 model (ONNX Runtime dynamic quantization of the linear layers) for CPU "
+                        "serving; needs --format onnx and KIND_CPU instances (the default with --int8)")
+    p.add_argument("--int8_tolerance", type=float, default=0.1,
+                   help="--int8: largest accepted |export - PyTorch| as a share of PyTorch's largest |logit|")
     p.add_argument("--model_repository", default="triton/model_repository")
     p.add_argument("--model_name", default="bert")
     p.add_argument("--model_version", type=int, default=1)
@@ -54,14 +63,30 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--preferred_batch_sizes", type=int, nargs="*", default=[])
     p.add_argument("--max_queue_delay_us", type=int, default=100)
     p.add_argument("--instance_count", type=int, default=1)
-    p.add_argument("--instance_kind", choices=("KIND_GPU", "KIND_CPU"), default="KIND_GPU")
+    p.add_argument("--instance_kind", choices=("KIND_GPU", "KIND_CPU"),
+                   help="where Triton runs the model (default KIND_GPU; KIND_CPU with --int8)")
     p.add_argument("--seed", type=int, default=42, help="initializes heads the checkpoint lacks, reproducibly")
     args = p.parse_args(argv)
     if args.max_batch_size < 1 or args.instance_count < 1 or args.model_version < 1:
         raise InputError("--max_batch_size, --instance_count and --model_version must be at least 1")
     if any(not 1 <= size <= args.max_batch_size for size in args.preferred_batch_sizes):
         raise InputError(f"--preferred_batch_sizes must lie in 1..--max_batch_size ({args.max_batch_size})")
+    check_int8_flags(args)
     return args
+
+
+def check_int8_flags(args: argparse.Namespace) -> None:
+    """--int8 is an ONNX model for CPU instances: its int8 kernels are ONNX Runtime's CPU ones (VNNI); on a GPU the
+    fp32 or fp16 model is the faster one."""
+    if args.int8 and args.format != "onnx":
+        raise InputError(f"--int8 quantizes the ONNX export; --format {args.format} has no int8 form")
+    if args.int8 and args.instance_kind == "KIND_GPU":
+        raise InputError("--int8 runs on ONNX Runtime's CPU kernels: use --instance_kind KIND_CPU (the default with "
+                         "--int8), or deploy the fp32 model for GPU instances")
+    if not args.int8_tolerance > 0:
+        raise InputError(f"--int8_tolerance must be positive, got {args.int8_tolerance:g}")
+    if args.instance_kind is None:
+        args.instance_kind = "KIND_CPU" if args.int8 else "KIND_GPU"
 
 
 def check_version_folder(args: argparse.Namespace) -> None:
@@ -99,7 +124,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                               args.max_queue_delay_us, args.instance_count, args.instance_kind)
     model_dir, _ = deploy(TritonSignature(model).eval(), inputs, Path(args.model_repository), args.model_name,
                           args.model_version, args.format, args.task, args.num_labels, settings, args.tolerance,
-                          args.opset)
+                          args.opset, args.int8_tolerance if args.int8 else None)
     print(model_dir)
 
 

@@ -33,6 +33,7 @@ class Int8Options:
     per_channel: bool = False  # one weight scale per output column instead of per matrix
     reduce_range: bool = False  # 7-bit weights: only for CPUs without VNNI, whose u8*s8 pairs can saturate
     weight_type: str = "int8"  # or "uint8"
+    activation_products: bool = False  # attention's Q.K^T and P.V in int8 too (Optimum's default does it)
 
 
 CHOSEN = Int8Options()
@@ -104,7 +105,7 @@ def quantized_bytes(fp32_model: bytes, source: str, options: Int8Options = CHOSE
             quantize_dynamic(model, target, op_types_to_quantize=list(options.op_types),
                              per_channel=options.per_channel, reduce_range=options.reduce_range,
                              weight_type=weight_type,
-                             extra_options={"MatMulConstBOnly": True})  # activation products stay fp32
+                             extra_options={"MatMulConstBOnly": not options.activation_products})
         return target.read_bytes()
 
 

@@ -23,7 +23,7 @@ ROOT_COMMANDS = ["run_pretraining.py", "run_squad.py", "run_glue.py", "inference
                  "scripts/convert_checkpoint.py", "scripts/plot_logs.py", "triton/deployer.py", "triton/server.py",
                  "triton/client.py", "triton/run_perf_client.py", "triton/run_squad_client.py",
                  "run_downstream.py", "run_retrieval.py", "distillation/general_distill.py",
-                 "distillation/data_augmentation.py"]
+                 "distillation/task_distill.py", "distillation/data_augmentation.py"]
 ROOT_FACADES = ["model.py", "optimization.py"]  # NVIDIA's layout: re-exports only
 MAX_COMMAND_LINES = 60
 

@@ -33,6 +33,7 @@ from bertrecipe.deploy.onnx_export import check_session_vocab, open_classifier_s
 from bertrecipe.deploy.quantization import onnx_precision
 from bertrecipe.finetuning import glue, glue_task, loop
 from bertrecipe.finetuning.model_loading import build_model, config_and_weights, load_tokenizer
+from bertrecipe.finetuning.objective import TASK_LOSS, FinetuningObjective
 from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
 from bertrecipe.finetuning.timed_inference import latency_summary, timed_inference
 from bertrecipe.model.families import ModelConfig, sequence_classification_model
@@ -98,12 +99,15 @@ def check_glue_outputs(args: argparse.Namespace, task: glue.GlueTask) -> None:
     finetuning_flags.check_run_outputs(args, inputs, files)
 
 
-def read_splits(task: glue.GlueTask, args: argparse.Namespace, tokenizer: Any) -> dict[str, glue.GlueFeatures]:
-    """Every split the run needs, read before any training or writing so that a bad file stops it first."""
+def read_splits(task: glue.GlueTask, args: argparse.Namespace, tokenizer: Any,
+                train_split: str = "train") -> dict[str, glue.GlueFeatures]:
+    """Every split the run needs, read before any training or writing so that a bad file stops it first; the
+    training examples from `train_split` (task distillation's --aug_train: "train_aug")."""
     splits = {}
     for split, wanted in (("train", args.do_train), ("dev", args.do_eval), ("test", args.do_predict)):
         if wanted:
-            splits[split] = glue_task.split_features(task, args.data_dir, split, tokenizer, args.max_seq_length)
+            source = train_split if split == "train" else split
+            splits[split] = glue_task.split_features(task, args.data_dir, source, tokenizer, args.max_seq_length)
     mismatched = glue.get_task("mnli-mm")
     if task.name == "mnli" and args.do_eval and glue.split_file(mismatched, args.data_dir, "dev").is_file():
         # MNLI is reported on both dev sets, as GLUE does: matched (eval_*) and mismatched (eval_mm_*).
@@ -135,12 +139,14 @@ class GlueRun:
     splits: dict[str, glue.GlueFeatures]  # "train", "dev", "dev_mm", "test": those the run needs
     vocab: AnyVocab  # --vocab_file's, whose identity the fine-tuned model records
     session: Any = None  # --onnx_model's ONNX Runtime session
+    objective: FinetuningObjective = TASK_LOSS  # what is trained and its loss (task distillation gives its own)
 
 
-def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
+def run(args: argparse.Namespace, ctx: DistributedContext, objective: FinetuningObjective = TASK_LOSS,
+        train_split: str = "train") -> dict[str, Any]:
     """Trains, evaluates and predicts as the flags ask; returns the results (those of results.json on the first
-    process)."""
-    state = prepare(args, ctx)
+    process). The objective (finetuning/objective.py) says what is trained and its loss, on `train_split`."""
+    state = prepare(args, ctx, objective, train_split)
     # The lock is the run's first write into --output_dir: one run there at a time (run_lock.py).
     with finetuning_flags.locked_output_dir(args, ctx):
         log = open_glue_log(args, ctx, state.bar)
@@ -167,7 +173,8 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
     return results
 
 
-def prepare(args: argparse.Namespace, ctx: DistributedContext) -> GlueRun:
+def prepare(args: argparse.Namespace, ctx: DistributedContext, objective: FinetuningObjective = TASK_LOSS,
+            train_split: str = "train") -> GlueRun:
     """Reads and checks every input and builds the model (or opens --onnx_model). It writes nothing: a refused run
     creates nothing, not even the log."""
     task = glue.get_task(args.task_name)
@@ -182,13 +189,15 @@ def prepare(args: argparse.Namespace, ctx: DistributedContext) -> GlueRun:
         splits = read_splits(task, args, tokenizer)
         return GlueRun(args, ctx, task, precision, bar, None, None, splits, tokenizer.vocab, session)
     config, weights = config_and_weights(args.config_file, args.init_checkpoint)
-    splits = read_splits(task, args, tokenizer)
+    objective.check(config, task.num_labels, tokenizer.vocab)
+    splits = read_splits(task, args, tokenizer, train_split)
     seed_everything(args.seed)  # the same new classifier on every process
     model = build_model(lambda c: sequence_classification_model(c, task.num_labels), config, weights,
                         args.init_checkpoint, tokenizer.vocab, args.max_seq_length,
                         args.allow_vocab_mismatch).to(ctx.device)
     torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
-    return GlueRun(args, ctx, task, precision, bar, config, model, splits, tokenizer.vocab)
+    return GlueRun(args, ctx, task, precision, bar, config, objective.trainable(model), splits, tokenizer.vocab,
+                   objective=objective)
 
 
 def open_glue_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) -> MetricLogger:
@@ -205,7 +214,8 @@ def open_glue_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool) 
 def train_glue(state: GlueRun, log: MetricLogger) -> dict[str, Any]:
     args, ctx, features = state.args, state.ctx, state.splits["train"]
     settings = finetuning_flags.finetuning_loop_settings(args, state.bar, trim_padding=True)
-    results = loop.finetuning_loop(state.model, glue_task.glue_arrays(features), glue_task.glue_loss, settings,
+    compute_loss = state.objective.compute_loss(glue_task.glue_loss)
+    results = loop.finetuning_loop(state.model, glue_task.glue_arrays(features), compute_loss, settings,
                               state.precision, ctx, log)
     return {**results, "train_examples": len(features),
             "train_steps": loop.optimizer_steps(len(features), settings, ctx)}

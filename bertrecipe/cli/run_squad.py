@@ -31,6 +31,7 @@ from bertrecipe.deploy.onnx_export import check_session_vocab, open_qa_session, 
 from bertrecipe.deploy.quantization import onnx_precision
 from bertrecipe.finetuning import loop, squad, squad_answers, squad_task
 from bertrecipe.finetuning.model_loading import build_model, config_and_weights, load_tokenizer
+from bertrecipe.finetuning.objective import TASK_LOSS, FinetuningObjective
 from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
 from bertrecipe.finetuning.timed_inference import latency_summary
 from bertrecipe.model.families import question_answering_model
@@ -136,7 +137,7 @@ def open_squad_log(args: argparse.Namespace, ctx: DistributedContext, bar: bool)
 
 
 def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: Any,
-                cache_writes: list[Callable[[], None]]) -> dict[str, Any]:
+                cache_writes: list[Callable[[], None]], objective: FinetuningObjective = TASK_LOSS) -> dict[str, Any]:
     """Everything the run reads, checked before it writes anything: the model, and on the first process the
     training and prediction features and the file to score (other processes read the training features later,
     from the cache the first one writes)."""
@@ -148,9 +149,11 @@ def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: An
         check_session_vocab(inputs["model"], Path(args.onnx_model), tokenizer.vocab, args.allow_vocab_mismatch)
     elif args.do_train or args.do_predict:
         config, weights = config_and_weights(args.config_file, args.init_checkpoint)
+        objective.check(config, 2, tokenizer.vocab)  # a span's start and end
         seed_everything(args.seed)  # the same new QA head on every process
-        inputs["model"] = build_model(question_answering_model, config, weights, args.init_checkpoint,
-                                      tokenizer.vocab, args.max_seq_length, args.allow_vocab_mismatch).to(ctx.device)
+        model = build_model(question_answering_model, config, weights, args.init_checkpoint, tokenizer.vocab,
+                            args.max_seq_length, args.allow_vocab_mismatch).to(ctx.device)
+        inputs["model"] = objective.trainable(model)
         inputs["config"] = config
         torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
     if not ctx.is_main:
@@ -172,12 +175,15 @@ def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: An
     return inputs
 
 
-def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
+def run(args: argparse.Namespace, ctx: DistributedContext,
+        objective: FinetuningObjective = TASK_LOSS) -> dict[str, Any]:
+    """Trains, predicts and scores as the flags ask; the objective (finetuning/objective.py) says what is trained and
+    its loss (task distillation gives its own)."""
     precision = make_precision(ctx.device, args.fp16, args.bf16)
     bar = ctx.is_main and not args.disable_progress_bar
     tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
     cache_writes: list[Callable[[], None]] = []
-    inputs = read_inputs(args, ctx, tokenizer, cache_writes)
+    inputs = read_inputs(args, ctx, tokenizer, cache_writes, objective)
     # Nothing was written before this point: a refused run leaves no log, cache or output folder behind.
     # The lock is the run's first write into --output_dir: one run there at a time (run_lock.py).
     with finetuning_flags.locked_output_dir(args, ctx):
@@ -190,7 +196,8 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
         # on the way leaves the previous run's files as they were (StagedOutputs).
         with StagedOutputs(args.output_dir, OUTPUTS) as stage:
             if args.do_train:
-                results.update(train_squad(args, ctx, model, tokenizer, inputs["train"], precision, bar, log))
+                results.update(train_squad(args, ctx, model, tokenizer, inputs["train"], precision, bar, log,
+                                           objective.compute_loss(squad_task.qa_loss)))
                 if ctx.is_main:
                     stage_finetuned(stage, model, inputs["config"], tokenizer.vocab)
                 barrier(ctx)
@@ -212,12 +219,12 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
 
 def train_squad(args: argparse.Namespace, ctx: DistributedContext, model: torch.nn.Module, tokenizer: Any,
           features: Optional[squad.SquadFeatures], precision: Precision, bar: bool,
-          log: MetricLogger) -> dict[str, Any]:
+          log: MetricLogger, compute_loss: Callable = squad_task.qa_loss) -> dict[str, Any]:
     barrier(ctx)  # the first process has written the feature cache
     if features is None:  # another process than the first: the features come from the cache it wrote
         _, features = features_for(args, tokenizer, squad.read_squad_file(args.train_file), is_training=True)
     settings = finetuning_flags.finetuning_loop_settings(args, bar)
-    results = loop.finetuning_loop(model, squad_task.qa_arrays(features, True), squad_task.qa_loss, settings, precision,
+    results = loop.finetuning_loop(model, squad_task.qa_arrays(features, True), compute_loss, settings, precision,
                               ctx, log)
     return {**results, "train_features": len(features),
             "train_steps": loop.optimizer_steps(len(features), settings, ctx)}

@@ -79,8 +79,8 @@ def _packing_index(encoder: BertModel | ModernBertModel) -> int:
     return 2 if isinstance(encoder, BertModel) else 3
 
 
-def _packing_of(args: tuple, kwargs: dict, index: int) -> Optional[TokenPacking]:
-    return args[index] if len(args) > index else kwargs.get("packing")
+def _packing_of(inputs: tuple, kwargs: dict, index: int) -> Optional[TokenPacking]:
+    return inputs[index] if len(inputs) > index else kwargs.get("packing")
 
 
 def _padded(x: Tensor, packing: Optional[TokenPacking], length: int) -> Tensor:
@@ -133,8 +133,8 @@ def _batch_hook(encoder: BertModel | ModernBertModel, batch: _Batch, captured: C
     packed documents are refused, their attention is not the padded batch's."""
     signature = inspect.signature(encoder.forward)
 
-    def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
-        bound = signature.bind(*args, **kwargs).arguments
+    def hook(_module: nn.Module, inputs: tuple, kwargs: dict) -> None:
+        bound = signature.bind(*inputs, **kwargs).arguments
         if bound.get("document_ids") is not None:
             raise InputError("distillation takes padded batches, one sequence a row; this one packs documents "
                              "(document_ids, --pack_sequences): run without --pack_sequences")
@@ -151,8 +151,8 @@ def _hidden_hook(encoder: BertModel | ModernBertModel, layer: int, last: bool, b
                  captured: Captured) -> Any:
     index = _packing_index(encoder)
 
-    def hook(_module: nn.Module, args: tuple, kwargs: dict, output: Tensor) -> None:
-        hidden = _padded(output, _packing_of(args, kwargs, index), _length(batch))
+    def hook(_module: nn.Module, inputs: tuple, kwargs: dict, output: Tensor) -> None:
+        hidden = _padded(output, _packing_of(inputs, kwargs, index), _length(batch))
         if last and isinstance(encoder, ModernBertModel):  # the encoder's output, as its hidden_states[-1]
             hidden = encoder.final_norm(hidden)
         captured.hidden[layer] = hidden
@@ -163,9 +163,9 @@ def _attention_hook(encoder: BertModel | ModernBertModel, layer: int, what: set[
                     captured: Captured) -> Any:
     index = _packing_index(encoder)
 
-    def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        x = args[0] if args else kwargs["x"]
-        q, k, v = _heads(module, encoder, _packing_of(args, kwargs, index), x, _length(batch))
+    def hook(module: nn.Module, inputs: tuple, kwargs: dict) -> None:
+        x = inputs[0] if inputs else kwargs["x"]
+        q, k, v = _heads(module, encoder, _packing_of(inputs, kwargs, index), x, _length(batch))
         if "values" in what:
             captured.values[layer] = v
         if "scores" in what:

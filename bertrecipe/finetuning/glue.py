@@ -65,7 +65,7 @@ TASKS: dict[str, GlueTask] = {
     "rte": GlueTask("rte", _NLI, 1, 2, -1, 1, 2),
     "wnli": GlueTask("wnli", _BINARY, 1, 2, -1, 1, 2),
 }
-SPLITS = ("train", "dev", "test")
+SPLITS = ("train", "dev", "test", "train_aug")  # train_aug: task distillation's augmented training set
 
 
 def get_task(name: str) -> GlueTask:
@@ -119,10 +119,10 @@ def read_tsv(path: str | Path, columns: Optional[int] = None, has_header: bool =
 
 
 def split_file(task: GlueTask, data_dir: str | Path, split: str) -> Path:
-    """The TSV of `split` ("train", "dev" or "test") in the task's folder."""
+    """The TSV of `split` ("train", "dev", "test" or "train_aug", data_augmentation.py's) in the task's folder."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
-    name = {"train": "train.tsv", "dev": task.dev_file, "test": task.test_file}[split]
+    name = {"train": "train.tsv", "dev": task.dev_file, "test": task.test_file, "train_aug": "train_aug.tsv"}[split]
     return Path(data_dir) / name
 
 

@@ -12,7 +12,8 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.finetuning import glue
 from bertrecipe.tokenization.bpe import FineTuningTokenizer
 
-SPLIT_FLAGS = {"train": "--do_train", "dev": "--do_eval", "test": "--do_predict"}  # the flag that reads each split
+# the flag that reads each split
+SPLIT_FLAGS = {"train": "--do_train", "dev": "--do_eval", "test": "--do_predict", "train_aug": "--aug_train"}
 
 
 def split_features(task: glue.GlueTask, data_dir: str | Path, split: str, tokenizer: FineTuningTokenizer,

@@ -173,3 +173,19 @@ def test_squad_distillation_writes_a_student_that_answers(glue_teacher, tmp_path
                                           vocab, "--do_lower_case", "--context", CONTEXT, "--question",
                                           "the movie was", "--max_seq_length", "32"])
     assert answered.returncode == 0 and "distillation" not in answered.stderr, answered.stderr
+
+
+def test_a_student_started_from_the_teachers_layers_begins_where_the_teacher_is(glue_teacher, tmp_path):
+    """--student_init teacher with a config-only folder of the teacher's own shape: the student is the teacher (its
+    embeddings, layers and task head), as a step of a vanishing rate leaves it."""
+    folder = tmp_path / "same_shape"
+    folder.mkdir()
+    shutil.copy(glue_teacher / "model" / "bert_config.json", folder / "config.json")
+    done = distil(glue_teacher, tmp_path / "out", "heads", folder, "--student_init", "teacher", "--learning_rate",
+                  1e-12, "--max_steps", 1)
+    assert done.returncode == 0, done.stderr
+    student = torch.load(tmp_path / "out" / "pytorch_model.bin", weights_only=True)["model"]
+    teacher = torch.load(glue_teacher / "teacher" / "pytorch_model.bin", weights_only=True)["model"]
+    assert student.keys() == teacher.keys()
+    for name, value in teacher.items():
+        torch.testing.assert_close(student[name], value, rtol=0, atol=1e-6, msg=name)

@@ -190,10 +190,12 @@ def prepare(args: argparse.Namespace, ctx: DistributedContext, objective: Finetu
         return GlueRun(args, ctx, task, precision, bar, None, None, splits, tokenizer.vocab, session)
     config, weights = config_and_weights(args.config_file, args.init_checkpoint)
     objective.check(config, task.num_labels, tokenizer.vocab)
+    weights, source = ((weights, args.init_checkpoint) if weights
+                       else (objective.initial_weights(config) or (None, None)))
     splits = read_splits(task, args, tokenizer, train_split)
     seed_everything(args.seed)  # the same new classifier on every process
     model = build_model(lambda c: sequence_classification_model(c, task.num_labels), config, weights,
-                        args.init_checkpoint, tokenizer.vocab, args.max_seq_length,
+                        source, tokenizer.vocab, args.max_seq_length,
                         args.allow_vocab_mismatch).to(ctx.device)
     torch.manual_seed(args.seed + ctx.rank)  # a different dropout stream per process
     return GlueRun(args, ctx, task, precision, bar, config, objective.trainable(model), splits, tokenizer.vocab,

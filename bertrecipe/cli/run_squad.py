@@ -150,8 +150,10 @@ def read_inputs(args: argparse.Namespace, ctx: DistributedContext, tokenizer: An
     elif args.do_train or args.do_predict:
         config, weights = config_and_weights(args.config_file, args.init_checkpoint)
         objective.check(config, 2, tokenizer.vocab)  # a span's start and end
+        weights, source = ((weights, args.init_checkpoint) if weights
+                           else (objective.initial_weights(config) or (None, None)))
         seed_everything(args.seed)  # the same new QA head on every process
-        model = build_model(question_answering_model, config, weights, args.init_checkpoint, tokenizer.vocab,
+        model = build_model(question_answering_model, config, weights, source, tokenizer.vocab,
                             args.max_seq_length, args.allow_vocab_mismatch).to(ctx.device)
         inputs["model"] = objective.trainable(model)
         inputs["config"] = config

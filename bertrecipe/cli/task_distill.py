@@ -17,6 +17,7 @@ from typing import NoReturn, Optional
 from bertrecipe.cli import run_glue, run_squad
 from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
+from bertrecipe.distillation.general import STUDENT_INITS
 from bertrecipe.distillation.task import TaskDistillation
 from bertrecipe.finetuning import glue
 from bertrecipe.model.families import question_answering_model, sequence_classification_model
@@ -37,6 +38,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    "stage's --output_dir, any checkpoint the project reads, or a folder holding only its config "
                    "(started at random)")
     p.add_argument("--student_config_file", help="the student's config, where its checkpoint records none")
+    p.add_argument("--student_init", choices=STUDENT_INITS, default="random",
+                   help="a student of a config-only --student_model folder starts at random, or from the teacher's "
+                        "layers (the last of each block, its embeddings and task head; DistilBERT's way)")
     p.add_argument("--data_dir", required=True, help="GLUE: the task's folder; SQuAD: the folder of its json files")
     p.add_argument("--task_name", required=True, help=f"{', '.join(glue.TASKS)}, SQuADv1.1 or SQuADv2.0")
     p.add_argument("--output_dir", required=True)
@@ -111,7 +115,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     else:  # the teacher's head is the task's
         run_args = run_glue.parse_args(argv_of_run)
         make_model = partial(sequence_classification_model, num_labels=glue.get_task(args.task_name).num_labels)
-    objective = TaskDistillation(args.teacher_model, args.distill_config, make_model, teacher_config)
+    objective = TaskDistillation(args.teacher_model, args.distill_config, make_model, teacher_config,
+                                 args.student_init)
     ctx = init_distributed(run_args.no_cuda)
     try:
         if is_squad:

@@ -15,13 +15,13 @@ from torch import nn
 from bertrecipe.common.errors import InputError
 from bertrecipe.distillation.capture import capturing
 from bertrecipe.distillation.config import read_distillation_config
-from bertrecipe.distillation.general import family, student_module
+from bertrecipe.distillation.general import family, student_module, teacher_layers_for
 from bertrecipe.distillation.layer_map import layer_pairs
 from bertrecipe.distillation.losses import DistillationLoss
-from bertrecipe.distillation.student import DistillationStudent, Projection
+from bertrecipe.distillation.student import DistillationStudent, Projection, student_weights_from_teacher
 from bertrecipe.finetuning.objective import Batch, FinetuningObjective, Loss
 from bertrecipe.model.families import ModelConfig, is_modern_config
-from bertrecipe.model.weights import load_weights_into, read_weights
+from bertrecipe.model.weights import LoadedWeights, load_weights_into, read_weights
 from bertrecipe.tokenization.vocab_files import identity_from_record, identity_of, refuse_other_tokenizer
 
 # The weights of each task head, by name (both families): a task teacher must have its own.
@@ -35,8 +35,9 @@ class TaskDistillation(FinetuningObjective):
     its head), built by `make_model(config)` as the run builds its student; `distill_config` NVIDIA's JSON."""
 
     def __init__(self, teacher: str, distill_config: str, make_model: Callable[[ModelConfig], nn.Module],
-                 teacher_config: Optional[ModelConfig] = None) -> None:
+                 teacher_config: Optional[ModelConfig] = None, student_init: str = "random") -> None:
         self.source = teacher
+        self.student_init = student_init  # where the run has no student weights: "random" or the teacher's layers
         self.config = read_distillation_config(distill_config)
         self.weights = read_weights(teacher)
         self.teacher_config = teacher_config or self.weights.config
@@ -72,6 +73,16 @@ class TaskDistillation(FinetuningObjective):
         self.pairs = layer_pairs(self.config, config.num_hidden_layers, self.teacher_config.num_hidden_layers)
         if num_labels == 1 and self.config.use_pred_states:  # a regression task's one score: no distribution
             self.config = dataclasses.replace(self.config, pred_loss="mse")
+
+    def initial_weights(self, config: ModelConfig) -> Optional[tuple[LoadedWeights, str]]:
+        """With student_init "teacher": the teacher's embeddings, task head and the last layer of each block
+        (DistilBERT's way), where the run has no student weights."""
+        if self.student_init != "teacher":
+            return None
+        layers = teacher_layers_for(config.num_hidden_layers, self.teacher_config.num_hidden_layers)
+        state = student_weights_from_teacher(self.weights.state_dict, self.teacher_config, config, layers)
+        source = f"{self.source} (its layers {', '.join(map(str, layers))})"
+        return LoadedWeights(state, config, "ours", self.weights.tokenizer), source
 
     def trainable(self, model: nn.Module) -> nn.Module:
         """The student with its projection; in the backbone stage its task head is left as it is (frozen)."""

@@ -4,12 +4,13 @@ student against a fine-tuned teacher through the same commands, features, loop, 
 its own objective."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import nn
 
 from bertrecipe.model.families import ModelConfig
+from bertrecipe.model.weights import LoadedWeights
 
 Batch = dict[str, torch.Tensor]
 Loss = Callable[[nn.Module, Batch], torch.Tensor]
@@ -22,6 +23,10 @@ class FinetuningObjective:
     def check(self, config: ModelConfig, num_labels: int, vocab: object = None) -> None:
         """Refuses, before the first write, what contradicts the run's model (its config, its task head, the
         vocab it reads its text with)."""
+
+    def initial_weights(self, config: ModelConfig) -> Optional[tuple[LoadedWeights, str]]:
+        """Weights to start from where --init_checkpoint gives none, and what to call them (None: random)."""
+        return None
 
     def trainable(self, model: nn.Module) -> nn.Module:
         """The module the optimizer trains and the run saves, made from the task model."""

@@ -52,6 +52,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--doc_stride", type=int, default=128, help="SQuAD: the windows' stride")
     p.add_argument("--max_query_length", type=int, default=64, help="SQuAD: the question's tokens at the most")
     p.add_argument("--train_batch_size", type=int, default=32)
+    p.add_argument("--eval_batch_size", type=int, default=8)
     p.add_argument("--learning_rate", type=float, default=5e-5)
     p.add_argument("--num_train_epochs", type=float, default=3.0)
     p.add_argument("--seed", type=int, default=42)
@@ -83,11 +84,13 @@ def command_line(args: argparse.Namespace) -> tuple[list[str], bool]:
     common += ["--json-summary", args.json_summary] if args.json_summary else []
     squad = SQUAD_TASKS.get(args.task_name.lower())
     if squad is None:
-        return ["--task_name", args.task_name, "--data_dir", args.data_dir, "--do_eval", *common], False
+        return ["--task_name", args.task_name, "--data_dir", args.data_dir, "--do_eval", "--eval_batch_size",
+                str(args.eval_batch_size), *common], False
     train, dev, version_2 = squad
     if args.aug_train:
         train = train.replace(".json", "_aug.json")  # data_augmentation.py's name beside the original
     files = ["--train_file", str(Path(args.data_dir) / train), "--predict_file", str(Path(args.data_dir) / dev),
+             "--predict_batch_size", str(args.eval_batch_size),
              "--doc_stride", str(args.doc_stride), "--max_query_length", str(args.max_query_length)]
     return [*files, "--do_predict", "--do_eval", *common, *(["--version_2_with_negative"] if version_2 else [])], True
 

@@ -1,0 +1,177 @@
+"""Task distillation on SST-2 against plain fine-tuning of the same student (issue 49), each run a command of the
+repository with the flags printed:
+
+    python -m benchmarks.distillation_sst2 --work_dir results/distillation_sst2 --seeds 1 2 3
+
+The teacher is the released MiniLM (6 layers, hidden 384; ../shared/data/minilm) fine-tuned with run_glue.py on
+SST-2's training set (all of it unless --train_rows). The student takes the teacher's layers 2, 4 and 6 with its
+embeddings and classifier (DistilBERT's start); per seed it is
+  - fine-tuned on the same rows with run_glue.py for the same number of epochs as the two stages below together
+    (the baseline), and
+  - task-distilled with task_distill.py: the backbone stage (states: attention scores, hidden states, value
+    relations), then the heads stage (the teacher's logits, soft cross-entropy), --aug_train when --aug_n > 0
+    (data_augmentation.py's set, from a masked-LM head trained here for the augmentation alone, as
+    run_e2e_distillation.sh does).
+Every figure is SST-2 dev accuracy (872 sentences); the table has each seed's, the medians, the student's share of
+the teacher's and its distance to the baseline. Each stage's outputs are reused when present, so an interrupted
+benchmark goes on where it stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import REPO, SHARED
+from bertrecipe.common.hardware import detect, host_line
+from bertrecipe.distillation.general import teacher_layers_for
+from bertrecipe.distillation.student import student_weights_from_teacher
+from bertrecipe.model.weights import read_config, read_weights
+
+MINILM = SHARED / "minilm"
+SEQ = 64  # SST-2's longest sentence is 55 tokens of this vocab's; batches are trimmed to their longest row
+COMMON = ["--do_lower_case", "--max_seq_length", str(SEQ), "--train_batch_size", "32", "--eval_batch_size", "64",
+          "--disable_progress_bar", "--log_freq", "200"]
+
+
+def run(cmd: list[str]) -> float:
+    print("$ " + " ".join(cmd), flush=True)
+    start = time.time()
+    subprocess.run(cmd, check=True, cwd=REPO)
+    return time.time() - start
+
+
+def accuracy(folder: Path) -> float:
+    return json.loads((folder / "results.json").read_text())["eval_acc"]
+
+
+def sst2_rows(work: Path, rows: int | None) -> Path:
+    """SST-2's dev set and its training set (or its first `rows` rows) in a task folder of the work dir."""
+    folder = work / "data" / "SST-2"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = (SHARED / "glue" / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
+    (folder / "train.tsv").write_text("".join(lines[:rows + 1] if rows else lines), encoding="utf-8")
+    (folder / "dev.tsv").write_text((SHARED / "glue" / "SST-2" / "dev.tsv").read_text(encoding="utf-8"))
+    return folder
+
+
+def teacher(work: Path, data: Path, epochs: float) -> Path:
+    out = work / "teacher"
+    if not (out / "results.json").is_file():
+        run([sys.executable, "run_glue.py", "--task_name", "SST-2", "--data_dir", str(data), "--init_checkpoint",
+             str(MINILM), "--vocab_file", str(MINILM / "vocab.txt"), "--output_dir", str(out), "--do_train",
+             "--do_eval", "--learning_rate", "5e-5", "--num_train_epochs", str(epochs), "--seed", "42", *COMMON])
+    return out
+
+
+def student_start(work: Path, teacher_folder: Path, layers: int) -> Path:
+    """The student both arms start from: the fine-tuned teacher's embeddings, classifier and layers (the last of
+    each block), saved as a checkpoint of ours with its config."""
+    out = work / "student_start"
+    if not (out / "pytorch_model.bin").is_file():
+        weights = read_weights(teacher_folder)
+        config = {**read_config(MINILM / "config.json").to_dict(), "num_hidden_layers": layers}
+        (work / "student_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        student_config = read_config(work / "student_config.json")
+        chosen = teacher_layers_for(layers, weights.config.num_hidden_layers)
+        state = student_weights_from_teacher(weights.state_dict, weights.config, student_config, chosen)
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": state, "config": config, "tokenizer": weights.tokenizer}, out / "pytorch_model.bin")
+        (out / "bert_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+def baseline(work: Path, data: Path, start: Path, seed: int, epochs: float) -> float:
+    out = work / f"baseline_seed{seed}"
+    if not (out / "results.json").is_file():
+        run([sys.executable, "run_glue.py", "--task_name", "SST-2", "--data_dir", str(data), "--init_checkpoint",
+             str(start), "--vocab_file", str(MINILM / "vocab.txt"), "--output_dir", str(out), "--do_train",
+             "--do_eval", "--learning_rate", "5e-5", "--num_train_epochs", str(epochs), "--seed", str(seed),
+             *COMMON])
+    return accuracy(out)
+
+
+def distilled(work: Path, data: Path, teacher_folder: Path, start: Path, seed: int, aug: bool) -> float:
+    student = start
+    for stage, rate in (("backbone", "1e-4"), ("heads", "5e-5")):
+        out = work / f"distilled_seed{seed}_{stage}"
+        if not (out / "results.json").is_file():
+            run([sys.executable, "distillation/task_distill.py", "--teacher_model", str(teacher_folder),
+                 "--student_model", str(student), "--vocab_file", str(MINILM / "vocab.txt"), "--data_dir", str(data),
+                 "--task_name", "SST-2", "--output_dir", str(out), "--distill_config",
+                 f"distillation/distillation_config_{stage}.json", "--learning_rate", rate, "--num_train_epochs",
+                 "1", "--seed", str(seed), *(["--aug_train"] if aug else []), *COMMON])
+        student = out
+    return accuracy(student)
+
+
+def augment(work: Path, data: Path, copies: int, mlm_steps: int) -> None:
+    """data_augmentation.py's train_aug.tsv beside train.tsv, from a masked-LM head trained for it (the released
+    MiniLM has none)."""
+    if (data / "train_aug.tsv").is_file():
+        return
+    shards, masked = work / "data" / "mlm", work / "masked_lm"
+    run([sys.executable, "data/create_pretraining_data.py", "--input_file", str(SHARED / "books" / "pg1661.txt"),
+         "--output_file", str(shards / "books_training_0.hdf5"), "--vocab_file", str(MINILM / "vocab.txt"),
+         "--do_lower_case", "--max_seq_length", str(SEQ), "--max_predictions_per_seq", "10", "--dupe_factor", "1"])
+    run([sys.executable, "run_pretraining.py", "--input_dir", str(shards), "--init_checkpoint", str(MINILM),
+         "--config_file", str(MINILM / "config.json"), "--output_dir", str(masked), "--max_seq_length", str(SEQ),
+         "--max_predictions_per_seq", "10", "--train_batch_size", "32", "--learning_rate", "5e-4", "--optimizer",
+         "adamw", "--max_steps", str(mlm_steps), "--num_steps_per_checkpoint", str(mlm_steps), "--no_nsp",
+         "--do_train", "--disable_progress_bar"])
+    run([sys.executable, "distillation/data_augmentation.py", "--pretrained_bert_model",
+         str(masked / f"ckpt_{mlm_steps}.pt"), "--vocab_file", str(MINILM / "vocab.txt"), "--do_lower_case",
+         "--glue_dir", str(data.parent), "--task_name", "SST-2", "--N", str(copies), "--seed", "1",
+         "--no_original_segment"])
+
+
+def table(report: dict) -> str:
+    rows = [f"| seed {seed} | {100 * b:.2f} | {100 * d:.2f} |" for seed, b, d in
+            zip(report["seeds"], report["baseline"], report["distilled"], strict=True)]
+    median_b, median_d = statistics.median(report["baseline"]), statistics.median(report["distilled"])
+    teacher_acc = report["teacher"]
+    return "\n".join([
+        f"SST-2 dev accuracy; teacher {100 * teacher_acc:.2f} ({report['teacher_layers']} layers), student "
+        f"{report['student_layers']} layers; {report['train_rows']} training rows; {report['host']}", "",
+        "| | fine-tuned (baseline) | task-distilled |", "|---|---|---|", *rows,
+        f"| **median** | **{100 * median_b:.2f}** | **{100 * median_d:.2f}** |", "",
+        f"distilled student: {100 * median_d / teacher_acc:.1f} % of the teacher's accuracy (goal >= 97 %), "
+        f"{100 * (median_d - median_b):+.2f} points against the baseline (goal >= +2)"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work_dir", type=Path, required=True)
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--train_rows", type=int, help="the first N rows of SST-2's training set (default: all)")
+    p.add_argument("--teacher_epochs", type=float, default=1.0)
+    p.add_argument("--student_layers", type=int, default=3)
+    p.add_argument("--aug_n", type=int, default=0, help="augmented copies a sentence (0: no augmentation)")
+    p.add_argument("--mlm_steps", type=int, default=200)
+    args = p.parse_args(argv)
+    work = args.work_dir.resolve()
+    data = sst2_rows(work, args.train_rows)
+    if args.aug_n:
+        augment(work, data, args.aug_n, args.mlm_steps)
+    teacher_folder = teacher(work, data, args.teacher_epochs)
+    start = student_start(work, teacher_folder, args.student_layers)
+    report = {"seeds": args.seeds, "teacher": accuracy(teacher_folder), "teacher_layers": 6,
+              "student_layers": args.student_layers,
+              "host": f"{host_line(detect(), 'fp32')}, date {time.strftime('%Y-%m-%d')}",
+              "train_rows": args.train_rows or "all", "augmented_copies": args.aug_n,
+              "baseline": [baseline(work, data, start, seed, 2.0) for seed in args.seeds],
+              "distilled": [distilled(work, data, teacher_folder, start, seed, args.aug_n > 0)
+                            for seed in args.seeds]}
+    (work / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (work / "report.md").write_text(table(report) + "\n")
+    print(table(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -4,8 +4,10 @@ repository with the flags printed:
     python -m benchmarks.distillation_sst2 --work_dir results/distillation_sst2 --seeds 1 2 3
 
 The teacher is the released MiniLM (6 layers, hidden 384; ../shared/data/minilm) fine-tuned with run_glue.py on
-SST-2's training set (all of it unless --train_rows). The student takes the teacher's layers 2, 4 and 6 with its
-embeddings and classifier (DistilBERT's start); per seed it is
+SST-2's training set (all of it unless --train_rows). The student (--student) either takes the teacher's layers 2, 4
+and 6 with its embeddings and classifier (`layers`: DistilBERT's start), or is a 4-layer, 192-wide model generally
+distilled from the released MiniLM with general_distill.py on shards of the shared books (`general`: TinyBERT's
+first stage, --general_steps steps; its classifier starts at random); per seed it is
   - fine-tuned on the same rows with run_glue.py for the same number of epochs as the two stages below together
     (the baseline), and
   - task-distilled with task_distill.py: the backbone stage (states: attention scores, hidden states, value
@@ -87,8 +89,34 @@ def student_start(work: Path, teacher_folder: Path, layers: int) -> Path:
     return out
 
 
-def baseline(work: Path, data: Path, start: Path, seed: int, epochs: float) -> float:
-    out = work / f"baseline_seed{seed}"
+GENERAL_STUDENT = {"num_hidden_layers": 4, "hidden_size": 192, "intermediate_size": 768}  # 12 heads of 16
+
+
+def general_student(work: Path, steps: int) -> Path:
+    """A 4-layer, 192-wide student of the released MiniLM's states on shards of the shared books (the backbone
+    terms: the released folder has no masked-LM head for the prediction term)."""
+    out, shards = work / "general", work / "data" / "general"
+    if (out / f"ckpt_{steps}.pt").is_file():
+        return out / f"ckpt_{steps}.pt"
+    for index, book in enumerate(sorted((SHARED / "books").glob("pg*.txt"))):
+        if not (shards / f"books_training_{index}.hdf5").is_file():
+            run([sys.executable, "data/create_pretraining_data.py", "--input_file", str(book), "--output_file",
+                 str(shards / f"books_training_{index}.hdf5"), "--vocab_file", str(MINILM / "vocab.txt"),
+                 "--do_lower_case", "--max_seq_length", "128", "--max_predictions_per_seq", "20",
+                 "--dupe_factor", "1"])
+    config = {**read_config(MINILM / "config.json").to_dict(), **GENERAL_STUDENT}
+    (work / "general_student_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    run([sys.executable, "distillation/general_distill.py", "--input_dir", str(shards), "--teacher_model",
+         str(MINILM), "--config_file", str(work / "general_student_config.json"), "--distill_config",
+         "distillation/distillation_config_backbone.json", "--output_dir", str(out), "--max_seq_length", "128",
+         "--max_predictions_per_seq", "20", "--train_batch_size", "32", "--learning_rate", "5e-4",
+         "--max_steps", str(steps), "--num_steps_per_checkpoint", str(max(1, steps // 4)), "--do_lower_case",
+         "--disable_progress_bar", "--log_freq", "100"])
+    return out / f"ckpt_{steps}.pt"
+
+
+def baseline(work: Path, data: Path, start: Path, seed: int, epochs: float, tag: str) -> float:
+    out = work / f"{tag}_baseline_seed{seed}"
     if not (out / "results.json").is_file():
         run([sys.executable, "run_glue.py", "--task_name", "SST-2", "--data_dir", str(data), "--init_checkpoint",
              str(start), "--vocab_file", str(MINILM / "vocab.txt"), "--output_dir", str(out), "--do_train",
@@ -97,10 +125,10 @@ def baseline(work: Path, data: Path, start: Path, seed: int, epochs: float) -> f
     return accuracy(out)
 
 
-def distilled(work: Path, data: Path, teacher_folder: Path, start: Path, seed: int, aug: bool) -> float:
+def distilled(work: Path, data: Path, teacher_folder: Path, start: Path, seed: int, aug: bool, tag: str) -> float:
     student = start
     for stage, rate in (("backbone", "1e-4"), ("heads", "5e-5")):
-        out = work / f"distilled_seed{seed}_{stage}"
+        out = work / f"{tag}_distilled_seed{seed}_{stage}"
         if not (out / "results.json").is_file():
             run([sys.executable, "distillation/task_distill.py", "--teacher_model", str(teacher_folder),
                  "--student_model", str(student), "--vocab_file", str(MINILM / "vocab.txt"), "--data_dir", str(data),
@@ -151,7 +179,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--train_rows", type=int, help="the first N rows of SST-2's training set (default: all)")
     p.add_argument("--teacher_epochs", type=float, default=1.0)
-    p.add_argument("--student_layers", type=int, default=3)
+    p.add_argument("--student", choices=("layers", "general"), default="layers")
+    p.add_argument("--student_layers", type=int, default=3, help="--student layers: how many of the teacher's")
+    p.add_argument("--general_steps", type=int, default=2000, help="--student general: general_distill's steps")
     p.add_argument("--aug_n", type=int, default=0, help="augmented copies a sentence (0: no augmentation)")
     p.add_argument("--mlm_steps", type=int, default=200)
     args = p.parse_args(argv)
@@ -160,16 +190,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.aug_n:
         augment(work, data, args.aug_n, args.mlm_steps)
     teacher_folder = teacher(work, data, args.teacher_epochs)
-    start = student_start(work, teacher_folder, args.student_layers)
+    if args.student == "general":
+        start, layers = general_student(work, args.general_steps), GENERAL_STUDENT["num_hidden_layers"]
+    else:
+        start, layers = student_start(work, teacher_folder, args.student_layers), args.student_layers
     report = {"seeds": args.seeds, "teacher": accuracy(teacher_folder), "teacher_layers": 6,
-              "student_layers": args.student_layers,
+              "student_layers": layers, "student": args.student,
               "host": f"{host_line(detect(), 'fp32')}, date {time.strftime('%Y-%m-%d')}",
               "train_rows": args.train_rows or "all", "augmented_copies": args.aug_n,
-              "baseline": [baseline(work, data, start, seed, 2.0) for seed in args.seeds],
-              "distilled": [distilled(work, data, teacher_folder, start, seed, args.aug_n > 0)
+              "baseline": [baseline(work, data, start, seed, 2.0, args.student) for seed in args.seeds],
+              "distilled": [distilled(work, data, teacher_folder, start, seed, args.aug_n > 0, args.student)
                             for seed in args.seeds]}
-    (work / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (work / "report.md").write_text(table(report) + "\n")
+    (work / f"report_{args.student}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (work / f"report_{args.student}.md").write_text(table(report) + "\n")
     print(table(report))
 
 

@@ -32,7 +32,7 @@ import torch
 
 from benchmarks.common import REPO, SHARED
 from bertrecipe.common.hardware import detect, host_line
-from bertrecipe.distillation.general import teacher_layers_for
+from bertrecipe.distillation.pairing import teacher_layers_for
 from bertrecipe.distillation.student import student_weights_from_teacher
 from bertrecipe.model.weights import read_config, read_weights
 

@@ -137,7 +137,7 @@ def test_run_pretraining_refuses_to_resume_a_distillation(teacher_space, tmp_pat
 
 
 @pytest.mark.parametrize("case, expected", [
-    ("vocab", "the teacher's vocab_size is 128, the student's (--config_file) 64"),
+    ("vocab", "the teacher's vocab_size is 128 and the student (--config_file) has 64"),
     ("layers", "student_teacher_layer_mapping names teacher layer 5, but the teacher has 2 layers"),
     ("family", "the teacher is of the BERT family and the student (--config_file) of the modern"),
     ("head", "the teacher has no masked-LM head, which the prediction term"),

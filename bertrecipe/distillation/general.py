@@ -19,10 +19,14 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.common.files import file_sha256
 from bertrecipe.distillation.capture import capturing
 from bertrecipe.distillation.config import DistillationConfig, read_distillation_config
-from bertrecipe.distillation.layer_map import layer_pairs
 from bertrecipe.distillation.losses import DistillationLoss
-from bertrecipe.distillation.student import DistillationStudent, Projection, student_weights_from_teacher
-from bertrecipe.model.families import ModelConfig, is_modern_config, pretraining_model
+from bertrecipe.distillation.pairing import (
+    checked_pairs,
+    student_from_teacher,
+    student_module,
+    with_projection,
+)
+from bertrecipe.model.families import ModelConfig, pretraining_model
 from bertrecipe.model.weights import HF_WEIGHT_FILES, LoadedWeights, load_weights_into, read_weights
 from bertrecipe.pretraining.masking import IGNORE_INDEX
 from bertrecipe.pretraining.objective import Criterion, PretrainingObjective
@@ -60,23 +64,11 @@ class GeneralDistillation(PretrainingObjective):
         """Before the first write: one family, one vocabulary (the shards' is the teacher's), a layer map that fits
         both models, a teacher head for the prediction term."""
         teacher = self.teacher_source
-        if is_modern_config(config) != is_modern_config(self.teacher_config):
-            raise InputError(f"{teacher}: the teacher is of the {family(self.teacher_config)} family and the student "
-                             f"(--config_file) of the {family(config)}; distil within one family")
-        if config.vocab_size != self.teacher_config.vocab_size:
-            raise InputError(f"{teacher}: the teacher's vocab_size is {self.teacher_config.vocab_size}, the "
-                             f"student's (--config_file) {config.vocab_size}: teacher and student share one "
-                             "vocabulary; give the student the teacher's vocab_size")
+        self.pairs = checked_pairs(self.config, config, self.teacher_config, teacher, "the student (--config_file)")
         check_init_checkpoint_tokenizer(self.teacher_weights, teacher, tokenizer, casing, allow_mismatch, warn=True)
         if self.do_lower_case is not None and casing is not None and casing.lower_case != self.do_lower_case:
             raise InputError(f"--do_lower_case: {casing.source} {casing.describe()}; drop the flag, which NVIDIA's "
                              "command needs and this one reads from the shards")
-        self.pairs = layer_pairs(self.config, config.num_hidden_layers, self.teacher_config.num_hidden_layers)
-        heads = (config.num_attention_heads, self.teacher_config.num_attention_heads)
-        if (self.config.use_attention_scores or self.config.use_value_states) and heads[0] != heads[1]:
-            raise InputError(f"{self.config.source}: attention scores and value relations are compared head by "
-                             f"head, and the student (--config_file) has {heads[0]} heads, the teacher {heads[1]}; "
-                             "give the student the teacher's head count (a narrower head) or turn those terms off")
         if self.config.use_pred_states and not self.teacher_has_head:
             raise InputError(f"{teacher}: the teacher has no masked-LM head, which the prediction term "
                              f"(use_pred_states in {self.config.source}) distils from; pass a teacher with its head "
@@ -85,20 +77,14 @@ class GeneralDistillation(PretrainingObjective):
     def initial_weights(self, config: ModelConfig) -> Optional[tuple[LoadedWeights, str]]:
         if self.student_init != "teacher":
             return None
-        layers = teacher_layers_for(config.num_hidden_layers, self.teacher_config.num_hidden_layers)
-        state = student_weights_from_teacher(self.teacher_weights.state_dict, self.teacher_config, config, layers)
-        source = f"{self.teacher_source} (its layers {', '.join(map(str, layers))})"
-        return LoadedWeights(state, config, "ours", self.teacher_weights.tokenizer), source
+        return student_from_teacher(self.teacher_weights, self.teacher_config, config, self.teacher_source)
 
     def trainable(self, model: nn.Module) -> nn.Module:
         """The student with the projection its hidden-state terms need; heads no term trains are frozen (saved as
         they are, and never waited for by DDP)."""
         freeze_untrained_heads(model, train_masked_lm_head=self.config.use_pred_states)
         self.teacher.to(next(model.parameters()).device)
-        projects = self.config.use_hidden_states or self.config.use_embedding_states
-        widths = (model.config.hidden_size, self.teacher_config.hidden_size)
-        projection = Projection(*widths) if projects and widths[0] != widths[1] else None
-        return DistillationStudent(model, projection)
+        return with_projection(model, self.config, self.teacher_config)
 
     def checkpoint_record(self) -> dict[str, Any]:
         config = {key: value for key, value in asdict(self.config).items() if key != "source"}
@@ -135,13 +121,6 @@ class DistillationCriterion:
         return total
 
 
-def student_module(model: nn.Module) -> DistillationStudent:
-    """The DistillationStudent inside DDP's (or torch.compile's) wrapper."""
-    while not isinstance(model, DistillationStudent):
-        model = getattr(model, "module", None) or model._orig_mod
-    return model
-
-
 def freeze_untrained_heads(model: nn.Module, train_masked_lm_head: bool) -> None:
     """Freezes the next-sentence head, and the masked-LM head's own weights unless its term is trained. Its decoder
     is the word embeddings, which stay trained: named_parameters lists a tied weight once, under the embeddings."""
@@ -151,15 +130,6 @@ def freeze_untrained_heads(model: nn.Module, train_masked_lm_head: bool) -> None
     for name, param in model.named_parameters():
         if name.startswith(frozen):
             param.requires_grad_(False)
-
-
-def teacher_layers_for(student_layers: int, teacher_layers: int) -> list[int]:
-    """The teacher layers (1-based) a student started from the teacher takes, the last of each of student_layers
-    blocks (uniform, as NVIDIA's layer map; rounded where the counts do not divide)."""
-    if student_layers > teacher_layers:
-        raise InputError(f"a student of {student_layers} layers cannot start from a teacher of {teacher_layers}; "
-                         "pass --student_init random")
-    return [round(s * teacher_layers / student_layers) for s in range(1, student_layers + 1)]
 
 
 def teacher_sha256(source: str) -> str:
@@ -172,7 +142,3 @@ def teacher_sha256(source: str) -> str:
 
 def mapping_record(mapping: Any) -> Any:
     return list(mapping) if isinstance(mapping, tuple) else mapping
-
-
-def family(config: ModelConfig) -> str:
-    return "modern (ModernBERT)" if is_modern_config(config) else "BERT"

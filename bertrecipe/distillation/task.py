@@ -15,12 +15,10 @@ from torch import nn
 from bertrecipe.common.errors import InputError
 from bertrecipe.distillation.capture import capturing
 from bertrecipe.distillation.config import read_distillation_config
-from bertrecipe.distillation.general import family, student_module, teacher_layers_for
-from bertrecipe.distillation.layer_map import layer_pairs
 from bertrecipe.distillation.losses import DistillationLoss
-from bertrecipe.distillation.student import DistillationStudent, Projection, student_weights_from_teacher
+from bertrecipe.distillation.pairing import checked_pairs, student_from_teacher, student_module, with_projection
 from bertrecipe.finetuning.objective import Batch, FinetuningObjective, Loss
-from bertrecipe.model.families import ModelConfig, is_modern_config
+from bertrecipe.model.families import ModelConfig
 from bertrecipe.model.weights import LoadedWeights, load_weights_into, read_weights
 from bertrecipe.tokenization.vocab_files import identity_from_record, identity_of, refuse_other_tokenizer
 
@@ -57,20 +55,10 @@ class TaskDistillation(FinetuningObjective):
         """Before the first write: one family, one vocabulary (the run's --vocab_file is the teacher's), heads
         that agree where attention terms compare them, a layer map that fits both."""
         teacher = self.source
-        if is_modern_config(config) != is_modern_config(self.teacher_config):
-            raise InputError(f"{teacher}: the teacher is of the {family(self.teacher_config)} family and the student "
-                             f"of the {family(config)}; distil within one family")
-        if config.vocab_size != self.teacher_config.vocab_size:
-            raise InputError(f"{teacher}: the teacher's vocab_size is {self.teacher_config.vocab_size}, the "
-                             f"student's {config.vocab_size}: teacher and student share one vocabulary")
+        self.pairs = checked_pairs(self.config, config, self.teacher_config, teacher)
         if vocab is not None:
             refuse_other_tokenizer(identity_of(vocab), identity_from_record(self.weights.tokenizer, teacher),
                                    "pass the vocab the teacher was fine-tuned with", False)
-        heads = (config.num_attention_heads, self.teacher_config.num_attention_heads)
-        if (self.config.use_attention_scores or self.config.use_value_states) and heads[0] != heads[1]:
-            raise InputError(f"{self.config.source}: attention scores and value relations are compared head by head, "
-                             f"and the student has {heads[0]} heads, the teacher {heads[1]}; turn those terms off")
-        self.pairs = layer_pairs(self.config, config.num_hidden_layers, self.teacher_config.num_hidden_layers)
         if num_labels == 1 and self.config.use_pred_states:  # a regression task's one score: no distribution
             self.config = dataclasses.replace(self.config, pred_loss="mse")
 
@@ -79,10 +67,7 @@ class TaskDistillation(FinetuningObjective):
         (DistilBERT's way), where the run has no student weights."""
         if self.student_init != "teacher":
             return None
-        layers = teacher_layers_for(config.num_hidden_layers, self.teacher_config.num_hidden_layers)
-        state = student_weights_from_teacher(self.weights.state_dict, self.teacher_config, config, layers)
-        source = f"{self.source} (its layers {', '.join(map(str, layers))})"
-        return LoadedWeights(state, config, "ours", self.weights.tokenizer), source
+        return student_from_teacher(self.weights, self.teacher_config, config, self.source)
 
     def trainable(self, model: nn.Module) -> nn.Module:
         """The student with its projection; in the backbone stage its task head is left as it is (frozen)."""
@@ -91,9 +76,7 @@ class TaskDistillation(FinetuningObjective):
                 if name.startswith(HEAD_ONLY):
                     param.requires_grad_(False)
         self.teacher.to(next(model.parameters()).device)
-        projects = self.config.use_hidden_states or self.config.use_embedding_states
-        widths = (model.config.hidden_size, self.teacher_config.hidden_size)
-        return DistillationStudent(model, Projection(*widths) if projects and widths[0] != widths[1] else None)
+        return with_projection(model, self.config, self.teacher_config)
 
     def compute_loss(self, task_loss: Loss) -> Loss:
         return TaskDistillationLoss(self.teacher, DistillationLoss(self.config, self.pairs))

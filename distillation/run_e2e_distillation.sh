@@ -62,7 +62,9 @@ timed() {
 sst2_part() {
   head -n "$((rows + 1))" "$shared/glue/SST-2/train.tsv" > "$data/SST-2/train.tsv.part"
   mv "$data/SST-2/train.tsv.part" "$data/SST-2/train.tsv"
-  cp "$shared/glue/SST-2/dev.tsv" "$data/SST-2/dev.tsv"
+  # Copied by content, not by cp: the shared files may be read-only and a second run replaces them.
+  cat "$shared/glue/SST-2/dev.tsv" > "$data/SST-2/dev.tsv.part"
+  mv "$data/SST-2/dev.tsv.part" "$data/SST-2/dev.tsv"
 }
 
 teacher() {

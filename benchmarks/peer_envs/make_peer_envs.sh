@@ -18,7 +18,11 @@ for peer in "${peers[@]}"; do
   esac
 done
 for peer in "${peers[@]}"; do
-  ensure_venv "benchmarks/peer_envs/$peer.txt" ".venv-$peer"
+  # One literal call per environment: the tests read which requirements file goes into which environment.
+  case $peer in
+    optimum) ensure_venv benchmarks/peer_envs/optimum.txt .venv-optimum ;;
+    openvino) ensure_venv benchmarks/peer_envs/openvino.txt .venv-openvino ;;
+  esac
   if [ "$peer" = openvino ]; then
     # PyPI's torchvision is built against CUDA torch and fails to load under the CPU build, which breaks
     # transformers' imports; text models never use it (openvino.txt says more).

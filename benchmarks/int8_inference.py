@@ -76,6 +76,8 @@ def neighbour_overlap(reference: np.ndarray, other: np.ndarray, k: int = 10) -> 
 def run(command: list[str], log: Path | None = None) -> None:
     """A command of the recipe (or a peer) from the checkout, printed first; its output kept in log."""
     print("$ " + " ".join(str(c) for c in command), flush=True)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
     with open(log or os.devnull, "w") as out:
         done = subprocess.run([str(c) for c in command], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     if done.returncode != 0:
@@ -116,6 +118,17 @@ def squad_scores(model: Path, predict: Path, out: Path) -> dict[str, float]:
     return {"exact_match": closing["exact_match"], "f1": closing["F1"]}
 
 
+def answer_agreement(reference: dict[str, str], other: dict[str, str]) -> dict[str, float]:
+    """How far the int8 answers stay from the fp32 ones, whatever either scores against the gold: the share of
+    questions answered alike (after SQuAD's normalization) and the F1 of the other answers against the
+    reference's, in percent."""
+    from bertrecipe.finetuning.squad_metrics import exact_match_score, f1_score_v1
+
+    same = [exact_match_score(other[qid], answer) for qid, answer in reference.items()]
+    overlap = [f1_score_v1(other[qid], answer) for qid, answer in reference.items()]
+    return {"same_answer": 100 * float(np.mean(same)), "f1_to_fp32": 100 * float(np.mean(overlap))}
+
+
 def tokenizer():
     from bertrecipe.finetuning.model_loading import load_tokenizer
 
@@ -131,7 +144,8 @@ def timing_rows(squad_file: Path, count: int = max(BATCH_SIZES)) -> dict[str, np
     full = np.flatnonzero(features.input_mask.sum(axis=1) == SEQ)[:count]
     if len(full) < count:
         raise SystemExit(f"{squad_file}: only {len(full)} full {SEQ}-token windows, {count} needed")
-    return {"ids": features.input_ids[full], "segments": features.segment_ids[full], "mask": features.input_mask[full]}
+    rows = {"ids": features.input_ids[full], "segments": features.segment_ids[full], "mask": features.input_mask[full]}
+    return {k: np.ascontiguousarray(v, dtype=np.int64) for k, v in rows.items()}
 
 
 def sst2_rows(data: Path, split: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -206,8 +220,8 @@ def option_variants() -> dict[str, Any]:
     """The quantization choices measured against the chosen one (deploy.quantization.CHOSEN)."""
     from bertrecipe.deploy.quantization import CHOSEN, Int8Options
 
-    return {"chosen: MatMul weights, per-tensor, int8": CHOSEN,
-            "per-channel weight scales": Int8Options(per_channel=True),
+    return {"chosen: MatMul weights, int8, per-channel scales": CHOSEN,
+            "per-tensor weight scales": Int8Options(per_channel=False),
             "reduce_range (7-bit weights)": Int8Options(reduce_range=True),
             "uint8 weights": Int8Options(weight_type="uint8"),
             "embeddings (Gather) in int8 too": Int8Options(op_types=("MatMul", "Gather")),
@@ -228,7 +242,7 @@ def fused_then_quantized(fp32: Path, target: Path) -> None:
     fused = optimizer.optimize_model(str(fp32), model_type="bert", num_heads=12, hidden_size=384, opt_level=1)
     fused_path = target.with_name("fused_fp32.onnx")
     fused.save_model_to_file(str(fused_path))
-    quantize_dynamic(fused_path, target, op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8,
+    quantize_dynamic(fused_path, target, op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8, per_channel=True,
                      extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT})
     logging.disable(logging.NOTSET)
 
@@ -237,7 +251,7 @@ def measure_options(fp32: Path, dev: tuple[dict[str, np.ndarray], np.ndarray], r
                     threads: int, rounds: int, scratch: Path) -> list[dict[str, Any]]:
     """Each quantization variant of the SST-2 teacher: dev accuracy, seconds per batch (rounds in turns)."""
     from bertrecipe.deploy.onnx_export import open_classifier_session, timed_onnx_outputs
-    from bertrecipe.deploy.quantization import quantized_bytes
+    from bertrecipe.deploy.quantization import quantize_file
 
     sessions, records = {"fp32": open_classifier_session(fp32, 2, threads)}, []
     for number, (name, options) in enumerate(option_variants().items()):
@@ -245,7 +259,7 @@ def measure_options(fp32: Path, dev: tuple[dict[str, np.ndarray], np.ndarray], r
         if options == "fusion":
             fused_then_quantized(fp32, path)
         else:
-            path.write_bytes(quantized_bytes(fp32.read_bytes(), str(fp32), options))
+            quantize_file(fp32, path, overwrite=True, options=options)
         sessions[name] = open_classifier_session(path, 2, threads)
     ids, labels = dev
     for name, session in sessions.items():
@@ -397,6 +411,10 @@ def report_markdown(results: dict[str, Any]) -> str:
         lines += table(["option", "SST-2 accuracy", *(f"batch {s} seq/s" for s in BATCH_SIZES)],
                        [[o["option"], f"{o['accuracy']:.2f}", *(f"{o['sequences_per_second'][str(s)]:.1f}"
                                                                 for s in BATCH_SIZES)] for o in results["options"]])
+    for row in (r for r in results["accuracy"] if "int8_against_fp32" in r):
+        agreement = row["int8_against_fp32"]
+        lines += ["", f"{row['model']}, {row['task']}: the int8 answers are the fp32 answers for "
+                  f"{agreement['same_answer']:.2f} % of the questions (F1 {agreement['f1_to_fp32']:.2f} against them)"]
     if results.get("retrieval"):
         r = results["retrieval"]
         lines += ["", "Embeddings (the teacher, mean pooling, run_retrieval.py --export_onnx --int8) of "
@@ -435,6 +453,9 @@ def our_accuracy(models: dict[str, dict[str, Any]], work: Path) -> list[dict[str
             for precision, path in model["exports"].items():
                 row[f"ours {precision}"] = squad_scores(path, model["squad_file"],
                                                         work / "scores" / f"{name}_{precision}")["f1"]
+            answers = [json.loads((work / "scores" / f"{name}_{p}" / "predictions.json").read_text())
+                       for p in ("fp32", "int8")]
+            row["int8_against_fp32"] = answer_agreement(*answers)
         rows.append(row)
     return rows
 
@@ -483,7 +504,7 @@ def speed(models: dict[str, dict[str, Any]], peers: list[str], work: Path, threa
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work_dir", type=Path, default=REPO / "results" / "int8_work",
+    parser.add_argument("--work_dir", type=Path, default=Path("results") / "int8_work",
                         help="fine-tuned models, exports and scratch files (kept: a second run reuses the models)")
     parser.add_argument("--output_dir", type=Path,
                         default=REPO / "benchmarks" / "results" / "int8" / datetime.date.today().isoformat())
@@ -504,6 +525,7 @@ def main() -> None:
     from bertrecipe.common.hardware import detect, host_line, read_cpuinfo
 
     torch.set_num_threads(args.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the peers read local folders only: no hub look-ups
     results: dict[str, Any] = {"date": datetime.date.today().isoformat(), "threads": args.threads,
                                "host": host_line(detect(), "fp32 and int8"), "isa": isa_line(read_cpuinfo() or ""),
                                "rounds": args.rounds, "what_else_ran": {"start": what_else_ran()}}

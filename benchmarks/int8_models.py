@@ -134,7 +134,7 @@ def fine_tuned_models(work: Path, settings: FineTuning, squad: bool = True) -> d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work_dir", type=Path, default=REPO / "results" / "int8_work")
+    parser.add_argument("--work_dir", type=Path, default=Path("results") / "int8_work")
     parser.add_argument("--sst2_train_rows", type=int, default=FineTuning.sst2_train_rows)
     parser.add_argument("--squad_train_articles", type=int, default=FineTuning.squad_train_articles)
     parser.add_argument("--skip_squad", action="store_true")

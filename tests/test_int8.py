@@ -185,7 +185,7 @@ def test_an_int8_difference_above_its_tolerance_is_refused_and_nothing_is_writte
     monkeypatch.setattr(model_repository, "runner_for",
                         lambda path, fmt: (lambda arrays: [out * 1.5 for out in honest(path, fmt)(arrays)]))
     repository = setup["root"] / "refused_int8"
-    with pytest.raises(InputError, match="--int8_tolerance 0.1; nothing written"):
+    with pytest.raises(InputError, match="--int8_tolerance 0.25; nothing written"):
         deployer.main(deploy_args(setup, repository, setup["checkpoint"], "--int8"))
     assert not [p for p in (repository / "bert").iterdir()]
 

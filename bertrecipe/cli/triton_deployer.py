@@ -53,8 +53,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--int8", action="store_true",
                    help="export the int8 model (ONNX Runtime dynamic quantization of the linear layers) for CPU "
                         "serving; needs --format onnx and KIND_CPU instances (the default with --int8)")
-    p.add_argument("--int8_tolerance", type=float, default=0.1,
-                   help="--int8: largest accepted |export - PyTorch| as a share of PyTorch's largest |logit|")
+    p.add_argument("--int8_tolerance", type=float, default=0.25,
+                   help="--int8: largest accepted |export - PyTorch| as a share of PyTorch's largest |logit| (int8 "
+                        "weights move logits by a few percent, up to about 15 %% on short inputs; a broken export by "
+                        "their whole size)")
     p.add_argument("--model_repository", default="triton/model_repository")
     p.add_argument("--model_name", default="bert")
     p.add_argument("--model_version", type=int, default=1)

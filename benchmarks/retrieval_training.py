@@ -180,37 +180,41 @@ def ours(setup: Setup, seed: int, drawn: list[int]) -> dict[str, Any]:
     return {"seconds": seconds, "pairs_per_second": setup.steps * setup.batch / seconds, **scores}
 
 
-def theirs(setup: Setup, seed: int, drawn: list[int], order: list[int], work: Path) -> dict[str, Any]:
-    """SentenceTransformerTrainer with MultipleNegativesRankingLoss on the same pairs in the same order (a
-    sequential batch sampler), the same schedule and optimizer settings, no gradient clipping (ours has none)."""
-    import datasets
-    import torch
-    import transformers
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
-    from sentence_transformers import SentenceTransformerTrainingArguments as Arguments
-    from sentence_transformers.base.sampler import DefaultBatchSampler
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+def peer_model(folder: Path, pooling: str, seq: int) -> Any:
+    """sentence-transformers' model of the folder's encoder: at most `seq` tokens a text, `pooling`, normalised."""
+    from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
-    torch.manual_seed(seed)
-    encoder = Transformer(str(setup.folder), max_seq_length=setup.seq)
-    model = SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), setup.pooling),
-                                         Normalize()], device="cpu")
-    rows = datasets.Dataset.from_dict({"anchor": [setup.queries[drawn[i]] for i in order],
-                                       "positive": [setup.positives[drawn[i]] for i in order]})
+    encoder = Transformer(str(folder), max_seq_length=seq)
+    return SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling), Normalize()],
+                               device="cpu")
+
+
+def peer_arguments(setup: Setup, seed: int, work: Path) -> Any:
+    """The trainer's arguments with ours' options: the rows in the order given (a sequential batch sampler), the
+    same schedule and optimizer settings, no gradient clipping (ours has none), fp32 on the CPU."""
+    import torch
+    from sentence_transformers import SentenceTransformerTrainingArguments as Arguments
+    from sentence_transformers.base.sampler import DefaultBatchSampler
 
     def in_order(dataset: Any, batch_size: int, drop_last: bool, **_: Any) -> DefaultBatchSampler:
         return DefaultBatchSampler(torch.utils.data.SequentialSampler(dataset), batch_size=batch_size,
                                    drop_last=drop_last)
 
-    arguments = Arguments(output_dir=str(work / "st"), per_device_train_batch_size=setup.batch, max_steps=setup.steps,
-                          learning_rate=setup.lr, warmup_steps=round(0.1 * setup.steps), lr_scheduler_type="linear",
-                          weight_decay=0.01, adam_epsilon=1e-6, max_grad_norm=0.0, seed=seed, data_seed=seed,
-                          batch_sampler=in_order, save_strategy="no", report_to="none", logging_strategy="no",
-                          use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
-    class Clock(transformers.TrainerCallback):
-        """train() timed from its first to its last event: the batches' tokenization (in the collator) is in."""
+    return Arguments(output_dir=str(work / "st"), per_device_train_batch_size=setup.batch, max_steps=setup.steps,
+                     learning_rate=setup.lr, warmup_steps=round(0.1 * setup.steps), lr_scheduler_type="linear",
+                     weight_decay=0.01, adam_epsilon=1e-6, max_grad_norm=0.0, seed=seed, data_seed=seed,
+                     batch_sampler=in_order, save_strategy="no", report_to="none", logging_strategy="no",
+                     use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
 
+
+def peer_train(model: Any, arguments: Any, rows: Any, loss: Any) -> float:
+    """SentenceTransformerTrainer.train on the rows; the seconds from its first to its last event (the batches'
+    tokenization, in the collator, is in)."""
+    import transformers
+    from sentence_transformers import SentenceTransformerTrainer
+
+    class Clock(transformers.TrainerCallback):
         start = end = 0.0
 
         def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
@@ -220,10 +224,22 @@ def theirs(setup: Setup, seed: int, drawn: list[int], order: list[int], work: Pa
             self.end = time.perf_counter()
 
     clock = Clock()
-    trainer = SentenceTransformerTrainer(model=model, args=arguments, train_dataset=rows,
-                                         loss=MultipleNegativesRankingLoss(model), callbacks=[clock])
-    trainer.train()
-    seconds = clock.end - clock.start
+    SentenceTransformerTrainer(model=model, args=arguments, train_dataset=rows, loss=loss, callbacks=[clock]).train()
+    return clock.end - clock.start
+
+
+def theirs(setup: Setup, seed: int, drawn: list[int], order: list[int], work: Path) -> dict[str, Any]:
+    """SentenceTransformerTrainer with MultipleNegativesRankingLoss on the same pairs in the same order (a
+    sequential batch sampler), the same schedule and optimizer settings, no gradient clipping (ours has none)."""
+    import datasets
+    import torch
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    torch.manual_seed(seed)
+    model = peer_model(setup.folder, setup.pooling, setup.seq)
+    rows = datasets.Dataset.from_dict({"anchor": [setup.queries[drawn[i]] for i in order],
+                                       "positive": [setup.positives[drawn[i]] for i in order]})
+    seconds = peer_train(model, peer_arguments(setup, seed, work), rows, MultipleNegativesRankingLoss(model))
     scores = scores_of(setup, lambda texts: torch.from_numpy(model.encode(list(texts), batch_size=64)))
     return {"seconds": seconds, "pairs_per_second": setup.steps * setup.batch / seconds, **scores}
 

@@ -122,13 +122,16 @@ def model_inputs(args: argparse.Namespace) -> Paths:
     read_weights may read along (a folder's weights and config, the config beside a checkpoint file)."""
     inputs: Paths = [("--vocab_file", args.vocab_file), ("--config_file", args.config_file),
                      ("--onnx_model", getattr(args, "onnx_model", None))]
-    if args.init_checkpoint:
-        path = Path(args.init_checkpoint)
-        folder = path if path.is_dir() else path.parent
-        names = (*CONFIG_FILES, *HF_WEIGHT_FILES) if path.is_dir() else CONFIG_FILES
-        inputs.append(("--init_checkpoint", path))
-        inputs += [(f"the {name} of --init_checkpoint", folder / name) for name in names if (folder / name).is_file()]
-    return inputs
+    return inputs + (checkpoint_inputs("--init_checkpoint", args.init_checkpoint) if args.init_checkpoint else [])
+
+
+def checkpoint_inputs(flag: str, checkpoint: str | Path) -> Paths:
+    """A checkpoint given by `flag` and what read_weights may read along: a folder's weights and config, the config
+    beside a checkpoint file."""
+    path = Path(checkpoint)
+    folder = path if path.is_dir() else path.parent
+    names = (*CONFIG_FILES, *HF_WEIGHT_FILES) if path.is_dir() else CONFIG_FILES
+    return [(flag, path), *((f"the {name} of {flag}", folder / name) for name in names if (folder / name).is_file())]
 
 
 def check_run_outputs(args: argparse.Namespace, inputs: Paths, files: Sequence[str]) -> None:

@@ -1,14 +1,19 @@
 """Dense retrieval: an embedding model of either family (BERT or ModernBERT; mean or [CLS] pooling, L2-normalised)
-scored as BEIR scores it on a folder in BEIR's layout, optionally fine-tuned first with in-batch negatives.
+scored as BEIR scores it on a folder in BEIR's layout, optionally fine-tuned first with in-batch negatives, or
+distilled from a teacher embedding model (--teacher_model: the MSE of the two models' embeddings of the training
+pairs' texts, sentence-transformers' distillation).
 
     python run_retrieval.py --init_checkpoint DIR --vocab_file V [--do_lower_case] --data_dir BEIR_DIR
         --pooling mean --do_eval --output_dir OUT [--do_train --train_file PAIRS] [--export_embeddings]
         [--export_onnx]
+    python run_retrieval.py --teacher_model TEACHER --student_layers 3 --vocab_file V [--do_lower_case]
+        --data_dir BEIR_DIR --do_train --train_file PAIRS --do_eval --output_dir OUT
 
 --data_dir holds corpus.jsonl, queries.jsonl and qrels/<--split>.tsv. --train_file is JSON Lines of {"query",
 "positive"[, "negative"]} texts (a hard negative on every row or none), or a BEIR qrels file (a folder's
 qrels/train.tsv: each judged-relevant pair). --init_checkpoint is our checkpoint, NVIDIA's, a pytorch_model.bin
-or a Hugging Face folder (a sentence-transformers model's folder too: its encoder). Writes OUT/results.json
+or a Hugging Face folder (a sentence-transformers model's folder too: its encoder); --teacher_model takes the
+same, and --student_layers N starts the student from N of the teacher's layers instead. Writes OUT/results.json
 (ndcg@10, mrr@10, recall@100, the counts, pooling, checkpoint) after --do_eval; OUT/pytorch_model.bin +
 bert_config.json (the encoder) after --do_train; corpus_embeddings.safetensors + corpus_ids.json with
 --export_embeddings; model.onnx (encoder and pooling) with --export_onnx, its int8 form with --int8 as well
@@ -29,12 +34,15 @@ from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.deploy.embedding_export import embeddings_safetensors, ids_json, onnx_bytes
 from bertrecipe.deploy.quantization import quantized_bytes
+from bertrecipe.distillation.embedding import EmbeddingDistillation
 from bertrecipe.finetuning import beir_data
 from bertrecipe.finetuning.embedding import POOLINGS, EmbeddingModel, encode_texts, load_embedding_model
 from bertrecipe.finetuning.model_loading import config_and_weights, load_tokenizer
 from bertrecipe.finetuning.retrieval_metrics import CUTOFFS, exact_search, retrieval_scores
-from bertrecipe.finetuning.retrieval_training import pair_arrays, train_embeddings
+from bertrecipe.finetuning.retrieval_training import RetrievalObjective, train_embeddings
 from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
+from bertrecipe.model.families import ModelConfig
+from bertrecipe.model.weights import LoadedWeights
 from bertrecipe.tokenization.bpe import FineTuningTokenizer
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.process_group import DistributedContext, init_distributed, shutdown
@@ -60,10 +68,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--int8", action="store_true",
                    help="--export_onnx writes the int8 model (ONNX Runtime dynamic quantization of the linear layers, "
                         "for CPUs)")
+    add_distillation_arguments(p)
     args = p.parse_args(argv)
     if not (args.do_train or args.do_eval or args.export_embeddings or args.export_onnx):
         raise InputError("nothing to do: pass --do_train, --do_eval, --export_embeddings and/or --export_onnx")
-    if not args.init_checkpoint:
+    check_distillation_flags(args)
+    if not args.init_checkpoint and args.student_layers is None:
         raise InputError("--init_checkpoint is needed: the encoder to score or fine-tune")
     if args.int8 and not args.export_onnx:
         raise InputError("--int8 quantizes the ONNX export: add --export_onnx")
@@ -79,6 +89,37 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
+def add_distillation_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--teacher_model", help="with --do_train: distil this embedding model (any checkpoint "
+                   "--init_checkpoint takes) into the student, the MSE of their embeddings of the training pairs' "
+                   "queries and documents, instead of in-batch negatives")
+    p.add_argument("--teacher_pooling", choices=POOLINGS, help="the teacher's pooling (default: --pooling)")
+    p.add_argument("--teacher_config_file", help="the teacher's config, where its checkpoint records none")
+    p.add_argument("--student_layers", type=int, help="instead of --init_checkpoint: the student is the teacher "
+                   "with this many of its layers (the uniform choice: every other one for half) and its embeddings")
+
+
+def check_distillation_flags(args: argparse.Namespace) -> None:
+    """--teacher_model and the flags that go with it (InputError naming them)."""
+    if not args.teacher_model:
+        given = [flag for flag in ("--teacher_pooling", "--teacher_config_file", "--student_layers")
+                 if getattr(args, flag.removeprefix("--")) is not None]
+        if given:
+            raise InputError(f"{', '.join(given)} {'is a flag' if len(given) == 1 else 'are flags'} of embedding "
+                             "distillation: add --teacher_model (the teacher to distil)")
+        return
+    if not args.do_train:
+        raise InputError("--teacher_model distils during --do_train: add --do_train and --train_file")
+    if args.symmetric_loss:
+        raise InputError("--symmetric_loss is in-batch negatives' option, and --teacher_model trains by the MSE of "
+                         "the embeddings: drop one of them")
+    if args.student_layers is not None:
+        if args.init_checkpoint or args.config_file:
+            raise InputError("--student_layers starts the student from the teacher's layers, --init_checkpoint or "
+                             "--config_file from a checkpoint of its own: give one of the two")
+        finetuning_flags.check_positive(args, "student_layers")
+
+
 def run_outputs(args: argparse.Namespace) -> list[str]:
     return [*(MODEL_FILES if args.do_train else ()), *(("results.json",) if args.do_eval else ()),
             *(EMBEDDING_FILES if args.export_embeddings else ()), *(("model.onnx",) if args.export_onnx else ())]
@@ -87,7 +128,9 @@ def run_outputs(args: argparse.Namespace) -> list[str]:
 def check_retrieval_outputs(args: argparse.Namespace) -> None:
     """No output may be an input: the BEIR folder and its files, --train_file, the model's files."""
     data_dir = Path(args.data_dir)
-    inputs = [*finetuning_flags.model_inputs(args), ("--data_dir", data_dir), ("--train_file", args.train_file),
+    teacher = finetuning_flags.checkpoint_inputs("--teacher_model", args.teacher_model) if args.teacher_model else []
+    inputs = [*finetuning_flags.model_inputs(args), *teacher, ("--teacher_config_file", args.teacher_config_file),
+              ("--data_dir", data_dir), ("--train_file", args.train_file),
               *((f"the {name} of --data_dir", path)
                 for name, path in beir_data.beir_files(data_dir, args.split).items())]
     if args.train_file and Path(args.train_file).suffix == ".tsv":  # a qrels file reads its folder's texts
@@ -111,22 +154,26 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
     """Reads every input, then trains, scores and exports as the flags ask; returns results.json's content. It
     writes nothing before every input has been read and checked."""
     precision = make_precision(ctx.device, args.fp16, args.bf16)
+    objective = retrieval_objective(args)
     tokenizer = load_tokenizer(args.vocab_file, args.do_lower_case, args.allow_vocab_mismatch)
-    config, weights = config_and_weights(args.config_file, args.init_checkpoint)
+    config, weights, source = student_source(args, objective)
     needs_corpus = args.do_eval or args.export_embeddings
     split = beir_data.read_beir(Path(args.data_dir), args.split) if needs_corpus else None
     pairs = beir_data.read_training_pairs(Path(args.train_file)) if args.do_train else None
     seed_everything(args.seed)
-    model = load_embedding_model(config, weights, args.init_checkpoint, tokenizer, args.max_seq_length,
-                                 args.pooling, args.allow_vocab_mismatch).to(ctx.device)
+    model = load_embedding_model(config, weights, source, tokenizer, args.max_seq_length, args.pooling,
+                                 args.allow_vocab_mismatch).to(ctx.device)
+    if pairs is not None:
+        objective.check(model, tokenizer, args.max_seq_length, args.allow_vocab_mismatch)
     bar = not args.disable_progress_bar
     with finetuning_flags.locked_output_dir(args, ctx):
         log = MetricLogger(args.json_summary, printer=tqdm.write if bar else print)
         log.log("PARAMETER", {k: v for k, v in vars(args).items() if not k.startswith("_")}, echo=False)
-        results: dict[str, Any] = {"pooling": args.pooling, "checkpoint": str(args.init_checkpoint)}
+        results: dict[str, Any] = {"pooling": args.pooling, "checkpoint": source}
         with StagedOutputs(args.output_dir, OUTPUTS) as stage:
             if pairs is not None:
-                results.update(train(args, ctx, model, tokenizer, pairs, precision, log))
+                model, trained = train(args, ctx, objective, model, tokenizer, pairs, precision, log)
+                results.update(trained)
                 stage_finetuned(stage, model.encoder, config, tokenizer.vocab)
             if split is not None:
                 results.update(score_and_export(args, model, tokenizer, split, precision, stage))
@@ -143,13 +190,36 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
     return results
 
 
-def train(args: argparse.Namespace, ctx: DistributedContext, model: EmbeddingModel, tokenizer: FineTuningTokenizer,
-          pairs: beir_data.TrainingPairs, precision: Precision, log: MetricLogger) -> dict[str, Any]:
+def retrieval_objective(args: argparse.Namespace) -> RetrievalObjective:
+    """Embedding distillation with --teacher_model (its teacher read here, before anything is written), else in-batch
+    negatives."""
+    if args.teacher_model:
+        return EmbeddingDistillation(args.teacher_model, args.teacher_pooling or args.pooling,
+                                     args.teacher_config_file)
+    return RetrievalObjective(args.symmetric_loss)
+
+
+def student_source(args: argparse.Namespace, objective: RetrievalObjective
+                   ) -> tuple[ModelConfig, Optional[LoadedWeights], str]:
+    """The model's config and weights and what to call them: --init_checkpoint's, or --student_layers of the
+    teacher's."""
+    if args.student_layers is not None and isinstance(objective, EmbeddingDistillation):
+        return objective.student_start(args.student_layers)
+    config, weights = config_and_weights(args.config_file, args.init_checkpoint)
+    return config, weights, str(args.init_checkpoint)
+
+
+def train(args: argparse.Namespace, ctx: DistributedContext, objective: RetrievalObjective, model: EmbeddingModel,
+          tokenizer: FineTuningTokenizer, pairs: beir_data.TrainingPairs, precision: Precision, log: MetricLogger
+          ) -> tuple[EmbeddingModel, dict[str, Any]]:
+    """The objective's trainable model, trained on the pairs, and what results.json records of the training."""
     settings = finetuning_flags.finetuning_loop_settings(args, not args.disable_progress_bar)
-    arrays = pair_arrays(tokenizer, pairs, args.max_seq_length)
-    results = train_embeddings(model, arrays, settings, precision, ctx, log, args.symmetric_loss)
+    arrays = objective.arrays(tokenizer, pairs, args.max_seq_length)
+    trained = objective.trainable(model)
+    results = train_embeddings(trained, arrays, settings, precision, ctx, log, objective)
+    results.update(objective.record())
     results["hard_negatives"] = pairs.negatives is not None
-    return results
+    return trained, results
 
 
 def score_and_export(args: argparse.Namespace, model: EmbeddingModel, tokenizer: FineTuningTokenizer,

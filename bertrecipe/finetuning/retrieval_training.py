@@ -2,11 +2,14 @@
 among every positive of its micro-batch (and every hard negative, when the pairs have them), by cross-entropy over
 the cosine similarities times a scale of 20 (the InfoNCE form of MultipleNegativesRankingLoss); optionally also
 each positive's query among the batch's queries (symmetric). AdamW under a linear warm-up and decay, through
-training.Stepper (precision, accumulation), logged in dllogger's format."""
+training.Stepper (precision, accumulation), logged in dllogger's format. What is trained and its loss is the run's
+RetrievalObjective: in-batch negatives by default; embedding distillation (distillation/embedding.py) gives its
+own, through the same pairs, loop and outputs."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -28,6 +31,8 @@ COLUMNS = ("query", "positive", "negative")
 # Encoder passes a micro-batch's texts are split into, by length: more passes save fewer positions each and add
 # their fixed cost (four take a batch of 16 SQuAD paragraphs from 37 % padding to 7 %).
 LENGTH_GROUPS = 4
+Batch = dict[str, torch.Tensor]
+Loss = Callable[[nn.Module, Batch], torch.Tensor]
 
 
 def pair_arrays(tokenizer: FineTuningTokenizer, pairs: TrainingPairs, max_seq_length: int) -> dict[str, np.ndarray]:
@@ -40,8 +45,9 @@ def pair_arrays(tokenizer: FineTuningTokenizer, pairs: TrainingPairs, max_seq_le
     return arrays
 
 
-def pair_batch(arrays: dict[str, np.ndarray], rows: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
-    """The rows' columns as int64 tensors, each column cut after its own longest real sequence."""
+def pair_batch(arrays: dict[str, np.ndarray], rows: np.ndarray, device: torch.device) -> Batch:
+    """The rows' columns as int64 tensors, each text column cut after its own longest real sequence; an objective's
+    own arrays (one value a row) as they are."""
     batch = {}
     for column in COLUMNS:
         if f"{column}_ids" in arrays:
@@ -49,10 +55,12 @@ def pair_batch(arrays: dict[str, np.ndarray], rows: np.ndarray, device: torch.de
             width = max(int(mask.sum(1).max()), 1)
             batch[f"{column}_ids"] = torch.from_numpy(arrays[f"{column}_ids"][rows, :width]).long().to(device)
             batch[f"{column}_mask"] = torch.from_numpy(mask[:, :width]).long().to(device)
+    for key in arrays.keys() - batch.keys():
+        batch[key] = torch.from_numpy(arrays[key][rows]).long().to(device)
     return batch
 
 
-def documents_of(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def documents_of(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """Positives then negatives as one batch for the encoder (one pass instead of two), padded to one width.
     Queries get a pass of their own: padded to a document's width, their attention would cost far more (on a CPU
     the whole step took 1.7x as long with them in)."""
@@ -116,27 +124,64 @@ def contrastive_loss(queries: torch.Tensor, documents: torch.Tensor, symmetric: 
     return loss
 
 
-def in_batch_negatives_loss(model: nn.Module, batch: dict[str, torch.Tensor], symmetric: bool = False
-                            ) -> torch.Tensor:
+def pair_embeddings(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's queries (one pass) and its positives then hard negatives (another), each in length groups."""
+    return (embed_by_length(model, batch["query_ids"], batch["query_mask"]),
+            embed_by_length(model, *documents_of(batch)))
+
+
+def in_batch_negatives_loss(model: nn.Module, batch: Batch, symmetric: bool = False) -> torch.Tensor:
     """contrastive_loss of the batch's queries against its positives (and hard negatives)."""
-    queries = embed_by_length(model, batch["query_ids"], batch["query_mask"])
-    return contrastive_loss(queries, embed_by_length(model, *documents_of(batch)), symmetric)
+    return contrastive_loss(*pair_embeddings(model, batch), symmetric)
+
+
+class RetrievalObjective:
+    """What a retrieval run trains and its loss: in-batch negatives here (`symmetric`: also each positive's query);
+    a subclass changes what it needs. run_retrieval.py calls check before anything is written, arrays on the
+    training pairs, trainable on the model it loaded (it trains, saves and scores what that returns), loss in the
+    loop, and record for results.json."""
+
+    def __init__(self, symmetric: bool = False) -> None:
+        self.symmetric = symmetric
+
+    def check(self, model: EmbeddingModel, tokenizer: FineTuningTokenizer, max_seq_length: int,
+              allow_vocab_mismatch: bool) -> None:
+        """Refuses, before the first write, what contradicts the run's model, vocab or sequence length."""
+
+    def arrays(self, tokenizer: FineTuningTokenizer, pairs: TrainingPairs, max_seq_length: int
+               ) -> dict[str, np.ndarray]:
+        """The training rows: the pairs' tokenized texts (pair_arrays) and whatever else the loss reads."""
+        return pair_arrays(tokenizer, pairs, max_seq_length)
+
+    def trainable(self, model: EmbeddingModel) -> EmbeddingModel:
+        """The embedding model the optimizer trains and the run saves and scores, made from the loaded one."""
+        return model
+
+    def loss(self) -> Loss:
+        """The loss of a micro-batch: loss(trained model, pair_batch) -> scalar."""
+        return partial(in_batch_negatives_loss, symmetric=self.symmetric)
+
+    def record(self) -> dict[str, Any]:
+        """What results.json records of the objective."""
+        return {}
+
+
+IN_BATCH_NEGATIVES = RetrievalObjective()
 
 
 def train_embeddings(model: EmbeddingModel, arrays: dict[str, np.ndarray], settings: LoopSettings,
                      precision: Precision, ctx: DistributedContext, log: MetricLogger,
-                     symmetric: bool = False) -> dict[str, Any]:
-    """Fine-tunes `model` (on ctx.device) on the pairs for optimizer_steps steps of seeded, shuffled micro-batches
-    (the last of an epoch may be smaller); returns e2e_train_time, training_pairs_per_second, final_loss,
-    train_steps and train_pairs."""
+                     objective: RetrievalObjective = IN_BATCH_NEGATIVES) -> dict[str, Any]:
+    """Fine-tunes `model` (on ctx.device; the objective's trainable) on the rows of `arrays` (its arrays) by its
+    loss, for optimizer_steps steps of seeded, shuffled micro-batches (the last of an epoch may be smaller); returns
+    e2e_train_time, training_pairs_per_second, final_loss, train_steps and train_pairs."""
     if ctx.world_size != 1:  # in-batch negatives would need the other processes' embeddings gathered
         raise InputError("run_retrieval.py trains in one process; launch it without torchrun")
     n = len(arrays["query_ids"])
     total_steps = optimizer_steps(n, settings, ctx)
     optimizer = build_adamw(model, settings.learning_rate)
     scheduler = LinearWarmUpScheduler(optimizer, settings.warmup_proportion, total_steps)
-    stepper = Stepper(model, optimizer, scheduler, precision,
-                      lambda m, b: in_batch_negatives_loss(m, b, symmetric))
+    stepper = Stepper(model, optimizer, scheduler, precision, objective.loss())
     bar = tqdm(total=total_steps, disable=not settings.progress_bar, desc="fine-tuning", unit="step")
     model.train()
     steps, pairs, epoch, loss, start = 0, 0, 0, float("nan"), time.perf_counter()

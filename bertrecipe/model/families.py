@@ -55,7 +55,8 @@ def config_record(model: nn.Module, config: ModelConfig) -> dict[str, Any]:
     name) in `architectures`: its QA and two-label classification heads have the same parameters."""
     record = config.to_dict()
     if is_modern_config(config):
-        record["architectures"] = [type(model).__name__]
+        # a distillation student (distillation/student.py) names the model it wraps: readers pick the head by it
+        record["architectures"] = [type(getattr(model, "student", model)).__name__]
     return record
 
 

@@ -6,7 +6,7 @@
 #
 #   bash distillation/run_e2e_distillation.sh cpu OUT
 #
-# cpu: the chain on this machine's CPU in about 15 minutes on 2 cores, from the real data in $BERT_SHARED_DATA
+# cpu: the chain on this machine's CPU in about 5 minutes on 2 cores, from the real data in $BERT_SHARED_DATA
 # (default ../shared/data beside the checkout): the released MiniLM (6 layers, hidden 384) is the teacher and,
 # with a masked-LM head trained here for E2E_MLM_STEPS steps on a public-domain book (the released folder has
 # none), the augmentation's masked LM; the student is 3 of the teacher's layers. It uses the first E2E_TRAIN_ROWS

@@ -194,13 +194,14 @@ def main(argv: list[str] | None = None) -> None:
         start, layers = general_student(work, args.general_steps), GENERAL_STUDENT["num_hidden_layers"]
     else:
         start, layers = student_start(work, teacher_folder, args.student_layers), args.student_layers
+    # seed by seed, both arms: an interrupted benchmark has whole comparisons to show
+    arms = [(baseline(work, data, start, seed, 2.0, args.student),
+             distilled(work, data, teacher_folder, start, seed, args.aug_n > 0, args.student)) for seed in args.seeds]
     report = {"seeds": args.seeds, "teacher": accuracy(teacher_folder), "teacher_layers": 6,
               "student_layers": layers, "student": args.student,
               "host": f"{host_line(detect(), 'fp32')}, date {time.strftime('%Y-%m-%d')}",
               "train_rows": args.train_rows or "all", "augmented_copies": args.aug_n,
-              "baseline": [baseline(work, data, start, seed, 2.0, args.student) for seed in args.seeds],
-              "distilled": [distilled(work, data, teacher_folder, start, seed, args.aug_n > 0, args.student)
-                            for seed in args.seeds]}
+              "baseline": [plain for plain, _ in arms], "distilled": [taught for _, taught in arms]}
     (work / f"report_{args.student}.json").write_text(json.dumps(report, indent=2) + "\n")
     (work / f"report_{args.student}.md").write_text(table(report) + "\n")
     print(table(report))

@@ -4,7 +4,7 @@ MSELoss on the teacher's embeddings), both distilling the same teacher into the 
 the same options, then scored the same way.
 
     flock /tmp/bert-bench.lock python -m benchmarks.embedding_distillation [--steps 100] [--batch 16] [--seq 256]
-        [--lr 1e-4] [--student_layers 3] [--seeds 1 2 3] [--threads 1] [--test_articles 3] [--output PREFIX]
+        [--lr 1e-4] [--student_layers 3] [--seeds 1 2 3] [--threads 2] [--test_articles 3] [--output PREFIX]
 
 Data (nothing is downloaded), as benchmarks/retrieval_training.py makes it (squad_as_beir): SQuAD v1.1 dev split by
 article, the last --test_articles articles' paragraphs the corpus and their questions the test queries, every other
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--student_layers", type=int, default=3)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    p.add_argument("--threads", type=int, default=1, help="torch threads (intra-op) of both sides")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (intra-op) of both sides")
     p.add_argument("--test_articles", type=int, default=3)
     p.add_argument("--output", type=Path, help="PREFIX of PREFIX.json (default "
                                                "benchmarks/results/embedding_distillation/<date>)")

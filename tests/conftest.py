@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from helpers import (
+    EXCERPT,
     HOLMES_HELD_OUT_FROM,
     SHARED_DATA,
     TEST_DATA,
@@ -41,6 +42,17 @@ def tiny_bert(tmp_path_factory) -> Path:
     transformers.BertModel(config, add_pooling_layer=True).save_pretrained(folder, safe_serialization=True)
     shutil.copyfile(VOCAB_EXCERPT, folder / "vocab.txt")
     return folder
+
+
+@pytest.fixture(scope="session")
+def squad_beir(tmp_path_factory) -> Path:
+    """tests/data/squad's v1.1 excerpt (6 articles) as BEIR folders (benchmarks' squad_as_beir): train/ and
+    pairs.jsonl of 4 articles, test/ of the other 2. Read-only for the tests."""
+    from benchmarks.retrieval_training import squad_as_beir
+
+    out = tmp_path_factory.mktemp("squad_beir")
+    squad_as_beir(EXCERPT / "dev-v1.1.json", out, test_articles=2)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.retrieval_training import squad_as_beir
 from bertrecipe.common.errors import InputError
 from bertrecipe.distillation.embedding import EmbeddingDistillation, embedding_mse
 from bertrecipe.distillation.student import DistillationStudent, Projection
@@ -27,7 +26,7 @@ from bertrecipe.model.families import config_record
 from bertrecipe.model.modern_config import ModernBertConfig
 from bertrecipe.model.weights import load_torch_file
 from bertrecipe.training.stepper import Precision
-from helpers import EXCERPT, REPO_ROOT, TINY_BERT, run_command, snapshot
+from helpers import REPO_ROOT, TINY_BERT, run_command, snapshot
 
 FP32 = Precision("cpu")
 SEQ = 32
@@ -182,14 +181,6 @@ def test_a_distilled_student_s_config_names_the_student_s_class():
 
 def command(*flags) -> list:
     return [sys.executable, REPO_ROOT / "run_retrieval.py", *flags]
-
-
-@pytest.fixture(scope="module")
-def squad_beir(tmp_path_factory):
-    """tests/data/squad's v1.1 excerpt (6 articles) as BEIR folders: 4 articles' pairs to distil on, 2 to score."""
-    out = tmp_path_factory.mktemp("squad_beir")
-    squad_as_beir(EXCERPT / "dev-v1.1.json", out, test_articles=2)
-    return out
 
 
 def distil(teacher_folder: Path, squad: Path, out: Path, *extra) -> subprocess.CompletedProcess:

@@ -32,7 +32,7 @@ from bertrecipe.finetuning.retrieval_training import (
     length_groups,
 )
 from bertrecipe.training.stepper import Precision
-from helpers import EXCERPT, REPO_ROOT, TINY_MODERN, run_command, snapshot
+from helpers import REPO_ROOT, TINY_MODERN, run_command, snapshot
 
 FP32 = Precision("cpu")
 TEXTS = ["the movie was good", "Who won Super Bowl 50?",
@@ -418,14 +418,6 @@ def test_the_onnx_export_gives_the_model_s_embeddings_on_onnx_runtime(bert_folde
 
 def command(*flags) -> list:
     return [sys.executable, REPO_ROOT / "run_retrieval.py", *flags]
-
-
-@pytest.fixture(scope="module")
-def squad_beir(tmp_path_factory):
-    """tests/data/squad's v1.1 excerpt (6 articles) as BEIR folders: trained on 4 articles, scored on 2."""
-    out = tmp_path_factory.mktemp("squad_beir")
-    squad_as_beir(EXCERPT / "dev-v1.1.json", out, test_articles=2)
-    return out
 
 
 @pytest.mark.slow

@@ -2,16 +2,21 @@
 stage), through run_glue.py's or run_squad.py's run; what it writes is an ordinary fine-tuned checkpoint."""
 import json
 import shutil
+import sys
 
 import pytest
 import torch
+import transformers
 
 from bertrecipe.cli import inference, run_glue, run_squad, task_distill
+from bertrecipe.cli import triton_deployer as deployer
+from bertrecipe.model.bert import BertConfig, BertForSequenceClassification
 from helpers import (
     CONTEXT,
     QUESTIONS,
     REPO_ROOT,
     in_process,
+    run_command,
     tiny_model_files,
     tiny_squad_file,
     tiny_sst2,
@@ -189,3 +194,32 @@ def test_a_student_started_from_the_teachers_layers_begins_where_the_teacher_is(
     assert student.keys() == teacher.keys()
     for name, value in teacher.items():
         torch.testing.assert_close(student[name], value, rtol=0, atol=1e-6, msg=name)
+
+
+def test_a_distilled_student_with_its_projection_converts_and_deploys_as_any_model(glue_teacher, tmp_path):
+    """The backbone stage's output carries the projection as a `distillation.` extra: the converter writes a
+    transformers folder that BertForSequenceClassification loads with the student's own logits (transformers is the
+    oracle), and the Triton deployer exports it (its ONNX graph checked against PyTorch before it is written)."""
+    fresh = tmp_path / "BERT_1L_8D"
+    fresh.mkdir()
+    shutil.copy(glue_teacher / "student_config.json", fresh / "config.json")
+    done = distil(glue_teacher, tmp_path / "backbone", "backbone", fresh, "--max_steps", 4)
+    assert done.returncode == 0, done.stderr
+    checkpoint = tmp_path / "backbone" / "pytorch_model.bin"
+    state = torch.load(checkpoint, weights_only=True)["model"]
+    assert any(name.startswith("distillation.") for name in state)
+    vocab = glue_teacher / "model" / "vocab.txt"
+    converted = run_command([sys.executable, REPO_ROOT / "scripts" / "convert_checkpoint.py", checkpoint,
+                             tmp_path / "hf", "--vocab_file", vocab, "--do_lower_case"])
+    assert converted.returncode == 0, converted.stderr
+    theirs = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    config = BertConfig.from_dict(json.loads((tmp_path / "backbone" / "bert_config.json").read_text()))
+    ours = BertForSequenceClassification(config, 2).eval()
+    ours.load_state_dict({k: v for k, v in state.items() if not k.startswith("distillation.")})
+    ids = torch.randint(5, config.vocab_size, (3, 10))
+    with torch.no_grad():
+        assert torch.allclose(theirs(input_ids=ids).logits, ours(ids)[1], atol=1e-5)
+    repository = tmp_path / "repository"
+    deployer.main(["--init_checkpoint", str(checkpoint), "--vocab_file", str(vocab), "--do_lower_case", "--task",
+                   "glue", "--max_seq_length", "16", "--model_repository", str(repository), "--model_name", "sst2"])
+    assert (repository / "sst2" / "1" / "model.onnx").is_file()

@@ -23,14 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import REPO, SHARED
+from benchmarks.common import SHARED
+from benchmarks.finetune_accuracy import run
 from bertrecipe.common.hardware import detect, host_line
 from bertrecipe.distillation.pairing import teacher_layers_for
 from bertrecipe.distillation.student import student_weights_from_teacher
@@ -40,13 +40,6 @@ MINILM = SHARED / "minilm"
 SEQ = 64  # SST-2's longest sentence is 55 tokens of this vocab's; batches are trimmed to their longest row
 COMMON = ["--do_lower_case", "--max_seq_length", str(SEQ), "--train_batch_size", "32", "--eval_batch_size", "64",
           "--disable_progress_bar", "--log_freq", "200"]
-
-
-def run(cmd: list[str]) -> float:
-    print("$ " + " ".join(cmd), flush=True)
-    start = time.time()
-    subprocess.run(cmd, check=True, cwd=REPO)
-    return time.time() - start
 
 
 def accuracy(folder: Path) -> float:

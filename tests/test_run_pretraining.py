@@ -75,14 +75,17 @@ def test_two_processes_equal_one_process_with_double_accumulation(corpus, tmp_pa
     differences = [float((a[k] - b[k]).abs().max()) for k in a]
     assert max(differences) < 1e-6
     # Per-step throughput counts the sequences of both processes (4 x 2 a step): the intervals it implies hold
-    # rank 0's step times and lie within the run; the third step's interval is the one step the final
-    # throughput is timed on plus the logging, so counting one process only would halve it.
+    # rank 0's step times and lie within the run. The final throughput is timed on the third step alone, whose
+    # time lies within its record's interval and is at least the run's step time less the first two intervals;
+    # bounds from the records, not from how long logging took, so a loaded machine cannot fail them.
     steps, summary = step_records(two / "log.json"), final_record(two / "log.json")
     assert sorted(steps) == [(0, 1), (0, 2), (0, 3)]
-    taken = sum(8 / steps[key]["training_sequences_per_second"] for key in steps)
+    intervals = {key: 8 / steps[key]["training_sequences_per_second"] for key in steps}
+    taken = sum(intervals.values())
     assert summary["raw_train_time"] * (1 - 1e-9) <= taken <= summary["e2e_train_time"], (taken, summary)
-    ratio = steps[(0, 3)]["training_sequences_per_second"] / summary["training_sequences_per_second"]
-    assert 0.55 < ratio <= 1 + 1e-9, (steps, summary)
+    third_step = 8 / summary["training_sequences_per_second"]
+    at_least = summary["raw_train_time"] - intervals[(0, 1)] - intervals[(0, 2)]
+    assert at_least - 1e-9 * taken <= third_step <= intervals[(0, 3)] * (1 + 1e-9), (steps, summary)
     initial = BertForPreTraining(BertConfig(**TINY)).state_dict()
     assert any(not torch.equal(a[k], initial[k]) for k in a if k.endswith("query.weight"))
 

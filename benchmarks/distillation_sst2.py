@@ -15,8 +15,11 @@ first stage, --general_steps steps; its classifier starts at random); per seed i
     (data_augmentation.py's set, from a masked-LM head trained here for the augmentation alone, as
     run_e2e_distillation.sh does).
 Every figure is SST-2 dev accuracy (872 sentences); the table has each seed's, the medians, the student's share of
-the teacher's and its distance to the baseline. Each stage's outputs are reused when present, so an interrupted
-benchmark goes on where it stopped.
+the teacher's and its distance to the baseline. With --speed, the teacher and the first seed's distilled student
+are also timed at 128 tokens (batch 1 and 32; full SQuAD windows, no padding), each as a PyTorch model and as
+triton/deployer.py's fp32 and int8 ONNX exports, with benchmarks/int8_inference.py's timing (rounds in turns,
+the middle one kept): the student's sequences per second over the teacher's (goal >= 2.5x). Each stage's outputs
+are reused when present, so an interrupted benchmark goes on where it stopped.
 """
 from __future__ import annotations
 
@@ -152,6 +155,36 @@ def augment(work: Path, data: Path, copies: int, mlm_steps: int) -> None:
          "--no_original_segment"])
 
 
+def speed(work: Path, teacher_folder: Path, student_folder: Path, rounds: int) -> dict:
+    """Sequences per second of the teacher and the student at 128 tokens on each of our engines (PyTorch fp32, ONNX
+    Runtime fp32 and int8), timed in turns, and the student's over the teacher's."""
+    from benchmarks import int8_inference as timing
+
+    threads = timing.usable_threads()
+    rows = timing.timing_rows(SHARED / "squad" / "dev-v1.1.json")
+    engines = {}
+    for name, folder in (("teacher", teacher_folder), ("student", student_folder)):
+        exports = timing.export_both(name, folder, "glue", timing.SEQ, work / "speed_models")
+        for engine, call in timing.our_engines(folder, exports, threads).items():
+            engines[f"{name} {engine}"] = call
+    times = [timing.time_round(engines, rows) for _ in range(rounds)]
+    rates = {name: {size: timing.sequences_per_second(int(size), [t[name][size] for t in times])
+                    for size in map(str, timing.BATCH_SIZES)} for name in engines}
+    engine_names = [name.removeprefix("teacher ") for name in engines if name.startswith("teacher ")]
+    return {"threads": threads, "sequence_length": timing.SEQ, "sequences_per_second": rates,
+            "student_over_teacher": {engine: {size: rates[f"student {engine}"][size] / rates[f"teacher {engine}"][size]
+                                              for size in rates[f"teacher {engine}"]} for engine in engine_names}}
+
+
+def speed_lines(measured: dict) -> list[str]:
+    rows = [f"| {engine} | {size} | {measured['sequences_per_second'][f'teacher {engine}'][size]:.1f} | "
+            f"{measured['sequences_per_second'][f'student {engine}'][size]:.1f} | {ratio:.2f}x |"
+            for engine, by_size in measured["student_over_teacher"].items() for size, ratio in by_size.items()]
+    return ["", f"Speed at {measured['sequence_length']} tokens, {measured['threads']} threads (sequences/s; "
+            "goal: student >= 2.5x the teacher)", "",
+            "| engine | batch | teacher | student | student / teacher |", "|---|---|---|---|---|", *rows]
+
+
 def table(report: dict) -> str:
     rows = [f"| seed {seed} | {100 * b:.2f} | {100 * d:.2f} |" for seed, b, d in
             zip(report["seeds"], report["baseline"], report["distilled"], strict=True)]
@@ -163,7 +196,8 @@ def table(report: dict) -> str:
         "| | fine-tuned (baseline) | task-distilled |", "|---|---|---|", *rows,
         f"| **median** | **{100 * median_b:.2f}** | **{100 * median_d:.2f}** |", "",
         f"distilled student: {100 * median_d / teacher_acc:.1f} % of the teacher's accuracy (goal >= 97 %), "
-        f"{100 * (median_d - median_b):+.2f} points against the baseline (goal >= +2)"])
+        f"{100 * (median_d - median_b):+.2f} points against the baseline (goal >= +2)",
+        *(speed_lines(report["speed"]) if "speed" in report else [])])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -177,6 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--general_steps", type=int, default=2000, help="--student general: general_distill's steps")
     p.add_argument("--aug_n", type=int, default=0, help="augmented copies a sentence (0: no augmentation)")
     p.add_argument("--mlm_steps", type=int, default=200)
+    p.add_argument("--speed", action="store_true", help="also time the teacher and the first seed's student")
+    p.add_argument("--rounds", type=int, default=3, help="--speed: timing rounds")
     args = p.parse_args(argv)
     work = args.work_dir.resolve()
     data = sst2_rows(work, args.train_rows)
@@ -195,6 +231,9 @@ def main(argv: list[str] | None = None) -> None:
               "host": f"{host_line(detect(), 'fp32')}, date {time.strftime('%Y-%m-%d')}",
               "train_rows": args.train_rows or "all", "augmented_copies": args.aug_n,
               "baseline": [plain for plain, _ in arms], "distilled": [taught for _, taught in arms]}
+    if args.speed:
+        first_student = work / f"{args.student}_distilled_seed{args.seeds[0]}_heads"
+        report["speed"] = speed(work, teacher_folder, first_student, args.rounds)
     (work / f"report_{args.student}.json").write_text(json.dumps(report, indent=2) + "\n")
     (work / f"report_{args.student}.md").write_text(table(report) + "\n")
     print(table(report))

@@ -3,7 +3,8 @@ benchmarks/peer_envs/make_peer_envs.sh), never by the tests. Each takes a Huggin
 fine-tuned weights, exports and quantizes it its own way, and runs the same token ids with the same threads:
 
 - optimum: Optimum's ONNX export (optimum-onnx) and ORTQuantizer with AutoQuantizationConfig.avx512_vnni, dynamic,
-  per-tensor (Optimum's documented recipe for this CPU), run on ONNX Runtime sessions as ours are;
+  per-tensor (Optimum's documented recipe for this CPU; `int8`) and per-channel (the same config with
+  per_channel=True, the accuracy our default keeps; `int8_per_channel`), run on ONNX Runtime sessions as ours are;
 - openvino: optimum-intel's OpenVINO export and OVQuantizer's static int8 (NNCF, transformer preset, calibrated on
   the benchmark's calibration rows), compiled for the CPU with fp32 as the precision of what stays unquantized
   (OpenVINO's default on a CPU with bf16 would be bf16, which is not the fp32 baseline).
@@ -13,11 +14,11 @@ fine-tuned weights, exports and quantizes it its own way, and runs the same toke
     python -m benchmarks.peer_envs.int8_peer time --engine optimum --work_dir W --batch BATCH.npz --threads 2 \
         --steps 1=20 32=4 --output TIMES.json
 
-prepare writes W/fp32 and W/int8, W/eval_outputs.npz (each precision's outputs on EVAL.npz's rows, as
-`<precision>_<output index>`) and W/versions.json; time writes the seconds per batch of each precision and batch
-size (the middle of the timed steps, benchmarks.common.time_steps). The .npz files hold int64 arrays `ids`,
-`segments`, `mask` [rows, length]. Imports only numpy, the standard library, benchmarks.common (standard library
-alone) and the peer's own packages.
+prepare writes W/fp32, W/int8 (and W/int8_per_channel for optimum), W/eval_outputs.npz (each precision's outputs
+on EVAL.npz's rows, as `<precision>_<output index>`) and W/versions.json; time writes the seconds per batch of each
+precision and batch size (the middle of the timed steps, benchmarks.common.time_steps). The .npz files hold int64
+arrays `ids`, `segments`, `mask` [rows, length]. Imports only numpy, the standard library, benchmarks.common
+(standard library alone) and the peer's own packages.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ import numpy as np
 from benchmarks.common import time_steps
 
 TASKS = ("classification", "question-answering")
+PRECISIONS = {"optimum": ("fp32", "int8", "int8_per_channel"), "openvino": ("fp32", "int8")}
 PACKAGES = {"optimum": ("optimum-onnx", "optimum", "transformers", "onnxruntime", "torch"),
             "openvino": ("optimum-intel", "optimum", "transformers", "openvino", "nncf", "torch")}
 
@@ -53,9 +55,10 @@ def prepare_optimum(model_dir: Path, task: str, work: Path) -> None:
 
     model_class = ORTModelForSequenceClassification if task == "classification" else ORTModelForQuestionAnswering
     model_class.from_pretrained(model_dir, export=True).save_pretrained(work / "fp32")
-    quantizer = ORTQuantizer.from_pretrained(work / "fp32")
-    quantizer.quantize(save_dir=work / "int8",
-                       quantization_config=AutoQuantizationConfig.avx512_vnni(is_static=False, per_channel=False))
+    for folder, per_channel in (("int8", False), ("int8_per_channel", True)):
+        quantizer = ORTQuantizer.from_pretrained(work / "fp32")
+        quantizer.quantize(save_dir=work / folder, quantization_config=AutoQuantizationConfig.avx512_vnni(
+            is_static=False, per_channel=per_channel))
 
 
 def prepare_openvino(model_dir: Path, task: str, work: Path, calibration: dict[str, np.ndarray]) -> None:
@@ -104,7 +107,7 @@ def runner(engine: str, folder: Path, threads: int) -> Callable[[dict[str, np.nd
 
 def evaluate(engine: str, work: Path, rows: dict[str, np.ndarray], threads: int, batch: int = 32) -> None:
     outputs: dict[str, np.ndarray] = {}
-    for precision in ("fp32", "int8"):
+    for precision in PRECISIONS[engine]:
         run = runner(engine, work / precision, threads)
         parts = [run(feed_of(rows, first, batch)) for first in range(0, len(rows["ids"]), batch)]
         for index in range(len(parts[0])):
@@ -128,7 +131,7 @@ def time_precisions(args: argparse.Namespace) -> None:
     work, rows = Path(args.work_dir), read_rows(Path(args.batch))
     steps = dict(pair.split("=") for pair in args.steps)
     times: dict[str, Any] = {}
-    for precision in ("fp32", "int8"):
+    for precision in PRECISIONS[args.engine]:
         run = runner(args.engine, work / precision, args.threads)
         times[precision] = {size: time_steps(lambda s=int(size), r=run: r(feed_of(rows, 0, s)), 2, int(count))
                             for size, count in steps.items()}

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.distillation.capture import MASKED_SCORE, Captured
 from bertrecipe.distillation.config import DistillationConfig, read_distillation_config
 from bertrecipe.distillation.layer_map import layer_pairs
 from bertrecipe.distillation.losses import (
@@ -26,6 +25,7 @@ from bertrecipe.distillation.losses import (
 )
 from bertrecipe.distillation.student import DistillationStudent, Projection, student_weights_from_teacher
 from bertrecipe.model.bert import BertConfig, BertForPreTraining, BertForSequenceClassification
+from bertrecipe.model.capture import MASKED_SCORE, Captured
 from bertrecipe.model.modern import ModernBertForMaskedLM
 from bertrecipe.model.modern_config import ModernBertConfig
 from bertrecipe.model.weights import export_state_dict, load_weights_into, model_for_weights, read_weights

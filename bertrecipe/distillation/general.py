@@ -17,7 +17,6 @@ from torch import nn
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.files import file_sha256
-from bertrecipe.distillation.capture import capturing
 from bertrecipe.distillation.config import DistillationConfig, read_distillation_config
 from bertrecipe.distillation.losses import DistillationLoss
 from bertrecipe.distillation.pairing import (
@@ -26,6 +25,7 @@ from bertrecipe.distillation.pairing import (
     student_module,
     with_projection,
 )
+from bertrecipe.model.capture import capturing
 from bertrecipe.model.families import ModelConfig, pretraining_model
 from bertrecipe.model.weights import HF_WEIGHT_FILES, LoadedWeights, load_weights_into, read_weights
 from bertrecipe.pretraining.masking import IGNORE_INDEX

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.distillation.capture import MASKED_SCORE, Captured
 from bertrecipe.distillation.config import DistillationConfig
+from bertrecipe.model.capture import MASKED_SCORE, Captured
 
 # A score at or below this is masked: capture writes MASKED_SCORE (the fp32 minimum); -inf counts too.
 MASKED_BELOW = MASKED_SCORE / 2

@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.distillation.capture import capturing
 from bertrecipe.distillation.config import read_distillation_config
 from bertrecipe.distillation.losses import DistillationLoss
 from bertrecipe.distillation.pairing import checked_pairs, student_from_teacher, student_module, with_projection
 from bertrecipe.finetuning.objective import Batch, FinetuningObjective, Loss
+from bertrecipe.model.capture import capturing
 from bertrecipe.model.families import ModelConfig
 from bertrecipe.model.weights import LoadedWeights, load_weights_into, read_weights
 from bertrecipe.tokenization.vocab_files import identity_from_record, identity_of, refuse_other_tokenizer

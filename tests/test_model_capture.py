@@ -1,4 +1,4 @@
-"""bertrecipe/distillation/capture.py against its oracle, transformers (eager attention, hidden states and attention
+"""bertrecipe/model/capture.py against its oracle, transformers (eager attention, hidden states and attention
 probabilities) with the same weights, for BERT and ModernBERT on padded batches (local windows included, padding
 skipped inside the model or not); only the asked layers are hooked; packed batches are refused; a student with the
 teacher's own weights has zero distillation loss in every term, and gradients reach the student through the hooks,
@@ -12,12 +12,12 @@ import torch
 import transformers
 
 from bertrecipe.common.errors import InputError
-from bertrecipe.distillation.capture import MASKED_SCORE, capturing, encoder_layers
 from bertrecipe.distillation.config import DistillationConfig
 from bertrecipe.distillation.layer_map import layer_pairs
 from bertrecipe.distillation.losses import TERMS, DistillationLoss
 from bertrecipe.distillation.student import DistillationStudent, Projection
 from bertrecipe.model.bert import BertConfig, BertForPreTraining, BertForQuestionAnswering
+from bertrecipe.model.capture import MASKED_SCORE, capturing, encoder_layers
 from bertrecipe.model.modern import ModernBertForMaskedLM, ModernBertForSequenceClassification
 from bertrecipe.model.modern_config import ModernBertConfig
 from bertrecipe.model.weights import export_state_dict

@@ -1,6 +1,6 @@
-"""A model's inner states for distillation, captured by hooks while it runs: the embedding output, layers' hidden
-states, their pre-softmax attention scores and their value vectors, for both families (model/bert.py,
-model/modern.py) and every model that holds one of their encoders (pre-training, classification, QA).
+"""A model's inner states for distillation and feature extraction, captured by hooks while it runs: the embedding
+output, layers' hidden states, their pre-softmax attention scores and their value vectors, for both families
+(model/bert.py, model/modern.py) and every model that holds one of their encoders (pre-training, classification, QA).
 
 Layers are numbered from 1 as transformers' hidden_states index them (layer_map.py). Only the layers and states
 asked for are hooked: the others cost nothing. The models run attention in fused kernels that never expose the

@@ -217,6 +217,30 @@ def step_records(path):
             and r["step"] and "step_loss" in r["data"]}
 
 
+@torch.no_grad()  # a reference forward pass: no autograd graph
+def masked_lm_reference(model, shard, with_nsp=False):
+    """Masked-LM loss and accuracy computed sample by sample from the HDF5 arrays, independently of
+    pretraining_data.py (and, with_nsp, the share of next-sentence labels the head gets right)."""
+    loss, correct, count, nsp_right = 0.0, 0, 0, 0
+    with h5py.File(shard) as f:
+        arrays = {k: f[k][()] for k in f}
+    for i in range(len(arrays["input_ids"])):
+        positions = [int(p) for p in arrays["masked_lm_positions"][i]]
+        n = positions.index(0) if 0 in positions else len(positions)
+        ids = torch.tensor(arrays["input_ids"][i], dtype=torch.long)[None]
+        out, pooled = model.bert(ids, torch.tensor(arrays["segment_ids"][i], dtype=torch.long)[None],
+                                 torch.tensor(arrays["input_mask"][i], dtype=torch.long)[None])
+        logits = model.cls.predictions(out[0, positions[:n]])
+        targets = torch.tensor(arrays["masked_lm_ids"][i][:n], dtype=torch.long)
+        loss += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
+        correct += int((logits.argmax(-1) == targets).sum())
+        count += n
+        nsp_right += int(int(model.cls.seq_relationship(pooled).argmax()) == int(arrays["next_sentence_labels"][i]))
+    if with_nsp:
+        return loss / count, correct / count, nsp_right / len(arrays["input_ids"])
+    return loss / count, correct / count
+
+
 def pretrain(corpus, out, *extra, config="bert_config.json", phase=1, nproc=1, check=True, script=None, **popen):
     """run_pretraining.py (or `script`, a wrapper around its main) on the corpus, in 1 or `nproc` processes: one
     process of run_pretraining.py runs in this one (run_command), unless the test wants the process itself (popen)."""

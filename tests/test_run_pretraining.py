@@ -17,7 +17,17 @@ from bertrecipe.model.bert import BertConfig, BertForPreTraining
 from bertrecipe.pretraining import sample_order
 from bertrecipe.pretraining.shard_schema import inspect_shard
 from bertrecipe.training.metric_logger import read_log
-from helpers import ENV, REPO_ROOT, TINY, final_record, make_shard, pretrain, run_command, step_records
+from helpers import (
+    ENV,
+    REPO_ROOT,
+    TINY,
+    final_record,
+    make_shard,
+    masked_lm_reference,
+    pretrain,
+    run_command,
+    step_records,
+)
 
 
 @pytest.mark.slow
@@ -223,27 +233,6 @@ def step_records_safe(folder):
         return {}
 
 
-@torch.no_grad()  # a reference forward pass: no autograd graph
-def masked_lm_reference(model, shard):
-    """Masked-LM loss and accuracy computed sample by sample from the HDF5 arrays, independently of
-    pretraining_data.py."""
-    loss, correct, count = 0.0, 0, 0
-    with h5py.File(shard) as f:
-        arrays = {k: f[k][()] for k in f}
-    for i in range(len(arrays["input_ids"])):
-        positions = [int(p) for p in arrays["masked_lm_positions"][i]]
-        n = positions.index(0) if 0 in positions else len(positions)
-        ids = torch.tensor(arrays["input_ids"][i], dtype=torch.long)[None]
-        out = model.bert(ids, torch.tensor(arrays["segment_ids"][i], dtype=torch.long)[None],
-                         torch.tensor(arrays["input_mask"][i], dtype=torch.long)[None])[0]
-        logits = model.cls.predictions(out[0, positions[:n]])
-        targets = torch.tensor(arrays["masked_lm_ids"][i][:n], dtype=torch.long)
-        loss += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
-        correct += int((logits.argmax(-1) == targets).sum())
-        count += n
-    return loss / count, correct / count
-
-
 @pytest.mark.slow
 def test_do_eval_alone_reports_masked_lm_loss_and_accuracy(corpus, tmp_path):
     pretrain(corpus, tmp_path / "train", "--train_batch_size", 16, "--max_steps", 10)
@@ -256,9 +245,10 @@ def test_do_eval_alone_reports_masked_lm_loss_and_accuracy(corpus, tmp_path):
     final = final_record(tmp_path / "eval.json")
     model = BertForPreTraining(BertConfig(**TINY)).eval()
     model.load_state_dict(torch.load(tmp_path / "train" / "ckpt_10.pt", weights_only=True)["model"])
-    loss, accuracy = masked_lm_reference(model, corpus / "eval" / "books_test_0.hdf5")
+    loss, accuracy, nsp = masked_lm_reference(model, corpus / "eval" / "books_test_0.hdf5", with_nsp=True)
     assert final["eval_loss"] == pytest.approx(loss, rel=1e-4)
     assert final["eval_mlm_accuracy"] == pytest.approx(accuracy, abs=1e-4)
+    assert final["eval_nsp_accuracy"] == pytest.approx(nsp, abs=1e-9)
     assert not list((tmp_path / "eval_out").glob("ckpt_*.pt"))
 
 

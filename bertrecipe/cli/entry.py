@@ -15,7 +15,8 @@ from bertrecipe.common.stop_signals import handle_stop_signals
 COMMANDS = ("run_pretraining", "run_squad", "run_glue", "run_downstream", "run_retrieval", "inference",
             "evaluate_squad", "bert_prep", "create_pretraining_data", "build_default_corpus", "convert_checkpoint",
             "plot_logs", "triton_deployer", "triton_server", "triton_client", "triton_perf_client",
-            "triton_squad_client", "general_distill", "task_distill", "data_augmentation", "extract_features")
+            "triton_squad_client", "general_distill", "task_distill", "data_augmentation", "extract_features",
+            "run_pretraining_inference")
 
 
 def start_command(name: str) -> NoReturn:

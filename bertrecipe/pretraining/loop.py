@@ -99,6 +99,7 @@ class TrainingSetup:
     eval_shards: list[ShardInfo]
     lock: Optional[RunLock]  # --output_dir's, held by the main process
     start_time: float  # time.time() when the run began, for e2e_train_time
+    evaluate_nsp: bool = False  # the run trains the next-sentence head: evaluation scores it too
 
 
 @dataclass
@@ -430,28 +431,35 @@ def closing_record(state: LoopState) -> dict[str, Any]:
 @torch.no_grad()
 def evaluate(setup: TrainingSetup, batch_size: int) -> dict[str, float]:
     """MLPerf's metric over setup.eval_shards: masked-LM accuracy over all masked tokens, and the mean masked-LM
-    cross-entropy (eval_mlm_accuracy, eval_loss), each rank reading its share."""
+    cross-entropy (eval_mlm_accuracy, eval_loss), each rank reading its share; with setup.evaluate_nsp, the share of
+    sequences whose next-sentence label the head predicts (eval_nsp_accuracy)."""
     ctx = setup.ctx
     bare = unwrap(setup.model)
     was_training = bare.training
     bare.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, masked tokens
+    # loss sum, correct, masked tokens, next-sentence labels right, sequences
+    sums = torch.zeros(5, dtype=torch.float64, device=ctx.device)
     for batch in evaluation_batches(setup.eval_shards, bare.config.vocab_size, batch_size, ctx.rank,
                                     ctx.world_size):
         batch = batches_to_device(batch, ctx.device)
         labels = batch["masked_lm_labels"]
         predicted = labels != IGNORE_INDEX
         with setup.precision.autocast():
-            logits = bare(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                          predict_positions=predicted).prediction_logits.float()
-        targets = labels[predicted]
+            output = bare(batch["input_ids"], batch["segment_ids"], batch["input_mask"], predict_positions=predicted)
+        logits, targets = output.prediction_logits.float(), labels[predicted]
         sums[0] += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").double()
         sums[1] += (logits.argmax(-1) == targets).sum()
         sums[2] += targets.numel()
+        if setup.evaluate_nsp:
+            sums[3] += (output.seq_relationship_logits.argmax(-1) == batch["next_sentence_labels"].view(-1)).sum()
+            sums[4] += len(batch["next_sentence_labels"])
     sums = all_reduce_sum(sums, ctx)
     bare.train(was_training)
     count = max(float(sums[2]), 1.0)
-    return {"eval_loss": float(sums[0]) / count, "eval_mlm_accuracy": float(sums[1]) / count}
+    result = {"eval_loss": float(sums[0]) / count, "eval_mlm_accuracy": float(sums[1]) / count}
+    if setup.evaluate_nsp:
+        result["eval_nsp_accuracy"] = float(sums[3]) / max(float(sums[4]), 1.0)
+    return result
 
 
 def weights_are_finite(model: torch.nn.Module) -> bool:

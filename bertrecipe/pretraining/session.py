@@ -103,7 +103,7 @@ def pretrain(settings: PretrainingSettings, config: ModelConfig, ctx: Distribute
             if ctx.is_main:
                 print(f"resume: {rate}", file=sys.stderr, flush=True)
         setup = TrainingSetup(ctx, config, ddp_model, optimizer, scheduler, precision, log, eval_shards, lock,
-                              start_time)
+                              start_time, evaluate_nsp=not settings.model.no_nsp)
         with checkpointing.failures_name_the_checkpoint(run_settings.output_dir):
             criterion = objective.criterion(nsp=not settings.model.no_nsp)
             final = train_and_evaluate(settings, setup, loop, train_shards, spec, resume, steps_left, criterion)

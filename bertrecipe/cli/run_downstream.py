@@ -34,6 +34,7 @@ from bertrecipe.finetuning import downstream_report as report
 from bertrecipe.finetuning import downstream_runs as runs
 from bertrecipe.finetuning.model_loading import build_model, config_and_weights, load_tokenizer
 from bertrecipe.model.families import sequence_classification_model
+from bertrecipe.model.weights import checkpoint_identity
 from bertrecipe.tokenization.vocab_files import identity_of
 from bertrecipe.training.run_lock import locked_output_folder
 
@@ -130,7 +131,7 @@ def set_up(args: argparse.Namespace) -> Setup:
     check_output_dir(output_dir, data_dir, [("--init_checkpoint", checkpoint), ("--vocab_file", vocab_file)])
     vocab = check_model(args, checkpoint, vocab_file, max(g.max_seq_length for g in grids.values()))
     precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
-    checkpoint_id = report.checkpoint_identity(checkpoint)
+    checkpoint_id = checkpoint_identity(checkpoint)
     identity = {"checkpoint_sha256": checkpoint_id["sha256"], "vocab_sha256": vocab["sha256"],
                 "do_lower_case": args.do_lower_case, "precision": precision, "max_steps": args.max_steps,
                 "config_sha256": file_sha256(Path(args.config_file)) if args.config_file else None}

@@ -157,7 +157,8 @@ def run(args: argparse.Namespace, ctx: DistributedContext, objective: Finetuning
             if args.do_train:
                 results.update(train_glue(state, log))
                 if ctx.is_main:
-                    stage_finetuned(stage, state.model, state.config, state.vocab)
+                    stage_finetuned(stage, state.model, state.config, state.vocab,
+                                    glue_task.glue_task_record(state.task))
                 barrier(ctx)
             if ctx.is_main and (args.do_eval or args.do_predict):
                 results.update(evaluate_and_predict(state, stage))

@@ -32,17 +32,24 @@ from tqdm import tqdm
 from bertrecipe.cli import finetuning_flags
 from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
+from bertrecipe.common.files import file_sha256
 from bertrecipe.deploy.embedding_export import embeddings_safetensors, ids_json, onnx_bytes
 from bertrecipe.deploy.quantization import quantized_bytes
 from bertrecipe.distillation.embedding import EmbeddingDistillation
 from bertrecipe.finetuning import beir_data
-from bertrecipe.finetuning.embedding import POOLINGS, EmbeddingModel, encode_texts, load_embedding_model
+from bertrecipe.finetuning.embedding import (
+    POOLINGS,
+    EmbeddingModel,
+    embedding_task_record,
+    encode_texts,
+    load_embedding_model,
+)
 from bertrecipe.finetuning.model_loading import config_and_weights, load_tokenizer
 from bertrecipe.finetuning.retrieval_metrics import CUTOFFS, exact_search, retrieval_scores
 from bertrecipe.finetuning.retrieval_training import RetrievalObjective, train_embeddings
 from bertrecipe.finetuning.staged_outputs import MODEL_FILES, StagedOutputs, stage_finetuned
 from bertrecipe.model.families import ModelConfig
-from bertrecipe.model.weights import LoadedWeights
+from bertrecipe.model.weights import LoadedWeights, checkpoint_identity
 from bertrecipe.tokenization.bpe import FineTuningTokenizer
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.process_group import DistributedContext, init_distributed, shutdown
@@ -169,12 +176,15 @@ def run(args: argparse.Namespace, ctx: DistributedContext) -> dict[str, Any]:
     with finetuning_flags.locked_output_dir(args, ctx):
         log = MetricLogger(args.json_summary, printer=tqdm.write if bar else print)
         log.log("PARAMETER", {k: v for k, v in vars(args).items() if not k.startswith("_")}, echo=False)
-        results: dict[str, Any] = {"pooling": args.pooling, "checkpoint": source}
+        results: dict[str, Any] = {"pooling": args.pooling, "checkpoint": source,
+                                   "checkpoint_sha256": checkpoint_identity(source)["sha256"] if source else None}
         with StagedOutputs(args.output_dir, OUTPUTS) as stage:
             if pairs is not None:
                 model, trained = train(args, ctx, objective, model, tokenizer, pairs, precision, log)
                 results.update(trained)
-                stage_finetuned(stage, model.encoder, config, tokenizer.vocab)
+                weights_file = stage_finetuned(stage, model.encoder, config, tokenizer.vocab,
+                                               embedding_task_record(args.pooling, args.max_seq_length))
+                results["checkpoint_sha256"] = file_sha256(weights_file)  # the model these scores are of
             if split is not None:
                 results.update(score_and_export(args, model, tokenizer, split, precision, stage))
             if args.do_eval:

@@ -201,7 +201,8 @@ def run(args: argparse.Namespace, ctx: DistributedContext,
                 results.update(train_squad(args, ctx, model, tokenizer, inputs["train"], precision, bar, log,
                                            objective.compute_loss(squad_task.qa_loss)))
                 if ctx.is_main:
-                    stage_finetuned(stage, model, inputs["config"], tokenizer.vocab)
+                    stage_finetuned(stage, model, inputs["config"], tokenizer.vocab,
+                                    squad_task.squad_task_record(args.version_2_with_negative))
                 barrier(ctx)
             staged = {name: Path(args.output_dir) / name for name in squad_task.PREDICTION_FILES}
             if ctx.is_main and args.do_predict:

@@ -14,7 +14,6 @@ from typing import Any, Optional, Sequence
 import torch
 
 from bertrecipe.common.atomic_files import write_atomic
-from bertrecipe.common.files import file_sha256
 from bertrecipe.common.hardware import cpu_model, read_cpuinfo
 from bertrecipe.finetuning.downstream_plan import (
     GLUE_AVERAGE_EXCLUDES,
@@ -25,20 +24,10 @@ from bertrecipe.finetuning.downstream_plan import (
     Preset,
     Task,
 )
-from bertrecipe.model.weights import HF_WEIGHT_FILES
 
 SELECTION = ("each configuration (learning rate, epochs, batch size) is run once per seed; its median over the "
              "seeds is its value; the task's score is the highest median on the dev set (ties: the first in the "
              "grid), reported with the min and max of that configuration's seeds")
-
-
-def checkpoint_identity(path: Path) -> dict[str, Any]:
-    """The checkpoint's path and the sha256 of the weights a run reads from it: the file itself, or a folder's
-    weights file (the first of HF_WEIGHT_FILES it holds, as model.weights.read_weights takes it)."""
-    weights = path if path.is_file() else next((path / n for n in HF_WEIGHT_FILES if (path / n).is_file()), None)
-    if weights is None:
-        return {"path": str(path), "weights_file": None, "sha256": None}
-    return {"path": str(path), "weights_file": weights.name, "sha256": file_sha256(weights)}
 
 
 def hardware_record(gpus: int, workers: int, threads_per_run: Optional[int], precision: str) -> dict[str, Any]:

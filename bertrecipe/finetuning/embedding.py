@@ -3,7 +3,7 @@ real token, [CLS] and [SEP] included) or the [CLS] token's output, L2-normalised
 `[CLS] text [SEP]` each, and encoded in batches sorted by length."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +25,12 @@ POOLINGS = ("mean", "cls")
 def bare_encoder(config: ModelConfig) -> nn.Module:
     """The family's encoder without heads (BERT's pooler is not part of a sentence embedding)."""
     return ModernBertModel(config) if is_modern_config(config) else BertModel(config, add_pooling_layer=False)
+
+
+def embedding_task_record(pooling: str, max_seq_length: int) -> dict[str, Any]:
+    """What a retrieval-trained model is, as its checkpoint records it: an encoder whose sentence embedding is its
+    token outputs under `pooling`, L2-normalised, of texts cut to max_seq_length tokens."""
+    return {"kind": "sentence-embedding", "pooling": pooling, "normalize": True, "max_seq_length": max_seq_length}
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:

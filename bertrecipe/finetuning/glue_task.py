@@ -26,6 +26,13 @@ def split_features(task: glue.GlueTask, data_dir: str | Path, split: str, tokeni
     return glue.glue_features(examples, task, tokenizer, max_seq_length)
 
 
+def glue_task_record(task: glue.GlueTask) -> dict:
+    """What a model fine-tuned on `task` does, as its checkpoint records it: text classification with the task's
+    labels in the order of the classifier's outputs, or a regression (one output, labels None)."""
+    kind = "text-regression" if task.labels is None else "text-classification"
+    return {"kind": kind, "name": task.name, "labels": list(task.labels) if task.labels is not None else None}
+
+
 def glue_arrays(features: glue.GlueFeatures) -> dict[str, np.ndarray]:
     """The model's inputs and the labels of every example."""
     return {"input_ids": features.input_ids, "segment_ids": features.segment_ids,

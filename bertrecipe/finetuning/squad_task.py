@@ -19,6 +19,11 @@ from bertrecipe.training.stepper import Precision
 PREDICTION_FILES = ("predictions.json", "nbest_predictions.json", "null_odds.json")  # the last one: SQuAD 2.0
 
 
+def squad_task_record(version_2: bool) -> dict[str, Any]:
+    """What a SQuAD-fine-tuned model does, as its checkpoint records it."""
+    return {"kind": "question-answering", "name": "squad-v2.0" if version_2 else "squad-v1.1"}
+
+
 def qa_arrays(features: squad.SquadFeatures, with_positions: bool) -> dict[str, np.ndarray]:
     """The model's inputs of every window (with the answer positions, for training)."""
     arrays = {"input_ids": features.input_ids, "segment_ids": features.segment_ids,

@@ -101,11 +101,13 @@ class StagedOutputs:
 
 
 def stage_finetuned(stage: StagedOutputs, model: nn.Module, config: ModelConfig,
-                    vocab: Optional[AnyVocab] = None) -> Path:
+                    vocab: Optional[AnyVocab] = None, task: Optional[dict[str, Any]] = None) -> Path:
     """Stages pytorch_model.bin ({"model": state_dict, "tokenizer": the identity of the vocab it was fine-tuned
-    with}) and bert_config.json; returns the model's temporary path."""
+    with, "task": what the model does, as the command that trained it knows it: its kind, name and labels, or an
+    embedding's pooling}) and bert_config.json; returns the model's temporary path."""
     payload = {"model": unwrap(model).state_dict(),
-               "tokenizer": identity_of(vocab).record() if vocab is not None else None}
+               "tokenizer": identity_of(vocab).record() if vocab is not None else None,
+               **({"task": task} if task is not None else {})}
     path = stage.write("pytorch_model.bin", lambda f: save_torch_to(payload, f))
     record = config_record(unwrap(model), config)
     stage.write_text("bert_config.json", json.dumps(record, indent=2, sort_keys=True) + "\n")

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from bertrecipe.common.atomic_files import write_atomic
 from bertrecipe.common.errors import InputError
+from bertrecipe.common.files import file_sha256
 from bertrecipe.model.bert import (
     BertForPreTraining,
     BertForQuestionAnswering,
@@ -167,6 +168,16 @@ def _normalize_modern(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor],
         if name != "decoder.weight":
             result[name] = value
     return result, source_format
+
+
+def checkpoint_identity(path: str | Path) -> dict[str, Any]:
+    """The checkpoint's path and the sha256 of the weights a run reads from it: the file itself, or a folder's
+    weights file (the first of HF_WEIGHT_FILES it holds, as model.weights.read_weights takes it)."""
+    path = Path(path)
+    weights = path if path.is_file() else next((path / n for n in HF_WEIGHT_FILES if (path / n).is_file()), None)
+    if weights is None:
+        return {"path": str(path), "weights_file": None, "sha256": None}
+    return {"path": str(path), "weights_file": weights.name, "sha256": file_sha256(weights)}
 
 
 def read_weights(path: str | Path) -> LoadedWeights:

@@ -76,7 +76,8 @@ def test_training_prediction_and_evaluation_write_files_and_final_log(trained, f
     assert 0 <= final["data"]["exact_match"] <= final["data"]["F1"] <= 100
     assert final["data"]["train_steps"] == 3
     checkpoint = torch.load(trained / "pytorch_model.bin", weights_only=True)
-    assert set(checkpoint) == {"model", "tokenizer"} and "qa_outputs.weight" in checkpoint["model"]
+    assert set(checkpoint) == {"model", "tokenizer", "task"} and "qa_outputs.weight" in checkpoint["model"]
+    assert checkpoint["task"] == {"kind": "question-answering", "name": "squad-v1.1"}
     assert checkpoint["tokenizer"]["sha256"] == hashlib.sha256((tiny_bert / "vocab.txt").read_bytes()).hexdigest()
     written = json.loads((trained / "bert_config.json").read_text())
     assert written["hidden_size"] == json.loads((tiny_bert / "config.json").read_text())["hidden_size"] == 32

@@ -16,7 +16,7 @@ from helpers import REPO_ROOT
 PACKAGE = REPO_ROOT / "bertrecipe"
 # Lowest first; a sub-package may import only those of a lower layer (and itself), never a sibling of its own.
 LAYERS = [("common",), ("tokenization",), ("model",), ("training",), ("pretraining", "finetuning"),
-          ("dataprep", "deploy", "distillation"), ("cli",)]
+          ("dataprep", "deploy", "distillation"), ("release",), ("cli",)]
 LAYER_OF = {name: level for level, names in enumerate(LAYERS) for name in names}
 ROOT_COMMANDS = ["run_pretraining.py", "run_squad.py", "run_glue.py", "inference.py", "evaluate_squad.py",
                  "data/bertPrep.py", "data/create_pretraining_data.py", "data/build_default_corpus.py",

@@ -16,7 +16,7 @@ COMMANDS = ("run_pretraining", "run_squad", "run_glue", "run_downstream", "run_r
             "evaluate_squad", "bert_prep", "create_pretraining_data", "build_default_corpus", "convert_checkpoint",
             "plot_logs", "triton_deployer", "triton_server", "triton_client", "triton_perf_client",
             "triton_squad_client", "general_distill", "task_distill", "data_augmentation", "extract_features",
-            "run_pretraining_inference")
+            "run_pretraining_inference", "export_model")
 
 
 def start_command(name: str) -> NoReturn:

@@ -250,7 +250,8 @@ def score_and_export(args: argparse.Namespace, model: EmbeddingModel, tokenizer:
                                precision, None if progress is None else "queries")
         ranking = exact_search(queries, corpus, split.query_ids, split.corpus_ids, max(CUTOFFS.values()))
         results.update(retrieval_scores(split.qrels, ranking))
-        results.update({"queries": len(split.query_ids), "split": args.split})
+        results.update({"queries": len(split.query_ids), "split": args.split,
+                        "dataset": Path(args.data_dir).resolve().name})  # the BEIR folder's name, e.g. scifact
     return results
 
 

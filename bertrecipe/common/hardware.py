@@ -106,4 +106,5 @@ def host_line(host: Host, precision: str) -> str:
 
 def host_record(host: Host, precision: str) -> dict[str, str | bool]:
     """host_line's facts as JSON fields, for every recorded row."""
-    return {"device": host.device, "native_bf16": host.native_bf16, "precision": precision, "torch": host.torch}
+    # str(): torch.__version__ is a TorchVersion, which a weights-only load of a checkpoint holding it refuses
+    return {"device": host.device, "native_bf16": host.native_bf16, "precision": precision, "torch": str(host.torch)}

@@ -395,6 +395,18 @@ def export_huggingface(model: nn.Module, out_dir: str | Path, vocab_file: Option
     existing directory keeps every other file; an export file already there is refused unless `overwrite`."""
     out_dir = Path(out_dir)
     check_export_target(out_dir, huggingface_export_names(vocab_file), overwrite)
+    config, state, tokenizer_files = huggingface_parts(model, vocab_file, do_lower_case)
+    files = {"config.json": (json.dumps(config, indent=2) + "\n").encode("utf-8"),
+             "model.safetensors": safetensors_bytes(state, metadata={"format": "pt"}), **tokenizer_files}
+    for name, content in files.items():
+        write_atomic(out_dir / name, lambda f, content=content: f.write(content))
+    return out_dir
+
+
+def huggingface_parts(model: nn.Module, vocab_file: Optional[str | Path] = None, do_lower_case: Optional[bool] = None
+                      ) -> tuple[dict[str, Any], dict[str, Tensor], dict[str, bytes]]:
+    """What a Hugging Face folder of `model` holds: config.json's content (architectures, labels, the vocab's special
+    ids), the weights in transformers' names, and the tokenizer files of `vocab_file` (name -> bytes)."""
     config = _hf_config(model)
     tokenizer_files: dict[str, bytes] = {}
     if vocab_file is not None:
@@ -404,12 +416,7 @@ def export_huggingface(model: nn.Module, out_dir: str | Path, vocab_file: Option
             vocab, model.config.max_position_embeddings, do_lower_case,
             model_input_names=["input_ids", "attention_mask"] if modern else None)  # ModernBERT has no segments
         config.update(_special_token_ids(vocab, modern))
-    files = {"config.json": (json.dumps(config, indent=2) + "\n").encode("utf-8"),
-             "model.safetensors": safetensors_bytes(export_state_dict(model), metadata={"format": "pt"}),
-             **tokenizer_files}
-    for name, content in files.items():
-        write_atomic(out_dir / name, lambda f, content=content: f.write(content))
-    return out_dir
+    return config, export_state_dict(model), tokenizer_files
 
 
 def huggingface_export_names(vocab_file: Optional[str | Path]) -> list[str]:

@@ -397,11 +397,11 @@ def checkpoint_payload(state: LoopState, rng_per_rank: list[dict[str, Any]]) -> 
         "train_seconds": state.train_seconds,  # a --train_budget_minutes run goes on with what is left
         "tokens": state.tokens,  # so does a --max_tokens run, and the batch-size warm-up
         **({"objective": settings.objective} if settings.objective else {}),  # a resume compares it
-        "hardware": hardware_record(setup.ctx, settings.flags),  # what a released model's card says it ran on
+        "hardware": run_hardware_record(setup.ctx, settings.flags),  # what a released model's card says it ran on
     }
 
 
-def hardware_record(ctx: DistributedContext, flags: dict[str, Any]) -> dict[str, Any]:
+def run_hardware_record(ctx: DistributedContext, flags: dict[str, Any]) -> dict[str, Any]:
     """The device the run trains on (CPU model or GPU name), its precision, torch and the number of processes."""
     precision = "fp16" if flags.get("fp16") else "bf16" if flags.get("bf16") else "fp32"
     return {**host_record(detect(ctx.device.type), precision), "processes": ctx.world_size}

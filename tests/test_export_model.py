@@ -304,3 +304,67 @@ def test_a_release_is_replaced_only_when_asked_and_only_if_it_is_one(fine_tuned,
     assert refused.returncode == 2 and "did not write it" in refused.stderr
     assert (foreign / "notes.txt").read_text() == "mine" and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left behind
+
+
+@pytest.mark.slow
+def test_run_downstream_results_of_this_checkpoint_fill_the_card_and_its_model_index(pretrained, tmp_path):
+    from bertrecipe.model.weights import checkpoint_identity
+
+    # run_downstream.py's results.json layout (downstream_report.build_report): the header names the checkpoint
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({
+        "checkpoint": checkpoint_identity(pretrained), "protocol": {"grids": {"sst-2": {"seeds": [1, 2, 3]}}},
+        "tasks": {"sst-2": {"kind": "glue", "metric": "acc", "score": 81.25},
+                  "squad-v1.1": {"kind": "squad", "metric": "F1", "score": 70.5},
+                  "rte": {"kind": "glue", "metric": "acc", "score": None}}}))
+    folder = exported(pretrained, tmp_path / "release", "--results", results, vocab=VOCAB_EXCERPT)
+    text = (folder / "README.md").read_text()
+    meta = yaml.safe_load(text.split("---\n")[1])
+    entries = meta["model-index"][0]["results"]
+    assert [(e["dataset"]["name"], e["task"]["type"], e["metrics"][0]["type"], e["metrics"][0]["value"])
+            for e in entries] == [("sst-2", "text-classification", "accuracy", 81.25),
+                                  ("squad-v1.1", "question-answering", "f1", 70.5)]  # no score, no row
+    assert "| sst-2 | acc | 81.25 | run_downstream.py, median over seeds at the best configuration (3 seeds) |" in text
+
+
+def test_the_manifest_of_the_shards_the_checkpoint_read_gives_the_card_its_sources(tmp_path):
+    from bertrecipe.release.card import CardFacts, card_text
+    from bertrecipe.release.model_files import ReleaseKind
+    from bertrecipe.release.records import SourceRecords, matching_manifest
+
+    shards = tmp_path / "custom" / "training"
+    shards.mkdir(parents=True)
+    manifest = {"sources": [{"name": "web", "articles": {"training_tokens": 1200}},
+                            {"name": "wiki", "articles": {"training_tokens": 300}}],
+                "totals": {"training": {"rows": 12, "tokens": 1500}},
+                "shards": {"training": [{"file": "custom_training_0.hdf5"}, {"file": "custom_training_1.hdf5"}]}}
+    (tmp_path / "custom" / "manifest.json").write_text(json.dumps(manifest))
+    records = SourceRecords(tmp_path / "ckpt_4.pt", "ab" * 32, {"args": {"input_dir": str(shards)}},
+                            ["custom_training_0.hdf5"])
+    assert matching_manifest(records) == manifest
+    other = SourceRecords(records.path, records.sha256, records.payload, ["another_training_0.hdf5"])
+    assert matching_manifest(other) is None  # shards the manifest does not list: not this run's data
+    facts = CardFacts(name="m", kind=ReleaseKind("fill-mask", "BertForMaskedLM"), family="BERT",
+                      sizes={"layers": 2, "hidden": 8, "heads": 2, "intermediate": 16, "max_length": 64,
+                             "parameters": 100}, vocab="10 WordPiece tokens, uncased",
+                      training=[("optimizer steps", "4")], manifest=manifest)
+    text = card_text(facts)
+    assert "1,500 tokens in 12 sequences of training shards" in text
+    assert "| web | 1,200 |" in text and "| wiki | 300 |" in text
+
+
+@pytest.mark.slow
+def test_the_released_minilm_of_the_shared_data_is_a_sentence_transformer_with_our_embeddings(shared_data,
+                                                                                                 tmp_path):
+    import transformers
+    from sentence_transformers import SentenceTransformer
+
+    minilm = shared_data / "minilm"
+    folder = exported(minilm, tmp_path / "release", "--embedding", "--pooling", "mean", "--max_seq_length", "32",
+                      "--do_lower_case", "--onnx", "--int8")
+    loads_cleanly(transformers.AutoModel, folder)
+    theirs = SentenceTransformer(str(folder), device="cpu").encode(TEXTS)
+    expected = sentence_embeddings(minilm, TEXTS, minilm / "vocab.txt")
+    assert (theirs * expected).sum(axis=1).min() >= 0.9999
+    _, onnx_embedding = onnx_outputs(folder / "onnx" / "model.onnx", encoded(folder))
+    assert np.abs(onnx_embedding - expected).max() < 1e-4

@@ -194,6 +194,16 @@ def draw_curves(out: Path, steps: int) -> Path | None:
     return curves
 
 
+def release_model(checkpoint: Path, vocab: Path, out: Path, steps: int) -> Path:
+    """scripts/export_model.py on the final checkpoint: out/release, replacing an earlier quick start's release."""
+    release = out / "release"
+    casing = ["--do_lower_case"] if vocab.suffix == ".txt" else []  # a BPE tokenizer.json has its own normalizer
+    run([sys.executable, str(REPO / "scripts" / "export_model.py"), str(checkpoint), str(release), "--vocab_file",
+         str(vocab), *casing, "--model_name", f"quickstart-{out.resolve().name}", "--overwrite"],
+        again_advice(out, steps), stdout=subprocess.DEVNULL)
+    return release
+
+
 def fill_mask_demo(checkpoint: Path, config: ModelConfig, vocab: Path, count: int = 5) -> list[dict]:
     """Masks one word in each of `count` held-out sentences and asks the model for it."""
     tokenizer = BertTokenizer(load_vocab(vocab), do_lower_case=True)
@@ -329,6 +339,8 @@ def print_summary(summary: dict, out: Path) -> None:
               f"{figures['eval_loss']:.3f}, accuracy {figures['eval_mlm_accuracy']:.1%}")
     print(f"  model:       {summary['checkpoint']}  (convert: python scripts/convert_checkpoint.py "
           f"{summary['checkpoint']} hf_dir/)")
+    print(f"  release:     {summary['release']}  (transformers' AutoModelForMaskedLM loads it; its README.md is "
+          "the model card)")
     print(f"  curves:      {summary['loss_curve'] or 'none (no log)'}")
     print(f"  logs:        {out / 'dllogger_phase1.json'}, {out / 'dllogger_phase2.json'}")
     print(f"  shards:      {shard_dir(128, 20, 'training').parent.parent}")
@@ -344,28 +356,32 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     phase1_steps, phase2_steps = args.steps, max(args.steps // 10, 2)
 
-    print(f"== 1/5 default corpus: text, vocab, phase-1 and phase-2 shards ({args.family} family)", flush=True)
+    print(f"== 1/6 default corpus: text, vocab, phase-1 and phase-2 shards ({args.family} family)", flush=True)
     vocab, config, config_path, phase2_config = build_corpus(out, args.family)
     bf16 = detect(recipe_device()).native_bf16  # bf16 only where the hardware computes it natively
     lr1, lr2 = TRAINING[args.family][0]
-    print("== 2/5 pre-training phase 1 (seq 128)", flush=True)
+    print("== 2/6 pre-training phase 1 (seq 128)", flush=True)
     phase1 = pretrain_phase(1, phase1_steps, 64, lr1, out, config_path, bf16, phase1_steps, args.family)
-    print("== 3/5 pre-training phase 2 (seq 512)", flush=True)
+    print("== 3/6 pre-training phase 2 (seq 512)", flush=True)
     phase2 = pretrain_phase(2, phase2_steps, 16, lr2, out, phase2_config, bf16, phase1_steps, args.family)
 
-    print("== 4/5 loss curves", flush=True)
+    print("== 4/6 loss curves", flush=True)
     curves = draw_curves(out, phase1_steps)
 
-    print("== 5/5 fill in the mask on held-out sentences", flush=True)
+    print("== 5/6 fill in the mask on held-out sentences", flush=True)
     final_checkpoint = out / "checkpoints" / f"ckpt_{phase1_steps + phase2_steps}.pt"
     demo = fill_mask_demo(final_checkpoint, config_from_json_file(phase2_config), vocab)
     for item in demo:
         print(f"  {item['text']}\n    answer: {item['answer']:<15} model's top 5: {', '.join(item['top5'])}")
 
+    print("== 6/6 release the model: a folder transformers loads, with its model card", flush=True)
+    release = release_model(final_checkpoint, vocab, out, phase1_steps)
+
     figures = ("final_loss", "eval_loss", "eval_mlm_accuracy", "training_sequences_per_second")
     summary = {"phase1": {k: phase1.get(k) for k in figures}, "phase2": {k: phase2.get(k) for k in figures},
                "fill_mask": demo, "checkpoint": str(final_checkpoint), "loss_curve": curves and str(curves),
-               "vocab": str(vocab), "config": str(config_path), "seconds": round(time.time() - started, 1)}
+               "release": str(release), "vocab": str(vocab), "config": str(config_path),
+               "seconds": round(time.time() - started, 1)}
     text = json.dumps(summary, indent=2) + "\n"
     write_atomic(out / "summary.json", lambda f: f.write(text.encode("utf-8")))
     print_summary(summary, out)

@@ -58,6 +58,11 @@ def test_quickstart_runs_every_stage_and_reuses_its_work_on_a_second_run(tmp_pat
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert len(summary["fill_mask"]) >= 3 and all(len(x["top5"]) == 5 for x in summary["fill_mask"])
     assert "Quick start finished" in first.stdout
+    import transformers  # the quick start's model is released: transformers loads it, with every weight used
+
+    model, info = transformers.AutoModelForMaskedLM.from_pretrained(out / "release", output_loading_info=True)
+    assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    assert json.loads((out / "release" / "release.json").read_text())["source"].endswith("ckpt_22.pt")
 
     second = subprocess.run(command, env=env, capture_output=True, text=True)
     assert second.returncode == 0, second.stderr[-3000:]
@@ -85,6 +90,10 @@ def test_quickstart_trains_the_modern_family_with_one_flag(tmp_path, short_run):
     assert steps[-1] < steps[0] - 0.5
     summary = json.loads((out / "summary.json").read_text())
     assert 0.0 <= summary["phase2"]["eval_mlm_accuracy"] <= 1.0
+    import transformers
+
+    assert transformers.AutoTokenizer.from_pretrained(out / "release").mask_token is not None
+    transformers.AutoModelForMaskedLM.from_pretrained(out / "release")
 
 
 def files_under(folder):

@@ -368,3 +368,28 @@ def test_the_released_minilm_of_the_shared_data_is_a_sentence_transformer_with_o
     assert (theirs * expected).sum(axis=1).min() >= 0.9999
     _, onnx_embedding = onnx_outputs(folder / "onnx" / "model.onnx", encoded(folder))
     assert np.abs(onnx_embedding - expected).max() < 1e-4
+
+
+@pytest.mark.slow
+def test_a_modern_classifier_from_a_transformers_folder_keeps_its_labels_names(tiny_bert, tmp_path):
+    import transformers
+
+    vocab = (tiny_bert / "vocab.txt").read_text(encoding="utf-8")
+    torch.manual_seed(0)
+    config = transformers.ModernBertConfig(
+        vocab_size=len(vocab.splitlines()), bos_token_id=101, eos_token_id=102, cls_token_id=101, sep_token_id=102,
+        id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1}, **TINY_MODERN)
+    source = tmp_path / "modern_classifier"
+    transformers.ModernBertForSequenceClassification(config).save_pretrained(source)
+    (source / "vocab.txt").write_text(vocab, encoding="utf-8")
+    folder = exported(source, tmp_path / "release", "--do_lower_case")
+    theirs = loads_cleanly(transformers.AutoModelForSequenceClassification, folder)
+    assert theirs.config.id2label == {0: "negative", 1: "positive"}
+    batch = encoded(folder)
+    batch.pop("token_type_ids", None)
+    with torch.no_grad():
+        logits = theirs(**batch).logits
+    (expected,) = our_call(ours(source), batch)
+    assert (logits - expected).abs().max() < 1e-5
+    found = transformers.pipeline("text-classification", model=str(folder))(TEXTS[0])
+    assert found[0]["label"] == ["negative", "positive"][int(expected[0].argmax())]

@@ -73,11 +73,23 @@ def release_kind(model: nn.Module, task: Optional[dict[str, Any]], embedding: bo
 
 
 def classification_kind(model: nn.Module, task: dict[str, Any], family: str) -> ReleaseKind:
+    """A classifier's release: its labels as the checkpoint records them, else as a Hugging Face source's config
+    names them, else numbered (an older or NVIDIA checkpoint records none)."""
     outputs = model.num_labels
-    labels = task.get("labels")
-    if labels is None or len(labels) != outputs:  # not recorded (an older or NVIDIA checkpoint): numbered
+    extra = getattr(model.config, "extra", None) or {}
+    labels = task.get("labels") or config_labels(extra.get("id2label"), outputs)
+    if labels is None or len(labels) != outputs:
         labels = ["score"] if outputs == 1 else [f"LABEL_{i}" for i in range(outputs)]
-    return ReleaseKind("text-classification", f"{family}ForSequenceClassification", task.get("name"), labels=labels)
+    name = task.get("name") or extra.get("finetuning_task")
+    return ReleaseKind("text-classification", f"{family}ForSequenceClassification", name, labels=labels)
+
+
+def config_labels(id2label: Any, outputs: int) -> Optional[list[str]]:
+    """transformers' id2label ({"0": name, ...}) as a list in output order; None where it does not name them all."""
+    if not isinstance(id2label, dict) or len(id2label) != outputs:
+        return None
+    names = [id2label.get(str(i), id2label.get(i)) for i in range(outputs)]
+    return None if any(name is None for name in names) else [str(name) for name in names]
 
 
 def release_config(config: dict[str, Any], kind: ReleaseKind) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -239,6 +240,33 @@ def masked_lm_reference(model, shard, with_nsp=False):
     if with_nsp:
         return loss / count, correct / count, nsp_right / len(arrays["input_ids"])
     return loss / count, correct / count
+
+
+def tiny_modern_folder(folder: Path, vocab_file: Path, model_class: str = "ModernBertModel", **config_extra) -> Path:
+    """A seeded TINY_MODERN model of transformers' `model_class` saved as a Hugging Face folder, with the WordPiece
+    vocab_file beside it (its [CLS] 101 and [SEP] 102 as the config's special ids)."""
+    import transformers
+
+    vocab = vocab_file.read_text(encoding="utf-8")
+    torch.manual_seed(0)
+    config = transformers.ModernBertConfig(
+        vocab_size=len(vocab.splitlines()), bos_token_id=101, eos_token_id=102, cls_token_id=101, sep_token_id=102,
+        **TINY_MODERN, **config_extra)
+    getattr(transformers, model_class)(config).save_pretrained(folder)
+    (folder / "vocab.txt").write_text(vocab, encoding="utf-8")
+    return folder
+
+
+def page_script(page: Path, small: list[tuple[str, str]], blocks_at_least: int) -> str:
+    """A docs page's bash blocks, in order, as one script, with its sizes made small: each (pattern, replacement)
+    applied in turn, every pattern still on the page."""
+    blocks = re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+    assert len(blocks) >= blocks_at_least
+    script = "\n".join(blocks)
+    for pattern, replacement in small:
+        assert re.search(pattern, script), f"{page.name} no longer has {pattern}: update its list of sizes"
+        script = re.sub(pattern, replacement, script)
+    return script
 
 
 def pretrain(corpus, out, *extra, config="bert_config.json", phase=1, nproc=1, check=True, script=None, **popen):

@@ -15,7 +15,17 @@ from bertrecipe.finetuning.model_loading import load_tokenizer
 from bertrecipe.model.weights import load_weights_into, model_for_weights, read_weights
 from bertrecipe.release.model_files import release_kind
 from bertrecipe.release.signature import ReleaseSignature
-from helpers import REPO_ROOT, TINY_MODERN, VOCAB_EXCERPT, glue, pretrain, run_command, snapshot, squad, tiny_sst2
+from helpers import (
+    REPO_ROOT,
+    VOCAB_EXCERPT,
+    glue,
+    pretrain,
+    run_command,
+    snapshot,
+    squad,
+    tiny_modern_folder,
+    tiny_sst2,
+)
 
 TEXTS = ["the movie was good", "a very awful film about the plot", "i liked it"]
 
@@ -248,14 +258,7 @@ def test_an_encoder_released_as_an_embedding_model_gives_our_embeddings(tiny_ber
 def test_a_modern_masked_lm_loads_in_transformers_with_our_logits(tiny_bert, tmp_path):
     import transformers
 
-    vocab = (tiny_bert / "vocab.txt").read_text(encoding="utf-8")
-    torch.manual_seed(0)
-    config = transformers.ModernBertConfig(
-        vocab_size=len(vocab.splitlines()), bos_token_id=101, eos_token_id=102, cls_token_id=101, sep_token_id=102,
-        **TINY_MODERN)
-    source = tmp_path / "modern"
-    transformers.ModernBertForMaskedLM(config).save_pretrained(source)
-    (source / "vocab.txt").write_text(vocab, encoding="utf-8")
+    source = tiny_modern_folder(tmp_path / "modern", tiny_bert / "vocab.txt", "ModernBertForMaskedLM")
     folder = exported(source, tmp_path / "release", "--onnx", "--do_lower_case")
     theirs = loads_cleanly(transformers.AutoModelForMaskedLM, folder)
     batch = encoded(folder)
@@ -374,14 +377,9 @@ def test_the_released_minilm_of_the_shared_data_is_a_sentence_transformer_with_o
 def test_a_modern_classifier_from_a_transformers_folder_keeps_its_labels_names(tiny_bert, tmp_path):
     import transformers
 
-    vocab = (tiny_bert / "vocab.txt").read_text(encoding="utf-8")
-    torch.manual_seed(0)
-    config = transformers.ModernBertConfig(
-        vocab_size=len(vocab.splitlines()), bos_token_id=101, eos_token_id=102, cls_token_id=101, sep_token_id=102,
-        id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1}, **TINY_MODERN)
-    source = tmp_path / "modern_classifier"
-    transformers.ModernBertForSequenceClassification(config).save_pretrained(source)
-    (source / "vocab.txt").write_text(vocab, encoding="utf-8")
+    source = tiny_modern_folder(tmp_path / "modern_classifier", tiny_bert / "vocab.txt",
+                                "ModernBertForSequenceClassification", id2label={0: "negative", 1: "positive"},
+                                label2id={"negative": 0, "positive": 1})
     folder = exported(source, tmp_path / "release", "--do_lower_case")
     theirs = loads_cleanly(transformers.AutoModelForSequenceClassification, folder)
     assert theirs.config.id2label == {0: "negative", 1: "positive"}

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from helpers import REPO_ROOT, TINY_MODERN, run_command
+from helpers import REPO_ROOT, run_command, tiny_modern_folder
 
 INPUT_LINES = ["The quick brown fox jumped over the lazy dog.",
                "who was the first president ||| george washington was the first president of the united states",
@@ -66,14 +66,7 @@ def test_the_lines_are_google_s_and_the_values_transformers_hidden_states(tiny_b
 def test_the_modern_family_gives_transformers_hidden_states_too(tiny_bert, tmp_path):
     import transformers
 
-    vocab = (tiny_bert / "vocab.txt").read_text(encoding="utf-8")
-    torch.manual_seed(0)
-    config = transformers.ModernBertConfig(
-        vocab_size=len(vocab.splitlines()), bos_token_id=101, eos_token_id=102, cls_token_id=101, sep_token_id=102,
-        **TINY_MODERN)
-    folder = tmp_path / "modern"
-    transformers.ModernBertModel(config).save_pretrained(folder)
-    (folder / "vocab.txt").write_text(vocab, encoding="utf-8")
+    folder = tiny_modern_folder(tmp_path / "modern", tiny_bert / "vocab.txt")
     result, out = extract(tmp_path, folder, "--layers", "-1,1", "--do_lower_case")
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]

@@ -14,22 +14,12 @@ import torch
 import transformers
 
 from bertrecipe.dataprep.vocab_training import train_bpe
-from helpers import GLUE_EXCERPTS, REPO_ROOT, TEST_DATA, VOCAB_EXCERPT, pretrain
+from helpers import GLUE_EXCERPTS, REPO_ROOT, TEST_DATA, VOCAB_EXCERPT, page_script, pretrain
 
 GUIDE = REPO_ROOT / "docs" / "release.md"
 SMALL = [(r"--num_train_epochs \d+", "--max_steps 2"), (r"--train_batch_size 32", "--train_batch_size 4"),
          (r"--max_seq_length 256", "--max_seq_length 64"), (r"--eval_batch_size 64", "--eval_batch_size 16"),
          (r"--layers -1,-2,-3,-4", "--layers -1,-2")]  # the tiny model has 2 layers
-
-
-def guide_script() -> str:
-    blocks = re.findall(r"```bash\n(.*?)```", GUIDE.read_text(encoding="utf-8"), flags=re.S)
-    assert len(blocks) >= 5
-    script = "\n".join(blocks)
-    for pattern, small in SMALL:
-        assert re.search(pattern, script), f"the page no longer has {pattern}: update SMALL"
-        script = re.sub(pattern, small, script)
-    return script
 
 
 def tiny_modern(folder: Path) -> Path:
@@ -60,7 +50,7 @@ def test_the_release_page_runs_as_written_and_every_folder_loads(corpus, squad_b
               "/data/vocab/tokenizer.json": str(tokenizer_json), "/data/glue/SST-2": str(GLUE_EXCERPTS / "SST-2"),
               "/data/beir/": f"{squad_beir}/", "/data/hdf5/test": str(corpus / "eval"), "/results/": f"{results}/",
               "/releases/": f"{tmp_path / 'releases'}/"}
-    script = guide_script()
+    script = page_script(GUIDE, SMALL, 5)
     assert all(page in script for page in places)
     script = re.sub("|".join(map(re.escape, places)), lambda m: places[m.group(0)], script)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}

@@ -19,7 +19,7 @@ import transformers
 import zstandard
 
 from bertrecipe.dataprep.vocab_training import train_bpe
-from helpers import GLUE_EXCERPTS, REPO_ROOT, TEST_DATA, VOCAB_EXCERPT
+from helpers import GLUE_EXCERPTS, REPO_ROOT, TEST_DATA, VOCAB_EXCERPT, page_script
 
 GUIDE = REPO_ROOT / "docs" / "your-corpus.md"
 BOOKS = sorted((TEST_DATA / "books").glob("*.txt"))
@@ -35,13 +35,7 @@ SMALL = [(r"--n_training_shards \d+", "--n_training_shards 2"), (r"--n_test_shar
 
 def guide_script() -> str:
     """The page's bash blocks, in order, as one script."""
-    blocks = re.findall(r"```bash\n(.*?)```", GUIDE.read_text(encoding="utf-8"), flags=re.S)
-    assert len(blocks) >= 5
-    script = "\n".join(blocks)
-    for pattern, small in SMALL:
-        assert re.search(pattern, script), f"the page no longer has {pattern}: update SMALL"
-        script = re.sub(pattern, small, script)
-    return script
+    return page_script(GUIDE, SMALL, 5)
 
 
 def paragraphs() -> list[str]:

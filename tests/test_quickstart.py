@@ -22,6 +22,26 @@ def quickstart(tmp_path, steps: int, *extra: str) -> tuple[dict[str, str], list[
     return env, ["bash", str(REPO_ROOT / "scripts" / "quickstart.sh"), "--output_dir", str(out), *extra], out
 
 
+def release_gives_our_logits(out: Path, checkpoint: Path) -> None:
+    """transformers' AutoModelForMaskedLM of the quick start's release, every weight found and used, gives the
+    checkpoint's masked-LM logits (ours) on a sentence its AutoTokenizer encodes."""
+    import transformers
+
+    from bertrecipe.model.weights import load_weights_into, model_for_weights, read_weights
+
+    theirs, info = transformers.AutoModelForMaskedLM.from_pretrained(out / "release", output_loading_info=True)
+    assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    batch = transformers.AutoTokenizer.from_pretrained(out / "release")("the module returns a [MASK] value .",
+                                                                          return_tensors="pt")
+    weights = read_weights(checkpoint)
+    ours = model_for_weights(weights, weights.config)
+    load_weights_into(ours, weights, checkpoint)
+    with torch.no_grad():
+        found = theirs.eval()(**batch).logits
+        expected = ours.eval()(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"])
+    assert (found - expected.prediction_logits).abs().max() < 1e-4
+
+
 def run_from_nothing(folder: Path) -> None:
     env, command, _ = quickstart(folder, 4)
     first = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -58,10 +78,7 @@ def test_quickstart_runs_every_stage_and_reuses_its_work_on_a_second_run(tmp_pat
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert len(summary["fill_mask"]) >= 3 and all(len(x["top5"]) == 5 for x in summary["fill_mask"])
     assert "Quick start finished" in first.stdout
-    import transformers  # the quick start's model is released: transformers loads it, with every weight used
-
-    model, info = transformers.AutoModelForMaskedLM.from_pretrained(out / "release", output_loading_info=True)
-    assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    release_gives_our_logits(out, out / "checkpoints" / "ckpt_22.pt")  # the quick start's model is released
     assert json.loads((out / "release" / "release.json").read_text())["source"].endswith("ckpt_22.pt")
 
     second = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -90,10 +107,7 @@ def test_quickstart_trains_the_modern_family_with_one_flag(tmp_path, short_run):
     assert steps[-1] < steps[0] - 0.5
     summary = json.loads((out / "summary.json").read_text())
     assert 0.0 <= summary["phase2"]["eval_mlm_accuracy"] <= 1.0
-    import transformers
-
-    assert transformers.AutoTokenizer.from_pretrained(out / "release").mask_token is not None
-    transformers.AutoModelForMaskedLM.from_pretrained(out / "release")
+    release_gives_our_logits(out, out / "checkpoints" / "ckpt_22.pt")
 
 
 def files_under(folder):

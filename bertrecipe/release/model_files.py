@@ -122,9 +122,9 @@ def release_weights(state: dict[str, Tensor], kind: ReleaseKind, modern: bool
         if not all(name in state for name in POOLER):  # BertModel has one; the sentence embedding never uses it
             hidden = state["bert.embeddings.word_embeddings.weight"].shape[1]
             state.update({POOLER[0]: torch.zeros(hidden, hidden), POOLER[1]: torch.zeros(hidden)})
-            notes.append("The checkpoint has no pooler (the sentence embedding does not use it); the folder's "
-                         "`bert.pooler` weights are zeros, so that transformers' BertModel finds every weight it "
-                         "expects.")
+            notes.append("The checkpoint has no pooler (neither the token outputs nor a sentence embedding use "
+                         "it); the folder's `bert.pooler` weights are zeros, so that transformers' BertModel finds "
+                         "every weight it expects.")
     return state, {}, notes
 
 

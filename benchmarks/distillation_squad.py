@@ -61,17 +61,18 @@ def fine_tune(out: Path, data: Path, start: Path, epochs: float, rate: str, flag
     return scores(out)
 
 
-def distil(work: Path, data: Path, teacher_folder: Path, start: Path, epochs: dict, flags: list[str]) -> dict:
+def distil(work: Path, data: Path, teacher_folder: Path, start: Path, epochs: dict, rates: dict,
+           flags: list[str]) -> dict:
     student = start
-    for stage, rate in (("backbone", "1e-4"), ("heads", "5e-5")):
+    for stage in ("backbone", "heads"):
         out = work / f"distilled_{stage}"
         if not (out / "dllogger.json").is_file() or "F1" not in read_log(out / "dllogger.json")[-1]["data"]:
             run([sys.executable, "distillation/task_distill.py", "--teacher_model", str(teacher_folder),
                  "--student_model", str(student), "--vocab_file", str(MINILM / "vocab.txt"), "--data_dir",
                  str(data), "--task_name", "SQuADv1.1", "--output_dir", str(out), "--distill_config",
-                 f"distillation/distillation_config_{stage}.json", "--learning_rate", rate, "--num_train_epochs",
-                 str(epochs[stage]), "--seed", "42", "--eval_batch_size", "64", "--json-summary",
-                 str(out / "dllogger.json"), *flags])
+                 f"distillation/distillation_config_{stage}.json", "--learning_rate", rates[stage],
+                 "--num_train_epochs", str(epochs[stage]), "--seed", "42", "--eval_batch_size", "64",
+                 "--json-summary", str(out / "dllogger.json"), *flags])
         student = out
     return scores(student)
 
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--teacher_epochs", type=float, default=2.0)
     p.add_argument("--backbone_epochs", type=float, default=1.0)
     p.add_argument("--heads_epochs", type=float, default=1.0)
+    p.add_argument("--backbone_learning_rate", default="1e-4")
+    p.add_argument("--heads_learning_rate", default="5e-5")
     p.add_argument("--fp32", action="store_true", help="train in fp32 (default: bf16 autocast)")
     p.add_argument("--baseline", action="store_true", help="also fine-tune the student plainly")
     args = p.parse_args(argv)
@@ -111,10 +114,12 @@ def main(argv: list[str] | None = None) -> None:
     teacher = fine_tune(teacher_folder, data, MINILM, args.teacher_epochs, "1e-4", flags)
     start = student_start(work, teacher_folder, 3)
     epochs = {"backbone": args.backbone_epochs, "heads": args.heads_epochs}
-    report = {"teacher": teacher, "distilled": distil(work, data, teacher_folder, start, epochs, flags),
+    rates = {"backbone": args.backbone_learning_rate, "heads": args.heads_learning_rate}
+    report = {"teacher": teacher, "distilled": distil(work, data, teacher_folder, start, epochs, rates, flags),
               "host": f"{host_line(detect(), 'fp32' if args.fp32 else 'bf16')}, date {time.strftime('%Y-%m-%d')}",
               "settings": f"seq {args.max_seq_length}, stride 128, batch 32, teacher {args.teacher_epochs:g} epochs "
-                          f"lr 1e-4, student backbone {args.backbone_epochs:g} + heads {args.heads_epochs:g} epochs"}
+                          f"lr 1e-4, student backbone {args.backbone_epochs:g} epochs at {args.backbone_learning_rate}"
+                          f" + heads {args.heads_epochs:g} at {args.heads_learning_rate}"}
     if args.baseline:
         report["baseline"] = fine_tune(work / "baseline", data, start, args.backbone_epochs + args.heads_epochs,
                                        "1e-4", flags)

@@ -316,7 +316,8 @@ def test_run_downstream_results_of_this_checkpoint_fill_the_card_and_its_model_i
     # run_downstream.py's results.json layout (downstream_report.build_report): the header names the checkpoint
     results = tmp_path / "results.json"
     results.write_text(json.dumps({
-        "checkpoint": checkpoint_identity(pretrained), "protocol": {"grids": {"sst-2": {"seeds": [1, 2, 3]}}},
+        "checkpoint": checkpoint_identity(pretrained),
+        "protocol": {"grids": {"sst-2": {"seeds": [1, 2, 3]}, "squad-v1.1": {"seeds": [1]}}},
         "tasks": {"sst-2": {"kind": "glue", "metric": "acc", "score": 81.25},
                   "squad-v1.1": {"kind": "squad", "metric": "F1", "score": 70.5},
                   "rte": {"kind": "glue", "metric": "acc", "score": None}}}))
@@ -328,6 +329,8 @@ def test_run_downstream_results_of_this_checkpoint_fill_the_card_and_its_model_i
             for e in entries] == [("sst-2", "text-classification", "accuracy", 81.25),
                                   ("squad-v1.1", "question-answering", "f1", 70.5)]  # no score, no row
     assert "| sst-2 | acc | 81.25 | run_downstream.py, median over seeds at the best configuration (3 seeds) |" in text
+    assert "| squad-v1.1 | F1 | 70.50 | run_downstream.py, median over seeds at the best configuration (1 seed) |" \
+        in text  # each task with its own grid's seeds
 
 
 def test_the_manifest_of_the_shards_the_checkpoint_read_gives_the_card_its_sources(tmp_path):

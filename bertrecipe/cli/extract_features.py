@@ -95,8 +95,6 @@ def main(argv: list[str] | None = None) -> None:
     lower_case = wordpiece_lower_case(vocab, args.do_lower_case) if isinstance(vocab, Vocab) else False
     tokenizer = load_tokenizer(vocab_file, lower_case, args.allow_vocab_mismatch)
     config, weights = config_and_weights(args.bert_config_file, args.init_checkpoint)
-    if weights is None:
-        raise InputError("--init_checkpoint: required")
     encoder = build_model(bare_encoder, config, weights, args.init_checkpoint, tokenizer.vocab, args.max_seq_length,
                           args.allow_vocab_mismatch)
     layer_numbers(indexes, encoder_layers(encoder))  # an index the model lacks is refused before any write

@@ -135,10 +135,16 @@ def check_same_checkpoint(path: Path, scored: Optional[str], released: Optional[
 
 
 def downstream_scores(results: dict[str, Any]) -> list[Score]:
-    seeds = len(((results.get("protocol") or {}).get("grids") or {}).get(next(iter(results["tasks"]), ""), {})
-                .get("seeds", [])) or None
-    how = "run_downstream.py, median over seeds at the best configuration" + (f" ({seeds} seeds)" if seeds else "")
+    """Each task's score (the median of its seeds at the best configuration), with its own grid's seed count."""
+    grids = (results.get("protocol") or {}).get("grids") or {}
     kinds = {"glue": "text-classification", "squad": "question-answering", "retrieval": "sentence-similarity"}
-    return [Score(name, kinds.get(str(task.get("kind")), "text-classification"), str(task["metric"]),
-                  float(task["score"]), how)
-            for name, task in results["tasks"].items() if task.get("score") is not None]
+    scores = []
+    for name, task in results["tasks"].items():
+        if task.get("score") is None:
+            continue
+        seeds = len((grids.get(name) or {}).get("seeds") or [])
+        count = f" ({seeds} seed{'s' if seeds != 1 else ''})" if seeds else ""
+        how = f"run_downstream.py, median over seeds at the best configuration{count}"
+        scores.append(Score(name, kinds.get(str(task.get("kind")), "text-classification"), str(task["metric"]),
+                            float(task["score"]), how))
+    return scores

@@ -64,6 +64,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -635,13 +636,54 @@ def run_launch(index: int, cmd: list[str], out: Path, fault: Optional[Fault], se
 def wait_and_send(process: subprocess.Popen, token: str, fault: Fault, out: Path, tail: LogTail, stale: set[str],
                   began: float, settings: Settings, launch: Launch, seen: dict[int, str]) -> bool:
     """Waits for the fault's moment and sends it; False when the launch ended first."""
+    with watching_processes(token, seen):
+        if not wait_for_moment(process, fault, out, tail, stale, began, settings, launch):
+            return False
+        writing = [int(TEMPORARY.match(name).group(1)) for name in temporaries(out) - stale]
+        launch.in_write = bool(writing)
+        launch.step_seen = tail.poll()
+        launch.seconds_to_signal = round(time.monotonic() - began, 3)
+        if fault.signal == DISK_FULL:
+            launch.write_at_fill = max(writing, default=None)
+            fill_disk(out)
+        else:
+            send(process, token, fault, seen)
+        return True
+
+
+class watching_processes:
+    """Keeps `seen` filled with the job's processes from a thread of its own, every 0.2 s, so that a signal to the
+    job is not late: on a busy machine a scan of /proc takes tens of milliseconds, longer than a small model's
+    checkpoint write, which the 1 ms watch for its temporary must not miss."""
+
+    def __init__(self, token: str, seen: dict[int, str]) -> None:
+        self.token, self.seen, self.stop = token, seen, threading.Event()
+        self.thread = threading.Thread(target=self.scan, daemon=True)
+
+    def scan(self) -> None:
+        while True:
+            self.seen.update(job_processes(self.token))
+            if self.stop.wait(0.2):
+                return
+
+    def __enter__(self) -> "watching_processes":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def wait_for_moment(process: subprocess.Popen, fault: Fault, out: Path, tail: LogTail, stale: set[str],
+                    began: float, settings: Settings, launch: Launch) -> bool:
+    """Waits for the fault's moment; False when the launch ended first."""
     deadline = began + settings.launch_timeout
     step_reached_at = None
-    scanned = 0.0
+    # The checkpoint the fault aims at (the first at or after its step): a write too quick to be seen has ended
+    # once the step after it is logged, and the fault then comes at once, before the next write.
+    aimed_write = -(-fault.step // settings.checkpoint_every) * settings.checkpoint_every
     while True:
-        if time.monotonic() - scanned > 0.2:  # the job's processes, ready for a signal to all of them
-            seen.update(job_processes(token))
-            scanned = time.monotonic()
         if process.poll() is not None:
             launch.step_seen = tail.poll()
             return False
@@ -649,37 +691,23 @@ def wait_and_send(process: subprocess.Popen, token: str, fault: Fault, out: Path
         if now > deadline:
             launch.problems.append(f"the moment ({fault.moment} at step {fault.step}) never came in "
                                    f"{settings.launch_timeout:.0f} s; signalled anyway")
-            break
+            return True
         newest = tail.poll()
         if fault.moment == "startup":  # never later than the planned step: the run keeps to the plan
             if now - began >= fault.delay or newest >= fault.step:
-                break
-            time.sleep(0.002)
-            continue
-        if fault.moment == "step":
+                return True
+        elif fault.moment == "step":
             if step_reached_at is None and newest >= fault.step:
                 step_reached_at = now
             if step_reached_at is not None and now - step_reached_at >= fault.delay:
-                break
-            time.sleep(0.002)
-            continue
-        # checkpoint: a temporary of a step at or after the planned one, written by this launch
-        live = [name for name in temporaries(out) - stale if int(TEMPORARY.match(name).group(1)) >= fault.step]
-        if live:
-            break
-        if not fault.final and newest >= fault.step + settings.checkpoint_every + 1:
-            break  # the write was too quick to be seen: signalled between steps instead (in_write tells)
-        time.sleep(0.001)
-    writing = [int(TEMPORARY.match(name).group(1)) for name in temporaries(out) - stale]
-    launch.in_write = bool(writing)
-    launch.step_seen = tail.poll()
-    launch.seconds_to_signal = round(time.monotonic() - began, 3)
-    if fault.signal == DISK_FULL:
-        launch.write_at_fill = max(writing, default=None)
-        fill_disk(out)
-    else:
-        send(process, token, fault, seen)
-    return True
+                return True
+        else:  # checkpoint: a temporary of a step at or after the planned one, written by this launch
+            live = [name for name in temporaries(out) - stale if int(TEMPORARY.match(name).group(1)) >= fault.step]
+            if live:
+                return True
+            if not fault.final and newest > aimed_write:
+                return True  # the write was too quick to be seen: signalled between steps instead (in_write tells)
+        time.sleep(0.001 if fault.moment == "checkpoint" else 0.002)
 
 
 def read_lines(text: str) -> dict[str, Any]:

@@ -229,3 +229,11 @@ def test_a_modern_teacher_distils_into_a_modern_student(teacher_space, tmp_path)
     assert len(curve) == 12 and np.mean(curve[-3:]) < 0.8 * np.mean(curve[:3]), curve
     ckpt = torch.load(tmp_path / "student" / "ckpt_12.pt", weights_only=True)
     assert ckpt["config"]["num_hidden_layers"] == 1 and "model.layers.0.attn.Wqkv.weight" in ckpt["model"]
+
+
+def test_sharding_is_refused_in_one_line(teacher_space, tmp_path):
+    argv = distil_flags(teacher_space, tmp_path / "out", "--max_steps", 2, "--sharding", "fsdp")
+    result = in_process(general_distill.cli, ["general_distill.py", *argv])
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert "--sharding fsdp: general distillation trains under DDP" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()

@@ -54,6 +54,9 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace, Di
     g.add_argument("--steps_per_epoch", type=int, default=-1, help="accepted for NVIDIA compatibility; unused")
     p.set_defaults(optimizer="adamw", learning_rate=1e-4, warmup_proportion=0.1, do_train=True)  # NVIDIA: no --do_train
     args = p.parse_args(argv)
+    if args.sharding == "fsdp":
+        raise InputError("--sharding fsdp: general distillation trains under DDP (a student this small fits every "
+                         "device; sharding it beside its teacher is not done yet)")
     flags = DistillationFlags(args.teacher_model, args.distill_config, args.student_init, args.teacher_config_file,
                               args.do_lower_case)
     resolve_student(args)

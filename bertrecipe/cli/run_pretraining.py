@@ -36,6 +36,7 @@ from bertrecipe.training.process_group import (
     peer_has_gone,
     shutdown,
 )
+from bertrecipe.training.sharding import SHARDING
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -170,6 +171,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="all-reduce once per optimizer step (always the case here)")
     p.add_argument("--allreduce_post_accumulation_fp16", action="store_true",
                    help="all-reduce gradients in fp16 (bf16 with --bf16)")
+    p.add_argument("--sharding", choices=SHARDING, default="ddp",
+                   help="ddp: a whole copy of the model and optimizer state on every process; fsdp: each holds "
+                        "1/W of them (FSDP2), for models whose state does not fit one device")
     p.add_argument("--do_train", action="store_true")
     p.add_argument("--do_eval", action="store_true", help="evaluate masked-LM loss/accuracy on --eval_dir")
     p.add_argument("--eval_dir", help="directory of held-out *.hdf5 shards")
@@ -271,6 +275,9 @@ def check_combinations(args: argparse.Namespace) -> None:
     if not 0 < args.masked_lm_prob <= 1:
         raise InputError(f"--masked_lm_prob must lie in (0, 1], got {args.masked_lm_prob}")
     check_mask_schedule(args)
+    if args.sharding == "fsdp" and args.allreduce_post_accumulation_fp16:
+        raise InputError("--allreduce_post_accumulation_fp16 compresses DDP's all-reduce; --sharding fsdp "
+                         "reduce-scatters gradients in fp32: drop one of the two")
     if args.eval_interval_minutes and not (args.do_train and args.eval_dir):
         raise InputError("--eval_interval_minutes evaluates during training: it needs --do_train and --eval_dir")
     if args.pretrain_dropout is not None and not 0 <= args.pretrain_dropout < 1:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.bert import BertModel, BertSelfAttention, TokenPacking
+from bertrecipe.model.families import layers_of
 from bertrecipe.model.modern import ModernBertAttention, ModernBertModel, rotate
 
 CAPTURES = frozenset({"embeddings", "hidden", "scores", "values"})
@@ -66,11 +67,7 @@ def _encoder_inside(model: nn.Module) -> BertModel | ModernBertModel:
 
 def encoder_layers(model: nn.Module) -> int:
     """How many layers the encoder of `model` has."""
-    return len(_blocks(_encoder_inside(model)))
-
-
-def _blocks(encoder: BertModel | ModernBertModel) -> nn.ModuleList:
-    return encoder.encoder.layer if isinstance(encoder, BertModel) else encoder.layers
+    return len(layers_of(_encoder_inside(model)))
 
 
 def _packing_index(encoder: BertModel | ModernBertModel) -> int:
@@ -96,7 +93,7 @@ def capturing(model: nn.Module, layers: set[int], what: set[str]) -> Iterator[Ca
     """Within the block, every forward pass of `model` fills the Captured it yields with `what` (of CAPTURES;
     "embeddings" is not per layer) of the 1-based `layers`; the hooks are removed on leaving."""
     encoder = _encoder_inside(model)
-    count = len(_blocks(encoder))
+    count = len(layers_of(encoder))
     if not set(what) <= CAPTURES:
         raise ValueError(f"cannot capture {sorted(set(what) - CAPTURES)}; the states are {sorted(CAPTURES)}")
     if any(not 1 <= layer <= count for layer in layers):
@@ -110,7 +107,7 @@ def capturing(model: nn.Module, layers: set[int], what: set[str]) -> Iterator[Ca
             handles.append(encoder.embeddings.register_forward_hook(lambda _module, _args, output: setattr(
                 captured, "embeddings", _padded(output, None, _length(batch)))))
         for layer in sorted(layers):
-            block = _blocks(encoder)[layer - 1]
+            block = layers_of(encoder)[layer - 1]
             if "hidden" in what:
                 handles.append(block.register_forward_hook(
                     _hidden_hook(encoder, layer, layer == count, batch, captured), with_kwargs=True))

@@ -15,6 +15,7 @@ from bertrecipe.model.bert import (
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
+    BertModel,
     read_config_json,
 )
 from bertrecipe.model.modern import (
@@ -84,3 +85,8 @@ def sequence_classification_model(config: ModelConfig, num_labels: int) -> nn.Mo
 def encoder_of(model: nn.Module) -> nn.Module:
     """The encoder inside a task model of either family (`bert` or `model`)."""
     return model.model if hasattr(model, "model") and isinstance(model.config, ModernBertConfig) else model.bert
+
+
+def layers_of(encoder: nn.Module) -> nn.ModuleList:
+    """The transformer layers of an encoder of either family: BERT's `encoder.layer`, ModernBERT's `layers`."""
+    return encoder.encoder.layer if isinstance(encoder, BertModel) else encoder.layers

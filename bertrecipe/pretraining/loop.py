@@ -10,6 +10,7 @@ sets up the model and optimizer (startup.py) and calls pretraining_loop with:
 """
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import time
@@ -33,9 +34,10 @@ from bertrecipe.pretraining.token_budget import BatchRamp, count_tokens, tokens_
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import MetricLogger
 from bertrecipe.training.model_flops import batch_shape, device_peak_tflops, training_flops
-from bertrecipe.training.optimization import TimeBudgetScheduler
+from bertrecipe.training.optimization import TimeBudgetScheduler, local_part
 from bertrecipe.training.process_group import DistributedContext, all_gather_objects, all_reduce_sum, any_process
 from bertrecipe.training.run_lock import RunLock
+from bertrecipe.training.sharding import full_model_state, full_optimizer_state, is_sharded
 from bertrecipe.training.stepper import (
     MAX_CONSECUTIVE_NON_FINITE,
     Precision,
@@ -357,13 +359,17 @@ def save(state: LoopState, periodic: bool) -> None:
     if state.settings.skip_checkpoint or (
             periodic and setup.precision.scaler is None and state.stepper.consecutive_non_finite):
         return
-    if not weights_are_finite(setup.model):
+    if not weights_are_finite(setup.model, ctx):
         raise TrainingFailure("the weights are no longer finite numbers; no checkpoint written")
     settle_tokens(state)
     rng_per_rank = all_gather_objects(checkpointing.rng_state(), ctx)
+    # Sharded state is gathered by every process (a collective) for the first to write; DDP's is whole already.
+    sharded = is_sharded(setup.model)
+    model_state = full_model_state(setup.model) if sharded else None
+    optimizer_state = full_optimizer_state(setup.optimizer) if sharded else None
     failure = None
     if ctx.is_main:
-        payload = checkpoint_payload(state, rng_per_rank)
+        payload = checkpoint_payload(state, rng_per_rank, model_state, optimizer_state)
         try:
             if setup.lock is not None and not setup.lock.still_held():
                 raise InputError(f"{setup.lock.path}: another run took over this --output_dir's lock; this run "
@@ -375,12 +381,15 @@ def save(state: LoopState, periodic: bool) -> None:
         raise failure or InputError(f"{output_dir}: the first process could not write the checkpoint")
 
 
-def checkpoint_payload(state: LoopState, rng_per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """The checkpoint's content (docs/interfaces.md, section 3): each component's state_dict and the loop's."""
+def checkpoint_payload(state: LoopState, rng_per_rank: list[dict[str, Any]],
+                       model_state: Optional[dict[str, Any]] = None,
+                       optimizer_state: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The checkpoint's content (docs/interfaces.md, section 3): each component's state_dict and the loop's (the
+    model's and optimizer's as given when they were gathered from shards)."""
     setup, settings = state.setup, state.settings
     return {
-        "model": unwrap(setup.model).state_dict(),
-        "optimizer": setup.optimizer.state_dict(),
+        "model": model_state if model_state is not None else unwrap(setup.model).state_dict(),
+        "optimizer": optimizer_state if optimizer_state is not None else setup.optimizer.state_dict(),
         "scheduler": setup.scheduler.state_dict(),
         "scaler": setup.precision.scaler.state_dict() if setup.precision.scaler is not None else None,
         "epoch": state.data.epoch(),
@@ -447,8 +456,9 @@ def evaluate(setup: TrainingSetup, batch_size: int) -> dict[str, float]:
     bare.eval()
     # loss sum, correct, masked tokens, next-sentence labels right, sequences
     sums = torch.zeros(5, dtype=torch.float64, device=ctx.device)
-    for batch in evaluation_batches(setup.eval_shards, bare.config.vocab_size, batch_size, ctx.rank,
-                                    ctx.world_size):
+    for batch in in_step_with_other_ranks(
+            evaluation_batches(setup.eval_shards, bare.config.vocab_size, batch_size, ctx.rank, ctx.world_size),
+            bare, setup):
         batch = batches_to_device(batch, ctx.device)
         labels = batch["masked_lm_labels"]
         predicted = labels != IGNORE_INDEX
@@ -470,6 +480,27 @@ def evaluate(setup: TrainingSetup, batch_size: int) -> dict[str, float]:
     return result
 
 
-def weights_are_finite(model: torch.nn.Module) -> bool:
-    """True when no parameter holds a NaN or an infinity."""
-    return bool(torch.stack([p.detach().isfinite().all() for p in unwrap(model).parameters()]).all())
+def in_step_with_other_ranks(batches: Iterator[dict[str, torch.Tensor]], model: torch.nn.Module,
+                             setup: TrainingSetup) -> Iterator[dict[str, torch.Tensor]]:
+    """The batches, unchanged for a model that is not sharded. A sharded model's forward gathers every layer's
+    parameters from every process, so all must run as many: while any process has a batch left, one that has
+    none (the batches are split into contiguous runs, one longer than another) runs a forward of one dummy row,
+    whose outputs are dropped."""
+    if not is_sharded(model):
+        yield from batches
+        return
+    row = torch.zeros((1, 8), dtype=torch.long, device=setup.ctx.device)
+    for batch in itertools.chain(batches, itertools.repeat(None)):
+        if not any_process(batch is not None, setup.ctx):
+            return
+        if batch is not None:
+            yield batch
+            continue
+        with setup.precision.autocast():
+            model(row, row, torch.ones_like(row))
+
+
+def weights_are_finite(model: torch.nn.Module, ctx: DistributedContext) -> bool:
+    """True when no parameter holds a NaN or an infinity (every process's shard, when the model is sharded)."""
+    finite = bool(torch.stack([local_part(p.detach()).isfinite().all() for p in unwrap(model).parameters()]).all())
+    return not any_process(not finite, ctx) if is_sharded(model) else finite

@@ -54,7 +54,8 @@ def pretrain(settings: PretrainingSettings, config: ModelConfig, ctx: Distribute
     evaluation; returns the closing record (its "stopped_by" says when a SIGTERM ended the run early). The
     objective (pretraining/objective.py) says what is trained and how its loss is computed."""
     device, run_settings = settings.device, settings.run
-    precision = make_precision(ctx.device, device.fp16, device.bf16, device.init_loss_scale)
+    precision = make_precision(ctx.device, device.fp16, device.bf16, device.init_loss_scale,
+                               sharded=device.sharding == "fsdp" and ctx.enabled)
     allow_tf32(device.tf32)
     use_deterministic_algorithms(device.deterministic)
     # Every torch optimizer imports torch._dynamo when it takes its parameters (~2 s): done here, before the first

@@ -41,6 +41,7 @@ class DeviceSettings:
     allreduce_post_accumulation: bool = False
     allreduce_post_accumulation_fp16: bool = False
     local_rank: int = -1
+    sharding: str = "ddp"  # or "fsdp": parameters, gradients and optimizer state sharded over the processes
 
 
 @dataclass(frozen=True)

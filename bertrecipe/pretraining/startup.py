@@ -41,6 +41,7 @@ from bertrecipe.training.optimization import (
     weight_decay_groups,
 )
 from bertrecipe.training.process_group import DistributedContext
+from bertrecipe.training.sharding import load_model_state, shard_model, shard_optimizer_state
 from bertrecipe.training.stepper import Precision, seed_everything, unwrap, wrap_ddp
 
 
@@ -175,7 +176,7 @@ def restore_state(settings: PretrainingSettings, ctx: DistributedContext, model:
     """Loads the checkpoint `ckpt` (read from `path`) into the model and optimizer; returns where the phase goes
     on: the checkpoint's state when the run continues its phase, the phase's start (with the path) when phase 2
     begins from it or when it is only evaluated."""
-    unwrap(model).load_state_dict(ckpt["model"])
+    load_model_state(unwrap(model), ckpt["model"])
     fresh = ResumePoint(path=path)
     if "optimizer" not in ckpt or not continues_optimizer_state(settings, path, ckpt):
         log.log("PARAMETER", {"evaluated": str(path)})  # the weights alone
@@ -233,6 +234,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]
     checkpoint's)."""
     ours = [{key: group[key] for key in FLAG_HYPERPARAMETERS if key in group} for group in optimizer.param_groups]
     optimizer.load_state_dict(state)
+    shard_optimizer_state(optimizer)  # a sharded model's optimizer keeps its shard of each moment
     for group, values in zip(optimizer.param_groups, ours, strict=True):
         group.update(values)
 
@@ -276,7 +278,11 @@ def set_up_optimizer(settings: PretrainingSettings, ctx: DistributedContext, mod
                      precision: Precision, log: MetricLogger, resume_from: Optional[tuple[Path, dict[str, Any]]]
                      ) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, ResumePoint]:
     """The optimizer, its schedule and the loss scaler, restored from the checkpoint `resume_from` (path, content)
-    when the run has one; then the model wrapped for DDP. Returns those and where the phase goes on."""
+    when the run has one, with the model wrapped for DDP (after the restore) or sharded by FSDP (before it: the
+    optimizer holds the shards). Returns those and where the phase goes on."""
+    sharded = settings.device.sharding == "fsdp" and ctx.enabled
+    if sharded:
+        model = shard_model(model, ctx)
     groups = weight_decay_groups(model, settings.optimizer.weight_decay)
     optimizer = build_optimizer(settings.optimizer, groups)
     resume = ResumePoint()
@@ -286,6 +292,8 @@ def set_up_optimizer(settings: PretrainingSettings, ctx: DistributedContext, mod
     scheduler = build_scheduler(settings.optimizer, optimizer, resume)
     if resume.scaler is not None and precision.scaler is not None:
         precision.scaler.load_state_dict(resume.scaler)
+    if sharded:
+        return model, optimizer, scheduler, resume
     compress = None
     if settings.device.allreduce_post_accumulation_fp16:
         compress = torch.bfloat16 if settings.device.bf16 else torch.float16

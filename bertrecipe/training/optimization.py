@@ -5,6 +5,10 @@ LAMB (You et al., 2019) as NVIDIA's BERT recipe runs it: gradients clipped by on
 bias correction, decoupled weight decay inside the update, and a per-tensor trust ratio ||w|| / ||update||.
 The update runs over all tensors of a group at once with `torch._foreach_*` kernels. StableAdamW (Wortsman et al.
 2023, ModernBERT's optimizer) is AdamW with AdaFactor's update clipping as a per-tensor learning rate.
+
+Under FSDP (`--sharding fsdp`) each parameter is a DTensor of which a process holds one shard; the updates run on
+the local shards, and every quantity of a whole tensor (LAMB's trust ratio, the clipping norm, StableAdamW's RMS)
+is the whole tensor's: the shards' squared norms summed over the shard group in one all-reduce per step and group.
 """
 from __future__ import annotations
 
@@ -13,7 +17,9 @@ import sys
 from typing import Any, Iterable, Optional
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor, Shard
 
 NO_DECAY_NAME_PARTS = ("bias", "LayerNorm", "layer_norm", "gamma", "beta")
 # Parameters of these modules never decay, whatever their names (ModernBERT's `attn_norm`, `final_norm`...).
@@ -23,12 +29,43 @@ LR_SCHEDULES = ("poly", "wsd")
 DECAY_SHAPES = ("linear", "1-sqrt")
 
 
+def local_part(tensor: Tensor) -> Tensor:
+    """The part of `tensor` this process holds: a DTensor's local shard, a plain tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def shard_group(tensors: list[Tensor]) -> Optional[dist.ProcessGroup]:
+    """The process group over which `tensors` (an optimizer's parameters) are sharded, None when none is a
+    DTensor. Only FSDP's layout is taken: every tensor sharded along one dimension of one 1-D mesh."""
+    sharded = [t for t in tensors if isinstance(t, DTensor)]
+    if not sharded:
+        return None
+    mesh = sharded[0].device_mesh
+    if len(sharded) != len(tensors) or mesh.ndim != 1 or any(
+            t.device_mesh != mesh or not isinstance(t.placements[0], Shard) for t in sharded):
+        raise ValueError("the optimizers take plain tensors, or DTensors sharded over one 1-D mesh (FSDP's layout)")
+    return mesh.get_group()
+
+
+def whole_tensor_norms(local_tensors: list[Tensor], group: Optional[dist.ProcessGroup]) -> Tensor:
+    """The L2 norm of each tensor as a whole (fp32 at least, one per tensor) from the parts this process holds:
+    with a shard group, the local norms' squares summed over it in one all-reduce."""
+    norms = torch.stack(torch._foreach_norm(local_tensors, 2.0))
+    norms = norms.to(torch.promote_types(norms.dtype, torch.float32))
+    if group is None:
+        return norms
+    squares = norms.square()
+    dist.all_reduce(squares, group=group)
+    return squares.sqrt()
+
+
 def global_grad_norm(optimizer: torch.optim.Optimizer) -> Tensor:
-    """The L2 norm over every gradient of the optimizer's parameters (a 0-dim float32 tensor)."""
-    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    if not grads:
+    """The L2 norm over every gradient of the optimizer's parameters (a 0-dim float32 tensor), sharded or not."""
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    if not params:
         return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads, 2.0)]), 2.0)
+    norms = whole_tensor_norms([local_part(p.grad) for p in params], shard_group(params))
+    return torch.linalg.vector_norm(norms.float(), 2.0)
 
 
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -155,8 +192,10 @@ class Lamb(torch.optim.Optimizer):
             # Dividing by max(norm / max_grad_norm, 1) leaves gradients alone unless the norm exceeds the limit.
             clip = torch.clamp(global_norm / group["max_grad_norm"], min=1.0)
             exp_avgs, exp_avg_sqs = self._state_lists(params)
-            grads = [p.grad for p in params]
-            if self.compiled:
+            group_of_shards = shard_group(params)
+            params, grads = [local_part(p) for p in params], [local_part(p.grad) for p in params]
+            exp_avgs, exp_avg_sqs = [local_part(m) for m in exp_avgs], [local_part(v) for v in exp_avg_sqs]
+            if self.compiled and group_of_shards is None:
                 # A fused kernel per tensor: a loop of calls, but each call makes only two passes over memory.
                 device = params[0].device
                 scalars = [torch.tensor(x, dtype=torch.float32, device=device) for x in (group["lr"], step_size, eps)]
@@ -165,11 +204,13 @@ class Lamb(torch.optim.Optimizer):
                     update(w.view(-1), g.reshape(-1), m.view(-1), v.view(-1), clip, *scalars,
                            beta1, beta2, group["weight_decay"])
             else:
-                self._foreach_update(params, grads, exp_avgs, exp_avg_sqs, clip, group, step_size, eps)
+                self._foreach_update(params, grads, exp_avgs, exp_avg_sqs, clip, group, step_size, eps,
+                                     group_of_shards)
         return loss
 
     @staticmethod
-    def _foreach_update(params, grads, exp_avgs, exp_avg_sqs, clip, group, step_size, eps) -> None:
+    def _foreach_update(params, grads, exp_avgs, exp_avg_sqs, clip, group, step_size, eps,
+                        shards: Optional[dist.ProcessGroup] = None) -> None:
         beta1, beta2 = group["betas"]
         grads = torch._foreach_div([g.float() for g in grads], clip)
         torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)  # m = b1 m + (1 - b1) g
@@ -183,8 +224,8 @@ class Lamb(torch.optim.Optimizer):
             return
         updates = torch._foreach_mul(params, weight_decay)
         torch._foreach_addcdiv_(updates, exp_avgs, denom, value=step_size)
-        weight_norms = torch.stack(torch._foreach_norm(params, 2.0))
-        update_norms = torch.stack(torch._foreach_norm(updates, 2.0))
+        # The trust ratio of each whole tensor: one all-reduce for both norms of every tensor when sharded.
+        weight_norms, update_norms = whole_tensor_norms([*params, *updates], shards).split(len(params))
         ratios = torch.where(
             (weight_norms > 0) & (update_norms > 0), weight_norms / update_norms, torch.ones_like(weight_norms)
         )
@@ -294,8 +335,11 @@ class StableAdamW(torch.optim.Optimizer):
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["step"] += 1
-        grads = [p.grad for p in params]
-        exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        shards = shard_group(params)
+        sizes = [float(p.numel()) for p in params]  # a DTensor's numel is the whole tensor's
+        params, grads = [local_part(p) for p in params], [local_part(p.grad) for p in params]
+        exp_avgs = [local_part(s["exp_avg"]) for s in states]
+        exp_avg_sqs = [local_part(s["exp_avg_sq"]) for s in states]
         torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
         torch._foreach_mul_(exp_avg_sqs, beta2)
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
@@ -305,10 +349,9 @@ class StableAdamW(torch.optim.Optimizer):
         ratios = torch._foreach_clamp_min(denoms, group["eps"])
         torch._foreach_reciprocal_(ratios)
         torch._foreach_mul_(ratios, grads)
-        norms = torch.stack(torch._foreach_norm(ratios, 2.0))
-        norms = norms.to(torch.promote_types(norms.dtype, torch.float32))  # the rates in fp32 at least
+        norms = whole_tensor_norms(ratios, shards)  # the rates in fp32
         del ratios
-        sizes = torch.tensor([float(p.numel()) for p in params], dtype=norms.dtype, device=norms.device)
+        sizes = torch.tensor(sizes, dtype=norms.dtype, device=norms.device)
         # One tensor of per-tensor rates: no host sync, unlike a .item() per tensor.
         lrs = group["lr"] / torch.clamp(norms / sizes.sqrt(), min=1.0)
         if group["weight_decay"] != 0:

@@ -15,11 +15,13 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.nn.parallel import DistributedDataParallel
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.training.optimization import Lamb, global_grad_norm
 from bertrecipe.training.process_group import DistributedContext
+from bertrecipe.training.sharding import gradient_sync
 
 MAX_CONSECUTIVE_NON_FINITE = 10
 
@@ -53,10 +55,12 @@ class Precision:
         return torch.autocast(self.device_type, dtype=self.dtype)
 
 
-def make_precision(device: torch.device, fp16: bool, bf16: bool, init_loss_scale: float = 2.0**20) -> Precision:
+def make_precision(device: torch.device, fp16: bool, bf16: bool, init_loss_scale: float = 2.0**20,
+                   sharded: bool = False) -> Precision:
     """--fp16/--amp: fp16 autocast with dynamic loss scaling (NVIDIA's default), on CUDA or on a CPU (where it is
     correct but slow: CPUs without AVX512-FP16/AMX-FP16 have no fast fp16 matmul); --bf16: bf16 autocast; else
-    fp32."""
+    fp32. A `sharded` model's scaler decides on overflow from every process's gradients: each holds a shard of
+    them, and all must skip the same steps."""
     if fp16 and bf16:
         raise InputError("--fp16/--amp and --bf16 exclude each other: choose one")
     if fp16:
@@ -65,7 +69,8 @@ def make_precision(device: torch.device, fp16: bool, bf16: bool, init_loss_scale
         if not math.isfinite(init_loss_scale) or init_loss_scale <= 0:
             raise InputError(f"--init_loss_scale {init_loss_scale}: must be a finite number above 0 (e.g. 65536)")
         # GradScaler's defaults are NVIDIA's dynamic scaling: halve on overflow, double after 2000 good steps.
-        scaler = torch.amp.GradScaler(device.type, init_scale=init_loss_scale)
+        scaler_class = ShardedGradScaler if sharded else torch.amp.GradScaler
+        scaler = scaler_class(device.type, init_scale=init_loss_scale)
         return Precision(device.type, torch.float16, scaler)
     if bf16:
         return Precision(device.type, torch.bfloat16)
@@ -118,8 +123,9 @@ class StepResult:
 
 @dataclass
 class Stepper:
-    """Runs one optimizer step over a list of micro-batches: forward/backward under autocast, DDP all-reduce
-    on the last micro-batch only, scheduler stepped just before the optimizer (and not for a skipped step)."""
+    """Runs one optimizer step over a list of micro-batches: forward/backward under autocast, DDP's all-reduce
+    (FSDP's reduce-scatter) on the last micro-batch only, scheduler stepped just before the optimizer (and not for
+    a skipped step)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -135,8 +141,7 @@ class Stepper:
         scaler = self.precision.scaler
         for index, batch in enumerate(micro_batches):
             last = index == count - 1
-            sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
-            with sync:
+            with gradient_sync(self.model, last):
                 with self.precision.autocast():
                     loss = self.compute_loss(self.model, batch) / count
                 (scaler.scale(loss) if scaler is not None else loss).backward()

@@ -125,6 +125,7 @@ class Settings:
     accumulation: int = 2
     train_seed: int = 42
     family: str = "bert"  # a key of FAMILIES
+    sharding: str = "ddp"  # run_pretraining.py's --sharding
     disk_megabytes: int = 8  # the tmpfs of the faulted run's output folder (with disk faults): ~20 checkpoints
     launch_timeout: float = 240.0  # a launch that neither reaches its moment nor ends in this time hangs
     exit_timeout: float = 90.0  # from the signal to the launcher's exit (torchrun waits 30 s, then SIGKILLs)
@@ -243,7 +244,7 @@ def command(inputs: Path, out: Path, settings: Settings) -> list[str]:
              "--gradient_accumulation_steps", str(settings.accumulation), "--learning_rate", "1e-3",
              "--max_steps", str(settings.max_steps), "--num_steps_per_checkpoint", str(settings.checkpoint_every),
              "--seed", str(settings.train_seed), "--do_train", "--resume_from_checkpoint", "--disable_progress_bar",
-             "--optimizer", FAMILIES[settings.family][1]]
+             "--optimizer", FAMILIES[settings.family][1], "--sharding", settings.sharding]
     if settings.nproc == 1:
         return [sys.executable, script, *flags]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(settings.nproc),
@@ -902,6 +903,7 @@ def summary(campaign: Campaign) -> dict[str, Any]:
     whole = campaign.bit_exact and not campaign.problems  # a fault is survived when its run ended as the reference
     return {
         "family": campaign.settings.family,
+        "sharding": campaign.settings.sharding,
         "faults": len(faults),
         "survived": dict(Counter(launch.fault.signal for launch in faults if whole and not launch.problems)),
         "launches": len(campaign.launches),
@@ -959,7 +961,7 @@ def full_disk_line(s: dict[str, Any]) -> str:
 def table(campaign: Campaign) -> str:
     s = summary(campaign)
     survived = sum(s["survived"].values())
-    rows = [("model family", family_line(s["family"])),
+    rows = [("model family", f"{family_line(s['family'])}, --sharding {s['sharding']}"),
             ("faults survived", f"{survived} of {s['faults']}: "
                                 + ", ".join(f"{k} {s['survived'].get(k, 0)}" for k in KINDS if k in s["by_signal"])),
             ("faults injected", f"{s['faults']} in {s['launches']} launches ({s['restarts']} restarts)"),
@@ -987,7 +989,8 @@ def table(campaign: Campaign) -> str:
             ("problems", "; ".join(s["problems"]) or "none"),
             ("replay", f"--seed {s['seed']} --faults {campaign.faults_asked} --max_steps {campaign.settings.max_steps} "
                        f"--num_steps_per_checkpoint {campaign.settings.checkpoint_every} --nproc "
-                       f"{campaign.settings.nproc} --family {s['family']} --disk_faults {campaign.disk_faults_asked}")]
+                       f"{campaign.settings.nproc} --family {s['family']} --disk_faults {campaign.disk_faults_asked} "
+                       f"--sharding {s['sharding']}")]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -1000,6 +1003,8 @@ def arguments(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         help="full disks during checkpoint writes, besides the signals (needs root: a tmpfs)")
     parser.add_argument("--family", choices=sorted(FAMILIES), default="bert",
                         help="bert: the tiny BERT with LAMB; modern: a tiny ModernBERT with AdamW")
+    parser.add_argument("--sharding", choices=["ddp", "fsdp"], default="ddp",
+                        help="run_pretraining.py's --sharding: fsdp checkpoints the state gathered from the shards")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault schedule (random.Random)")
     parser.add_argument("--output_dir", type=Path, help="work folder (default: a temporary one, removed after)")
     parser.add_argument("--max_steps", type=int, default=40)
@@ -1023,7 +1028,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     # would inherit that, shrugging off the SIGINT faults: a Python handler is reset to the default at exec.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     settings = Settings(max_steps=args.max_steps, checkpoint_every=args.num_steps_per_checkpoint, nproc=args.nproc,
-                        family=args.family)
+                        family=args.family, sharding=args.sharding)
     temporary = None if args.output_dir else tempfile.mkdtemp(prefix="fault_injection_")
     root = args.output_dir or Path(temporary)
     host = detect("cpu")

@@ -40,7 +40,7 @@ def option(command: list[str], name: str) -> str:
 def test_phase1_runs_one_task_per_gpu_in_the_container_with_the_environment_settings(tmp_path):
     command = srun_command(dry_run(tmp_path, PHASE="1", BATCHSIZE="64", LR="1e-3", GRADIENT_STEPS="4",
                                    WARMUP_UPDATES="0.1", PRECISION="bf16", CONFIG="bert_configs/base.json",
-                                   DGXNGPU="4", SLURM_JOB_NUM_NODES="2", CONT="registry/bert:1"))
+                                   DGXNGPU="4", SLURM_JOB_NUM_NODES="2", CONT="registry/bert:1", SHARDING="fsdp"))
     assert option(command, "nodes") == "2" and option(command, "ntasks-per-node") == "4"
     assert option(command, "container-image") == "registry/bert:1"
     assert option(command, "container-mounts") == f"{tmp_path / 'shards'}:/data:ro,{tmp_path / 'ckpt'}:/results"
@@ -50,6 +50,8 @@ def test_phase1_runs_one_task_per_gpu_in_the_container_with_the_environment_sett
     assert (args.config_file, args.input_dir, args.output_dir) == ("bert_configs/base.json", "/data", "/results")
     assert (args.max_seq_length, args.max_predictions_per_seq, args.phase2) == (128, 20, False)
     assert not args.resume_from_checkpoint  # a fresh CHECKPOINTDIR: nothing to resume
+    assert args.sharding == "fsdp"
+    assert training_args(srun_command(dry_run(tmp_path, PHASE="1"))).sharding == "ddp"  # the default
 
 
 def test_phase1_resumes_its_newest_checkpoint_after_a_requeue(tmp_path):

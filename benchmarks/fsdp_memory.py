@@ -141,18 +141,18 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         worker(args)
         return
-    from benchmarks.common import host_threads_line
-    from bertrecipe.common.hardware import detect
+    from bertrecipe.common.hardware import detect, host_line
 
     rows = [run_layout(args, layout) for layout in args.layouts]
     print(table(rows))
     stamp = datetime.date.today().isoformat()
+    command = ["python", *benchmark_command("fsdp_memory", *(argv or sys.argv[1:]))[1:]]
     output = args.output or REPO / "benchmarks" / "results" / "fsdp_memory" / f"{stamp}.json"
-    write_json(output, {"host": host_threads_line(detect(), "fp32").replace(", 1 threads", "") + ", 1 thread a process",
+    write_json(output, {"host": host_line(detect(), "fp32") + ", 1 thread a process",
                         "config": str(args.config.relative_to(REPO) if args.config.is_relative_to(REPO)
                                       else args.config),
                         "batch_per_process": args.batch, "seq": args.seq, "steps": args.steps, "layouts": rows,
-                        "command": " ".join(benchmark_command("fsdp_memory", *(argv or sys.argv[1:]))[1:])})
+                        "command": " ".join(command)})
     print(f"written to {output}")
 
 

@@ -82,6 +82,7 @@ from bertrecipe.common.atomic_files import make_dirs, remove_empty_dirs
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.hardware import detect, host_line
 from bertrecipe.training.run_lock import process_start
+from bertrecipe.training.sharding import SHARDING
 
 VOCAB, SEQ, PREDS, ROWS = 128, 16, 3, 64
 CONFIG = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -637,7 +638,7 @@ def run_launch(index: int, cmd: list[str], out: Path, fault: Optional[Fault], se
 def wait_and_send(process: subprocess.Popen, token: str, fault: Fault, out: Path, tail: LogTail, stale: set[str],
                   began: float, settings: Settings, launch: Launch, seen: dict[int, str]) -> bool:
     """Waits for the fault's moment and sends it; False when the launch ended first."""
-    with watching_processes(token, seen):
+    with ProcessWatch(token, seen):
         if not wait_for_moment(process, fault, out, tail, stale, began, settings, launch):
             return False
         writing = [int(TEMPORARY.match(name).group(1)) for name in temporaries(out) - stale]
@@ -652,7 +653,7 @@ def wait_and_send(process: subprocess.Popen, token: str, fault: Fault, out: Path
         return True
 
 
-class watching_processes:
+class ProcessWatch:
     """Keeps `seen` filled with the job's processes from a thread of its own, every 0.2 s, so that a signal to the
     job is not late: on a busy machine a scan of /proc takes tens of milliseconds, longer than a small model's
     checkpoint write, which the 1 ms watch for its temporary must not miss."""
@@ -667,7 +668,7 @@ class watching_processes:
             if self.stop.wait(0.2):
                 return
 
-    def __enter__(self) -> "watching_processes":
+    def __enter__(self) -> "ProcessWatch":
         self.thread.start()
         return self
 
@@ -1003,7 +1004,7 @@ def arguments(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         help="full disks during checkpoint writes, besides the signals (needs root: a tmpfs)")
     parser.add_argument("--family", choices=sorted(FAMILIES), default="bert",
                         help="bert: the tiny BERT with LAMB; modern: a tiny ModernBERT with AdamW")
-    parser.add_argument("--sharding", choices=["ddp", "fsdp"], default="ddp",
+    parser.add_argument("--sharding", choices=SHARDING, default="ddp",
                         help="run_pretraining.py's --sharding: fsdp checkpoints the state gathered from the shards")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault schedule (random.Random)")
     parser.add_argument("--output_dir", type=Path, help="work folder (default: a temporary one, removed after)")

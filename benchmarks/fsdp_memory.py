@@ -1,4 +1,4 @@
-"""Memory per process of `--sharding fsdp` against DDP, and the step time, on a BERT-large-sized model (340 million
+"""Memory per process of `--sharding fsdp` against DDP, and the step time, on a BERT-large-sized model (336 million
 parameters) on this CPU (gloo): each process's bytes of parameters, gradients and LAMB state (its local tensors,
 counted after a backward, before the optimizer clears the gradients), its peak resident memory, and the middle step
 time of a few steps, for each layout asked (`ddp:W` or `fsdp:W`, W processes).
@@ -7,8 +7,9 @@ time of a few steps, for each layout asked (`ddp:W` or `fsdp:W`, W processes).
         [--steps 3] [--batch 2] [--seq 128] [--output benchmarks/results/fsdp_memory/DATE.json]
 
 The training step is the recipe's own: the model as run_pretraining.py builds it, wrapped by `wrap_ddp` or
-`shard_model`, BertPretrainingCriterion's loss, the LAMB with its global-norm clipping. The batch is random tokens
-(memory and time do not depend on the words). Each layout runs as its own torchrun job, one thread a process.
+`shard_model`, BertPretrainingCriterion's loss, the LAMB with its global-norm clipping. The batch is
+model_throughput's synthetic one (memory and time do not depend on the words). Each layout runs as its own
+torchrun job, one thread a process.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO, benchmark_command, middle, status_bytes, write_json
+from benchmarks.common import REPO, benchmark_command, masked_per_seq, middle, status_bytes, write_json
 
 GIB = 2**30
 
@@ -52,23 +53,11 @@ def local_bytes(tensors) -> int:
     return sum(local_part(t).numel() * t.element_size() for t in tensors)
 
 
-def random_batch(vocab_size: int, batch: int, seq: int) -> dict:
-    import torch
-
-    from bertrecipe.pretraining.masking import IGNORE_INDEX
-
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, vocab_size, (batch, seq), generator=generator)
-    labels = torch.full_like(ids, IGNORE_INDEX)
-    labels[:, 1:seq:7] = ids[:, 1:seq:7]  # about 15 % of the positions predicted, as NVIDIA's shards
-    return {"input_ids": ids, "segment_ids": torch.zeros_like(ids), "input_mask": torch.ones_like(ids),
-            "masked_lm_labels": labels, "next_sentence_labels": torch.zeros(batch, dtype=torch.long)}
-
-
 def worker(args: argparse.Namespace) -> None:
     """One rank: the model wrapped as asked, steps timed, this process's tensors counted; rank 0 writes all."""
     import torch
 
+    from benchmarks.model_throughput import make_batch
     from bertrecipe.model.families import config_from_json_file, pretraining_model
     from bertrecipe.pretraining.data import BertPretrainingCriterion
     from bertrecipe.training.optimization import Lamb, global_grad_norm, weight_decay_groups
@@ -83,7 +72,10 @@ def worker(args: argparse.Namespace) -> None:
     model = pretraining_model(config)
     model = shard_model(model, ctx) if args.sharding == "fsdp" else wrap_ddp(model, ctx)
     optimizer = Lamb(weight_decay_groups(model, 0.01), lr=1e-4)
-    criterion, batch = BertPretrainingCriterion(), random_batch(config.vocab_size, args.batch, args.seq)
+    ids, segments, mask, labels, next_sentence = make_batch(config, args.batch, args.seq, masked_per_seq(args.seq))
+    batch = {"input_ids": ids, "segment_ids": segments, "input_mask": mask, "masked_lm_labels": labels,
+             "next_sentence_labels": next_sentence}
+    criterion = BertPretrainingCriterion()
     times, counted = [], {}
     for step in range(args.steps + 1):
         start = time.perf_counter()

@@ -50,7 +50,8 @@ def test_nvidia_defaults_are_pinned(run_pretraining):
     (["--train_budget_minutes", "-1"], "--train_budget_minutes must be a number of minutes >= 0"),
     (["--train_budget_minutes", "nan"], "--train_budget_minutes must be a number of minutes >= 0"),
     (["--eval_interval_minutes", "1"], "needs --do_train and --eval_dir"),
-    (["--sharding", "fsdp", "--allreduce_post_accumulation_fp16"], "drop one of the two"),
+    (["--sharding", "fsdp", "--allreduce_post_accumulation_fp16"], "compresses DDP's all-reduce"),
+    (["--sharding", "fsdp", "--compile_optimizer"], "updates shards"),
 ])
 def test_bad_option_values_are_one_line_errors(run_pretraining, extra, fragment):
     from bertrecipe.common.errors import InputError

@@ -278,6 +278,9 @@ def check_combinations(args: argparse.Namespace) -> None:
     if args.sharding == "fsdp" and args.allreduce_post_accumulation_fp16:
         raise InputError("--allreduce_post_accumulation_fp16 compresses DDP's all-reduce; --sharding fsdp "
                          "reduce-scatters gradients in fp32: drop one of the two")
+    if args.sharding == "fsdp" and args.compile_optimizer:
+        raise InputError("--compile_optimizer fuses LAMB's update of whole tensors; --sharding fsdp updates shards "
+                         "(whose trust ratios need the other processes' norms): drop one of the two")
     if args.eval_interval_minutes and not (args.do_train and args.eval_dir):
         raise InputError("--eval_interval_minutes evaluates during training: it needs --do_train and --eval_dir")
     if args.pretrain_dropout is not None and not 0 <= args.pretrain_dropout < 1:

@@ -365,8 +365,8 @@ def save(state: LoopState, periodic: bool) -> None:
     rng_per_rank = all_gather_objects(checkpointing.rng_state(), ctx)
     # Sharded state is gathered by every process (a collective) for the first to write; DDP's is whole already.
     sharded = is_sharded(setup.model)
-    model_state = full_model_state(setup.model) if sharded else None
-    optimizer_state = full_optimizer_state(setup.optimizer) if sharded else None
+    model_state = full_model_state(setup.model, keep=ctx.is_main) if sharded else None
+    optimizer_state = full_optimizer_state(setup.optimizer, keep=ctx.is_main) if sharded else None
     failure = None
     if ctx.is_main:
         payload = checkpoint_payload(state, rng_per_rank, model_state, optimizer_state)

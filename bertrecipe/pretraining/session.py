@@ -44,6 +44,7 @@ from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import MetricLogger, check_log_paths
 from bertrecipe.training.process_group import DistributedContext, any_process
 from bertrecipe.training.run_lock import locked_output_folder
+from bertrecipe.training.sharding import sharding_active
 from bertrecipe.training.stepper import allow_tf32, make_precision, seed_everything, use_deterministic_algorithms
 
 
@@ -55,7 +56,7 @@ def pretrain(settings: PretrainingSettings, config: ModelConfig, ctx: Distribute
     objective (pretraining/objective.py) says what is trained and how its loss is computed."""
     device, run_settings = settings.device, settings.run
     precision = make_precision(ctx.device, device.fp16, device.bf16, device.init_loss_scale,
-                               sharded=device.sharding == "fsdp" and ctx.enabled)
+                               sharded=sharding_active(device.sharding, ctx))
     allow_tf32(device.tf32)
     use_deterministic_algorithms(device.deterministic)
     # Every torch optimizer imports torch._dynamo when it takes its parameters (~2 s): done here, before the first

@@ -41,7 +41,7 @@ from bertrecipe.training.optimization import (
     weight_decay_groups,
 )
 from bertrecipe.training.process_group import DistributedContext
-from bertrecipe.training.sharding import load_model_state, shard_model, shard_optimizer_state
+from bertrecipe.training.sharding import load_model_state, shard_model, shard_optimizer_state, sharding_active
 from bertrecipe.training.stepper import Precision, seed_everything, unwrap, wrap_ddp
 
 
@@ -280,7 +280,7 @@ def set_up_optimizer(settings: PretrainingSettings, ctx: DistributedContext, mod
     """The optimizer, its schedule and the loss scaler, restored from the checkpoint `resume_from` (path, content)
     when the run has one, with the model wrapped for DDP (after the restore) or sharded by FSDP (before it: the
     optimizer holds the shards). Returns those and where the phase goes on."""
-    sharded = settings.device.sharding == "fsdp" and ctx.enabled
+    sharded = sharding_active(settings.device.sharding, ctx)
     if sharded:
         model = shard_model(model, ctx)
     groups = weight_decay_groups(model, settings.optimizer.weight_decay)

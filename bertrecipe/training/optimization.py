@@ -252,10 +252,10 @@ def compiled_lamb_works(device: torch.device) -> Optional[str]:
 def choose_compiled_lamb(param_groups: list[dict[str, Any]], requested: Optional[bool]) -> bool:
     """--compile_optimizer / --no_compile_optimizer, or by default on CPUs for models of
     COMPILE_LAMB_MIN_PARAMETERS or more (a fused update is about 4x faster there); falls back with one line when
-    torch.compile does not work on this machine."""
+    torch.compile does not work on this machine. Never for sharded parameters (the run's flags refuse asking)."""
     params = [p for g in param_groups for p in g["params"]]
-    if requested is False or not params:
-        return False
+    if requested is False or not params or shard_group(params) is not None:
+        return False  # the fused update takes whole tensors: shards update through the multi-tensor path
     device = params[0].device
     if requested is None and (device.type != "cpu" or sum(p.numel() for p in params) < COMPILE_LAMB_MIN_PARAMETERS):
         return False

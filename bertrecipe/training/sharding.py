@@ -10,7 +10,7 @@ gathered for the first process to write, and a resume on any number of processes
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -63,20 +63,36 @@ def _without_gradient_sync(model: FSDPModule):
         model.set_requires_gradient_sync(True)
 
 
-def _full(value: Any) -> Any:
+def sharding_active(sharding: str, ctx: DistributedContext) -> bool:
+    """Whether --sharding shards this run: fsdp on more than one process (one process has nothing to shard)."""
+    return sharding == "fsdp" and ctx.enabled
+
+
+def _whole(value: Any) -> Any:
     return value.full_tensor() if isinstance(value, DTensor) else value
 
 
-def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict with every shard gathered (a collective: every process calls it), as DDP's is."""
-    return {name: _full(value) for name, value in model.state_dict().items()}
+def full_model_state(model: nn.Module, keep: bool) -> Optional[dict[str, torch.Tensor]]:
+    """The model's state dict with every shard gathered, as DDP's is: a collective every process joins, tensor by
+    tensor, and only the process that `keep`s it holds the whole (the others drop each tensor once gathered)."""
+    state = {}
+    for name, value in model.state_dict().items():
+        whole = _whole(value)
+        if keep:
+            state[name] = whole
+    return state if keep else None
 
 
-def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's state dict (torch's layout, parameters by index) with every shard gathered (a collective)."""
+def full_optimizer_state(optimizer: torch.optim.Optimizer, keep: bool) -> Optional[dict[str, Any]]:
+    """The optimizer's state dict (torch's layout, parameters by index) with every shard gathered, kept as
+    full_model_state keeps it."""
     state = optimizer.state_dict()
-    gathered = {index: {key: _full(value) for key, value in entry.items()} for index, entry in state["state"].items()}
-    return {**state, "state": gathered}
+    gathered: dict[Any, dict[str, Any]] = {}
+    for index, entry in state["state"].items():
+        whole = {key: _whole(value) for key, value in entry.items()}
+        if keep:
+            gathered[index] = whole
+    return {**state, "state": gathered} if keep else None
 
 
 def load_full_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:

@@ -12,8 +12,9 @@ scheduler's requeue does (wait_reaped: ended, zombies included). The moments:
 - startup: a random time within the reference launch's start-up (imports, rendezvous, the run lock, reading the
   checkpoint, removing stale temporaries; a late one lands in the first steps, but never after the planned step);
 - step: a random time within a step after the record of a planned step;
-- checkpoint: as soon as a checkpoint's temporary file (`.ckpt_N.pt.<pid>.<random>.tmp`) appears in the output
-  folder at or after a planned step, i.e. while the checkpoint is being written.
+- checkpoint: as soon as a checkpoint's temporary (`.ckpt_N.pt.<pid>.<random>.tmp`; under --sharding fsdp the
+  folder `.ckpt_N.dcp.<pid>.<random>.tmp` that every process writes its shards into) appears in the output folder
+  at or after a planned step, i.e. while the checkpoint is being written.
 Where a fault landed is read when it is sent: "in a checkpoint write" when a temporary of the launch was there
 (a signal sent to torchrun reaches the workers a few milliseconds later, passed on by torchrun; a SIGKILL that
 leaves the temporary behind is the proof), "during the steps" when the launch had logged a step, else "before
@@ -81,6 +82,7 @@ from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.atomic_files import make_dirs, remove_empty_dirs
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.hardware import detect, host_line
+from bertrecipe.model import sharded_checkpoint
 from bertrecipe.training.run_lock import process_start
 from bertrecipe.training.sharding import SHARDING
 
@@ -100,8 +102,9 @@ KINDS = [*SIGNALS, DISK_FULL]
 FILLER = ".fault_injection_filler"  # the file that takes a full disk's space, in the output folder's tmpfs
 MOMENTS = {"startup": 0.2, "step": 0.4, "checkpoint": 0.4}  # how often each is drawn
 MARKER = "FAULT_INJECTION_JOB"  # in every process of a launch's environment: finds them all, orphans included
-TEMPORARY = re.compile(r"^\.ckpt_(\d+)\.pt\..*\.tmp$")
-CHECKPOINT = re.compile(r"^ckpt_(\d+)\.pt$")
+# A checkpoint is a file, or under --sharding fsdp a folder that every process writes its shards into.
+TEMPORARY = re.compile(r"^\.ckpt_(\d+)\.(?:pt|dcp)\..*\.tmp$")
+CHECKPOINT = re.compile(r"^ckpt_(\d+)\.(?:pt|dcp)$")
 IGNORED = {"train_seconds", "args.output_dir", "args.json_summary"}  # wall clock and paths: differ by nature
 LINES = {"stopped_by_sigterm": re.compile(r"stopped by SIGTERM at step (\d+)"),
          "ctrl_c": re.compile(r"interrupted \(Ctrl-C\): (.*)"),
@@ -534,8 +537,7 @@ def compare_checkpoints(reference: Path, faulted: Path) -> tuple[list[str], list
     ours, theirs = checkpoints(reference), checkpoints(faulted)
     compared, found = [], []
     for step in sorted(set(ours) & set(theirs)):
-        a = torch.load(ours[step], weights_only=True, map_location="cpu")
-        b = torch.load(theirs[step], weights_only=True, map_location="cpu")
+        a, b = read_checkpoint(ours[step]), read_checkpoint(theirs[step])
         compared.append(ours[step].name)
         found += [f"{ours[step].name}: {key}" for key in differences(a, b)]
     return compared, found
@@ -721,12 +723,19 @@ def read_lines(text: str) -> dict[str, Any]:
     return found
 
 
+def read_checkpoint(path: Path) -> dict:
+    """A checkpoint file, or a sharded one's folder as the single file it converts to."""
+    if path.is_dir():
+        return sharded_checkpoint.whole_checkpoint(path)
+    return torch.load(path, weights_only=True, map_location="cpu")
+
+
 def unloadable_checkpoints(out: Path) -> list[str]:
-    """A problem for each ckpt_*.pt of the folder that torch.load refuses."""
+    """A problem for each checkpoint of the folder that does not load."""
     problems = []
     for _, path in sorted(checkpoints(out).items()):
         try:
-            torch.load(path, weights_only=True, map_location="cpu")
+            read_checkpoint(path)
         except Exception as error:  # a half-written file under a checkpoint's name
             problems.append(f"{path.name} does not load: {type(error).__name__}: {error}")
     return problems
@@ -771,7 +780,7 @@ def check_launch(launch: Launch, out: Path, settings: Settings, text: str) -> No
             launch.problems.append("SIGTERM during training: no 'stopped by SIGTERM at step N' line")
         elif int(stopped) != launch.newest_after:
             launch.problems.append(f"SIGTERM: stopped at step {stopped} but the newest checkpoint is "
-                                   f"ckpt_{launch.newest_after}.pt")
+                                   f"ckpt_{launch.newest_after}")
         elif int(stopped) < launch.step_seen:
             launch.problems.append(f"SIGTERM: stopped at step {stopped}, before the step {launch.step_seen} logged")
         if settings.nproc == 1 and launch.exit_code != 143:
@@ -844,8 +853,8 @@ def campaign_in(inputs: Path, reference: Path, faulted: Path, faults: int, disk_
     launches, problems = run_faulted(command(inputs, faulted, settings), faulted, schedule, settings, say)
     seconds = time.monotonic() - began
     compared, found = compare_checkpoints(reference, faulted)
-    if f"ckpt_{settings.max_steps}.pt" not in compared:
-        problems.append(f"ckpt_{settings.max_steps}.pt missing from one of the runs")
+    if not any(CHECKPOINT.match(name).group(1) == str(settings.max_steps) for name in compared):
+        problems.append(f"ckpt_{settings.max_steps} missing from one of the runs")
     checked, mismatches, unreadable = compare_records(reference / "log.json", faulted / "log.json")
     left = sorted(temporaries(faulted))
     if left:

@@ -56,6 +56,11 @@ BERT_CONFIG_PHASE2=${31:-$config2_default}  # the modern family's context extens
 # lasts (0: none) and the share of the batch it starts from; run_pretraining.py checks both.
 batch_size_warmup_tokens=${32:-0}
 batch_size_warmup_start=${33:-"0.125"}
+# Argument 34: ddp (each GPU a whole copy of the model and optimizer state) or fsdp (each 1/W of it, for models
+# whose state does not fit; docs/pre-training.md). Argument 35: the nodes the run spans (this script runs on each,
+# with NODE_RANK, MASTER_ADDR and MASTER_PORT set; the batch arguments are per GPU, as always).
+sharding=${34:-"ddp"}
+nodes=${35:-1}
 RESULTS_DIR=${RESULTS_DIR:-"$CODEDIR/results"}
 CHECKPOINTS_DIR=$RESULTS_DIR/checkpoints
 PYTHON=${PYTHON:-python3}
@@ -82,6 +87,14 @@ require_boolean create_logfile 9 "$create_logfile"
 require_boolean accumulate_gradients 10 "$accumulate_gradients"
 require_boolean allreduce_post_accumulation 14 "$allreduce_post_accumulation"
 require_boolean allreduce_post_accumulation_fp16 15 "$allreduce_post_accumulation_fp16"
+case "$sharding" in
+  ddp|fsdp) ;;
+  *) refuse_argument sharding 34 "$sharding" "is neither ddp nor fsdp" ;;
+esac
+require_count nodes 35 "$nodes"
+if [ "$nodes" != 1 ] && { [ -z "${NODE_RANK:-}" ] || [ -z "${MASTER_ADDR:-}" ]; }; then
+  refuse_argument nodes 35 "$nodes" "needs NODE_RANK (this node's, from 0) and MASTER_ADDR (node 0's address) set"
+fi
 require_count max_seq_length 27 "$max_seq_length"
 require_count max_predictions_per_seq 28 "$max_predictions_per_seq"
 require_count max_seq_length_phase2 29 "$max_seq_length_phase2"
@@ -93,6 +106,7 @@ fi
 [ "$accumulate_gradients" = "true" ] || { gradient_accumulation_steps=1; gradient_accumulation_steps_phase2=1; }
 [ "$allreduce_post_accumulation" = "true" ] && flags+=(--allreduce_post_accumulation)
 [ "$allreduce_post_accumulation_fp16" = "true" ] && flags+=(--allreduce_post_accumulation_fp16)
+[ "$sharding" = fsdp ] && flags+=(--sharding=fsdp)
 phase1=() phase2=()
 if [ "$recipe" = modern ]; then
   flags+=(--optimizer=stable_adamw --adam_beta2=0.98 --weight_decay=1e-5 --lr_schedule=wsd --decay_shape=1-sqrt
@@ -123,7 +137,12 @@ launch() {
   shift
   local command=("$PYTHON" -m bertrecipe.cli.launch)
   [ "$create_logfile" = "true" ] && command+=(--log_file="$LOG_FILE" --log_after="$json")
-  command+=(--standalone --nproc_per_node="$num_gpus" --shutdown_timeout="$SHUTDOWN_TIMEOUT")
+  if [ "$nodes" = 1 ]; then
+    command+=(--standalone)
+  else  # torchrun's static rendezvous at node 0
+    command+=(--nnodes="$nodes" --node_rank="$NODE_RANK" --master_addr="$MASTER_ADDR" --master_port="${MASTER_PORT:-29500}")
+  fi
+  command+=(--nproc_per_node="$num_gpus" --shutdown_timeout="$SHUTDOWN_TIMEOUT")
   trap '' INT
   "${command[@]}" "$CODEDIR/run_pretraining.py" --json-summary="$json" "$@" &
   launcher=$!
@@ -146,7 +165,8 @@ launch "$RESULTS_DIR/dllogger_phase1.json" --input_dir="$DATA_DIR_PHASE1" --outp
   "${resume[@]}" "${extra[@]}"
 
 # A shortened phase 1 (--steps_this_run, exit 0) must not hand over; a preempted one (SIGTERM) ended above, 143.
-if [ ! -f "$CHECKPOINTS_DIR/ckpt_${train_steps}.pt" ]; then
+# (Its checkpoint is a file, or under fsdp a folder of shards.)
+if [ ! -f "$CHECKPOINTS_DIR/ckpt_${train_steps}.pt" ] && [ ! -d "$CHECKPOINTS_DIR/ckpt_${train_steps}.dcp" ]; then
   message="phase 1 stopped before step $train_steps: run again with resume_training=true to finish it;"
   message+=" phase 2 not started"
   echo "$message"

@@ -24,7 +24,7 @@ from bertrecipe.finetuning.model_loading import config_and_weights, load_tokeniz
 from bertrecipe.finetuning.retrieval_training import pair_batch
 from bertrecipe.model.families import config_record
 from bertrecipe.model.modern_config import ModernBertConfig
-from bertrecipe.model.weights import load_torch_file
+from bertrecipe.model.torch_files import load_torch_file
 from bertrecipe.training.stepper import Precision
 from helpers import REPO_ROOT, TINY_BERT, run_command, snapshot
 

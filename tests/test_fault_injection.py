@@ -66,16 +66,18 @@ def test_twenty_faults_and_restarts_end_bit_for_bit_like_the_uninterrupted_run(t
 
 @pytest.mark.slow
 def test_a_sharded_run_survives_twenty_faults_bit_for_bit(tmp_path):
-    """The same campaign on 2 processes under --sharding fsdp: every checkpoint is gathered from the shards and
-    sharded back on resume, and the run still ends to the last bit as the uninterrupted one."""
+    """The same campaign on 2 processes under --sharding fsdp: every checkpoint is a folder that both processes
+    write their shards into (killed inside that write too), each resume reads its slices back, and the run still
+    ends to the last bit as the uninterrupted one."""
     campaign = fi.run_campaign(tmp_path, faults=20, seed=SEED, settings=fi.Settings(sharding="fsdp"))
     report = fi.table(campaign)
     print(report)
     summary = fi.summary(campaign)
     assert summary["faults"] >= 20 and summary["problems"] == [], report
-    assert "ckpt_40.pt" in campaign.compared and campaign.differences == [], report
+    assert "ckpt_40.dcp" in campaign.compared and campaign.differences == [], report
     assert campaign.record_mismatches == [] and campaign.bit_exact, report
     assert "--sharding fsdp" in report, report
+    assert any(launch.landed == "in a checkpoint write" for launch in campaign.launches), report
 
 
 def test_disk_faults_take_places_among_the_signals_at_checkpoint_writes_and_never_the_final_one():

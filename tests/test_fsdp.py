@@ -1,20 +1,58 @@
 """run_pretraining.py --sharding fsdp (FSDP2 on gloo, as torchrun --standalone starts it): the same losses and
-weights as DDP on as many processes, LAMB's trust ratios over whole tensors, checkpoints in the usual single-file
-layout, and resumes on other numbers of processes."""
+weights as DDP on as many processes, LAMB's trust ratios over whole tensors, sharded checkpoints that every process
+writes its part of (torch.distributed.checkpoint), and resumes on other numbers of processes."""
 import json
+import sys
 
 import pytest
 import torch
+from safetensors import safe_open
 
+from bertrecipe.common.errors import InputError
+from bertrecipe.model.weights import read_weights
+from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import read_log
-from helpers import TINY, pretrain, step_records
+from helpers import REPO_ROOT, TINY, pretrain, run_command, step_records
 
 STEPS = 20
 NO_DROPOUT = "bert_config_no_dropout.json"
 
 
+def sharded_tensors(folder):
+    """A ckpt_<step>.dcp folder's tensors, whole, put together from its safetensors files by the offset of each
+    slice that the file's header records (DCP_SHARDING_INFO): plain safetensors, not the reader the recipe uses."""
+    slices = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(path, "pt") as f:
+            offsets = json.loads((f.metadata() or {}).get("DCP_SHARDING_INFO", "{}"))
+            for name in f.keys():
+                tensor = f.get_tensor(name)
+                start = offsets.get(name, {}).get("saved_offsets", [0] * tensor.dim())
+                slices.setdefault(name, []).append((start, tensor))
+    whole = {}
+    for name, parts in slices.items():
+        shape = [max(start[d] + tensor.shape[d] for start, tensor in parts) for d in range(parts[0][1].dim())]
+        whole[name] = torch.zeros(shape, dtype=parts[0][1].dtype)
+        for start, tensor in parts:
+            whole[name][tuple(slice(s, s + n) for s, n in zip(start, tensor.shape, strict=True))] = tensor
+    return whole
+
+
 def checkpoint(folder, step):
-    return torch.load(folder / f"ckpt_{step}.pt", weights_only=True)
+    """ckpt_<step>.pt, or the folder ckpt_<step>.dcp as the same dictionary (whole model and optimizer state)."""
+    if not (folder / f"ckpt_{step}.dcp").is_dir():
+        return torch.load(folder / f"ckpt_{step}.pt", weights_only=True)
+    sharded = folder / f"ckpt_{step}.dcp"
+    state, tensors = torch.load(sharded / "training_state.pt", weights_only=True), sharded_tensors(sharded)
+    model = {name[len("model."):]: value for name, value in tensors.items() if name.startswith("model.")}
+    model.update({name: model[source] for name, source in state["tied"].items()})
+    names = state["optimizer"]["parameter_names"]
+    moments = {index: {} for index in range(len(names))}
+    for name, value in tensors.items():
+        if name.startswith("optimizer."):
+            parameter, key = name[len("optimizer."):].rsplit(".", 1)
+            moments[names.index(parameter)][key] = value
+    return {**state, "model": model, "optimizer": {"state": moments}}
 
 
 def evaluations(log):
@@ -89,7 +127,8 @@ def test_fsdp_resumes_on_4_then_2_then_1_then_3_processes(corpus, tmp_path):
                  "--steps_this_run", 2, config=NO_DROPOUT, nproc=nproc)
     # The logged step loss is the first process's, whose share of the batch changes with their number: the
     # weights after each leg are compared instead.
-    assert sorted(p.name for p in moved.glob("ckpt_*.pt")) == ["ckpt_4.pt", "ckpt_6.pt", "ckpt_8.pt"]
+    # Sharded folders from the legs on 4, 2 and 3 processes, one file from the single process (nothing to shard).
+    assert sorted(p.name for p in moved.glob("ckpt_*")) == ["ckpt_4.dcp", "ckpt_6.pt", "ckpt_8.dcp"]
     for step in (4, 6, 8):
         weights_a, weights_b = checkpoint(straight, step)["model"], checkpoint(moved, step)["model"]
         worst = max(float((weights_a[k] - weights_b[k]).abs().max()) for k in weights_a)
@@ -112,3 +151,58 @@ def test_the_modern_family_with_stable_adamw_sharded_equals_ddp(corpus, tmp_path
     pretrain(corpus, ddp, *common, config=config, nproc=2)
     pretrain(corpus, fsdp, *common, "--sharding", "fsdp", config=config, nproc=2)
     assert_same_run(ddp, fsdp, STEPS)
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_is_every_process_s_shards_and_every_command_reads_it(corpus, tmp_path):
+    """Each process writes its own files of ckpt_<step>.dcp (the model's and the optimizer's); the converter makes
+    the single file an unsharded run writes, which a DDP run resumes from as the sharded run goes on; the
+    Hugging Face export, the fine-tuning commands' reader and run_pretraining_inference take the folder as they
+    take a file; a folder that lost a file is known not to load; a killed save's temporary folder is removed."""
+    sharded, unsharded = tmp_path / "sharded", tmp_path / "unsharded"
+    common = ["--train_batch_size", 4, "--log_freq", 1, "--num_steps_per_checkpoint", 2, "--learning_rate", "4e-3",
+              "--resume_from_checkpoint"]
+    pretrain(corpus, sharded, *common, "--max_steps", 4, "--sharding", "fsdp", config=NO_DROPOUT, nproc=2)
+    folder = sharded / "ckpt_4.dcp"
+    state = torch.load(folder / "training_state.pt", weights_only=True)
+    assert sorted(state["tensor_files"]) == [f"shard-0000{rank}-model-0000{part}-of-00002.safetensors"
+                                             for rank in (1, 2) for part in (1, 2)]
+    assert all((folder / name).stat().st_size == size > 0 for name, size in state["tensor_files"].items())
+
+    converted = unsharded / "ckpt_4.pt"
+    run_command([sys.executable, str(REPO_ROOT / "scripts" / "convert_checkpoint.py"), str(folder), str(converted)])
+    single, expected = torch.load(converted, weights_only=True), checkpoint(sharded, 4)
+    assert single["model"].keys() == expected["model"].keys()
+    assert all(torch.equal(single["model"][k], expected["model"][k]) for k in expected["model"])
+    for index, entry in expected["optimizer"]["state"].items():
+        assert entry.keys() <= single["optimizer"]["state"][index].keys()
+        assert all(torch.equal(single["optimizer"]["state"][index][k], v) for k, v in entry.items())
+    assert single["global_step"] == single["phase_step"] == 4 and single["data"] == state["data"]
+
+    # A save killed in the middle leaves its temporary folder (of a process that has gone): the next start
+    # removes it, and it was never taken for a checkpoint.
+    stale = sharded / ".ckpt_6.dcp.99999999.abcdefgh.tmp"
+    stale.mkdir()
+    (stale / "shard-00001-model-00001-of-00002.safetensors").write_bytes(b"half")
+    pretrain(corpus, sharded, *common, "--max_steps", 6, "--sharding", "fsdp", config=NO_DROPOUT, nproc=2)
+    pretrain(corpus, unsharded, *common, "--max_steps", 6, config=NO_DROPOUT, nproc=2)
+    assert not stale.exists()
+    a, b = checkpoint(sharded, 6)["model"], checkpoint(unsharded, 6)["model"]
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+    weights = read_weights(folder)
+    assert all(torch.equal(weights.state_dict[k], v) for k, v in read_weights(converted).state_dict.items())
+    exports = [tmp_path / "hf_from_folder", tmp_path / "hf_from_file"]
+    for source, export in zip((folder, converted), exports, strict=True):
+        run_command([sys.executable, str(REPO_ROOT / "scripts" / "convert_checkpoint.py"), str(source), str(export)])
+    assert (exports[0] / "model.safetensors").read_bytes() == (exports[1] / "model.safetensors").read_bytes()
+    scored = run_command([sys.executable, str(REPO_ROOT / "run_pretraining_inference.py"), "--input_dir",
+                          str(corpus / "p1"), "--ckpt_dir", str(sharded), "--config_file", str(corpus / NO_DROPOUT),
+                          "--max_seq_length", "64", "--max_predictions_per_seq", "10", "--eval_batch_size", "8"])
+    assert scored.returncode == 0 and f"{sharded / 'ckpt_6.dcp'}: masked-LM accuracy" in scored.stdout, scored.stderr
+
+    (sharded / "ckpt_6.dcp" / "shard-00002-model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(InputError, match=r"ckpt_6\.dcp: incomplete sharded checkpoint: "
+                                         r"shard-00002-model-00002-of-00002\.safetensors is missing"):
+        checkpointing.load_checkpoint(sharded / "ckpt_6.dcp")
+    assert checkpointing.newest_good_checkpoint(sharded) == folder

@@ -33,7 +33,8 @@ from bertrecipe.finetuning import glue, squad
 from bertrecipe.model.bert import ACTIVATIONS, BERT_REQUIRED_KEYS, BertConfig, BertModel, ConfigError
 from bertrecipe.model.families import recorded_config
 from bertrecipe.model.modern_config import MODERN_REQUIRED_KEYS
-from bertrecipe.model.weights import LoadedWeights, WeightsError, read_config, read_weights
+from bertrecipe.model.torch_files import WeightsError
+from bertrecipe.model.weights import LoadedWeights, read_config, read_weights
 from bertrecipe.pretraining.data import make_batch, read_rows
 from bertrecipe.pretraining.shard_schema import SHARD_KEYS, inspect_shard
 from bertrecipe.tokenization.wordpiece import SPECIAL_TOKENS, BertTokenizer, load_vocab

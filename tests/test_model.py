@@ -24,15 +24,8 @@ from bertrecipe.model.bert import (
     accepts_config_key,
 )
 from bertrecipe.model.modern_config import MODERN_KEYS
-from bertrecipe.model.weights import (
-    WeightsError,
-    export_huggingface,
-    export_state_dict,
-    load_weights_into,
-    read_config,
-    read_weights,
-    save_torch_atomic,
-)
+from bertrecipe.model.torch_files import WeightsError, save_torch_atomic
+from bertrecipe.model.weights import export_huggingface, export_state_dict, load_weights_into, read_config, read_weights
 
 TOL = 1e-5
 # vocab 101 is not a multiple of 8, so the padded embedding rows are exercised.

@@ -627,7 +627,7 @@ class FailingFile:
 
 @pytest.mark.parametrize("failure", [KeyboardInterrupt(), Terminated(), OSError(errno.ENOSPC, "No space left")])
 def test_what_interrupts_torchs_writer_is_raised_as_itself(failure):
-    from bertrecipe.model.weights import save_torch_to
+    from bertrecipe.model.torch_files import save_torch_to
 
     with pytest.raises(type(failure)) as raised:
         save_torch_to({"weights": torch.zeros(100_000), "more": torch.ones(1000)}, FailingFile(failure))

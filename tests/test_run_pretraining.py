@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from bertrecipe.model.bert import BertConfig, BertForPreTraining
+from bertrecipe.model.families import config_from_json_file, pretraining_model
 from bertrecipe.pretraining import sample_order
 from bertrecipe.pretraining.shard_schema import inspect_shard
 from bertrecipe.training.metric_logger import read_log
@@ -452,6 +453,8 @@ def test_run_pretraining_sh_trains_the_modern_family_through_its_context_extensi
     (["modren"], "recipe (argument 26): 'modren' is neither bert nor modern"),
     (["modern", 128, "forty"], "max_predictions_per_seq (argument 28): 'forty' is not a whole number"),
     (["modern", 128, 40, 512, 160, "missing-8k.json"], "phase 2's config (argument 31): 'missing-8k.json' does not"),
+    (["modern", 128, 40, 512, 160, "", 0, 0.125, "zero"], "sharding (argument 34): 'zero' is neither ddp nor fsdp"),
+    (["modern", 128, 40, 512, 160, "", 0, 0.125, "fsdp", 8], "nodes (argument 35): '8' needs NODE_RANK"),
 ])
 def test_run_pretraining_sh_refuses_a_bad_modern_argument_before_running_anything(tmp_path, tail, fragment):
     fake = tmp_path / "python"
@@ -465,6 +468,18 @@ def test_run_pretraining_sh_refuses_a_bad_modern_argument_before_running_anythin
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr
     assert fragment in result.stderr
     assert not (tmp_path / "args").exists() and not (tmp_path / "results").exists()
+
+
+def test_the_billion_parameter_presets_configs_hold_a_billion_parameters():
+    """BERT-xlarge (ALBERT paper's, 1.27B counted there without the heads) and the modern family at Ettin-1B's
+    shape, whose context extension has as many."""
+    counts = {}
+    for name in ("xlarge", "modernbert-1b", "modernbert-1b-8k"):
+        with torch.device("meta"):
+            model = pretraining_model(config_from_json_file(REPO_ROOT / "bert_configs" / f"{name}.json"))
+        counts[name] = sum(p.numel() for p in model.parameters())
+    assert 1.25e9 < counts["xlarge"] < 1.3e9 and 0.99e9 < counts["modernbert-1b"] < 1.01e9, counts
+    assert counts["modernbert-1b-8k"] == counts["modernbert-1b"], counts  # rotary positions: nothing learned
 
 
 def test_run_pretraining_sh_maps_tf32_and_stops_after_an_unfinished_phase_1(tmp_path):
@@ -485,11 +500,16 @@ def test_run_pretraining_sh_maps_tf32_and_stops_after_an_unfinished_phase_1(tmp_
 
 
 PRESETS = ["dgxa100_8gpu_fp16", "dgxa100_8gpu_tf32", "dgx2_16gpu_fp16", "dgx1_8gpu_fp16", "h100_8gpu_bf16", "cpu",
-           "modernbert_base_8gpu_bf16", "cpu_modern"]
+           "modernbert_base_8gpu_bf16", "cpu_modern", "bert_xlarge_8gpu_bf16_fsdp", "bert_xlarge_64gpu_bf16_fsdp",
+           "modernbert_1b_8gpu_bf16_fsdp", "modernbert_1b_64gpu_bf16_fsdp"]
 # Global batches (sequences) of each phase: the LAMB paper's for BERT; ModernBERT's 4,608 rows of 1,024 tokens,
 # then as many tokens a step in rows of 8,192. And each phase's length and masked positions.
-GLOBAL_BATCHES = {"modernbert_base_8gpu_bf16": (4608, 576)}
-LENGTHS = {"modernbert_base_8gpu_bf16": ("1024", "308", "8192", "2458"), "cpu_modern": ("128", "40", "512", "160")}
+MODERN_STEPS = ("1024", "308", "8192", "2458")
+GLOBAL_BATCHES = {preset: (4608, 576) for preset in PRESETS if preset.startswith("modernbert_")}
+LENGTHS = {**{preset: MODERN_STEPS for preset in GLOBAL_BATCHES}, "cpu_modern": ("128", "40", "512", "160")}
+# The billion-parameter presets: sharded, and on 1 or 8 nodes (64 GPUs) through torchrun's static rendezvous.
+SHARDED_NODES = {"bert_xlarge_8gpu_bf16_fsdp": 1, "bert_xlarge_64gpu_bf16_fsdp": 8,
+                 "modernbert_1b_8gpu_bf16_fsdp": 1, "modernbert_1b_64gpu_bf16_fsdp": 8}
 MODERN_FLAGS = {"--optimizer=stable_adamw", "--lr_schedule=wsd", "--decay_shape=1-sqrt", "--dynamic_masking",
                 "--masked_lm_prob=0.3", "--no_nsp", "--pack_sequences", "--weight_decay=1e-5", "--adam_beta2=0.98"}
 
@@ -499,14 +519,18 @@ def test_pretrain_presets_give_consistent_two_phase_commands(preset, tmp_path):
     """Each preset through run_pretraining.sh with a stand-in python that records its command and writes the
     phase's last checkpoint: the flags of both phases, and the global batches of the LAMB recipe."""
     fake = tmp_path / "python"
-    fake.write_text('#!/bin/sh\necho "$@" >> "$ARGS_LOG"\nout=; steps=\nfor a in "$@"; do case "$a" in\n'
+    # A sharded run's checkpoint is a folder: phase 2 must start from it too.
+    fake.write_text('#!/bin/sh\necho "$@" >> "$ARGS_LOG"\nout=; steps=; kind=pt\nfor a in "$@"; do case "$a" in\n'
                     '  --output_dir=*) out=${a#--output_dir=} ;; --max_steps=*) steps=${a#--max_steps=} ;;\n'
-                    'esac; done\nmkdir -p "$out" && touch "$out/ckpt_$steps.pt"\n')
+                    '  --sharding=fsdp) kind=dcp ;;\n'
+                    'esac; done\nmkdir -p "$out"\n'
+                    'if [ $kind = dcp ]; then mkdir "$out/ckpt_$steps.dcp"; else touch "$out/ckpt_$steps.pt"; fi\n')
     fake.chmod(0o755)
     configs = REPO_ROOT / "scripts" / "configs" / "pretrain_config.sh"
     positional = subprocess.run(["bash", "-c", f"source {configs} && {preset}"], capture_output=True, text=True,
                                 check=True).stdout.split()
-    env = {**ENV, "RESULTS_DIR": str(tmp_path / "results"), "PYTHON": str(fake), "ARGS_LOG": str(tmp_path / "args")}
+    env = {**ENV, "RESULTS_DIR": str(tmp_path / "results"), "PYTHON": str(fake), "ARGS_LOG": str(tmp_path / "args"),
+           "NODE_RANK": "3", "MASTER_ADDR": "node0"}
     result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "run_pretraining.sh"), *positional],
                             env=env, capture_output=True, text=True, cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr
@@ -514,14 +538,20 @@ def test_pretrain_presets_give_consistent_two_phase_commands(preset, tmp_path):
               for line in (tmp_path / "args").read_text().splitlines()]
     assert len(phases) == 2
     flags = [set(line.split()) for line in (tmp_path / "args").read_text().splitlines()]
+    nodes = SHARDED_NODES.get(preset, 1)
     gpus = int(positional[3])
     for phase, (batch, accumulation) in enumerate([(positional[0], positional[10]), (positional[15], positional[19])]):
         args = phases[phase]
         assert args["--nproc_per_node"] == str(gpus)
+        assert ("--sharding=fsdp" in flags[phase]) == (preset in SHARDED_NODES)
+        if nodes > 1:
+            assert (args["--nnodes"], args["--node_rank"], args["--master_addr"]) == (str(nodes), "3", "node0")
+        else:
+            assert "--standalone" in flags[phase] and "--nnodes" not in args
         assert args["--train_batch_size"] == batch and args["--gradient_accumulation_steps"] == accumulation
         assert int(batch) % int(accumulation) == 0  # a whole micro-batch per accumulation step
         if not preset.startswith("cpu"):
-            assert int(batch) * gpus == GLOBAL_BATCHES.get(preset, (65536, 32768))[phase]
+            assert int(batch) * gpus * nodes == GLOBAL_BATCHES.get(preset, (65536, 32768))[phase]
         precision = {"fp16": "--fp16", "bf16": "--bf16", "tf32": "--tf32"}[positional[2]]
         assert precision in flags[phase]
         modern = "modern" in preset
@@ -537,7 +567,7 @@ def test_pretrain_presets_give_consistent_two_phase_commands(preset, tmp_path):
         assert float(phases[0]["--batch_size_warmup_tokens"]) > 0 and start == pytest.approx(round(start), abs=0.01)
         assert "--batch_size_warmup_tokens" not in phases[1]
         if preset in GLOBAL_BATCHES:
-            assert round(start) * int(positional[0]) // int(positional[10]) * gpus == 768
+            assert round(start) * int(positional[0]) // int(positional[10]) * gpus * nodes == 768
         assert configs[0]["max_position_embeddings"] == int(lengths[0])
         assert configs[1]["max_position_embeddings"] == int(lengths[2])
         assert configs[1]["global_rope_theta"] > configs[0]["global_rope_theta"]

@@ -3,7 +3,10 @@
 The source kind is recognized from its contents. The target kind follows from DST: a directory (an existing
 one, or a path without a suffix) becomes a Hugging Face directory; a file (.pt/.bin) becomes a checkpoint
 {"model": state_dict, "config": ...}, in NVIDIA's names when the source is ours or Hugging Face's and in ours
-when the source is NVIDIA's. --to overrides the inference.
+when the source is NVIDIA's. --to overrides the inference. A sharded checkpoint (the folder ckpt_<step>.dcp that
+run_pretraining.py --sharding fsdp writes) becomes, in a file, the single ckpt_<step>.pt an unsharded run would have
+written (the whole model and optimizer state: a run resumes from it on any number of processes), or with --to
+nvidia its weights in NVIDIA's names; in a directory, a Hugging Face one.
 
 With --vocab_file, the directory also gets the vocab (vocab.txt, or the tokenizer.json as it is) and what
 transformers' AutoTokenizer needs besides it: tokenizer_config.json and special_tokens_map.json (the special tokens,
@@ -19,6 +22,7 @@ Examples:
   convert_checkpoint.py results/ckpt_8601.pt hf_bert/                      # ours -> Hugging Face
   convert_checkpoint.py hf_bert/ bert_nvidia.pt                             # Hugging Face -> NVIDIA names
   convert_checkpoint.py nvidia_ckpt.pt ours.pt --config_file bert_configs/large.json   # NVIDIA -> ours
+  convert_checkpoint.py results/ckpt_8601.dcp ckpt_8601.pt                # sharded -> one training checkpoint
 """
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ from typing import NoReturn
 from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.output_paths import check_writable, refuse_input_as_output
+from bertrecipe.model import sharded_checkpoint
+from bertrecipe.model.torch_files import save_torch_atomic
 from bertrecipe.model.weights import (
     check_export_target,
     export_huggingface,
@@ -39,7 +45,6 @@ from bertrecipe.model.weights import (
     model_for_weights,
     read_config,
     read_weights,
-    save_torch_atomic,
 )
 from bertrecipe.tokenization.vocab_files import (
     identity_from_record,
@@ -108,6 +113,10 @@ def main(argv: list[str] | None = None) -> None:
     # Whether DST is a directory or a file does not depend on the source's naming: check it before reading.
     exporting = (args.to or target_kind(args.dst, "ours")) == "huggingface"
     check_export_paths(args, "huggingface" if exporting else "checkpoint")
+    if sharded_checkpoint.is_sharded_checkpoint(args.src) and not exporting and args.to != "nvidia":
+        save_torch_atomic(sharded_checkpoint.whole_checkpoint(args.src), args.dst)
+        print(f"{args.src} (sharded checkpoint) -> {args.dst} (one training checkpoint)")
+        return
     weights = read_weights(args.src)
     config = read_config(args.config_file) if args.config_file else weights.config
     if config is None:

@@ -435,7 +435,7 @@ def say_how_it_ended(final: dict, settings: PretrainingSettings, ctx: Distribute
     if final.get("stopped_by") == "SIGTERM":
         if ctx.is_main:
             print(f"stopped by SIGTERM at step {final['global_step']} before the end of the phase; checkpoint "
-                  f"{checkpointing.checkpoint_path(settings.run.output_dir, final['global_step'])}: run again with "
+                  f"{checkpointing.saved_at(settings.run.output_dir, final['global_step'])}: run again with "
                   "--resume_from_checkpoint to go on", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGTERM)
 

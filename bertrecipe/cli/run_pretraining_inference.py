@@ -26,6 +26,7 @@ from typing import NoReturn, Optional
 from bertrecipe.cli import run_pretraining
 from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
+from bertrecipe.model import sharded_checkpoint
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import read_log
 
@@ -61,20 +62,21 @@ def chosen_checkpoint(args: argparse.Namespace) -> str:
     if args.init_checkpoint is not None:
         return args.init_checkpoint
     if args.ckpt_step >= 0:
-        path = checkpointing.checkpoint_path(args.ckpt_dir, args.ckpt_step)
-        if not path.is_file():
+        path = checkpointing.saved_at(args.ckpt_dir, args.ckpt_step)
+        if not path.exists():
             steps = [step for step, _ in checkpointing.list_checkpoints(args.ckpt_dir)]
             raise InputError(f"{path}: no such checkpoint; {args.ckpt_dir} holds steps {steps or 'none'}")
         return str(path)
     newest = checkpointing.newest_good_checkpoint(args.ckpt_dir)
     if newest is None:
-        raise InputError(f"{args.ckpt_dir}: holds no ckpt_<step>.pt that loads; check --ckpt_dir")
+        raise InputError(f"{args.ckpt_dir}: holds no ckpt_<step>.pt (or sharded ckpt_<step>.dcp) that loads; check "
+                         "--ckpt_dir")
     return str(newest)
 
 
 def trained_without_nsp(checkpoint: str) -> bool:
     """Whether our checkpoint records a run with --no_nsp (its next-sentence head never trained: not scored)."""
-    if not Path(checkpoint).is_file():
+    if not (Path(checkpoint).is_file() or sharded_checkpoint.is_sharded_checkpoint(checkpoint)):
         return False
     return bool((checkpointing.load_checkpoint(checkpoint, mmap=True).get("args") or {}).get("no_nsp", False))
 

@@ -13,7 +13,7 @@ from torch import nn
 from bertrecipe.common.atomic_files import output_target, remove_stale_temporaries, write_temporary
 from bertrecipe.common.errors import InputError
 from bertrecipe.model.families import ModelConfig, config_record
-from bertrecipe.model.weights import save_torch_to
+from bertrecipe.model.torch_files import save_torch_to
 from bertrecipe.tokenization.vocab_files import AnyVocab, identity_of
 from bertrecipe.training.stepper import unwrap
 

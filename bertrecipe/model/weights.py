@@ -8,14 +8,11 @@ unpickled beyond tensors and plain containers (`torch.load(..., weights_only=Tru
 from __future__ import annotations
 
 import json
-import pickle
 import re
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-import torch
 from safetensors.torch import load_file as load_safetensors
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
@@ -23,6 +20,7 @@ from torch import Tensor, nn
 from bertrecipe.common.atomic_files import write_atomic
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.files import file_sha256
+from bertrecipe.model import sharded_checkpoint
 from bertrecipe.model.bert import (
     BertForPreTraining,
     BertForQuestionAnswering,
@@ -36,6 +34,7 @@ from bertrecipe.model.modern import (
     ModernBertForSequenceClassification,
     ModernBertModel,
 )
+from bertrecipe.model.torch_files import WeightsError, load_torch_file
 from bertrecipe.tokenization.vocab_files import (
     load_vocab_file,
     transformers_tokenizer_files,
@@ -59,48 +58,12 @@ MODERN_ENCODER_PREFIXES = ("embeddings.", "layers.", "final_norm.")  # a bare Mo
 DISTILLATION_PREFIX = "distillation."
 
 
-class WeightsError(InputError):
-    """A weights file that cannot be used; the message names the file and the problem."""
-
-
 @dataclass
 class LoadedWeights:
     state_dict: dict[str, Tensor]  # in our (= Hugging Face BertForPreTraining or ModernBertForMaskedLM) names
     config: Optional[ModelConfig]  # None when the source carries no configuration (NVIDIA's checkpoints)
     source_format: str  # "ours", "nvidia" or "huggingface"
     tokenizer: Optional[dict[str, Any]] = None  # the "tokenizer" record of our checkpoints (vocab_files' identity)
-
-
-ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since torch 1.6
-PICKLE_MAGIC = b"\x80"  # the legacy format: a pickle with a protocol header
-
-
-def load_torch_file(path: str | Path, mmap: bool = False) -> Any:
-    """torch.load with weights_only=True; any failure is one WeightsError line that says what the file is and
-    never suggests unpickling it (torch's own hint ends by recommending weights_only=False)."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except IsADirectoryError:
-        raise WeightsError(f"{path}: is a directory, not a checkpoint file") from None
-    except OSError as error:
-        raise WeightsError(f"{path}: cannot read the checkpoint ({error.strerror})") from None
-    if not head.startswith((ZIP_MAGIC, PICKLE_MAGIC)):
-        raise WeightsError(f"{path}: not a torch checkpoint (neither a torch.save zip archive nor a pickle); "
-                           "pass a .pt/.bin checkpoint or a Hugging Face directory")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch warns about pickle protocols on stderr: not one line
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and head == ZIP_MAGIC)
-    except pickle.UnpicklingError:
-        raise WeightsError(f"{path}: not a tensor checkpoint: it holds Python objects besides tensors, numbers, "
-                           "strings and containers, and this recipe never unpickles those (they can run code); "
-                           "re-save its state dict with torch.save") from None
-    except Exception as error:  # noqa: BLE001 - zip and storage errors of a damaged file come as several types
-        why = "truncated or damaged" if head == ZIP_MAGIC else "damaged"
-        raise WeightsError(f"{path}: {why} checkpoint ({type(error).__name__}); use an earlier or a fresh copy") \
-            from None
 
 
 def _find_config_beside(path: Path) -> Optional[ModelConfig]:
@@ -172,8 +135,12 @@ def _normalize_modern(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor],
 
 def checkpoint_identity(path: str | Path) -> dict[str, Any]:
     """The checkpoint's path and the sha256 of the weights a run reads from it: the file itself, or a folder's
-    weights file (the first of HF_WEIGHT_FILES it holds, as model.weights.read_weights takes it)."""
+    weights file (the first of HF_WEIGHT_FILES it holds, as model.weights.read_weights takes it); a sharded
+    checkpoint's training state (which records each shard file's size)."""
     path = Path(path)
+    if sharded_checkpoint.is_sharded_checkpoint(path):
+        state = path / sharded_checkpoint.TRAINING_STATE
+        return {"path": str(path), "weights_file": state.name, "sha256": file_sha256(state)}
     weights = path if path.is_file() else next((path / n for n in HF_WEIGHT_FILES if (path / n).is_file()), None)
     if weights is None:
         return {"path": str(path), "weights_file": None, "sha256": None}
@@ -186,6 +153,8 @@ def read_weights(path: str | Path) -> LoadedWeights:
     if not path.exists():
         raise WeightsError(f"{path}: no such checkpoint file or directory")
     config: Optional[ModelConfig] = None
+    if sharded_checkpoint.is_sharded_checkpoint(path):
+        return _read_sharded_checkpoint(path)
     if path.is_dir():
         weight_file = next((path / n for n in HF_WEIGHT_FILES if (path / n).is_file()), None)
         if weight_file is None:
@@ -218,6 +187,16 @@ def read_weights(path: str | Path) -> LoadedWeights:
     if config is None:
         config = _find_config_beside(path)
     return LoadedWeights(state_dict, config, source_format, tokenizer)
+
+
+def _read_sharded_checkpoint(folder: Path) -> LoadedWeights:
+    """A sharded checkpoint folder's whole weights, config and tokenizer record (model/sharded_checkpoint.py)."""
+    state = sharded_checkpoint.read_training_state(folder)
+    config = None
+    if isinstance(state.get("config"), dict):
+        config = config_from_dict(state["config"], source=f"{folder} (its 'config' entry)", strict=False)
+    state_dict, source_format = normalize_state_dict(sharded_checkpoint.whole_model_state(folder))
+    return LoadedWeights(state_dict, config, source_format, state.get("tokenizer"))
 
 
 def _fit_vocab_rows(tensor: Tensor, rows: int) -> Tensor:
@@ -445,37 +424,3 @@ def check_export_target(out_dir: Path, names: list[str], overwrite: bool) -> Non
     if taken and not overwrite:
         raise WeightsError(f"{out_dir}: already holds {', '.join(taken)}; pass --overwrite to replace them or "
                            "choose another directory")
-
-
-def save_torch_atomic(obj: Any, path: str | Path) -> None:
-    """torch.save to a temporary name beside `path`, then rename: a reader never sees a half-written file. A write
-    that fails (a full disk) is the OSError behind it, whatever torch's writer made of it."""
-    write_atomic(path, lambda f: save_torch_to(obj, f))
-
-
-def save_torch_to(obj: Any, file: Any) -> None:
-    """torch.save(obj, file), with what interrupted the file's writes raised as itself: torch's zip writer catches
-    it and raises its own RuntimeError ("[enforce fail at inline_container.cc] unexpected pos") with the cause only
-    as context. A signal (Ctrl-C's KeyboardInterrupt, SIGTERM raised as an exception) then ends the command with its
-    one line, and a failed write (a full disk) names its file."""
-    try:
-        torch.save(obj, file)
-    except RuntimeError as error:
-        cause = interruption_behind(error)
-        if cause is not None:
-            raise cause from None
-        raise
-
-
-def interruption_behind(error: BaseException) -> Optional[BaseException]:
-    """The signal's exception (any BaseException that is not an Exception) or, failing one, the OSError in the
-    chain of causes and contexts behind `error`, or None."""
-    chain, seen = [], set()
-    link: Optional[BaseException] = error
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        chain.append(link)
-        link = link.__cause__ or link.__context__
-    signals = [link for link in chain if not isinstance(link, Exception)]
-    failures = [link for link in chain if isinstance(link, OSError)]
-    return (signals or failures or [None])[0]

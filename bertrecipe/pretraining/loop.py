@@ -37,7 +37,7 @@ from bertrecipe.training.model_flops import batch_shape, device_peak_tflops, tra
 from bertrecipe.training.optimization import TimeBudgetScheduler, local_part
 from bertrecipe.training.process_group import DistributedContext, all_gather_objects, all_reduce_sum, any_process
 from bertrecipe.training.run_lock import RunLock
-from bertrecipe.training.sharding import full_model_state, full_optimizer_state, is_sharded
+from bertrecipe.training.sharding import is_sharded
 from bertrecipe.training.stepper import (
     MAX_CONSECUTIVE_NON_FINITE,
     Precision,
@@ -352,7 +352,8 @@ def evaluate_between_steps(state: LoopState) -> None:
 
 
 def save(state: LoopState, periodic: bool) -> None:
-    """Writes ckpt_<global step>.pt from the first process, with every rank's RNG; every rank stops if it fails."""
+    """Writes ckpt_<global step>.pt from the first process (a sharded model: ckpt_<global step>.dcp from every
+    process), with every rank's RNG; every rank stops if it fails."""
     setup, ctx, output_dir = state.setup, state.setup.ctx, state.settings.output_dir
     # A periodic checkpoint never rotates a good one out during a run of non-finite (not fp16-overflow)
     # steps; the SIGTERM and end-of-run ones are always written (skipped steps left the weights good).
@@ -363,17 +364,19 @@ def save(state: LoopState, periodic: bool) -> None:
         raise TrainingFailure("the weights are no longer finite numbers; no checkpoint written")
     settle_tokens(state)
     rng_per_rank = all_gather_objects(checkpointing.rng_state(), ctx)
-    # Sharded state is gathered by every process (a collective) for the first to write; DDP's is whole already.
-    sharded = is_sharded(setup.model)
-    model_state = full_model_state(setup.model, keep=ctx.is_main) if sharded else None
-    optimizer_state = full_optimizer_state(setup.optimizer, keep=ctx.is_main) if sharded else None
+    payload = checkpoint_payload(state, rng_per_rank)
     failure = None
+    if ctx.is_main and setup.lock is not None and not setup.lock.still_held():
+        failure = InputError(f"{setup.lock.path}: another run took over this --output_dir's lock; this run stops "
+                             f"without writing its step-{state.global_step} checkpoint")
+    if any_process(failure is not None, ctx):
+        raise failure or InputError(f"{output_dir}: the first process stopped the checkpoint (see its line)")
+    if is_sharded(setup.model):  # every process writes its shards, in parallel
+        checkpointing.save_sharded_checkpoint(output_dir, state.global_step, payload, unwrap(setup.model),
+                                              setup.optimizer, ctx, keep=state.keep)
+        return
     if ctx.is_main:
-        payload = checkpoint_payload(state, rng_per_rank, model_state, optimizer_state)
         try:
-            if setup.lock is not None and not setup.lock.still_held():
-                raise InputError(f"{setup.lock.path}: another run took over this --output_dir's lock; this run "
-                                 f"stops without writing ckpt_{state.global_step}.pt")
             checkpointing.save_checkpoint(output_dir, state.global_step, payload, keep=state.keep)
         except InputError as error:  # e.g. disk full: every rank stops, the earlier checkpoints are intact
             failure = error
@@ -381,15 +384,13 @@ def save(state: LoopState, periodic: bool) -> None:
         raise failure or InputError(f"{output_dir}: the first process could not write the checkpoint")
 
 
-def checkpoint_payload(state: LoopState, rng_per_rank: list[dict[str, Any]],
-                       model_state: Optional[dict[str, Any]] = None,
-                       optimizer_state: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    """The checkpoint's content (docs/interfaces.md, section 3): each component's state_dict and the loop's (the
-    model's and optimizer's as given when they were gathered from shards)."""
+def checkpoint_payload(state: LoopState, rng_per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """The checkpoint's content (docs/interfaces.md, section 3): each component's state_dict and the loop's (a
+    sharded model's and optimizer's tensors are this process's shards: DTensors)."""
     setup, settings = state.setup, state.settings
     return {
-        "model": model_state if model_state is not None else unwrap(setup.model).state_dict(),
-        "optimizer": optimizer_state if optimizer_state is not None else setup.optimizer.state_dict(),
+        "model": unwrap(setup.model).state_dict(),
+        "optimizer": setup.optimizer.state_dict(),
         "scheduler": setup.scheduler.state_dict(),
         "scaler": setup.precision.scaler.state_dict() if setup.precision.scaler is not None else None,
         "epoch": state.data.epoch(),

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from bertrecipe.common.errors import InputError
+from bertrecipe.model import sharded_checkpoint
 from bertrecipe.model.families import ModelConfig, is_modern_config, pretraining_model
 from bertrecipe.model.weights import LoadedWeights, load_weights_into, read_weights
 from bertrecipe.pretraining import masking
@@ -181,7 +182,7 @@ def restore_state(settings: PretrainingSettings, ctx: DistributedContext, model:
     if "optimizer" not in ckpt or not continues_optimizer_state(settings, path, ckpt):
         log.log("PARAMETER", {"evaluated": str(path)})  # the weights alone
         return fresh
-    load_optimizer_state(optimizer, ckpt["optimizer"])
+    load_optimizer_state(optimizer, ckpt["optimizer"], unwrap(model))
     if settings.run.phase2 and not ckpt.get("phase2", False):
         # phase 1 -> phase 2: same weights and moments; the optimizer's step and the schedule start again
         restart_optimizer_steps(optimizer)
@@ -229,10 +230,14 @@ def rank_rng(seed: int, rank: int, ckpt: dict[str, Any]) -> dict[str, Any]:
 FLAG_HYPERPARAMETERS = ("betas", "eps", "weight_decay")
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """The checkpoint's moments and step counts; betas, eps and weight decay stay the flags' (torch would take the
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                         model: Optional[torch.nn.Module] = None) -> None:
+    """The checkpoint's moments and step counts (a sharded checkpoint's, whose parameters are named by `model`:
+    each process reads its slices); betas, eps and weight decay stay the flags' (torch would take the
     checkpoint's)."""
     ours = [{key: group[key] for key in FLAG_HYPERPARAMETERS if key in group} for group in optimizer.param_groups]
+    if isinstance(state.get("state"), sharded_checkpoint.ShardedTensors):  # model is then always given
+        state = sharded_checkpoint.optimizer_state_dict(state, model, optimizer)
     optimizer.load_state_dict(state)
     shard_optimizer_state(optimizer)  # a sharded model's optimizer keeps its shard of each moment
     for group, values in zip(optimizer.param_groups, ours, strict=True):

@@ -11,7 +11,8 @@ from typing import Any, Optional
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.files import read_json_file
-from bertrecipe.model.weights import checkpoint_identity, load_torch_file
+from bertrecipe.model.torch_files import load_torch_file
+from bertrecipe.model.weights import checkpoint_identity
 
 WEIGHT_ENTRIES = ("model", "optimizer", "scheduler", "scaler", "rng", "rng_per_rank", "data")
 STEP_IN_NAME = re.compile(r"ckpt_(\d+)\.pt$")

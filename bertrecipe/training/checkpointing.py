@@ -1,4 +1,5 @@
-"""Training checkpoints: `<output_dir>/ckpt_<global_step>.pt`, written atomically and never over an existing file,
+"""Training checkpoints: `<output_dir>/ckpt_<global_step>.pt`, or the folder `ckpt_<global_step>.dcp` that a sharded
+run's processes write together (model/sharded_checkpoint.py), written atomically and never over an existing one,
 the newest 3 of the same phase that load kept (and the one a run resumed from; a phase never rotates away the
 other's), a corrupt one moved aside as `*.corrupt`, and found again on resume with a corrupt newest file skipped
 in favour of the previous one (docs/interfaces.md, section 3).
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import random
 import re
+import shutil
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,30 +19,42 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch import nn
 
+from bertrecipe.common.atomic_files import atomic_output
 from bertrecipe.common.errors import InputError, error_text
-from bertrecipe.model.weights import load_torch_file, save_torch_atomic
+from bertrecipe.model import sharded_checkpoint
+from bertrecipe.model.torch_files import load_torch_file, save_torch_atomic
+from bertrecipe.training.process_group import DistributedContext, any_process
 
-CHECKPOINT_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
-CHECKPOINT_NAME = re.compile(r"ckpt_\d+\.pt")  # for atomic_files.remove_stale_temporaries
+CHECKPOINT_PATTERN = re.compile(r"^ckpt_(\d+)\.(pt|dcp)$")
+CHECKPOINT_NAME = re.compile(r"ckpt_\d+\.(?:pt|dcp)")  # for atomic_files.remove_stale_temporaries
 KEEP_NEWEST = 3
 
 
-def checkpoint_path(output_dir: str | Path, global_step: int) -> Path:
-    return Path(output_dir) / f"ckpt_{global_step}.pt"
+def checkpoint_path(output_dir: str | Path, global_step: int, sharded: bool = False) -> Path:
+    return Path(output_dir) / f"ckpt_{global_step}{sharded_checkpoint.SUFFIX if sharded else '.pt'}"
 
 
 def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
-    """(step, path) of every ckpt_<step>.pt in output_dir, oldest first."""
+    """(step, path) of every ckpt_<step>.pt file and ckpt_<step>.dcp folder in output_dir, oldest first."""
     folder = Path(output_dir)
     if not folder.is_dir():
         return []
     found = []
     for path in folder.iterdir():
         match = CHECKPOINT_PATTERN.match(path.name)
-        if match and path.is_file():
+        if match and (path.is_file() if match.group(2) == "pt" else path.is_dir()):
             found.append((int(match.group(1)), path))
     return sorted(found)
+
+
+def saved_at(output_dir: str | Path, global_step: int) -> Path:
+    """The checkpoint of global_step in output_dir (a file or a sharded folder); the file's name when neither is
+    there."""
+    found = [path for step, path in list_checkpoints(output_dir) if step == global_step]
+    return found[-1] if found else checkpoint_path(output_dir, global_step)
 
 
 def rng_state() -> dict[str, Any]:
@@ -100,22 +114,79 @@ def survey(output_dir: str | Path) -> list[SavedCheckpoint]:
 
 def save_checkpoint(output_dir: str | Path, global_step: int, payload: dict[str, Any],
                     keep: Optional[Path] = None) -> Path:
-    """Writes ckpt_<global_step>.pt atomically, then rotates within the payload's phase: the newest KEEP_NEWEST
-    checkpoints of that phase that load stay, and so do the one just written and `keep` (the one this run
-    resumed from); the other phase's are never touched; a checkpoint that does not load is moved aside as
-    `*.corrupt`, never counted and never deleted. A failed write (disk full) is an InputError that names the file
-    (every earlier checkpoint intact); so is a file already at that name, which is never overwritten."""
+    """Writes ckpt_<global_step>.pt atomically, then rotates (`rotate_checkpoints`). A failed write (disk full) is an
+    InputError that names the file (every earlier checkpoint intact); so is a checkpoint already at that step,
+    which is never overwritten."""
     path = checkpoint_path(output_dir, global_step)
-    if path.exists():
-        raise InputError(f"{path}: already exists and was not written by this run; it is kept and this run stops "
-                         "(another run wrote into this --output_dir, or the phases' step numbers overlap)")
+    refuse_existing(output_dir, global_step)
     try:
         save_torch_atomic({**payload, "global_step": global_step}, path)
     except OSError as error:
         # No word on earlier checkpoints here: the caller's line names the newest good one, or says there is none.
         raise InputError(f"{path}: cannot write the checkpoint ({error.strerror or error}); nothing of it is "
                          "left") from None
-    phase = checkpoint_phase(payload)
+    rotate_checkpoints(output_dir, path, checkpoint_phase(payload), keep)
+    return path
+
+
+def save_sharded_checkpoint(output_dir: str | Path, global_step: int, payload: dict[str, Any], model: nn.Module,
+                            optimizer: Any, ctx: DistributedContext, keep: Optional[Path] = None) -> Path:
+    """Every process writes its shards of ckpt_<global_step>.dcp at once (a collective); the folder appears whole
+    under its name only when all are on disk, then the first process rotates as save_checkpoint does. Failures
+    as save_checkpoint's, on every process."""
+    path = checkpoint_path(output_dir, global_step, sharded=True)
+    failure = None
+    if ctx.is_main:
+        try:
+            refuse_existing(output_dir, global_step)
+        except InputError as error:
+            failure = error
+    if any_process(failure is not None, ctx):
+        raise failure or InputError(f"{path}: the first process refused to write it (see its line)")
+    payload = {**payload, "global_step": global_step}
+    failure = None
+    try:
+        if ctx.is_main:
+            with atomic_output(path) as temporary:
+                temporary.mkdir()
+                _share_folder(temporary, ctx)
+                sharded_checkpoint.write(temporary, payload, model, optimizer, main=True)
+        else:
+            sharded_checkpoint.write(_share_folder(None, ctx), payload, model, optimizer, main=False)
+    except (OSError, InputError) as error:  # a full disk on any process: dcp.save raises on every one
+        failure = InputError(f"{path}: cannot write the checkpoint ({_why(error)}); nothing of it is left")
+    if any_process(failure is not None, ctx):
+        raise failure or InputError(f"{path}: another process could not write its shard (see its line); nothing "
+                                    "of it is left")
+    if ctx.is_main:
+        rotate_checkpoints(output_dir, path, checkpoint_phase(payload), keep)
+    return path
+
+
+def _share_folder(folder: Optional[Path], ctx: DistributedContext) -> Path:
+    """The first process's temporary folder name, on every process."""
+    shared = [folder]
+    if ctx.enabled:
+        dist.broadcast_object_list(shared, src=0)
+    return shared[0]
+
+
+def _why(error: BaseException) -> str:
+    return (error.strerror or str(error)) if isinstance(error, OSError) else error_text(error)
+
+
+def refuse_existing(output_dir: str | Path, global_step: int) -> None:
+    """InputError when a checkpoint of global_step (either kind) is already in output_dir: it is never replaced."""
+    for path in (checkpoint_path(output_dir, global_step), checkpoint_path(output_dir, global_step, sharded=True)):
+        if path.exists():
+            raise InputError(f"{path}: already exists and was not written by this run; it is kept and this run "
+                             "stops (another run wrote into this --output_dir, or the phases' step numbers overlap)")
+
+
+def rotate_checkpoints(output_dir: str | Path, path: Path, phase: int, keep: Optional[Path] = None) -> None:
+    """Within `phase`: the newest KEEP_NEWEST checkpoints that load stay, and so do `path` (just written) and
+    `keep` (the one this run resumed from); the other phase's are never touched; a checkpoint that does not load
+    is moved aside as `*.corrupt`, never counted and never deleted."""
     loadable = []
     for saved in survey(output_dir):
         if saved.phase is None:
@@ -125,8 +196,14 @@ def save_checkpoint(output_dir: str | Path, global_step: int, payload: dict[str,
     protected = {path.resolve()} | ({keep.resolve()} if keep is not None else set())
     for old in loadable[:-KEEP_NEWEST]:
         if old.resolve() not in protected:
-            old.unlink(missing_ok=True)
-    return path
+            _remove(old)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def move_aside(path: Path) -> Path:
@@ -148,7 +225,10 @@ def _corrupt_name(path: Path) -> Path:
 
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """Reads one checkpoint (weights only); raises InputError naming the file when it is unreadable. With `mmap`,
-    tensors stay on disk until used."""
+    tensors stay on disk until used; a sharded checkpoint's always do (its "model" and "optimizer" state are
+    sharded_checkpoint.ShardedTensors, which load_model_state and the optimizer's loader read)."""
+    if Path(path).is_dir() and Path(path).name.endswith(sharded_checkpoint.SUFFIX):
+        return sharded_checkpoint.read_training_state(path)
     payload = load_torch_file(path, mmap=mmap)
     if not isinstance(payload, dict) or "model" not in payload:
         raise InputError(f"{path}: not a training checkpoint (no 'model' entry); pass a ckpt_<step>.pt that "

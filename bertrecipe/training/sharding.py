@@ -4,13 +4,13 @@ whole copy. Parameters are gathered for each layer's forward and backward and th
 once per optimizer step (gradient accumulation syncs on the last micro-batch only, as DDP's no_sync does).
 
 The optimizers (training/optimization.py) run on the local shards with whole-tensor norms, so that LAMB over
-shards is LAMB. Checkpoints keep the usual single-file layout: the full parameters and optimizer state are
-gathered for the first process to write, and a resume on any number of processes shards them again.
+shards is LAMB. Checkpoints are folders that every process writes its shards into (model/sharded_checkpoint.py);
+a resume on any number of processes, sharded or not, reads its slices of them, or shards a whole single-file
+checkpoint again.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -19,6 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from bertrecipe.model import sharded_checkpoint
 from bertrecipe.model.families import encoder_of, layers_of
 from bertrecipe.training.process_group import DistributedContext
 
@@ -68,33 +69,6 @@ def sharding_active(sharding: str, ctx: DistributedContext) -> bool:
     return sharding == "fsdp" and ctx.enabled
 
 
-def _whole(value: Any) -> Any:
-    return value.full_tensor() if isinstance(value, DTensor) else value
-
-
-def full_model_state(model: nn.Module, keep: bool) -> Optional[dict[str, torch.Tensor]]:
-    """The model's state dict with every shard gathered, as DDP's is: a collective every process joins, tensor by
-    tensor, and only the process that `keep`s it holds the whole (the others drop each tensor once gathered)."""
-    state = {}
-    for name, value in model.state_dict().items():
-        whole = _whole(value)
-        if keep:
-            state[name] = whole
-    return state if keep else None
-
-
-def full_optimizer_state(optimizer: torch.optim.Optimizer, keep: bool) -> Optional[dict[str, Any]]:
-    """The optimizer's state dict (torch's layout, parameters by index) with every shard gathered, kept as
-    full_model_state keeps it."""
-    state = optimizer.state_dict()
-    gathered: dict[Any, dict[str, Any]] = {}
-    for index, entry in state["state"].items():
-        whole = {key: _whole(value) for key, value in entry.items()}
-        if keep:
-            gathered[index] = whole
-    return {**state, "state": gathered} if keep else None
-
-
 def load_full_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Loads a whole (unsharded) state dict into a sharded model: each process keeps its shard of each tensor."""
     own = model.state_dict()
@@ -104,9 +78,12 @@ def load_full_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> N
     model.load_state_dict(sharded)
 
 
-def load_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """A checkpoint's (whole) state dict into the model, sharded or not."""
-    if is_sharded(model):
+def load_model_state(model: nn.Module, state: dict[str, torch.Tensor] | sharded_checkpoint.ShardedTensors) -> None:
+    """A checkpoint's state into the model, sharded or not: a whole state dict, or a sharded checkpoint's tensors
+    (each process reads the slices it holds)."""
+    if isinstance(state, sharded_checkpoint.ShardedTensors):
+        sharded_checkpoint.load_model(model, state)
+    elif is_sharded(model):
         load_full_model_state(model, state)
     else:
         model.load_state_dict(state)

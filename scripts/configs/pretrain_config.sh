@@ -3,7 +3,7 @@
 #   bash scripts/run_pretraining.sh $(source scripts/configs/pretrain_config.sh && dgxa100_8gpu_fp16)
 # Order: batch lr precision gpus warmup steps save_steps resume logfile accumulate acc_steps seed job
 #        allreduce_post allreduce_fp16 batch2 lr2 warmup2 steps2 acc_steps2 [data1 config data2 codedir init
-#        [recipe seq1 preds1 seq2 preds2 config2 [batch_warmup_tokens batch_warmup_start]]]
+#        [recipe seq1 preds1 seq2 preds2 config2 [batch_warmup_tokens batch_warmup_start [sharding nodes]]]]
 # The global batch is 65536 (phase 1) and 32768 (phase 2) sequences in every BERT GPU preset, as in the LAMB paper.
 
 dgxa100_8gpu_fp16() {
@@ -68,4 +68,56 @@ cpu_modern() {
     bert_configs/modernbert-tiny.json \
     "$data/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/python_docs" \
     . None modern 128 40 512 160 bert_configs/modernbert-tiny-512.json 4e5 0.5
+}
+
+# Encoders of a billion parameters, whose weights, gradients and optimizer moments (16 bytes a parameter: 20 GB
+# for BERT-xlarge) leave too little of a GPU for activations under DDP: sharded with FSDP (argument 34), so that
+# each GPU holds 1/8 or 1/64 of that state. The 64-GPU rows span 8 nodes of 8 (argument 35): run the same command
+# on each node with NODE_RANK=0..7 and MASTER_ADDR (node 0) set. The batch arguments are per GPU, as always.
+# BERT-xlarge (ALBERT paper's: 24 layers of 2,048, 1.28B parameters; bert_configs/xlarge.json) with NVIDIA's
+# recipe: the LAMB paper's global batches (65,536 then 32,768 sequences) and rates, micro-batches of 64 at 128
+# tokens and 16 at 512. Those rates were set for BERT-large: at this size they are a starting point, yours to tune.
+bert_xlarge_8gpu_bf16_fsdp() {
+  local data="${BERT_PREP_WORKING_DIR:-data}"
+  echo 8192 6e-3 bf16 8 0.2843 7038 200 false true true 128 42 bert_xlarge_bf16 true false \
+    4096 4e-3 0.128 1563 256 \
+    "$data/hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/books_wiki_en_corpus" \
+    bert_configs/xlarge.json \
+    "$data/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/books_wiki_en_corpus" \
+    . None bert 128 20 512 80 bert_configs/xlarge.json 0 0.125 fsdp 1
+}
+
+bert_xlarge_64gpu_bf16_fsdp() {
+  local data="${BERT_PREP_WORKING_DIR:-data}"
+  echo 1024 6e-3 bf16 8 0.2843 7038 200 false true true 16 42 bert_xlarge_bf16 true false \
+    512 4e-3 0.128 1563 32 \
+    "$data/hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/books_wiki_en_corpus" \
+    bert_configs/xlarge.json \
+    "$data/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/books_wiki_en_corpus" \
+    . None bert 128 20 512 80 bert_configs/xlarge.json 0 0.125 fsdp 8
+}
+
+# The modern family at Ettin-1B's shape (28 layers of 1,792, 28 heads, GLU of 3,840; 1.0B parameters with the
+# BERT vocab; bert_configs/modernbert-1b.json, its context extension modernbert-1b-8k.json) with ModernBERT's
+# recipe as the base preset runs it (4,608 rows of 1,024 tokens a step, the batch warmed up from 768 rows, then
+# 576 rows of 8,192), at ModernBERT-large's peak rate 5e-4 and 2e-4 for the extension (the base preset's ratio):
+# micro-batches of 16 then 2 rows on 8 GPUs, 4 then 1 on 64.
+modernbert_1b_8gpu_bf16_fsdp() {
+  local data="${BERT_PREP_WORKING_DIR:-data}"
+  echo 576 5e-4 bf16 8 0.0018 360275 2000 false true true 36 42 modernbert_1b_bf16 true false \
+    72 2e-4 0 63578 36 \
+    "$data/hdf5_document_chunks_lower_case_1_seq_len_1024_random_seed_12345/books_wiki_en_corpus" \
+    bert_configs/modernbert-1b.json \
+    "$data/hdf5_document_chunks_lower_case_1_seq_len_8192_random_seed_12345/books_wiki_en_corpus" \
+    . None modern 1024 308 8192 2458 bert_configs/modernbert-1b-8k.json 50e9 0.1667 fsdp 1
+}
+
+modernbert_1b_64gpu_bf16_fsdp() {
+  local data="${BERT_PREP_WORKING_DIR:-data}"
+  echo 72 5e-4 bf16 8 0.0018 360275 2000 false true true 18 42 modernbert_1b_bf16 true false \
+    9 2e-4 0 63578 9 \
+    "$data/hdf5_document_chunks_lower_case_1_seq_len_1024_random_seed_12345/books_wiki_en_corpus" \
+    bert_configs/modernbert-1b.json \
+    "$data/hdf5_document_chunks_lower_case_1_seq_len_8192_random_seed_12345/books_wiki_en_corpus" \
+    . None modern 1024 308 8192 2458 bert_configs/modernbert-1b-8k.json 50e9 0.1667 fsdp 8
 }

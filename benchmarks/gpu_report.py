@@ -13,6 +13,9 @@ Sections, in order; each against a peer measured in the same run:
                   against the model step alone on the very batches the loop reads first;
   finetune        SQuAD fine-tuning and inference on full windows, ours against transformers'
                   (finetune_throughput.py);
+  sharding        DDP beside FSDP (--sharding fsdp) on all the GPUs, one process each (fsdp_memory.py, fp32, LAMB):
+                  each process's parameters, gradients and optimizer state, its peak allocated memory, the step
+                  time (one GPU shards nothing: its FSDP row is the cost of FSDP's own machinery);
   profile         (--profile) torch.profiler's top 15 CUDA kernels of one of our steps at each length;
   compiled_step   model_step's rows with both models under torch.compile (last: compiling takes minutes);
   data_prep       (--data_prep) data_prep_scale.py at 1, 2, 4, 8 and 16 processes.
@@ -72,13 +75,13 @@ from bertrecipe.common.atomic_files import write_atomic
 from bertrecipe.common.hardware import detect
 from bertrecipe.model.bert import BertConfig
 
-SECTIONS = ("cuda_tests", "gemm_peak", "model_step", "max_micro_batch", "loop", "finetune", "profile",
+SECTIONS = ("cuda_tests", "gemm_peak", "model_step", "max_micro_batch", "loop", "finetune", "sharding", "profile",
             "compiled_step", "data_prep")
 OPTIONAL = {"profile": "--profile", "data_prep": "--data_prep"}
 TINY_CONFIG = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                          max_position_embeddings=128)
 # About how long a row takes on an H100 (compiles included): a row is skipped when less of --time_budget is left.
-NEEDS_SECONDS = {"model_step": 20, "max_micro_batch": 60, "loop": 90, "finetune": 40, "profile": 20,
+NEEDS_SECONDS = {"model_step": 20, "max_micro_batch": 60, "loop": 90, "finetune": 40, "sharding": 60, "profile": 20,
                  "compiled_step": 150, "data_prep": 60}
 
 
@@ -600,6 +603,34 @@ def profile_section(run: Run) -> None:
                                                                                    run, seq)})
 
 
+# --- sharding ---------------------------------------------------------------------------------------------------
+
+def sharding_section(run: Run) -> None:
+    """DDP and FSDP (--sharding fsdp) side by side on every GPU (--tiny: 2 CPU processes): each process's
+    parameters, gradients and LAMB state, its peak allocated memory and the step time (benchmarks.fsdp_memory, the
+    loop's model in fp32). One GPU shards nothing: its FSDP row is what FSDP's machinery costs."""
+    s = run.settings
+    skip = run.deadline.lacks(NEEDS_SECONDS["sharding"])
+    if skip:
+        run.add("sharding", {"error": skip})
+        return
+    cuda = is_cuda(s.device)
+    processes = torch.cuda.device_count() if cuda else 2
+    seq = s.seqs[0]
+    batch = min(s.batch[seq], 32)  # fp32 (the state's bytes are the point), so fewer rows than the bf16 steps
+    out = run.work / "sharding.json"
+    command = benchmark_command("fsdp_memory", "--device", "cuda" if cuda else "cpu", "--layouts",
+                                f"ddp:{processes}", f"fsdp:{processes}", "--config", str(loop_config_file(run)),
+                                "--batch", str(batch), "--seq", str(seq), "--steps", "3", "--output", str(out))
+    status, output = run_group(command, max(min(run.deadline.left(), 300), 60))
+    if status != 0:
+        lines = [line for line in output.splitlines() if line.strip()] or ["no output"]
+        ended = "was cut off" if status is None else f"exited with {status}"
+        raise RuntimeError(f"benchmarks.fsdp_memory {ended}: {lines[-1]}")
+    for row in json.loads(out.read_text())["layouts"]:
+        run.add("sharding", {key: value for key, value in row.items() if key != "ranks"} | {"batch": batch, "seq": seq})
+
+
 # --- data_prep --------------------------------------------------------------------------------------------------
 
 def data_prep_section(run: Run) -> None:
@@ -632,7 +663,8 @@ def data_prep_section(run: Run) -> None:
 RUNNERS: dict[str, Callable[[Run], None]] = {
     "cuda_tests": cuda_tests, "gemm_peak": gemm_section, "model_step": model_section,
     "max_micro_batch": max_batch_section, "loop": loop_section, "finetune": finetune_section,
-    "profile": profile_section, "compiled_step": compiled_section, "data_prep": data_prep_section}
+    "sharding": sharding_section, "profile": profile_section, "compiled_step": compiled_section,
+    "data_prep": data_prep_section}
 
 
 # --- the run ----------------------------------------------------------------------------------------------------

@@ -113,6 +113,15 @@ def data_prep_row(row: dict[str, Any]) -> list[str]:
             f"{row['seconds']:.1f} s, peak RSS {row['tree_rss_mb']:.0f} MB"]
 
 
+def sharding_row(row: dict[str, Any]) -> list[str]:
+    if "layout" not in row:
+        return ["sharding", "", "", "", "", "", "", "", notes(row, "error")]
+    what = f"{row['layout']}: pre-training step, seq {row['seq']}, batch {row['batch']} a process"
+    state = f"state {row['state_bytes_per_process_max'] / 2**30:.2f} GiB a process"
+    peak = f"{row['peak_allocated_bytes_max'] / 2**30:.1f}" if "peak_allocated_bytes_max" in row else ""
+    return ["sharding", what, "fp32", f"{row['step_seconds_max'] * 1000:.0f} ms a step", "", "", "", peak, state]
+
+
 def profile_row(row: dict[str, Any]) -> list[str]:
     what = f"our step, seq {row['seq']}, batch {row['batch']}"
     found = f"{row['what']}: below" if "top" in row else ""
@@ -121,8 +130,8 @@ def profile_row(row: dict[str, Any]) -> list[str]:
 
 ROWS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "cuda_tests": cuda_tests_row, "gemm_peak": gemm_row, "model_step": step_row, "max_micro_batch": max_batch_row,
-    "loop": loop_row, "finetune": finetune_row, "profile": profile_row, "compiled_step": step_row,
-    "data_prep": data_prep_row}
+    "loop": loop_row, "finetune": finetune_row, "sharding": sharding_row, "profile": profile_row,
+    "compiled_step": step_row, "data_prep": data_prep_row}
 
 
 def table(lines: list[list[str]]) -> list[str]:

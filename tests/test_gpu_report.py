@@ -26,6 +26,7 @@ NUMBERS = {
     "max_micro_batch": ["ours_largest_micro_batch", "peer_largest_micro_batch"],
     "loop": ["loop_seq_per_s", "model_step_seq_per_s"],
     "finetune": ["ours_seq_per_s", "peer_seq_per_s"],
+    "sharding": ["state_bytes_per_process_max", "step_seconds_max"],
     "profile": ["total_ms_per_step"],
     "compiled_step": ["ours_seq_per_s", "peer_seq_per_s"],
     "data_prep": ["mb_per_s_per_process"],
@@ -65,6 +66,9 @@ def test_the_tiny_report_has_every_section_with_numbers_or_an_error_line(tiny_re
     assert {(r["seq"], r["precision"]) for r in model} == {(32, "bf16"), (32, "fp16"), (64, "bf16"), (64, "fp16")}
     assert all("ours_of_peak" in r and "speedup" in r for r in model)  # measured against the GEMM peak and the peer
     assert {r["precision"] for r in data["sections"]["gemm_peak"]["rows"]} == {"bf16", "fp16", "tf32"}
+    ddp, fsdp = data["sections"]["sharding"]["rows"]  # side by side on 2 CPU processes: FSDP holds half the state
+    assert (ddp["layout"], fsdp["layout"]) == ("ddp:2", "fsdp:2")
+    assert fsdp["state_bytes_per_process_max"] == pytest.approx(ddp["state_bytes_per_process_max"] / 2, rel=0.01)
     assert data["sections"]["cuda_tests"]["rows"][0]["command"].startswith("-m pytest -m cuda tests")
     assert data["sections"]["cuda_tests"]["rows"][0]["returncode"] is not None  # not cut off
 

@@ -287,7 +287,7 @@ def set_up_optimizer(settings: PretrainingSettings, ctx: DistributedContext, mod
     optimizer holds the shards). Returns those and where the phase goes on."""
     sharded = sharding_active(settings.device.sharding, ctx)
     if sharded:
-        model = shard_model(model, ctx)
+        model = shard_model(model, ctx, precision.dtype)
     groups = weight_decay_groups(model, settings.optimizer.weight_decay)
     optimizer = build_optimizer(settings.optimizer, groups)
     resume = ResumePoint()

@@ -61,6 +61,16 @@ def test_phase1_resumes_its_newest_checkpoint_after_a_requeue(tmp_path):
     assert args.resume_from_checkpoint and not args.phase2
 
 
+def test_a_sharded_run_resumes_its_folder_of_shards_and_leaves_out_ddps_fp16_all_reduce(tmp_path):
+    """Under SHARDING=fsdp the checkpoints are ckpt_<step>.dcp folders, which a requeue resumes from, and fp16
+    keeps its precision flag without DDP's compressed all-reduce (run_pretraining.py refuses it sharded)."""
+    (tmp_path / "ckpt" / "ckpt_200.dcp").mkdir(parents=True)
+    args = training_args(srun_command(dry_run(tmp_path, PHASE="1", SHARDING="fsdp", PRECISION="fp16")))
+    assert args.resume_from_checkpoint and args.sharding == "fsdp" and args.fp16
+    assert not args.allreduce_post_accumulation_fp16
+    assert training_args(srun_command(dry_run(tmp_path, PHASE="1", PRECISION="fp16"))).allreduce_post_accumulation_fp16
+
+
 def test_phase2_picks_up_phase1_checkpoints_from_the_same_folder(tmp_path):
     phase1 = srun_command(dry_run(tmp_path, PHASE="1"))
     phase2 = srun_command(dry_run(tmp_path, PHASE="2", PHASE1_END_STEP="7038", PRECISION="fp16"))

@@ -12,7 +12,7 @@ from bertrecipe.common.errors import InputError
 from bertrecipe.model.weights import read_weights
 from bertrecipe.training import checkpointing
 from bertrecipe.training.metric_logger import read_log
-from helpers import REPO_ROOT, TINY, pretrain, run_command, step_records
+from helpers import GLUE_EXCERPTS, REPO_ROOT, TINY, glue, pretrain, run_command, step_records
 
 STEPS = 20
 NO_DROPOUT = "bert_config_no_dropout.json"
@@ -92,11 +92,12 @@ def skipped_steps(run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [2, 4])
-def test_fsdp_equals_ddp_on_as_many_processes(corpus, tmp_path, nproc):
+@pytest.mark.parametrize("nproc, extra", [(2, []), (4, []), (2, ["--checkpoint_activations"])])
+def test_fsdp_equals_ddp_on_as_many_processes(corpus, tmp_path, nproc, extra):
     """LAMB over shards is LAMB: the whole-tensor norms of its trust ratios and of the clipping make FSDP's run
-    DDP's, step by step, with gradient accumulation; the checkpoint holds the whole state."""
-    ddp, fsdp = ddp_and_fsdp_runs(corpus, tmp_path, nproc)
+    DDP's, step by step, with gradient accumulation (and with the layers' activations recomputed in backward,
+    which gathers each layer's weights once more); the checkpoint holds the whole state."""
+    ddp, fsdp = ddp_and_fsdp_runs(corpus, tmp_path, nproc, *extra)
     assert_same_run(ddp, fsdp, STEPS)
     held_out_ddp, held_out_fsdp = evaluations(ddp / "log.json"), evaluations(fsdp / "log.json")
     assert len(held_out_ddp) == len(held_out_fsdp) == 3  # steps 10 and 20, and the final record
@@ -181,10 +182,10 @@ def test_the_modern_family_with_stable_adamw_sharded_equals_ddp(corpus, tmp_path
 
 
 @pytest.mark.slow
-def test_a_sharded_checkpoint_is_every_process_s_shards_and_every_command_reads_it(corpus, tmp_path):
+def test_a_sharded_checkpoint_is_every_process_s_shards_and_every_command_reads_it(corpus, vocab_file, tmp_path):
     """Each process writes its own files of ckpt_<step>.dcp (the model's and the optimizer's); the converter makes
     the single file an unsharded run writes, which a DDP run resumes from as the sharded run goes on; the
-    Hugging Face export, the fine-tuning commands' reader and run_pretraining_inference take the folder as they
+    Hugging Face export, the weights reader, run_glue.py and run_pretraining_inference take the folder as they
     take a file; a folder that lost a file is known not to load; a killed save's temporary folder is removed."""
     sharded, unsharded = tmp_path / "sharded", tmp_path / "unsharded"
     common = ["--train_batch_size", 4, "--log_freq", 1, "--num_steps_per_checkpoint", 2, "--learning_rate", "4e-3",
@@ -223,6 +224,10 @@ def test_a_sharded_checkpoint_is_every_process_s_shards_and_every_command_reads_
     for source, export in zip((folder, converted), exports, strict=True):
         run_command([sys.executable, str(REPO_ROOT / "scripts" / "convert_checkpoint.py"), str(source), str(export)])
     assert (exports[0] / "model.safetensors").read_bytes() == (exports[1] / "model.safetensors").read_bytes()
+    tuned = tmp_path / "sst2"
+    glue(vocab_file, GLUE_EXCERPTS / "SST-2", tuned, "--task_name", "SST-2", "--init_checkpoint", str(folder),
+         "--do_train", "--max_seq_length", "32", "--train_batch_size", "8", "--max_steps", "2")
+    assert (tuned / "pytorch_model.bin").is_file()
     scored = run_command([sys.executable, str(REPO_ROOT / "run_pretraining_inference.py"), "--input_dir",
                           str(corpus / "p1"), "--ckpt_dir", str(sharded), "--config_file", str(corpus / NO_DROPOUT),
                           "--max_seq_length", "64", "--max_predictions_per_seq", "10", "--eval_batch_size", "8"])
@@ -270,3 +275,24 @@ def test_bf16_is_fsdps_mixed_precision_policy_with_fp32_master_weights_and_gradi
     intermediate = json.loads((corpus / NO_DROPOUT).read_text())["intermediate_size"]
     assert result.stdout.split() == ["torch.bfloat16", "torch.bfloat16", "torch.float32", "torch.float32",
                                      str(intermediate // 2)], result.stdout
+
+
+@pytest.mark.slow
+def test_phase_2_starts_from_a_sharded_phase_1_checkpoint_as_from_ddps(corpus, tmp_path):
+    """The phase hand-over reads the folder of shards as it reads a file: phase 2 (longer rows, its own rate, the
+    optimizer's step and schedule restarted, the moments kept) after a sharded phase 1 ends where DDP's two phases
+    end, and numbers its checkpoints after phase 1's."""
+    ends = {}
+    for layout in ("ddp", "fsdp"):
+        out = tmp_path / layout
+        common = ["--train_batch_size", 4, "--log_freq", 1, "--learning_rate", "4e-3", "--sharding", layout]
+        pretrain(corpus, out, *common, "--max_steps", 4, "--num_steps_per_checkpoint", 4, config=NO_DROPOUT,
+                 nproc=2)
+        pretrain(corpus, out, *common, "--max_steps", 2, "--num_steps_per_checkpoint", 2, "--resume_from_checkpoint",
+                 "--phase2", "--phase1_end_step", 4, config=NO_DROPOUT, nproc=2, phase=2)
+        kinds = {"ddp": ["ckpt_4.pt", "ckpt_6.pt"], "fsdp": ["ckpt_4.dcp", "ckpt_6.dcp"]}[layout]
+        assert sorted(p.name for p in out.glob("ckpt_*")) == kinds
+        ends[layout] = checkpoint(out, 6)
+    assert ends["fsdp"]["phase2"] and ends["fsdp"]["phase_step"] == 2
+    a, b = ends["ddp"]["model"], ends["fsdp"]["model"]
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6

@@ -68,8 +68,9 @@ RULES = (
     ResumeRule("bf16", "applied", "precision may change"),
     ResumeRule("tf32", "applied", "precision may change"),
     ResumeRule("deterministic", "applied", "the kernels change from the next step; the numbers already trained stay"),
-    ResumeRule("sharding", "applied", "a checkpoint is whole either way: the run goes on sharded or not, on any "
-                                      "number of processes that keeps the global batch", before="ddp"),
+    ResumeRule("sharding", "applied", "a single file or a folder of shards, each process reads what it holds: the "
+                                      "run goes on sharded or not, on any number of processes that keeps the "
+                                      "global batch", before="ddp"),
     ResumeRule("bin_by_length", "applied", "the step's samples stay; only their micro-batches change"),
     ResumeRule("pack_sequences", "applied", "the step's samples stay; only their rows change"),
     ResumeRule("seed", "refused", "the seed orders the sample stream: another one mid-epoch repeats some samples and "

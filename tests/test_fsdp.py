@@ -185,7 +185,7 @@ def test_the_modern_family_with_stable_adamw_sharded_equals_ddp(corpus, tmp_path
 def test_a_sharded_checkpoint_is_every_process_s_shards_and_every_command_reads_it(corpus, vocab_file, tmp_path):
     """Each process writes its own files of ckpt_<step>.dcp (the model's and the optimizer's); the converter makes
     the single file an unsharded run writes, which a DDP run resumes from as the sharded run goes on; the
-    Hugging Face export, the weights reader, run_glue.py and run_pretraining_inference take the folder as they
+    Hugging Face export, the weights reader, the release, run_glue.py and run_pretraining_inference take the folder as they
     take a file; a folder that lost a file is known not to load; a killed save's temporary folder is removed."""
     sharded, unsharded = tmp_path / "sharded", tmp_path / "unsharded"
     common = ["--train_batch_size", 4, "--log_freq", 1, "--num_steps_per_checkpoint", 2, "--learning_rate", "4e-3",
@@ -224,6 +224,10 @@ def test_a_sharded_checkpoint_is_every_process_s_shards_and_every_command_reads_
     for source, export in zip((folder, converted), exports, strict=True):
         run_command([sys.executable, str(REPO_ROOT / "scripts" / "convert_checkpoint.py"), str(source), str(export)])
     assert (exports[0] / "model.safetensors").read_bytes() == (exports[1] / "model.safetensors").read_bytes()
+    released = tmp_path / "release"  # the card states the run's records, read from the folder's training state
+    run_command([sys.executable, str(REPO_ROOT / "scripts" / "export_model.py"), str(sharded / "ckpt_6.dcp"),
+                 str(released), "--vocab_file", str(vocab_file)])
+    assert "| optimizer steps | 6 |" in (released / "README.md").read_text()
     tuned = tmp_path / "sst2"
     glue(vocab_file, GLUE_EXCERPTS / "SST-2", tuned, "--task_name", "SST-2", "--init_checkpoint", str(folder),
          "--do_train", "--max_seq_length", "32", "--train_batch_size", "8", "--max_steps", "2")

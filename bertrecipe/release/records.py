@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.files import read_json_file
+from bertrecipe.model import sharded_checkpoint
 from bertrecipe.model.torch_files import load_torch_file
 from bertrecipe.model.weights import checkpoint_identity
 
@@ -45,10 +46,15 @@ class Score:
 
 
 def read_source_records(src: Path) -> SourceRecords:
-    """The sha256 of the weights and, for a checkpoint file of ours, everything it records besides them."""
+    """The sha256 of the weights and, for a checkpoint of ours (a file, or a sharded one's folder), everything it
+    records besides them."""
     records = SourceRecords(src, checkpoint_identity(src)["sha256"])
+    payload = None
     if src.is_file():
         payload = load_torch_file(src, mmap=True)
+    elif sharded_checkpoint.is_sharded_checkpoint(src):  # its training state records the rest
+        payload = sharded_checkpoint.read_training_state(src)
+    if payload is not None:
         if isinstance(payload, dict) and "model" in payload:  # a checkpoint of ours, or NVIDIA's
             records.data_files = list((payload.get("data") or {}).get("files") or [])
             records.payload = {k: v for k, v in payload.items() if k not in WEIGHT_ENTRIES}

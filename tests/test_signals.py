@@ -152,3 +152,26 @@ def test_a_signal_python_swallows_in_a_weakref_callback_still_stops_the_command(
     done = subprocess.run([sys.executable, "-c", SIGNAL_IN_A_CALLBACK, str(int(sent))], env=ENV,
                           capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr.splitlines()) == (status, "", [stop_line(said)])
+
+
+WAIT_FOR_OWN_SIGNAL = """
+import os, signal, sys, threading
+from bertrecipe.common.stop_signals import handle_stop_signals, stop_signal_within
+handle_stop_signals()
+print(type(stop_signal_within(0.05)).__name__)  # nothing sent: None after the wait
+threading.Timer(0.2, os.kill, (os.getpid(), getattr(signal, sys.argv[1]))).start()
+print(type(stop_signal_within(30)).__name__)  # arrives during the wait: returned, not raised
+print(type(stop_signal_within(30)).__name__)  # already received: returned at once
+"""
+
+
+@pytest.mark.parametrize("sent, exception", [("SIGINT", "KeyboardInterrupt"), ("SIGTERM", "Terminated")])
+def test_a_process_whose_peers_have_gone_waits_a_moment_for_its_own_stop_signal(sent, exception):
+    """run_pretraining.py's processes: one that sees its peers gone (they stopped on a Ctrl-C or SIGTERM sent to
+    the whole job) takes the signal that reaches it a moment later as its own end, not as an error."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", WAIT_FOR_OWN_SIGNAL, sent], capture_output=True, text=True,
+                          env=ENV, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["NoneType", exception, exception]
+    assert time.monotonic() - started < 20  # the signal ended the wait, not the 30 s

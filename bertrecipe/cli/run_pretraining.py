@@ -21,7 +21,7 @@ import torch
 
 from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
-from bertrecipe.common.stop_signals import Terminated
+from bertrecipe.common.stop_signals import Terminated, stop_signal_within
 from bertrecipe.model.families import ModelConfig, is_modern_config
 from bertrecipe.model.weights import read_config
 from bertrecipe.pretraining.masking import SCHEDULE_SHAPES
@@ -37,6 +37,9 @@ from bertrecipe.training.process_group import (
     shutdown,
 )
 from bertrecipe.training.sharding import SHARDING
+
+# How long a process whose peers have gone waits for a stop signal of its own before it reports an error.
+PEER_SIGNAL_GRACE_SECONDS = 1.0
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -400,6 +403,12 @@ def run_in_process_group(args: argparse.Namespace,
     except RuntimeError as error:
         if not peer_has_gone(error, ctx):
             raise
+        # The others may have stopped on a Ctrl-C or SIGTERM sent to the whole job, which reaches this process a
+        # moment later: it then ends as they do, without an error line.
+        arrived = stop_signal_within(PEER_SIGNAL_GRACE_SECONDS)
+        if arrived is not None:
+            raise SystemExit(128 + (signal.SIGINT if isinstance(arrived, KeyboardInterrupt) else signal.SIGTERM)) \
+                from None
         # The process that stopped first said why; this one's traceback would only bury that line.
         print(f"error: process {ctx.rank}: another process of this run stopped (its own line says why); "
               f"{checkpointing.where_to_resume(args.output_dir)}", file=sys.stderr, flush=True)

@@ -9,7 +9,8 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, NoReturn
+import time
+from typing import Any, NoReturn, Optional
 
 
 class Terminated(BaseException):
@@ -67,6 +68,19 @@ def raise_if_stopped() -> None:
     another thread's commit is of a whole output, and the main thread ends the command."""
     if _received and threading.current_thread() is threading.main_thread():
         raise KeyboardInterrupt() if _received[0] == signal.SIGINT else Terminated()
+
+
+def stop_signal_within(seconds: float) -> Optional[BaseException]:
+    """The exception of a stop signal this process received, or receives within `seconds` (None if none comes):
+    a Ctrl-C or SIGTERM sent to a whole job reaches its processes a moment apart, and one of them may first see its
+    peers gone (they stopped on theirs) before its own arrives."""
+    if _received:
+        return KeyboardInterrupt() if _received[0] == signal.SIGINT else Terminated()
+    try:
+        time.sleep(seconds)
+    except (KeyboardInterrupt, Terminated) as arrived:
+        return arrived
+    return None
 
 
 def forget_signals() -> None:

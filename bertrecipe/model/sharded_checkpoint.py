@@ -82,6 +82,11 @@ def write(folder: Path, payload: dict[str, Any], model: nn.Module, optimizer: to
 
 
 def _first_failure(error: CheckpointException) -> str:
+    """Why the write or read failed, in words; a Ctrl-C or SIGTERM that landed inside it is raised as itself
+    (the command then ends as that signal ends it, not as a failed write)."""
+    for cause, _ in error.failures.values():
+        if not isinstance(cause, Exception):
+            raise cause
     for cause, _ in error.failures.values():
         if isinstance(cause, OSError):
             return cause.strerror or str(cause)

@@ -70,6 +70,14 @@ cpu_modern() {
     . None modern 128 40 512 160 bert_configs/modernbert-tiny-512.json 4e5 0.5
 }
 
+_bert_shards() {  # LENGTH MASKED: NVIDIA's Wikipedia + books shards (data/create_datasets_from_start.sh)
+  echo "${BERT_PREP_WORKING_DIR:-data}/hdf5_lower_case_1_seq_len_$1_max_pred_$2_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/books_wiki_en_corpus"
+}
+
+_modern_shards() {  # LENGTH: the document-chunk shards of the modern recipe
+  echo "${BERT_PREP_WORKING_DIR:-data}/hdf5_document_chunks_lower_case_1_seq_len_$1_random_seed_12345/books_wiki_en_corpus"
+}
+
 # Encoders of a billion parameters, whose weights, gradients and optimizer moments (16 bytes a parameter: 20 GB
 # for BERT-xlarge) leave too little of a GPU for activations under DDP: sharded with FSDP (argument 34), so that
 # each GPU holds 1/8 or 1/64 of that state. The 64-GPU rows span 8 nodes of 8 (argument 35): run the same command
@@ -78,22 +86,14 @@ cpu_modern() {
 # recipe: the LAMB paper's global batches (65,536 then 32,768 sequences) and rates, micro-batches of 64 at 128
 # tokens and 16 at 512. Those rates were set for BERT-large: at this size they are a starting point, yours to tune.
 bert_xlarge_8gpu_bf16_fsdp() {
-  local data="${BERT_PREP_WORKING_DIR:-data}"
-  echo 8192 6e-3 bf16 8 0.2843 7038 200 false true true 128 42 bert_xlarge_bf16 true false \
-    4096 4e-3 0.128 1563 256 \
-    "$data/hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/books_wiki_en_corpus" \
-    bert_configs/xlarge.json \
-    "$data/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/books_wiki_en_corpus" \
+  echo 8192 6e-3 bf16 8 0.2843 7038 200 false true true 128 42 bert_xlarge_bf16 true false 4096 4e-3 0.128 1563 256 \
+    "$(_bert_shards 128 20)" bert_configs/xlarge.json "$(_bert_shards 512 80)" \
     . None bert 128 20 512 80 bert_configs/xlarge.json 0 0.125 fsdp 1
 }
 
 bert_xlarge_64gpu_bf16_fsdp() {
-  local data="${BERT_PREP_WORKING_DIR:-data}"
-  echo 1024 6e-3 bf16 8 0.2843 7038 200 false true true 16 42 bert_xlarge_bf16 true false \
-    512 4e-3 0.128 1563 32 \
-    "$data/hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/books_wiki_en_corpus" \
-    bert_configs/xlarge.json \
-    "$data/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/books_wiki_en_corpus" \
+  echo 1024 6e-3 bf16 8 0.2843 7038 200 false true true 16 42 bert_xlarge_bf16 true false 512 4e-3 0.128 1563 32 \
+    "$(_bert_shards 128 20)" bert_configs/xlarge.json "$(_bert_shards 512 80)" \
     . None bert 128 20 512 80 bert_configs/xlarge.json 0 0.125 fsdp 8
 }
 
@@ -103,21 +103,13 @@ bert_xlarge_64gpu_bf16_fsdp() {
 # 576 rows of 8,192), at ModernBERT-large's peak rate 5e-4 and 2e-4 for the extension (the base preset's ratio):
 # micro-batches of 16 then 2 rows on 8 GPUs, 4 then 1 on 64.
 modernbert_1b_8gpu_bf16_fsdp() {
-  local data="${BERT_PREP_WORKING_DIR:-data}"
-  echo 576 5e-4 bf16 8 0.0018 360275 2000 false true true 36 42 modernbert_1b_bf16 true false \
-    72 2e-4 0 63578 36 \
-    "$data/hdf5_document_chunks_lower_case_1_seq_len_1024_random_seed_12345/books_wiki_en_corpus" \
-    bert_configs/modernbert-1b.json \
-    "$data/hdf5_document_chunks_lower_case_1_seq_len_8192_random_seed_12345/books_wiki_en_corpus" \
+  echo 576 5e-4 bf16 8 0.0018 360275 2000 false true true 36 42 modernbert_1b_bf16 true false 72 2e-4 0 63578 36 \
+    "$(_modern_shards 1024)" bert_configs/modernbert-1b.json "$(_modern_shards 8192)" \
     . None modern 1024 308 8192 2458 bert_configs/modernbert-1b-8k.json 50e9 0.1667 fsdp 1
 }
 
 modernbert_1b_64gpu_bf16_fsdp() {
-  local data="${BERT_PREP_WORKING_DIR:-data}"
-  echo 72 5e-4 bf16 8 0.0018 360275 2000 false true true 18 42 modernbert_1b_bf16 true false \
-    9 2e-4 0 63578 9 \
-    "$data/hdf5_document_chunks_lower_case_1_seq_len_1024_random_seed_12345/books_wiki_en_corpus" \
-    bert_configs/modernbert-1b.json \
-    "$data/hdf5_document_chunks_lower_case_1_seq_len_8192_random_seed_12345/books_wiki_en_corpus" \
+  echo 72 5e-4 bf16 8 0.0018 360275 2000 false true true 18 42 modernbert_1b_bf16 true false 9 2e-4 0 63578 9 \
+    "$(_modern_shards 1024)" bert_configs/modernbert-1b.json "$(_modern_shards 8192)" \
     . None modern 1024 308 8192 2458 bert_configs/modernbert-1b-8k.json 50e9 0.1667 fsdp 8
 }

@@ -62,9 +62,9 @@ def fine_tune(out: Path, data: Path, start: Path, epochs: float, rate: str, flag
 
 
 def distil(work: Path, data: Path, teacher_folder: Path, start: Path, epochs: dict, rates: dict,
-           flags: list[str]) -> dict:
+           flags: list[str], stages: list[str]) -> dict:
     student = start
-    for stage in ("backbone", "heads"):
+    for stage in stages:
         out = work / f"distilled_{stage}"
         if not (out / "dllogger.json").is_file() or "F1" not in read_log(out / "dllogger.json")[-1]["data"]:
             run([sys.executable, "distillation/task_distill.py", "--teacher_model", str(teacher_folder),
@@ -85,7 +85,7 @@ def table(report: dict) -> str:
              f"| teacher (6 layers) | {teacher['exact_match']:.2f} | {teacher['F1']:.2f} | "
              f"{teacher['train_minutes']:.1f} |",
              f"| student (3 layers), task-distilled | {student['exact_match']:.2f} | {student['F1']:.2f} | "
-             f"{student['train_minutes']:.1f} (heads stage) |"]
+             f"{student['train_minutes']:.1f} (last stage) |"]
     if report.get("baseline"):
         plain = report["baseline"]
         lines.append(f"| student (3 layers), fine-tuned | {plain['exact_match']:.2f} | {plain['F1']:.2f} | "
@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--heads_learning_rate", default="5e-5")
     p.add_argument("--fp32", action="store_true", help="train in fp32 (default: bf16 autocast)")
     p.add_argument("--baseline", action="store_true", help="also fine-tune the student plainly")
+    p.add_argument("--stages", nargs="+", choices=("backbone", "heads"), default=["backbone", "heads"],
+                   help="the task-distillation stages, in order (NVIDIA's: both; heads alone: the logits only)")
     args = p.parse_args(argv)
     work = args.work_dir.resolve()
     flags = common_flags(args.max_seq_length, not args.fp32)
@@ -115,13 +117,14 @@ def main(argv: list[str] | None = None) -> None:
     start = student_start(work, teacher_folder, 3)
     epochs = {"backbone": args.backbone_epochs, "heads": args.heads_epochs}
     rates = {"backbone": args.backbone_learning_rate, "heads": args.heads_learning_rate}
-    report = {"teacher": teacher, "distilled": distil(work, data, teacher_folder, start, epochs, rates, flags),
+    report = {"teacher": teacher,
+              "distilled": distil(work, data, teacher_folder, start, epochs, rates, flags, args.stages),
               "host": f"{host_line(detect(), 'fp32' if args.fp32 else 'bf16')}, date {time.strftime('%Y-%m-%d')}",
               "settings": f"seq {args.max_seq_length}, stride 128, batch 32, teacher {args.teacher_epochs:g} epochs "
-                          f"lr 1e-4, student backbone {args.backbone_epochs:g} epochs at {args.backbone_learning_rate}"
-                          f" + heads {args.heads_epochs:g} at {args.heads_learning_rate}"}
+                          f"lr 1e-4, student "
+                          + " + ".join(f"{stage} {epochs[stage]:g} epochs at {rates[stage]}" for stage in args.stages)}
     if args.baseline:
-        report["baseline"] = fine_tune(work / "baseline", data, start, args.backbone_epochs + args.heads_epochs,
+        report["baseline"] = fine_tune(work / "baseline", data, start, sum(epochs[stage] for stage in args.stages),
                                        "1e-4", flags)
     (work / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (work / "report.md").write_text(table(report) + "\n")

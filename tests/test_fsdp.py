@@ -185,8 +185,9 @@ def test_the_modern_family_with_stable_adamw_sharded_equals_ddp(corpus, tmp_path
 def test_a_sharded_checkpoint_is_every_process_s_shards_and_every_command_reads_it(corpus, vocab_file, tmp_path):
     """Each process writes its own files of ckpt_<step>.dcp (the model's and the optimizer's); the converter makes
     the single file an unsharded run writes, which a DDP run resumes from as the sharded run goes on; the
-    Hugging Face export, the weights reader, the release, run_glue.py and run_pretraining_inference take the folder as they
-    take a file; a folder that lost a file is known not to load; a killed save's temporary folder is removed."""
+    Hugging Face export, the weights reader, the release, run_glue.py and run_pretraining_inference take the
+    folder as they take a file; a folder that lost a file is known not to load; a killed save's temporary folder is
+    removed."""
     sharded, unsharded = tmp_path / "sharded", tmp_path / "unsharded"
     common = ["--train_batch_size", 4, "--log_freq", 1, "--num_steps_per_checkpoint", 2, "--learning_rate", "4e-3",
               "--resume_from_checkpoint"]

@@ -38,7 +38,7 @@ from bertrecipe.training.process_group import (
 )
 from bertrecipe.training.sharding import SHARDING
 
-# How long a process whose peers have gone waits for a stop signal of its own before it reports an error.
+# How long a process whose peers have gone waits for a Ctrl-C of its own before it reports an error.
 PEER_SIGNAL_GRACE_SECONDS = 1.0
 
 
@@ -403,12 +403,11 @@ def run_in_process_group(args: argparse.Namespace,
     except RuntimeError as error:
         if not peer_has_gone(error, ctx):
             raise
-        # The others may have stopped on a Ctrl-C or SIGTERM sent to the whole job, which reaches this process a
-        # moment later: it then ends as they do, without an error line.
-        arrived = stop_signal_within(PEER_SIGNAL_GRACE_SECONDS)
-        if arrived is not None:
-            raise SystemExit(128 + (signal.SIGINT if isinstance(arrived, KeyboardInterrupt) else signal.SIGTERM)) \
-                from None
+        # The others may have stopped on a Ctrl-C sent to the whole job, which reaches this process a moment later:
+        # it then ends as they do, without an error line. A SIGTERM meanwhile is the launcher ending this process
+        # because another one failed: that one's line says why, and this one says it stopped for it.
+        if isinstance(stop_signal_within(PEER_SIGNAL_GRACE_SECONDS), KeyboardInterrupt):
+            raise SystemExit(128 + signal.SIGINT) from None
         # The process that stopped first said why; this one's traceback would only bury that line.
         print(f"error: process {ctx.rank}: another process of this run stopped (its own line says why); "
               f"{checkpointing.where_to_resume(args.output_dir)}", file=sys.stderr, flush=True)

@@ -147,12 +147,12 @@ def save_sharded_checkpoint(output_dir: str | Path, global_step: int, payload: d
     failure = None
     try:
         if ctx.is_main:
-            with atomic_output(path) as temporary:
-                temporary.mkdir()
-                _share_folder(temporary, ctx)
-                sharded_checkpoint.write(temporary, payload, model, optimizer, main=True)
+            _write_shards_as_main(path, payload, model, optimizer, ctx)
         else:
-            sharded_checkpoint.write(_share_folder(None, ctx), payload, model, optimizer, main=False)
+            folder = _share_folder(None, ctx)
+            if folder is None:
+                raise InputError("the first process could not make its folder (see its line)")
+            sharded_checkpoint.write(folder, payload, model, optimizer, main=False)
     except (OSError, InputError) as error:  # a full disk on any process: dcp.save raises on every one
         failure = InputError(f"{path}: cannot write the checkpoint ({_why(error)}); nothing of it is left")
     if any_process(failure is not None, ctx):
@@ -163,8 +163,25 @@ def save_sharded_checkpoint(output_dir: str | Path, global_step: int, payload: d
     return path
 
 
-def _share_folder(folder: Optional[Path], ctx: DistributedContext) -> Path:
-    """The first process's temporary folder name, on every process."""
+def _write_shards_as_main(path: Path, payload: dict[str, Any], model: nn.Module, optimizer: Any,
+                          ctx: DistributedContext) -> None:
+    """The first process's part: the temporary folder made and its name sent to the others (None when it could
+    not be made, so that no process waits on a collective the first one never joins), its own shards and the
+    training state written, the folder renamed onto `path`."""
+    shared = False
+    try:
+        with atomic_output(path) as temporary:
+            temporary.mkdir()
+            shared = bool(_share_folder(temporary, ctx))
+            sharded_checkpoint.write(temporary, payload, model, optimizer, main=True)
+    except (OSError, InputError):
+        if not shared:
+            _share_folder(None, ctx)
+        raise
+
+
+def _share_folder(folder: Optional[Path], ctx: DistributedContext) -> Optional[Path]:
+    """The first process's temporary folder name (None: there is none), on every process."""
     shared = [folder]
     if ctx.enabled:
         dist.broadcast_object_list(shared, src=0)

@@ -36,11 +36,10 @@ PARTS = ("model", "optimizer")  # their tensors' name prefixes, and the order of
 
 @dataclass(frozen=True)
 class ShardedTensors:
-    """One part ("model" or "optimizer") of a sharded checkpoint: its tensors stay on disk until loaded into a
-    model or optimizer (each process reads its own slices)."""
+    """The model's or the optimizer's tensors of a sharded checkpoint (the entry of the payload it stands in): they
+    stay on disk until loaded into a model or optimizer (each process reads its own slices)."""
 
     folder: Path
-    part: str
 
 
 def is_sharded_checkpoint(path: str | Path) -> bool:
@@ -125,8 +124,8 @@ def read_training_state(folder: str | Path) -> dict[str, Any]:
         if not path.is_file() or path.stat().st_size != size:
             why = "is missing" if not path.is_file() else f"has {path.stat().st_size} bytes, not {size}"
             raise InputError(f"{folder}: incomplete sharded checkpoint: {name} {why}")
-    state["model"] = ShardedTensors(folder, "model")
-    state["optimizer"] = {**state["optimizer"], "state": ShardedTensors(folder, "optimizer")}
+    state["model"] = ShardedTensors(folder)
+    state["optimizer"] = {**state["optimizer"], "state": ShardedTensors(folder)}
     return state
 
 
@@ -188,12 +187,19 @@ def optimizer_state_dict(state: dict[str, Any], model: nn.Module,
         else:  # a step count or another small tensor: whole on every process
             templates[name] = torch.zeros(metadata.size, dtype=metadata.properties.dtype)
     _load(templates, folder)
-    entries: dict[int, dict[str, Any]] = {int(i): dict(rest) for i, rest in state["state_without_tensors"].items()}
-    index_of = {name: index for index, name in enumerate(ours)}
-    for name, value in templates.items():
-        parameter, key = name[len("optimizer."):].rsplit(".", 1)
+    tensors = {name[len("optimizer."):]: value for name, value in templates.items()}
+    return {"state": _optimizer_entries(state, tensors), "param_groups": state["param_groups"]}
+
+
+def _optimizer_entries(record: dict[str, Any], tensors: dict[str, Tensor]) -> dict[int, dict[str, Any]]:
+    """torch's optimizer state by parameter index: the training state's non-tensor values and `tensors`, named
+    `<parameter>.<key>`."""
+    entries = {int(index): dict(rest) for index, rest in record["state_without_tensors"].items()}
+    index_of = {name: index for index, name in enumerate(record["parameter_names"])}
+    for name, value in tensors.items():
+        parameter, key = name.rsplit(".", 1)
         entries.setdefault(index_of[parameter], {})[key] = value
-    return {"state": entries, "param_groups": state["param_groups"]}
+    return dict(sorted(entries.items()))
 
 
 def whole_model_state(folder: str | Path) -> dict[str, Tensor]:
@@ -210,15 +216,10 @@ def whole_checkpoint(folder: str | Path) -> dict[str, Any]:
     folder = Path(folder)
     state = read_training_state(folder)
     optimizer = state["optimizer"]
-    index_of = {name: index for index, name in enumerate(optimizer["parameter_names"])}
-    entries: dict[int, dict[str, Any]] = {int(i): dict(rest)
-                                          for i, rest in optimizer["state_without_tensors"].items()}
-    for name, value in _whole_tensors(folder, "optimizer").items():
-        parameter, key = name.rsplit(".", 1)
-        entries.setdefault(index_of[parameter], {})[key] = value
+    entries = _optimizer_entries(optimizer, _whole_tensors(folder, "optimizer"))
     rest = {key: value for key, value in state.items() if key not in ("tied", "tensor_files")}
     return {**rest, "model": whole_model_state(folder),
-            "optimizer": {"state": dict(sorted(entries.items())), "param_groups": optimizer["param_groups"]}}
+            "optimizer": {"state": entries, "param_groups": optimizer["param_groups"]}}
 
 
 def _whole_tensors(folder: Path, part: str) -> dict[str, Tensor]:

@@ -13,7 +13,9 @@ first stage, --general_steps steps; its classifier starts at random); per seed i
   - task-distilled with task_distill.py: the backbone stage (states: attention scores, hidden states, value
     relations), then the heads stage (the teacher's logits, soft cross-entropy), --aug_train when --aug_n > 0
     (data_augmentation.py's set, from a masked-LM head trained here for the augmentation alone, as
-    run_e2e_distillation.sh does).
+    run_e2e_distillation.sh does; --aug_stages says which stages read it). --heads_learning_rate, --heads_epochs
+    and --baseline_epochs change the heads stage and the baseline; a stage or baseline run with settings other
+    than the defaults gets a folder (and the report a file) named by them.
 Every figure is SST-2 dev accuracy (872 sentences); the table has each seed's, the medians, the student's share of
 the teacher's and its distance to the baseline. With --speed, the teacher and the first seed's distilled student
 are also timed at 128 tokens (batch 1 and 32; full SQuAD windows, no padding), each as a PyTorch model and as
@@ -112,7 +114,7 @@ def general_student(work: Path, steps: int) -> Path:
 
 
 def baseline(work: Path, data: Path, start: Path, seed: int, epochs: float, tag: str) -> float:
-    out = work / f"{tag}_baseline_seed{seed}"
+    out = work / f"{tag}_baseline{'' if epochs == 2.0 else f'-e{epochs:g}'}_seed{seed}"
     if not (out / "results.json").is_file():
         run([sys.executable, "run_glue.py", "--task_name", "SST-2", "--data_dir", str(data), "--init_checkpoint",
              str(start), "--vocab_file", str(MINILM / "vocab.txt"), "--output_dir", str(out), "--do_train",
@@ -121,18 +123,35 @@ def baseline(work: Path, data: Path, start: Path, seed: int, epochs: float, tag:
     return accuracy(out)
 
 
-def distilled(work: Path, data: Path, teacher_folder: Path, start: Path, seed: int, aug: bool, tag: str) -> float:
-    student = start
-    for stage, rate in (("backbone", "1e-4"), ("heads", "5e-5")):
-        out = work / f"{tag}_distilled_seed{seed}_{stage}"
+def distilled(work: Path, data: Path, teacher_folder: Path, start: Path, seed: int, stages: dict[str, dict],
+              tag: str) -> Path:
+    """The two stages of task_distill.py in turn; `stages` gives each its learning rate, epochs and whether it reads
+    the augmented set. A stage's folder is named by its settings where they are not the first benchmark's, so that
+    runs with other settings never reuse its outputs."""
+    student, name = start, f"{tag}_distilled"
+    for stage, settings in stages.items():
+        name += stage_suffix(stage, settings)
+        out = work / f"{name}_seed{seed}_{stage}"
         if not (out / "results.json").is_file():
             run([sys.executable, "distillation/task_distill.py", "--teacher_model", str(teacher_folder),
                  "--student_model", str(student), "--vocab_file", str(MINILM / "vocab.txt"), "--data_dir", str(data),
                  "--task_name", "SST-2", "--output_dir", str(out), "--distill_config",
-                 f"distillation/distillation_config_{stage}.json", "--learning_rate", rate, "--num_train_epochs",
-                 "1", "--seed", str(seed), *(["--aug_train"] if aug else []), *COMMON])
+                 f"distillation/distillation_config_{stage}.json", "--learning_rate", settings["rate"],
+                 "--num_train_epochs", str(settings["epochs"]), "--seed", str(seed),
+                 *(["--aug_train"] if settings["aug"] else []), *COMMON])
         student = out
-    return accuracy(student)
+    return student
+
+
+FIRST_STAGES = {"backbone": {"rate": "1e-4", "epochs": 1.0, "aug": False},
+                "heads": {"rate": "5e-5", "epochs": 1.0, "aug": False}}
+
+
+def stage_suffix(stage: str, settings: dict) -> str:
+    """'' for the first benchmark's settings of the stage, else e.g. '-heads-aug-e2-lr1e-4'."""
+    if settings == FIRST_STAGES[stage]:
+        return ""
+    return f"-{stage}{'-aug' if settings['aug'] else ''}-e{settings['epochs']:g}-lr{settings['rate']}"
 
 
 def augment(work: Path, data: Path, copies: int, mlm_steps: int) -> None:
@@ -185,6 +204,13 @@ def speed_lines(measured: dict) -> list[str]:
             "| engine | batch | teacher | student | student / teacher |", "|---|---|---|---|---|", *rows]
 
 
+def stages_line(report: dict) -> str:
+    said = [f"{stage} stage {settings['epochs']:g} epoch(s) at {settings['rate']}"
+            f"{' on the augmented set' if settings['aug'] else ''}" for stage, settings in report["stages"].items()]
+    return (f"distilled: {'; '.join(said)} ({report['augmented_copies']} augmented copies a sentence, {report.get('augmented_rows', 0):,} rows); baseline: "
+            f"{report['baseline_epochs']:g} epochs of run_glue.py")
+
+
 def table(report: dict) -> str:
     rows = [f"| seed {seed} | {100 * b:.2f} | {100 * d:.2f} |" for seed, b, d in
             zip(report["seeds"], report["baseline"], report["distilled"], strict=True)]
@@ -192,7 +218,8 @@ def table(report: dict) -> str:
     teacher_acc = report["teacher"]
     return "\n".join([
         f"SST-2 dev accuracy; teacher {100 * teacher_acc:.2f} ({report['teacher_layers']} layers), student "
-        f"{report['student_layers']} layers; {report['train_rows']} training rows; {report['host']}", "",
+        f"{report['student_layers']} layers; {report['train_rows']} training rows; {report['host']}",
+        *([stages_line(report)] if "stages" in report else []), "",
         "| | fine-tuned (baseline) | task-distilled |", "|---|---|---|", *rows,
         f"| **median** | **{100 * median_b:.2f}** | **{100 * median_d:.2f}** |", "",
         f"distilled student: {100 * median_d / teacher_acc:.1f} % of the teacher's accuracy (goal >= 97 %), "
@@ -211,6 +238,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--general_steps", type=int, default=2000, help="--student general: general_distill's steps")
     p.add_argument("--aug_n", type=int, default=0, help="augmented copies a sentence (0: no augmentation)")
     p.add_argument("--mlm_steps", type=int, default=200)
+    p.add_argument("--aug_stages", nargs="+", choices=("backbone", "heads"), default=["backbone", "heads"],
+                   help="with --aug_n: the stages that read the augmented set")
+    p.add_argument("--heads_epochs", type=float, default=1.0)
+    p.add_argument("--heads_learning_rate", default="5e-5")
+    p.add_argument("--baseline_epochs", type=float, default=2.0)
     p.add_argument("--speed", action="store_true", help="also time the teacher and the first seed's student")
     p.add_argument("--rounds", type=int, default=3, help="--speed: timing rounds")
     args = p.parse_args(argv)
@@ -224,18 +256,25 @@ def main(argv: list[str] | None = None) -> None:
     else:
         start, layers = student_start(work, teacher_folder, args.student_layers), args.student_layers
     # seed by seed, both arms: an interrupted benchmark has whole comparisons to show
-    arms = [(baseline(work, data, start, seed, 2.0, args.student),
-             distilled(work, data, teacher_folder, start, seed, args.aug_n > 0, args.student)) for seed in args.seeds]
+    stages = {"backbone": {**FIRST_STAGES["backbone"], "aug": args.aug_n > 0 and "backbone" in args.aug_stages},
+              "heads": {"rate": args.heads_learning_rate, "epochs": args.heads_epochs,
+                        "aug": args.aug_n > 0 and "heads" in args.aug_stages}}
+    arms = [(baseline(work, data, start, seed, args.baseline_epochs, args.student),
+             distilled(work, data, teacher_folder, start, seed, stages, args.student)) for seed in args.seeds]
     report = {"seeds": args.seeds, "teacher": accuracy(teacher_folder), "teacher_layers": 6,
               "student_layers": layers, "student": args.student,
               "host": f"{host_line(detect(), 'fp32')}, date {time.strftime('%Y-%m-%d')}",
               "train_rows": args.train_rows or "all", "augmented_copies": args.aug_n,
-              "baseline": [plain for plain, _ in arms], "distilled": [taught for _, taught in arms]}
+              "baseline": [plain for plain, _ in arms], "distilled": [accuracy(taught) for _, taught in arms],
+              "stages": stages, "baseline_epochs": args.baseline_epochs}
+    if args.aug_n:
+        record = json.loads((data / "train_aug.tsv.augmentation.json").read_text())
+        report["augmented_rows"] = record["rows"]
     if args.speed:
-        first_student = work / f"{args.student}_distilled_seed{args.seeds[0]}_heads"
-        report["speed"] = speed(work, teacher_folder, first_student, args.rounds)
-    (work / f"report_{args.student}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (work / f"report_{args.student}.md").write_text(table(report) + "\n")
+        report["speed"] = speed(work, teacher_folder, arms[0][1], args.rounds)
+    name = f"report_{args.student}" + "".join(stage_suffix(stage, settings) for stage, settings in stages.items())
+    (work / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (work / f"{name}.md").write_text(table(report) + "\n")
     print(table(report))
 
 

@@ -1,5 +1,5 @@
 """benchmarks/distillation_sst2.py's own pure parts: the table states the medians and the goals' arithmetic."""
-from benchmarks.distillation_sst2 import table
+from benchmarks.distillation_sst2 import FIRST_STAGES, stage_suffix, table
 
 
 def test_the_table_gives_each_seed_the_medians_the_share_and_the_distance():
@@ -8,6 +8,12 @@ def test_the_table_gives_each_seed_the_medians_the_share_and_the_distance():
     text = table(report)
     assert "| seed 2 | 84.00 | 87.00 |" in text and "| **median** | **82.00** | **87.00** |" in text
     assert "96.7 % of the teacher's accuracy (goal >= 97 %), +5.00 points against the baseline" in text
+
+
+def test_a_stage_with_other_settings_than_the_first_benchmark_s_gets_a_folder_of_its_own():
+    assert stage_suffix("heads", FIRST_STAGES["heads"]) == ""
+    assert stage_suffix("heads", {"rate": "1e-4", "epochs": 1.0, "aug": True}) == "-heads-aug-e1-lr1e-4"
+    assert stage_suffix("backbone", {**FIRST_STAGES["backbone"], "epochs": 2.5}) == "-backbone-e2.5-lr1e-4"
 
 
 def test_the_squad_table_states_the_students_share_of_the_teachers_f1():

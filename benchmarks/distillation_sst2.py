@@ -207,8 +207,8 @@ def speed_lines(measured: dict) -> list[str]:
 def stages_line(report: dict) -> str:
     said = [f"{stage} stage {settings['epochs']:g} epoch(s) at {settings['rate']}"
             f"{' on the augmented set' if settings['aug'] else ''}" for stage, settings in report["stages"].items()]
-    return (f"distilled: {'; '.join(said)} ({report['augmented_copies']} augmented copies a sentence, {report.get('augmented_rows', 0):,} rows); baseline: "
-            f"{report['baseline_epochs']:g} epochs of run_glue.py")
+    augmented = f"{report['augmented_copies']} augmented copies a sentence, {report.get('augmented_rows', 0):,} rows"
+    return f"distilled: {'; '.join(said)} ({augmented}); baseline: {report['baseline_epochs']:g} epochs of run_glue.py"
 
 
 def table(report: dict) -> str:

@@ -87,6 +87,7 @@ def student_start(work: Path, teacher_folder: Path, layers: int) -> Path:
     return out
 
 
+BASELINE_EPOCHS = 2.0  # run_glue.py's plain fine-tuning; other counts get folders and reports of their own
 GENERAL_STUDENT = {"num_hidden_layers": 4, "hidden_size": 192, "intermediate_size": 768}  # 12 heads of 16
 
 
@@ -114,7 +115,7 @@ def general_student(work: Path, steps: int) -> Path:
 
 
 def baseline(work: Path, data: Path, start: Path, seed: int, epochs: float, tag: str) -> float:
-    out = work / f"{tag}_baseline{'' if epochs == 2.0 else f'-e{epochs:g}'}_seed{seed}"
+    out = work / f"{tag}_baseline{'' if epochs == BASELINE_EPOCHS else f'-e{epochs:g}'}_seed{seed}"
     if not (out / "results.json").is_file():
         run([sys.executable, "run_glue.py", "--task_name", "SST-2", "--data_dir", str(data), "--init_checkpoint",
              str(start), "--vocab_file", str(MINILM / "vocab.txt"), "--output_dir", str(out), "--do_train",
@@ -205,6 +206,7 @@ def speed_lines(measured: dict) -> list[str]:
 
 
 def stages_line(report: dict) -> str:
+    """The report's one line on what the distilled arms ran (each stage's epochs, rate and data) and the baseline."""
     said = [f"{stage} stage {settings['epochs']:g} epoch(s) at {settings['rate']}"
             f"{' on the augmented set' if settings['aug'] else ''}" for stage, settings in report["stages"].items()]
     augmented = f"{report['augmented_copies']} augmented copies a sentence, {report.get('augmented_rows', 0):,} rows"
@@ -242,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="with --aug_n: the stages that read the augmented set")
     p.add_argument("--heads_epochs", type=float, default=1.0)
     p.add_argument("--heads_learning_rate", default="5e-5")
-    p.add_argument("--baseline_epochs", type=float, default=2.0)
+    p.add_argument("--baseline_epochs", type=float, default=BASELINE_EPOCHS)
     p.add_argument("--speed", action="store_true", help="also time the teacher and the first seed's student")
     p.add_argument("--rounds", type=int, default=3, help="--speed: timing rounds")
     args = p.parse_args(argv)

@@ -408,15 +408,23 @@ def run_in_process_group(args: argparse.Namespace,
         # because another one failed: that one's line says why, and this one says it stopped for it.
         if isinstance(stop_signal_within(PEER_SIGNAL_GRACE_SECONDS), KeyboardInterrupt):
             raise SystemExit(128 + signal.SIGINT) from None
-        # The process that stopped first said why; this one's traceback would only bury that line. The launcher's
-        # SIGTERM may still come while the process group shuts down: this process is ending for the reason its line
-        # gives, and a second line about the signal would contradict it.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # The process that stopped first said why; this one's traceback would only bury that line.
         print(f"error: process {ctx.rank}: another process of this run stopped (its own line says why); "
               f"{checkpointing.where_to_resume(args.output_dir)}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     finally:
+        shut_down_deaf_to_sigterm(ctx)
+
+
+def shut_down_deaf_to_sigterm(ctx: DistributedContext) -> None:
+    """shutdown(ctx) with SIGTERM ignored: however the run ended (finished, an error, a signal, a peer gone), that end
+    has been decided and said, and the launcher's SIGTERM to the other processes of a failed run, arriving while the
+    process group shuts down, would replace it (exit 143 and a contradicting line)."""
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
         shutdown(ctx)
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def settings_for(args: argparse.Namespace, config: ModelConfig) -> PretrainingSettings:

@@ -27,6 +27,7 @@ from helpers import (
     GLUE_EXCERPTS,
     REPO_ROOT,
     SEQ,
+    TINY_BERT,
     TINY_MODERN,
     copy_squad_excerpt,
     feature_arrays,
@@ -91,11 +92,24 @@ def test_the_int8_export_holds_int8_matmuls_and_is_smaller(squad_models):
     assert (onnx_precision(squad_models["fp32"]), onnx_precision(squad_models["int8"])) == ("fp32", "int8")
     kinds = {node.op_type for node in int8.graph.node}
     assert {"MatMulInteger", "DynamicQuantizeLinear"} <= kinds
-    # every weight MatMul became MatMulInteger; the two activation products of each layer's attention stay fp32
+    # every MatMul became MatMulInteger: the weight products and each layer's two activation products in attention
+    assert sum(n.op_type == "MatMulInteger" for n in int8.graph.node) == sum(n.op_type == "MatMul"
+                                                                             for n in fp32.graph.node)
+    assert not any(n.op_type == "MatMul" for n in int8.graph.node)
+    assert squad_models["int8"].stat().st_size < squad_models["fp32"].stat().st_size
+
+
+def test_the_bert_export_attends_with_three_products_and_the_scale_in_the_query_weights(squad_models):
+    """Q, K and V each a product of its own weights (a fused product's Split copies at run time) and no scale
+    computed from the activations (it is folded into Q's weights): 6 weight products a layer, 2 of activations."""
+    fp32 = load_onnx(squad_models["fp32"])
     weights = {t.name for t in fp32.graph.initializer}
-    weight_matmuls = sum(n.op_type == "MatMul" and n.input[1] in weights for n in fp32.graph.node)
-    assert sum(n.op_type == "MatMulInteger" for n in int8.graph.node) == weight_matmuls
-    assert sum(n.op_type == "MatMul" for n in int8.graph.node) == 2 * 2  # 2 layers
+    matmuls = [n for n in fp32.graph.node if n.op_type == "MatMul"]
+    layers = TINY_BERT["num_hidden_layers"]
+    assert sum(n.input[1] in weights for n in matmuls) == 6 * layers + 1  # and the answer-span head
+    assert sum(n.input[1] not in weights for n in matmuls) == 2 * layers
+    attention = [n for n in fp32.graph.node if "/attention/" in n.name]
+    assert attention and not any(n.op_type in ("Split", "Sqrt") for n in attention)
     assert squad_models["int8"].stat().st_size < squad_models["fp32"].stat().st_size
 
 

@@ -1,15 +1,15 @@
 """int8 models for CPU inference: an fp32 ONNX export (onnx_export's SQuAD and GLUE graphs, embedding_export's
-embedding graph, of either family) with its weight matrices in int8 by ONNX Runtime's dynamic quantization. Each
+embedding graph, of either family) with its matrix products in int8 by ONNX Runtime's dynamic quantization. Each
 linear layer's MatMul becomes DynamicQuantizeLinear + MatMulInteger: its weight stored as int8 with one scale per
 output column, its input quantized to uint8 per batch at run time, the product summed in int32 (VNNI's vpdpbusd on
-AVX-512 VNNI or AVX-VNNI CPUs) and scaled back to fp32. Attention's two activation products, softmax, layer norms,
-GELU and the embeddings stay fp32. Inputs and outputs are the export's own: whatever runs the fp32 file runs this
-one (inference.py --onnx_model, run_squad.py/run_glue.py --onnx_model, Triton's onnxruntime backend).
+AVX-512 VNNI or AVX-VNNI CPUs) and scaled back to fp32. Attention's two activation products (Q.K^T and P.V) are
+quantized the same way, both sides at run time, one scale each. Softmax, layer norms, GELU and the embeddings stay
+fp32. Inputs and outputs are the export's own: whatever runs the fp32 file runs this one (inference.py
+--onnx_model, run_squad.py/run_glue.py --onnx_model, Triton's onnxruntime backend).
 
 Why these options: `python -m benchmarks.int8_inference` measures the alternatives (per-tensor scales,
-reduce_range, uint8 weights, embeddings in int8, attention's activation products in int8, ORT's transformer fusions
-first) and docs/benchmarks.md has the
-figures behind each choice."""
+reduce_range, uint8 weights, embeddings in int8, attention's activation products in fp32, ORT's transformer fusions
+first) and docs/benchmarks.md has the figures behind each choice."""
 from __future__ import annotations
 
 import logging
@@ -34,7 +34,7 @@ class Int8Options:
     per_channel: bool = True  # one weight scale per output column: per matrix lost 1.5 points of SST-2 accuracy
     reduce_range: bool = False  # 7-bit weights: only for CPUs without VNNI, whose u8*s8 pairs can saturate
     weight_type: str = "int8"  # or "uint8"
-    activation_products: bool = False  # attention's Q.K^T and P.V in int8 too (Optimum's default does it)
+    activation_products: bool = True  # attention's Q.K^T and P.V too, as Optimum does: faster, accuracy kept
 
 
 CHOSEN = Int8Options()

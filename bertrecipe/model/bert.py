@@ -417,6 +417,8 @@ class BertSelfAttention(nn.Module):
 
     def forward(self, x: Tensor, attention_bias: Optional[Tensor], packing: Optional[TokenPacking] = None) -> Tensor:
         hidden = x.shape[-1]
+        if torch.onnx.is_in_onnx_export() and packing is None and not self.training:
+            return self._three_products(x, attention_bias)
         qkv = F.linear(x, *self.fused_qkv(x.device.type))
         if packing is not None:
             qkv = packing.unpack(qkv)  # attention needs the [B, S] layout; padded rows are zeros
@@ -426,6 +428,25 @@ class BertSelfAttention(nn.Module):
         context = attend(q, k, v, attention_bias, self.dropout_prob, self.training)
         context = context.transpose(1, 2).reshape(batch, seq, hidden)
         return packing.pack(context) if packing is not None else context
+
+
+    def _three_products(self, x: Tensor, attention_bias: Optional[Tensor]) -> Tensor:
+        """forward in an ONNX export: Q, K and V each its own product, and the softmax scale folded into Q's weights
+        (constants in the graph). ONNX Runtime copies a fused product's three parts apart (a Split) where three
+        products need none, and its int8 graph quantizes x once a product either way; SDPA's exported scale is a
+        product of the activations at every call."""
+        batch, seq, hidden = x.shape
+        head_dim = self.query.out_features // self.num_heads  # a number, not a traced shape: the scale is folded
+        scale = head_dim ** -0.5
+        projections = ((self.query.weight * scale, self.query.bias * scale), (self.key.weight, self.key.bias),
+                       (self.value.weight, self.value.bias))
+        q, k, v = (F.linear(x, weight, bias).view(batch, seq, self.num_heads, head_dim).transpose(1, 2)
+                   for weight, bias in projections)
+        scores = torch.matmul(q, k.transpose(-1, -2))
+        if attention_bias is not None:
+            scores = scores + attention_bias
+        context = torch.matmul(torch.softmax(scores, dim=-1), v)
+        return context.transpose(1, 2).reshape(batch, seq, hidden)
 
 
 class BertResidualOutput(nn.Module):

@@ -73,6 +73,20 @@ def test_the_goals_are_read_off_the_figures():
     assert "- teacher, SST-2: +2.00 points lost (goal at most 1): not met" in missed
 
 
+def test_a_speed_goal_reads_each_round_s_own_ratio():
+    """Rounds at two machine speeds: the middle rates come from different rounds and say ours is slower (90 against
+    100), where every round timed ours 1.05x Optimum's."""
+    results = fabricated_results(int8_rate=80.0, int8_accuracy=85.5)
+    rounds = [(1 / 90, 1 / 95), (1 / 100, 1 / 105), (1 / 150, 1 / 157.5)]  # seconds a batch: Optimum's, ours
+    results["speed_rounds"] = [{"teacher": {"optimum int8_per_channel": {"1": peer, "32": peer},
+                                            "ours int8": {"1": ours, "32": ours}, "ours fp32": {"1": 1.0, "32": 1.0},
+                                            "optimum int8": {"1": peer, "32": peer}}} for peer, ours in rounds]
+    results["speed"]["teacher"]["ours int8"] = {"1": 90.0, "32": 90.0}
+    results["speed"]["teacher"]["optimum int8_per_channel"] = {"1": 100.0, "32": 100.0}
+    assert ("- teacher, batch 1: ours int8 1.05x Optimum's per-channel int8, the accuracy ours keeps (goal at least "
+            "1x): met") in goal_lines(results)
+
+
 def test_the_report_names_the_machine_and_puts_every_engine_in_its_tables():
     text = report_markdown(fabricated_results(int8_rate=80.0, int8_accuracy=85.5))
     assert "AMD EPYC (native bf16); fp32 and int8; torch 2.13.0+cpu; 2 threads; ISA: avx512_vnni; VNNI" in text

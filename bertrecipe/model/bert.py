@@ -429,7 +429,6 @@ class BertSelfAttention(nn.Module):
         context = context.transpose(1, 2).reshape(batch, seq, hidden)
         return packing.pack(context) if packing is not None else context
 
-
     def _three_products(self, x: Tensor, attention_bias: Optional[Tensor]) -> Tensor:
         """forward in an ONNX export: Q, K and V each its own product, and the softmax scale folded into Q's weights
         (constants in the graph). ONNX Runtime copies a fused product's three parts apart (a Split) where three

@@ -16,8 +16,8 @@ The quantization options (per-channel, reduce_range, uint8 weights, int8 embeddi
 products in fp32, ORT's transformer fusions first) are each measured on the SST-2 teacher: accuracy and speed.
 
 Speed: every engine in turns for --rounds rounds (ours in this process; each peer a process per round), the middle
-round reported; threads: this process's usable cores (--threads). Writes results.json and table.md to
---output_dir.
+round reported, and a ratio of two engines the middle of the rounds' own ratios; threads: this process's usable
+cores (--threads). Writes results.json and table.md to --output_dir.
 """
 from __future__ import annotations
 

@@ -91,10 +91,17 @@ BASELINE_EPOCHS = 2.0  # run_glue.py's plain fine-tuning; other counts get folde
 GENERAL_STUDENT = {"num_hidden_layers": 4, "hidden_size": 192, "intermediate_size": 768}  # 12 heads of 16
 
 
-def general_student(work: Path, steps: int) -> Path:
+def general_name(init: str) -> str:
+    """The general student's folder and the name its seeds' folders and reports start with."""
+    return "general" if init == "random" else "general-from-teacher"
+
+
+def general_student(work: Path, steps: int, init: str) -> Path:
     """A 4-layer, 192-wide student of the released MiniLM's states on shards of the shared books (the backbone
-    terms: the released folder has no masked-LM head for the prediction term)."""
-    out, shards = work / "general", work / "data" / "general"
+    terms: the released folder has no masked-LM head for the prediction term), started at random or (init
+    "teacher") from an evenly spaced share of the teacher's layers 2, 3, 4 and 6 (general_distill.py's
+    --student_init teacher)."""
+    out, shards = work / general_name(init), work / "data" / "general"
     if (out / f"ckpt_{steps}.pt").is_file():
         return out / f"ckpt_{steps}.pt"
     for index, book in enumerate(sorted((SHARED / "books").glob("pg*.txt"))):
@@ -110,7 +117,7 @@ def general_student(work: Path, steps: int) -> Path:
          "distillation/distillation_config_backbone.json", "--output_dir", str(out), "--max_seq_length", "128",
          "--max_predictions_per_seq", "20", "--train_batch_size", "32", "--learning_rate", "5e-4",
          "--max_steps", str(steps), "--num_steps_per_checkpoint", str(max(1, steps // 4)), "--do_lower_case",
-         "--disable_progress_bar", "--log_freq", "100"])
+         "--disable_progress_bar", "--log_freq", "100", "--student_init", init])
     return out / f"ckpt_{steps}.pt"
 
 
@@ -238,6 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--student", choices=("layers", "general"), default="layers")
     p.add_argument("--student_layers", type=int, default=3, help="--student layers: how many of the teacher's")
     p.add_argument("--general_steps", type=int, default=2000, help="--student general: general_distill's steps")
+    p.add_argument("--general_init", choices=("random", "teacher"), default="random",
+                   help="--student general: the student's start (general_distill.py's --student_init)")
     p.add_argument("--aug_n", type=int, default=0, help="augmented copies a sentence (0: no augmentation)")
     p.add_argument("--mlm_steps", type=int, default=200)
     p.add_argument("--aug_stages", nargs="+", choices=("backbone", "heads"), default=["backbone", "heads"],
@@ -254,17 +263,19 @@ def main(argv: list[str] | None = None) -> None:
         augment(work, data, args.aug_n, args.mlm_steps)
     teacher_folder = teacher(work, data, args.teacher_epochs)
     if args.student == "general":
-        start, layers = general_student(work, args.general_steps), GENERAL_STUDENT["num_hidden_layers"]
+        start = general_student(work, args.general_steps, args.general_init)
+        layers, tag = GENERAL_STUDENT["num_hidden_layers"], general_name(args.general_init)
     else:
         start, layers = student_start(work, teacher_folder, args.student_layers), args.student_layers
+        tag = args.student
     # seed by seed, both arms: an interrupted benchmark has whole comparisons to show
     stages = {"backbone": {**FIRST_STAGES["backbone"], "aug": args.aug_n > 0 and "backbone" in args.aug_stages},
               "heads": {"rate": args.heads_learning_rate, "epochs": args.heads_epochs,
                         "aug": args.aug_n > 0 and "heads" in args.aug_stages}}
-    arms = [(baseline(work, data, start, seed, args.baseline_epochs, args.student),
-             distilled(work, data, teacher_folder, start, seed, stages, args.student)) for seed in args.seeds]
+    arms = [(baseline(work, data, start, seed, args.baseline_epochs, tag),
+             distilled(work, data, teacher_folder, start, seed, stages, tag)) for seed in args.seeds]
     report = {"seeds": args.seeds, "teacher": accuracy(teacher_folder), "teacher_layers": 6,
-              "student_layers": layers, "student": args.student,
+              "student_layers": layers, "student": tag,
               "host": f"{host_line(detect(), 'fp32')}, date {time.strftime('%Y-%m-%d')}",
               "train_rows": args.train_rows or "all", "augmented_copies": args.aug_n,
               "baseline": [plain for plain, _ in arms], "distilled": [accuracy(taught) for _, taught in arms],
@@ -274,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
         report["augmented_rows"] = record["rows"]
     if args.speed:
         report["speed"] = speed(work, teacher_folder, arms[0][1], args.rounds)
-    name = f"report_{args.student}" + "".join(stage_suffix(stage, settings) for stage, settings in stages.items())
+    name = f"report_{tag}" + "".join(stage_suffix(stage, settings) for stage, settings in stages.items())
     (work / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     (work / f"{name}.md").write_text(table(report) + "\n")
     print(table(report))

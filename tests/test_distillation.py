@@ -371,22 +371,59 @@ def test_a_modern_student_from_the_teachers_first_layer_gets_an_attention_norm_o
     assert torch.equal(student.model.layers[1].attn.Wqkv.weight, teacher.model.layers[0].attn.Wqkv.weight)
 
 
+def test_a_narrower_bert_student_keeps_the_same_evenly_spaced_coordinates_in_every_tensor():
+    teacher_config = BertConfig(**BERT_TEACHER)  # 32 wide in 2 heads of 16, 48 inner; also 32 positions
+    student_config = BertConfig(**{**BERT_TEACHER, "num_hidden_layers": 2, "hidden_size": 24,
+                                   "intermediate_size": 12})
+    teacher, student = BertForPreTraining(teacher_config), BertForPreTraining(student_config)
+    student.load_state_dict(student_weights_from_teacher(teacher.state_dict(), teacher_config, student_config,
+                                                         [2, 4]))  # strict, so every shape fits
+    head = [0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14]  # 12 of each head's 16 coordinates, evenly spaced
+    hidden = head + [16 + i for i in head]  # and so of the 32, head by head
+    inner = list(range(0, 48, 4))
+    own, got = teacher.state_dict(), student.state_dict()
+    every = slice(None)
+    expected = {  # student name: (teacher name, kept rows, kept columns)
+        "encoder.layer.0.attention.self.query.weight": ("encoder.layer.1.attention.self.query.weight", hidden, hidden),
+        "encoder.layer.1.attention.self.key.bias": ("encoder.layer.3.attention.self.key.bias", hidden, None),
+        "encoder.layer.1.attention.output.dense.weight": ("encoder.layer.3.attention.output.dense.weight", hidden,
+                                                          hidden),
+        "encoder.layer.1.intermediate.dense.weight": ("encoder.layer.3.intermediate.dense.weight", inner, hidden),
+        "encoder.layer.1.intermediate.dense.bias": ("encoder.layer.3.intermediate.dense.bias", inner, None),
+        "encoder.layer.0.output.dense.weight": ("encoder.layer.1.output.dense.weight", hidden, inner),
+        "encoder.layer.0.output.LayerNorm.weight": ("encoder.layer.1.output.LayerNorm.weight", hidden, None),
+        "embeddings.position_embeddings.weight": ("embeddings.position_embeddings.weight", every, hidden),
+        "embeddings.word_embeddings.weight": ("embeddings.word_embeddings.weight", every, hidden),
+        "pooler.dense.weight": ("pooler.dense.weight", hidden, hidden),
+    }
+    for name, (teacher_name, rows, columns) in expected.items():
+        kept = own[f"bert.{teacher_name}"][rows]
+        assert torch.equal(got[f"bert.{name}"], kept if columns is None else kept[:, columns]), name
+    assert torch.equal(got["cls.predictions.bias"], own["cls.predictions.bias"])
+    assert torch.equal(got["cls.seq_relationship.weight"], own["cls.seq_relationship.weight"][:, hidden])
+
+
 @pytest.mark.parametrize("student_change, layers, expected", [
-    ({"hidden_size": 16, "intermediate_size": 48}, [2, 4], "hidden_size 16 differs from the teacher's 32"),
+    ({"hidden_size": 64, "intermediate_size": 48}, [2, 4], "hidden_size 64 exceeds the teacher's 32"),
+    ({"intermediate_size": 64}, [2, 4], "intermediate_size 64 exceeds the teacher's 48"),
     ({"num_attention_heads": 4}, [2, 4], "num_attention_heads 4 differs from the teacher's 2"),
     ({}, [2, 4, 4], "3 teacher layers given for a student of 2 layers"),
     ({}, [2, 5], "teacher layer 5 asked of a teacher of 4 layers"),
     ("modern", [2, 4], "the teacher is a BERT and the student config a ModernBERT"),
+    ("narrower modern", [2, 4], "hidden_size 16 differs from the teacher's 32; .* needs the teacher's hidden_size"),
 ])
 def test_a_student_that_does_not_fit_the_teacher_is_one_line(student_change, layers, expected):
     teacher_config = BertConfig(**BERT_TEACHER)
     if student_change == "modern":
         student_config = ModernBertConfig(**{**MODERN_TEACHER, "num_hidden_layers": 2})
+    elif student_change == "narrower modern":
+        teacher_config = ModernBertConfig(**MODERN_TEACHER)
+        student_config = ModernBertConfig(**{**MODERN_TEACHER, "num_hidden_layers": 2, "hidden_size": 16})
     else:
         student_config = BertConfig(**{**BERT_TEACHER, "num_hidden_layers": 2, **student_change})
     with pytest.raises(InputError, match=expected):
-        student_weights_from_teacher(BertForPreTraining(teacher_config).state_dict(), teacher_config,
-                                     student_config, layers)
+        teacher = (ModernBertForMaskedLM if student_change == "narrower modern" else BertForPreTraining)(teacher_config)
+        student_weights_from_teacher(teacher.state_dict(), teacher_config, student_config, layers)
 
 
 def distillation_student(num_labels=3):

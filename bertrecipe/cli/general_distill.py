@@ -48,7 +48,8 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace, Di
     g.add_argument("--distill_config", required=True, help="distillation_config_backbone.json or your own")
     g.add_argument("--student_init", choices=STUDENT_INITS, default="random",
                    help="where neither --init_checkpoint nor --continue_train gives weights: random, or the "
-                        "teacher's layers (the last of each block, DistilBERT's way; widths must agree)")
+                        "teacher's layers (the last of each block, DistilBERT's way; a narrower BERT student keeps an "
+                        "evenly spaced share of each width)")
     g.add_argument("--do_lower_case", action="store_true", default=None,
                    help="NVIDIA's; the shards record their casing, and a contradicting flag is refused")
     g.add_argument("--steps_per_epoch", type=int, default=-1, help="accepted for NVIDIA compatibility; unused")

@@ -24,6 +24,8 @@ _SHAPE_KEYS = {
     True: ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "norm_bias", "attention_bias",
            "mlp_bias", "decoder_bias", "classifier_bias"),
 }
+# The widths a BERT student may narrow (its heads stay the teacher's, each narrower).
+_NARROWER_KEYS = ("hidden_size", "intermediate_size")
 PROJECTION_PREFIX = DISTILLATION_PREFIX + "projection."
 
 
@@ -54,7 +56,11 @@ def _fit_problem(teacher_config: ModelConfig, student_config: ModelConfig, teach
                 "the teacher's layers must be of the teacher's family")
     for key in _SHAPE_KEYS[modern]:
         student, teacher = getattr(student_config, key), getattr(teacher_config, key)
-        if student != teacher:
+        if key in _NARROWER_KEYS and not modern and student != teacher:
+            if student > teacher:  # a narrower one takes an evenly spaced share of the teacher's coordinates
+                return (f"the student config's {key} {student} exceeds the teacher's {teacher}; a student started "
+                        f"from the teacher's layers is at most as wide (or start it from random weights)")
+        elif student != teacher:
             return (f"the student config's {key} {student} differs from the teacher's {teacher}; a student started "
                     f"from the teacher's layers needs the teacher's {key} (or start it from random weights)")
     if len(teacher_layers) != student_config.num_hidden_layers:
@@ -71,8 +77,10 @@ def student_weights_from_teacher(teacher_state: dict[str, Tensor], teacher_confi
                                  student_config: ModelConfig, teacher_layers: list[int]) -> dict[str, Tensor]:
     """A student's state dict (in the teacher state's names) started as DistilBERT starts one: the teacher's
     embeddings, heads and final norm, and as student layer s (1-based) the teacher's layer teacher_layers[s - 1].
-    InputError when the configs' family, widths or heads differ or the layers do not fit. The tensors are the
-    teacher's own (load_state_dict copies them). Modern family: the student's first layer has no attention norm
+    InputError when the configs' family or heads differ, a width does not fit or the layers do not fit. A BERT
+    student narrower than the teacher (hidden or intermediate size) keeps the same evenly spaced share of every
+    width's coordinates in every tensor (WidthSelection). The tensors are otherwise the teacher's own
+    (load_state_dict copies them). Modern family: the student's first layer has no attention norm
     (its input is the normed embeddings), and a later student layer taken from the teacher's first starts its
     attention norm at 1 (and 0)."""
     problem = _fit_problem(teacher_config, student_config, teacher_layers)
@@ -88,6 +96,12 @@ def student_weights_from_teacher(teacher_state: dict[str, Tensor], teacher_confi
             state[name] = tensor
         else:
             layers[int(match["index"])][match["stem"], match["rest"]] = tensor
+    if student_config.hidden_size != teacher_config.hidden_size or (
+            student_config.intermediate_size != teacher_config.intermediate_size):
+        selection = WidthSelection(teacher_config, student_config)
+        state = {name: selection.cut(name, tensor) for name, tensor in state.items()}
+        layers = defaultdict(dict, {index: {key: selection.cut(key[1], tensor) for key, tensor in layer.items()}
+                                    for index, layer in layers.items()})
     for student_index, teacher_layer in enumerate(teacher_layers):
         if not layers[teacher_layer - 1]:
             raise InputError(f"the teacher's weights hold no layer {teacher_layer} (numbered from 1)")
@@ -96,6 +110,39 @@ def student_weights_from_teacher(teacher_state: dict[str, Tensor], teacher_confi
         if is_modern_config(student_config):
             _fit_attention_norm(state, stem, student_index, teacher_layer, student_config.hidden_size)
     return state
+
+
+class WidthSelection:
+    """Which of a BERT teacher's coordinates a narrower student keeps: evenly spaced indices of the hidden and of
+    the intermediate width, the same in every tensor, so that the kept coordinates of the residual stream line up
+    from layer to layer (weight selection: Xu et al. 2023, "Initializing Models with Larger Ones"). With the
+    teacher's head count, the hidden indices keep the same share of every head (i * T // S never leaves its head's
+    block). No tensor is rescaled."""
+
+    # (name ending, the width along each axis); a tensor matching none cuts every axis of the hidden size
+    _AXES = ((re.compile(r"attention\.output\.dense\.weight$"), ("hidden", "hidden")),
+             (re.compile(r"intermediate\.dense\.weight$"), ("intermediate", "hidden")),
+             (re.compile(r"intermediate\.dense\.bias$"), ("intermediate",)),
+             (re.compile(r"(^|\.)output\.dense\.weight$"), ("hidden", "intermediate")),
+             (re.compile(r"_embeddings\.weight$|decoder\.weight$"), (None, "hidden")))
+
+    def __init__(self, teacher: ModelConfig, student: ModelConfig) -> None:
+        self.teacher_hidden = teacher.hidden_size
+        self.index = {"hidden": _evenly_spaced(teacher.hidden_size, student.hidden_size),
+                      "intermediate": _evenly_spaced(teacher.intermediate_size, student.intermediate_size)}
+
+    def cut(self, name: str, tensor: Tensor) -> Tensor:
+        axes = next((axes for pattern, axes in self._AXES if pattern.search(name)), None)
+        if axes is None:  # attention's products, norms, biases, the pooler, the heads' transform, classifiers
+            axes = tuple("hidden" if size == self.teacher_hidden else None for size in tensor.shape)
+        for axis, width in enumerate(axes):
+            if width is not None:
+                tensor = tensor.index_select(axis, self.index[width])
+        return tensor
+
+
+def _evenly_spaced(total: int, kept: int) -> Tensor:
+    return torch.arange(kept) * total // kept
 
 
 def _fit_attention_norm(state: dict[str, Tensor], stem: str, student_index: int, teacher_layer: int,

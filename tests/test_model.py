@@ -22,6 +22,7 @@ from bertrecipe.model.bert import (
     Linear,
     TokenPacking,
     accepts_config_key,
+    attend,
 )
 from bertrecipe.model.modern_config import MODERN_KEYS
 from bertrecipe.model.torch_files import WeightsError, save_torch_atomic
@@ -531,3 +532,14 @@ def test_linear_reuses_its_cast_weight_only_while_the_weight_is_unchanged():
         out = layer(x)  # with autograd: autocast's path, gradients reach the fp32 weight
     out.float().sum().backward()
     assert layer.weight.grad is not None and layer._cast is None
+
+
+def test_attention_written_out_for_cpu_training_is_softmax_of_scaled_scores_plus_bias_times_values():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 8, requires_grad=True) for _ in range(3))
+    bias = torch.zeros(2, 1, 1, 5)
+    bias[1, ..., 3:] = -10000.0  # the second row's last two keys are padding
+    by_hand = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5 + bias, dim=-1) @ v
+    steps = attend(q, k, v, bias, 0.0, training=True)  # grad enabled on a CPU: the step-by-step path
+    assert torch.allclose(steps, by_hand, atol=1e-6)
+    assert torch.allclose(steps, attend(q, k, v, bias, 0.0, training=False), atol=1e-6)  # SDPA's

@@ -379,13 +379,18 @@ def attend(q: Tensor, k: Tensor, v: Tensor, attention_bias: Optional[Tensor], dr
     bias (broadcast to [batch, heads, seq, seq]); dropout on the probabilities while training."""
     if training and torch.is_grad_enabled() and q.device.type == "cpu":
         # On CPUs SDPA's backward (and its dropout) is about 2.5x slower than these explicit steps.
-        scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))
-        if attention_bias is not None:
-            scores = scores + attention_bias
-        probs = dropout(torch.softmax(scores, dim=-1), dropout_prob, training=True)
-        return torch.matmul(probs, v)
+        return attend_step_by_step(q * q.shape[-1] ** -0.5, k, v, attention_bias, dropout_prob)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_bias,
                                           dropout_p=dropout_prob if training else 0.0)
+
+
+def attend_step_by_step(scaled_q: Tensor, k: Tensor, v: Tensor, attention_bias: Optional[Tensor],
+                        dropout_prob: float) -> Tensor:
+    """attend's steps written out, for queries already scaled by 1 / sqrt(head_dim); dropout_prob 0: none."""
+    scores = torch.matmul(scaled_q, k.transpose(-1, -2))
+    if attention_bias is not None:
+        scores = scores + attention_bias
+    return torch.matmul(dropout(torch.softmax(scores, dim=-1), dropout_prob, training=True), v)
 
 
 class BertSelfAttention(nn.Module):
@@ -441,10 +446,7 @@ class BertSelfAttention(nn.Module):
                        (self.value.weight, self.value.bias))
         q, k, v = (F.linear(x, weight, bias).view(batch, seq, self.num_heads, head_dim).transpose(1, 2)
                    for weight, bias in projections)
-        scores = torch.matmul(q, k.transpose(-1, -2))
-        if attention_bias is not None:
-            scores = scores + attention_bias
-        context = torch.matmul(torch.softmax(scores, dim=-1), v)
+        context = attend_step_by_step(q, k, v, attention_bias, dropout_prob=0.0)
         return context.transpose(1, 2).reshape(batch, seq, hidden)
 
 

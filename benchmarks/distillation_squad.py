@@ -7,8 +7,10 @@ The official SQuAD training set is not here, so the dev set's 48 articles are sp
 hidden 384; ../shared/data/minilm) fine-tuned with run_squad.py on the training half; the student takes the
 teacher's layers 2, 4 and 6 with its embeddings and span head (DistilBERT's start) and is task-distilled with
 task_distill.py: the backbone stage (attention scores, hidden states), then the heads stage (the teacher's start
-and end logits, soft cross-entropy). With --baseline the same student is also fine-tuned plainly for as many
-epochs as the two stages together. Every figure is EM and F1 on the scored half; the report gives the student's
+and end logits, soft cross-entropy). --student_start starts the student from a checkpoint instead (for instance a
+general student of benchmarks.distillation_sst2; its span head starts at random), its runs' folders and report
+named by --tag. With --baseline the same student is also fine-tuned plainly for as many epochs as the stages
+together. Every figure is EM and F1 on the scored half; the report gives the student's
 share of the teacher's F1 (goal >= 90 %; NVIDIA's 4-layer student keeps 93.8 %). Each stage's outputs are reused
 when present, so an interrupted benchmark goes on where it stopped.
 """
@@ -24,6 +26,7 @@ from benchmarks.common import SHARED
 from benchmarks.distillation_sst2 import MINILM, student_start
 from benchmarks.finetune_accuracy import run
 from bertrecipe.common.hardware import detect, host_line
+from bertrecipe.model.weights import read_weights
 from bertrecipe.training.metric_logger import read_log
 
 TRAIN_ARTICLES = 24  # of dev-v1.1's 48
@@ -62,10 +65,10 @@ def fine_tune(out: Path, data: Path, start: Path, epochs: float, rate: str, flag
 
 
 def distil(work: Path, data: Path, teacher_folder: Path, start: Path, epochs: dict, rates: dict,
-           flags: list[str], stages: list[str]) -> dict:
+           flags: list[str], stages: list[str], prefix: str) -> dict:
     student = start
     for stage in stages:
-        out = work / f"distilled_{stage}"
+        out = work / f"{prefix}distilled_{stage}"
         if not (out / "dllogger.json").is_file() or "F1" not in read_log(out / "dllogger.json")[-1]["data"]:
             run([sys.executable, "distillation/task_distill.py", "--teacher_model", str(teacher_folder),
                  "--student_model", str(student), "--vocab_file", str(MINILM / "vocab.txt"), "--data_dir",
@@ -77,18 +80,27 @@ def distil(work: Path, data: Path, teacher_folder: Path, start: Path, epochs: di
     return scores(student)
 
 
+def student_label(start: Path, tag: str | None) -> str:
+    """"3 layers" for the teacher's layers; "<layers> x <width>, <tag>" for a --student_start."""
+    if not tag:
+        return "3 layers"
+    config = read_weights(start).config
+    return f"{config.num_hidden_layers} x {config.hidden_size}, {tag}"
+
+
 def table(report: dict) -> str:
     teacher, student = report["teacher"], report["distilled"]
+    label = report.get("student_label", "3 layers")
     lines = [f"SQuAD v1.1, dev articles {TRAIN_ARTICLES + 1}-48 scored (trained on 1-{TRAIN_ARTICLES}); "
              f"{report['settings']}; {report['host']}", "",
              "| model | EM | F1 | training minutes |", "|---|---|---|---|",
              f"| teacher (6 layers) | {teacher['exact_match']:.2f} | {teacher['F1']:.2f} | "
              f"{teacher['train_minutes']:.1f} |",
-             f"| student (3 layers), task-distilled | {student['exact_match']:.2f} | {student['F1']:.2f} | "
+             f"| student ({label}), task-distilled | {student['exact_match']:.2f} | {student['F1']:.2f} | "
              f"{student['train_minutes']:.1f} (last stage) |"]
     if report.get("baseline"):
         plain = report["baseline"]
-        lines.append(f"| student (3 layers), fine-tuned | {plain['exact_match']:.2f} | {plain['F1']:.2f} | "
+        lines.append(f"| student ({label}), fine-tuned | {plain['exact_match']:.2f} | {plain['F1']:.2f} | "
                      f"{plain['train_minutes']:.1f} |")
     lines += ["", f"distilled student: {100 * student['F1'] / teacher['F1']:.1f} % of the teacher's F1 "
               "(goal >= 90 %)"]
@@ -106,28 +118,35 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--heads_learning_rate", default="5e-5")
     p.add_argument("--fp32", action="store_true", help="train in fp32 (default: bf16 autocast)")
     p.add_argument("--baseline", action="store_true", help="also fine-tune the student plainly")
+    p.add_argument("--student_start", type=Path, help="a student checkpoint to start from (default: the "
+                   "fine-tuned teacher's layers 2, 4 and 6)")
+    p.add_argument("--tag", help="with --student_start: what its runs' folders and report are named by")
     p.add_argument("--stages", nargs="+", choices=("backbone", "heads"), default=["backbone", "heads"],
                    help="the task-distillation stages, in order (NVIDIA's: both; heads alone: the logits only)")
     args = p.parse_args(argv)
+    if bool(args.student_start) != bool(args.tag):
+        p.error("--student_start and --tag go together")
     work = args.work_dir.resolve()
     flags = common_flags(args.max_seq_length, not args.fp32)
     data = split_dev(work)
     teacher_folder = work / "teacher"
     teacher = fine_tune(teacher_folder, data, MINILM, args.teacher_epochs, "1e-4", flags)
-    start = student_start(work, teacher_folder, 3)
+    start = args.student_start.resolve() if args.student_start else student_start(work, teacher_folder, 3)
+    prefix = f"{args.tag}_" if args.tag else ""
     epochs = {"backbone": args.backbone_epochs, "heads": args.heads_epochs}
     rates = {"backbone": args.backbone_learning_rate, "heads": args.heads_learning_rate}
     report = {"teacher": teacher,
-              "distilled": distil(work, data, teacher_folder, start, epochs, rates, flags, args.stages),
+              "distilled": distil(work, data, teacher_folder, start, epochs, rates, flags, args.stages, prefix),
+              "student_label": student_label(start, args.tag),
               "host": f"{host_line(detect(), 'fp32' if args.fp32 else 'bf16')}, date {time.strftime('%Y-%m-%d')}",
               "settings": f"seq {args.max_seq_length}, stride 128, batch 32, teacher {args.teacher_epochs:g} epochs "
                           f"lr 1e-4, student "
                           + " + ".join(f"{stage} {epochs[stage]:g} epochs at {rates[stage]}" for stage in args.stages)}
     if args.baseline:
-        report["baseline"] = fine_tune(work / "baseline", data, start, sum(epochs[stage] for stage in args.stages),
-                                       "1e-4", flags)
-    (work / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (work / "report.md").write_text(table(report) + "\n")
+        total = sum(epochs[stage] for stage in args.stages)
+        report["baseline"] = fine_tune(work / f"{prefix}baseline", data, start, total, "1e-4", flags)
+    (work / f"{prefix}report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (work / f"{prefix}report.md").write_text(table(report) + "\n")
     print(table(report))
 
 

@@ -25,6 +25,8 @@ def test_the_squad_table_states_the_students_share_of_the_teachers_f1():
     assert "| teacher (6 layers) | 60.00 | 72.00 | 20.0 |" in text
     assert "| student (3 layers), fine-tuned | 50.00 | 61.00 | 12.0 |" in text
     assert "92.5 % of the teacher's F1 (goal >= 90 %)" in text
+    general = squad_table({**report, "student_label": "4 x 192, general"})
+    assert "| student (4 x 192, general), task-distilled | 55.00 | 66.60 | 9.0 (last stage) |" in general
 
 
 def test_the_squad_split_trains_on_the_first_half_of_the_articles_and_scores_the_rest(tmp_path, monkeypatch):

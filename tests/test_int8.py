@@ -204,11 +204,20 @@ def test_an_int8_difference_above_its_tolerance_is_refused_and_nothing_is_writte
 
 
 def test_a_modern_model_deploys_as_int8_within_the_tolerance(setup, modern_encoder, capsys):
+    """Within the deployer's tolerance, and its attention exported as BERT's: three products of Wqkv's slices, no
+    Split or scale computed at run time, every MatMul int8."""
     repository = setup["root"] / "repo_modern"
-    deployer.main(deploy_args(setup, repository, modern_encoder, "--int8"))
+    deployer.main(deploy_args(setup, repository, modern_encoder))
+    deployer.main(deploy_args(setup, repository, modern_encoder, "--int8", "--model_version", "2"))
     printed = capsys.readouterr().out
     assert "max abs difference int8 onnx vs PyTorch fp32" in printed
-    assert is_int8(load_onnx(repository / "bert" / "1" / "model.onnx"))
+    fp32, int8 = (load_onnx(repository / "bert" / version / "model.onnx") for version in ("1", "2"))
+    assert is_int8(int8) and not any(n.op_type == "MatMul" for n in int8.graph.node)
+    weights = {t.name for t in fp32.graph.initializer}
+    matmuls = [n for n in fp32.graph.node if n.op_type == "MatMul"]
+    assert sum(n.input[1] not in weights for n in matmuls) == 2 * TINY_MODERN["num_hidden_layers"]
+    attention = [n for n in fp32.graph.node if "/attn/" in n.name]
+    assert attention and not any(n.op_type in ("Split", "Sqrt") for n in attention)
 
 
 @pytest.fixture(scope="module")

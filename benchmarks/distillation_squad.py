@@ -9,21 +9,24 @@ teacher's layers 2, 4 and 6 with its embeddings and span head (DistilBERT's star
 task_distill.py: the backbone stage (attention scores, hidden states), then the heads stage (the teacher's start
 and end logits, soft cross-entropy). --student_start starts the student from a checkpoint instead (for instance a
 general student of benchmarks.distillation_sst2; its span head starts at random), its runs' folders and report
-named by --tag. With --baseline the same student is also fine-tuned plainly for as many epochs as the stages
-together. Every figure is EM and F1 on the scored half; the report gives the student's
-share of the teacher's F1 (goal >= 90 %; NVIDIA's 4-layer student keeps 93.8 %). Each stage's outputs are reused
+named by --tag. With --aug_n, the stages in --aug_stages read data_augmentation.py's copies of the training
+half's contexts or questions (--aug_part; from a masked-LM head trained for it as the SST-2 benchmark does), written
+once into a data folder of their own. With --baseline the same student is also fine-tuned plainly for as many
+epochs as the stages together. Every figure is EM and F1 on the scored half; the report gives the student's share
+of the teacher's F1 (goal >= 90 %; NVIDIA's 4-layer student keeps 93.8 %). Each stage's outputs are reused
 when present, so an interrupted benchmark goes on where it stopped.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
 
 from benchmarks.common import SHARED
-from benchmarks.distillation_sst2 import MINILM, student_start
+from benchmarks.distillation_sst2 import MINILM, augmentation_masked_lm, student_start
 from benchmarks.finetune_accuracy import run
 from bertrecipe.common.hardware import detect, host_line
 from bertrecipe.model.weights import read_weights
@@ -49,6 +52,21 @@ def split_dev(work: Path) -> Path:
     return folder
 
 
+def augmented(work: Path, data: Path, copies: int, part: str, mlm_steps: int) -> Path:
+    """A data folder holding the split and data_augmentation.py's train-v1.1_aug.json: `copies` copies of each
+    context (or question) of the training half."""
+    folder = work / f"data_aug{copies}-{part}"
+    if not (folder / "train-v1.1_aug.json").is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in ("train-v1.1.json", "dev-v1.1.json"):
+            shutil.copyfile(data / name, folder / name)
+        run([sys.executable, "distillation/data_augmentation.py", "--pretrained_bert_model",
+             str(augmentation_masked_lm(work, mlm_steps)), "--vocab_file", str(MINILM / "vocab.txt"),
+             "--do_lower_case", "--glue_dir", str(folder), "--task_name", "SQuADv1.1", "--N", str(copies),
+             "--squad_part", part, "--seed", "1", "--no_original_segment"])
+    return folder
+
+
 def scores(folder: Path) -> dict:
     final = read_log(folder / "dllogger.json")[-1]["data"]
     return {"exact_match": final["exact_match"], "F1": final["F1"], "train_minutes": final["e2e_train_time"] / 60}
@@ -65,14 +83,18 @@ def fine_tune(out: Path, data: Path, start: Path, epochs: float, rate: str, flag
 
 
 def distil(work: Path, data: Path, teacher_folder: Path, start: Path, epochs: dict, rates: dict,
-           flags: list[str], stages: list[str], prefix: str) -> dict:
-    student = start
+           flags: list[str], stages: list[str], prefix: str, aug: dict[str, Path]) -> dict:
+    """The stages in turn; a stage in `aug` reads that folder's augmented set (and its folder says so)."""
+    student, name = start, f"{prefix}distilled"
     for stage in stages:
-        out = work / f"{prefix}distilled_{stage}"
+        if stage in aug:
+            name += f"-{stage}-{aug[stage].name.removeprefix('data_')}"
+        out = work / f"{name}_{stage}"
         if not (out / "dllogger.json").is_file() or "F1" not in read_log(out / "dllogger.json")[-1]["data"]:
             run([sys.executable, "distillation/task_distill.py", "--teacher_model", str(teacher_folder),
                  "--student_model", str(student), "--vocab_file", str(MINILM / "vocab.txt"), "--data_dir",
-                 str(data), "--task_name", "SQuADv1.1", "--output_dir", str(out), "--distill_config",
+                 str(aug.get(stage, data)), *(["--aug_train"] if stage in aug else []), "--task_name",
+                 "SQuADv1.1", "--output_dir", str(out), "--distill_config",
                  f"distillation/distillation_config_{stage}.json", "--learning_rate", rates[stage],
                  "--num_train_epochs", str(epochs[stage]), "--seed", "42", "--eval_batch_size", "64",
                  "--json-summary", str(out / "dllogger.json"), *flags])
@@ -121,6 +143,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--student_start", type=Path, help="a student checkpoint to start from (default: the "
                    "fine-tuned teacher's layers 2, 4 and 6)")
     p.add_argument("--tag", help="with --student_start: what its runs' folders and report are named by")
+    p.add_argument("--aug_n", type=int, default=0, help="augmented copies of each context or question (0: none)")
+    p.add_argument("--aug_part", choices=("context", "question"), default="context",
+                   help="what the copies vary (NVIDIA's: the context, answers kept)")
+    p.add_argument("--aug_stages", nargs="+", choices=("backbone", "heads"), default=["backbone", "heads"],
+                   help="--aug_n: the stages that read the augmented set")
+    p.add_argument("--mlm_steps", type=int, default=200, help="--aug_n: the augmentation masked LM's steps")
     p.add_argument("--stages", nargs="+", choices=("backbone", "heads"), default=["backbone", "heads"],
                    help="the task-distillation stages, in order (NVIDIA's: both; heads alone: the logits only)")
     args = p.parse_args(argv)
@@ -134,14 +162,21 @@ def main(argv: list[str] | None = None) -> None:
     start = args.student_start.resolve() if args.student_start else student_start(work, teacher_folder, 3)
     prefix = f"{args.tag}_" if args.tag else ""
     epochs = {"backbone": args.backbone_epochs, "heads": args.heads_epochs}
+    aug = {}
+    if args.aug_n:
+        folder = augmented(work, data, args.aug_n, args.aug_part, args.mlm_steps)
+        aug = {stage: folder for stage in args.aug_stages}
     rates = {"backbone": args.backbone_learning_rate, "heads": args.heads_learning_rate}
     report = {"teacher": teacher,
-              "distilled": distil(work, data, teacher_folder, start, epochs, rates, flags, args.stages, prefix),
+              "distilled": distil(work, data, teacher_folder, start, epochs, rates, flags, args.stages, prefix,
+                                  aug),
               "student_label": student_label(start, args.tag),
               "host": f"{host_line(detect(), 'fp32' if args.fp32 else 'bf16')}, date {time.strftime('%Y-%m-%d')}",
               "settings": f"seq {args.max_seq_length}, stride 128, batch 32, teacher {args.teacher_epochs:g} epochs "
                           f"lr 1e-4, student "
-                          + " + ".join(f"{stage} {epochs[stage]:g} epochs at {rates[stage]}" for stage in args.stages)}
+                          + " + ".join(f"{stage} {epochs[stage]:g} epochs at {rates[stage]}"
+                                       f"{f' on {args.aug_n} {args.aug_part} copies' if stage in aug else ''}"
+                                       for stage in args.stages)}
     if args.baseline:
         total = sum(epochs[stage] for stage in args.stages)
         report["baseline"] = fine_tune(work / f"{prefix}baseline", data, start, total, "1e-4", flags)

@@ -167,7 +167,17 @@ def augment(work: Path, data: Path, copies: int, mlm_steps: int) -> None:
     MiniLM has none)."""
     if (data / "train_aug.tsv").is_file():
         return
+    run([sys.executable, "distillation/data_augmentation.py", "--pretrained_bert_model",
+         str(augmentation_masked_lm(work, mlm_steps)), "--vocab_file", str(MINILM / "vocab.txt"), "--do_lower_case",
+         "--glue_dir", str(data.parent), "--task_name", "SST-2", "--N", str(copies), "--seed", "1",
+         "--no_original_segment"])
+
+
+def augmentation_masked_lm(work: Path, mlm_steps: int) -> Path:
+    """The released MiniLM with a masked-LM head trained (mlm_steps steps on a shared book) for augmentation."""
     shards, masked = work / "data" / "mlm", work / "masked_lm"
+    if (masked / f"ckpt_{mlm_steps}.pt").is_file():
+        return masked / f"ckpt_{mlm_steps}.pt"
     run([sys.executable, "data/create_pretraining_data.py", "--input_file", str(SHARED / "books" / "pg1661.txt"),
          "--output_file", str(shards / "books_training_0.hdf5"), "--vocab_file", str(MINILM / "vocab.txt"),
          "--do_lower_case", "--max_seq_length", str(SEQ), "--max_predictions_per_seq", "10", "--dupe_factor", "1"])
@@ -176,10 +186,7 @@ def augment(work: Path, data: Path, copies: int, mlm_steps: int) -> None:
          "--max_predictions_per_seq", "10", "--train_batch_size", "32", "--learning_rate", "5e-4", "--optimizer",
          "adamw", "--max_steps", str(mlm_steps), "--num_steps_per_checkpoint", str(mlm_steps), "--no_nsp",
          "--do_train", "--disable_progress_bar"])
-    run([sys.executable, "distillation/data_augmentation.py", "--pretrained_bert_model",
-         str(masked / f"ckpt_{mlm_steps}.pt"), "--vocab_file", str(MINILM / "vocab.txt"), "--do_lower_case",
-         "--glue_dir", str(data.parent), "--task_name", "SST-2", "--N", str(copies), "--seed", "1",
-         "--no_original_segment"])
+    return masked / f"ckpt_{mlm_steps}.pt"
 
 
 def speed(work: Path, teacher_folder: Path, student_folder: Path, rounds: int) -> dict:

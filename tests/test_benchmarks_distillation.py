@@ -1,4 +1,7 @@
-"""benchmarks/distillation_sst2.py's own pure parts: the table states the medians and the goals' arithmetic."""
+"""The distillation benchmarks' own pure parts: the tables state the medians and the goals' arithmetic; the SQuAD
+stages read the data they are given."""
+from pathlib import Path
+
 from benchmarks.distillation_sst2 import FIRST_STAGES, stage_suffix, table
 
 
@@ -43,3 +46,28 @@ def test_the_squad_split_trains_on_the_first_half_of_the_articles_and_scores_the
     scored = json.loads((folder / "dev-v1.1.json").read_text())["data"]
     assert [a["title"] for a in train] == [f"a{i}" for i in range(24)]
     assert [a["title"] for a in scored] == [f"a{i}" for i in range(24, 48)]
+
+
+def test_only_the_squad_stages_given_the_augmented_set_read_it_and_their_folders_say_so(tmp_path, monkeypatch):
+    import json
+
+    import benchmarks.distillation_squad as squad_benchmark
+    commands = []
+
+    def run(argv):  # each stage's command, and the log it would leave
+        commands.append(argv)
+        out = Path(argv[argv.index("--output_dir") + 1])
+        out.mkdir(parents=True)
+        record = {"step": [], "data": {"exact_match": 1.0, "F1": 2.0, "e2e_train_time": 60.0}}
+        (out / "dllogger.json").write_text(f"DLLL {json.dumps(record)}\n")
+
+    monkeypatch.setattr(squad_benchmark, "run", run)
+    data, aug = tmp_path / "data", tmp_path / "data_aug4-question"
+    squad_benchmark.distil(tmp_path, data, tmp_path / "teacher", tmp_path / "start", {"backbone": 1, "heads": 3},
+                           {"backbone": "1e-4", "heads": "1e-4"}, [], ["backbone", "heads"], "g_", {"heads": aug})
+    backbone, heads = commands
+    assert backbone[backbone.index("--data_dir") + 1] == str(data) and "--aug_train" not in backbone
+    assert heads[heads.index("--data_dir") + 1] == str(aug) and "--aug_train" in heads
+    assert Path(backbone[backbone.index("--output_dir") + 1]).name == "g_distilled_backbone"
+    assert Path(heads[heads.index("--output_dir") + 1]).name == "g_distilled-heads-aug4-question_heads"
+    assert heads[heads.index("--student_model") + 1] == str(tmp_path / "g_distilled_backbone")

@@ -12,7 +12,7 @@ import difflib
 import json
 import math
 import numbers
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
@@ -393,6 +393,20 @@ def attend_step_by_step(scaled_q: Tensor, k: Tensor, v: Tensor, attention_bias: 
     return torch.matmul(dropout(torch.softmax(scores, dim=-1), dropout_prob, training=True), v)
 
 
+def attend_by_three_products(x: Tensor, projections: Iterable[tuple[Tensor, Optional[Tensor]]], num_heads: int,
+                             attention_bias: Optional[Tensor],
+                             position: Optional[Callable[[Tensor], Tensor]] = None) -> Tensor:
+    """Attention of [batch, seq, width] states as an ONNX export computes it: Q, K and V each a product of its own
+    (weight, bias), the first already holding the softmax scale; `position` (rotary) applied to Q and K."""
+    batch, seq, _ = x.shape
+    q, k, v = (F.linear(x, weight, bias).view(batch, seq, num_heads, -1).transpose(1, 2)
+               for weight, bias in projections)
+    if position is not None:
+        q, k = position(q), position(k)
+    context = attend_step_by_step(q, k, v, attention_bias, dropout_prob=0.0)
+    return context.transpose(1, 2).reshape(batch, seq, -1)
+
+
 class BertSelfAttention(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -439,15 +453,10 @@ class BertSelfAttention(nn.Module):
         (constants in the graph). ONNX Runtime copies a fused product's three parts apart (a Split) where three
         products need none, and its int8 graph quantizes x once a product either way; SDPA's exported scale is a
         product of the activations at every call."""
-        batch, seq, hidden = x.shape
-        head_dim = self.query.out_features // self.num_heads  # a number, not a traced shape: the scale is folded
-        scale = head_dim ** -0.5
+        scale = (self.query.out_features // self.num_heads) ** -0.5  # a number, not a traced shape: folded
         projections = ((self.query.weight * scale, self.query.bias * scale), (self.key.weight, self.key.bias),
                        (self.value.weight, self.value.bias))
-        q, k, v = (F.linear(x, weight, bias).view(batch, seq, self.num_heads, head_dim).transpose(1, 2)
-                   for weight, bias in projections)
-        context = attend_step_by_step(q, k, v, attention_bias, dropout_prob=0.0)
-        return context.transpose(1, 2).reshape(batch, seq, hidden)
+        return attend_by_three_products(x, projections, self.num_heads, attention_bias)
 
 
 class BertResidualOutput(nn.Module):

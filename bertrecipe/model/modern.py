@@ -23,7 +23,7 @@ from bertrecipe.model.bert import (
     PreTrainingOutput,
     TokenPacking,
     attend,
-    attend_step_by_step,
+    attend_by_three_products,
     attention_bias_from_mask,
     classification_loss,
     span_loss,
@@ -126,18 +126,15 @@ class ModernBertAttention(nn.Module):
     def _three_products(self, x: Tensor, attention_bias: Optional[Tensor], rotary: tuple[Tensor, Tensor]) -> Tensor:
         """forward's attention in an ONNX export, as BERT's (BertSelfAttention._three_products): Q, K and V each a
         product of its slice of Wqkv, the softmax scale folded into Q's (rotation is linear, so it commutes)."""
-        batch, seq, _ = x.shape
         width = self.Wqkv.out_features // 3
-        head_dim = width // self.num_heads  # a number, not a traced shape: the scale is folded
-        scales = (head_dim ** -0.5, 1.0, 1.0)
+        scale = (width // self.num_heads) ** -0.5  # a number, not a traced shape: folded
         weight, bias = self.Wqkv.weight, self.Wqkv.bias
         # slices of a parameter by numbers (not split, which the exporter leaves to run time): constants folded
-        q, k, v = (F.linear(x, weight[i * width:(i + 1) * width] * scale,
-                            None if bias is None else bias[i * width:(i + 1) * width] * scale)
-                   .view(batch, seq, self.num_heads, head_dim).transpose(1, 2) for i, scale in enumerate(scales))
-        q, k = rotate(q, *rotary), rotate(k, *rotary)
-        context = attend_step_by_step(q, k, v, attention_bias, dropout_prob=0.0)
-        return context.transpose(1, 2).reshape(batch, seq, width)
+        projections = [(weight[i * width:(i + 1) * width] * factor,
+                        None if bias is None else bias[i * width:(i + 1) * width] * factor)
+                       for i, factor in enumerate((scale, 1.0, 1.0))]
+        return attend_by_three_products(x, projections, self.num_heads, attention_bias,
+                                        lambda states: rotate(states, *rotary))
 
     def _attend_spans(self, qkv: Tensor, spans: DocumentSpans, rotary: tuple[Tensor, Tensor]) -> Tensor:
         """qkv of the attended tokens ([T, 3 * width], or every position's [B, S, 3 * width]) through the varlen

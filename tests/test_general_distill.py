@@ -103,6 +103,21 @@ def test_a_student_with_the_teachers_weights_learns_nothing_new(teacher_space, t
     assert losses(out) == [pytest.approx(0.0, abs=1e-5)]
 
 
+def test_a_narrower_student_starts_from_every_other_coordinate_of_the_teachers_last_layer(teacher_space, tmp_path):
+    """--student_init teacher for the 1-layer student half the teacher's width: it starts from the teacher's layer 2
+    cut to every other coordinate (a learning rate of 1e-12 leaves the start as it was)."""
+    out = tmp_path / "narrow"
+    general_distill.main(distil_flags(teacher_space, out, "--max_steps", 2, "--student_init", "teacher",
+                                      "--learning_rate", 1e-12))
+    teacher = torch.load(teacher_space / "teacher" / "ckpt_2.pt", weights_only=True)["model"]
+    student = torch.load(out / "ckpt_2.pt", weights_only=True)["model"]
+    query = "bert.encoder.layer.{}.attention.self.query.weight"
+    assert student[query.format(0)].shape == (16, 16)
+    torch.testing.assert_close(student[query.format(0)], teacher[query.format(1)][::2, ::2], rtol=0, atol=1e-6)
+    inner = "bert.encoder.layer.{}.intermediate.dense.weight"
+    torch.testing.assert_close(student[inner.format(0)], teacher[inner.format(1)][::2, ::2], rtol=0, atol=1e-6)
+
+
 def test_a_resumed_distillation_ends_bit_for_bit_like_an_uninterrupted_one(teacher_space, tmp_path):
     general_distill.main(distil_flags(teacher_space, tmp_path / "whole", "--max_steps", 6))
     general_distill.main(distil_flags(teacher_space, tmp_path / "cut", "--max_steps", 6, "--steps_this_run", 4))

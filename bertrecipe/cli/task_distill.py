@@ -40,7 +40,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--student_config_file", help="the student's config, where its checkpoint records none")
     p.add_argument("--student_init", choices=STUDENT_INITS, default="random",
                    help="a student of a config-only --student_model folder starts at random, or from the teacher's "
-                        "layers (the last of each block, its embeddings and task head; DistilBERT's way)")
+                        "layers (the last of each block, its embeddings and task head; DistilBERT's way; a narrower "
+                        "BERT student keeps an evenly spaced share of each width)")
     p.add_argument("--data_dir", required=True, help="GLUE: the task's folder; SQuAD: the folder of its json files")
     p.add_argument("--task_name", required=True, help=f"{', '.join(glue.TASKS)}, SQuADv1.1 or SQuADv2.0")
     p.add_argument("--output_dir", required=True)

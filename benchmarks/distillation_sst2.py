@@ -7,7 +7,8 @@ The teacher is the released MiniLM (6 layers, hidden 384; ../shared/data/minilm)
 SST-2's training set (all of it unless --train_rows). The student (--student) either takes the teacher's layers 2, 4
 and 6 with its embeddings and classifier (`layers`: DistilBERT's start), or is a 4-layer, 192-wide model generally
 distilled from the released MiniLM with general_distill.py on shards of the shared books (`general`: TinyBERT's
-first stage, --general_steps steps; its classifier starts at random); per seed it is
+first stage, --general_steps steps, from random weights or, with --general_init teacher, from the teacher's layers
+cut to the student's widths; its classifier starts at random); per seed it is
   - fine-tuned on the same rows with run_glue.py for the same number of epochs as the two stages below together
     (the baseline), and
   - task-distilled with task_distill.py: the backbone stage (states: attention scores, hidden states, value

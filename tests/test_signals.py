@@ -154,6 +154,43 @@ def test_a_signal_python_swallows_in_a_weakref_callback_still_stops_the_command(
     assert (done.returncode, done.stdout, done.stderr.splitlines()) == (status, "", [stop_line(said)])
 
 
+SIGNAL_TURNED_INTO_AN_ERROR = """
+import os, signal, sys, time
+from bertrecipe.cli.command_line import run_cli
+
+def main():
+    try:  # as h5py's type conversion does with a Ctrl-C that lands in it
+        os.kill(os.getpid(), int(sys.argv[1]))
+        time.sleep(5)
+    except BaseException:
+        raise TypeError("Operation not defined for data type class") from None
+    print("the command went on")
+
+run_cli(main)
+"""
+
+
+@pytest.mark.parametrize("sent, status, said", [(signal.SIGINT, 130, "interrupted (Ctrl-C)"),
+                                                (signal.SIGTERM, 143, "SIGTERM")])
+def test_a_signal_that_a_library_turns_into_an_error_of_its_own_still_ends_in_one_line(sent, status, said):
+    """Ctrl-C while a shard's attributes were written came out of h5py as a TypeError: a 40-line traceback and
+    exit 1 instead of the signal's line and status (CI, round four)."""
+    done = subprocess.run([sys.executable, "-c", SIGNAL_TURNED_INTO_AN_ERROR, str(int(sent))], env=ENV,
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr.splitlines()) == (status, "", [stop_line(said)])
+
+
+NO_SIGNAL_BUT_AN_ERROR = SIGNAL_TURNED_INTO_AN_ERROR.replace("os.kill(os.getpid(), int(sys.argv[1]))",
+                                                             "raise RuntimeError('no signal')")
+
+
+def test_an_error_with_no_signal_received_is_still_the_error():
+    done = subprocess.run([sys.executable, "-c", NO_SIGNAL_BUT_AN_ERROR, "2"], env=ENV, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == "TypeError: Operation not defined for data type class"
+
+
 WAIT_FOR_OWN_SIGNAL = """
 import os, signal, sys, threading
 from bertrecipe.common.stop_signals import handle_stop_signals, stop_signal_within

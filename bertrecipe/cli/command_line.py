@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NoReturn, Optional, TextIO
 
 from bertrecipe.common.errors import InputError, error_text
-from bertrecipe.common.stop_signals import Terminated, handle_stop_signals
+from bertrecipe.common.stop_signals import Terminated, handle_stop_signals, stop_signal_received
 
 
 def fail(message: str) -> NoReturn:
@@ -77,12 +77,23 @@ def signals_end_in_one_line() -> Iterator[None]:
     line and exit 143."""
     try:
         yield
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as stopped:
+        _end_for_signal(stopped)
+    except Exception:
+        # A library may turn the signal's exception into an error of its own: h5py's type conversion, where
+        # Ctrl-C lands while a shard's attributes are written, raises TypeError. The signal still ends it.
+        arrived = stop_signal_received()
+        if arrived is None:
+            raise
+        _end_for_signal(arrived)
+
+
+def _end_for_signal(stopped: BaseException) -> NoReturn:
+    if isinstance(stopped, KeyboardInterrupt):
         print(stop_line("interrupted (Ctrl-C)"), file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
-    except Terminated:
-        print(stop_line("SIGTERM"), file=sys.stderr, flush=True)
-        raise SystemExit(128 + signal.SIGTERM) from None
+    print(stop_line("SIGTERM"), file=sys.stderr, flush=True)
+    raise SystemExit(128 + signal.SIGTERM) from None
 
 
 def run_cli(main: Callable[[], object]) -> NoReturn:

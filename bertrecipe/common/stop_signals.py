@@ -66,8 +66,16 @@ def raise_if_stopped() -> None:
     """Raises the first signal's exception again when one arrived since forget_signals(): where Python swallowed it,
     the command still stops before its next commit. In the main thread only, where signals are raised and handled:
     another thread's commit is of a whole output, and the main thread ends the command."""
-    if _received and threading.current_thread() is threading.main_thread():
-        raise KeyboardInterrupt() if _received[0] == signal.SIGINT else Terminated()
+    arrived = stop_signal_received()
+    if arrived is not None and threading.current_thread() is threading.main_thread():
+        raise arrived
+
+
+def stop_signal_received() -> Optional[BaseException]:
+    """The exception of the first stop signal received since forget_signals(), None if none was."""
+    if not _received:
+        return None
+    return KeyboardInterrupt() if _received[0] == signal.SIGINT else Terminated()
 
 
 def stop_signal_within(seconds: float) -> Optional[BaseException]:
@@ -75,7 +83,7 @@ def stop_signal_within(seconds: float) -> Optional[BaseException]:
     a Ctrl-C or SIGTERM sent to a whole job reaches its processes a moment apart, and one of them may first see its
     peers gone (they stopped on theirs) before its own arrives."""
     if _received:
-        return KeyboardInterrupt() if _received[0] == signal.SIGINT else Terminated()
+        return stop_signal_received()
     try:
         time.sleep(seconds)
     except (KeyboardInterrupt, Terminated) as arrived:

@@ -174,7 +174,7 @@ run_cli(main)
                                                 (signal.SIGTERM, 143, "SIGTERM")])
 def test_a_signal_that_a_library_turns_into_an_error_of_its_own_still_ends_in_one_line(sent, status, said):
     """Ctrl-C while a shard's attributes were written came out of h5py as a TypeError: a 40-line traceback and
-    exit 1 instead of the signal's line and status (CI, round four)."""
+    exit 1 instead of the signal's line and status (the CI run of stop 56)."""
     done = subprocess.run([sys.executable, "-c", SIGNAL_TURNED_INTO_AN_ERROR, str(int(sent))], env=ENV,
                           capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr.splitlines()) == (status, "", [stop_line(said)])

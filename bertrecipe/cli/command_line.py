@@ -74,7 +74,7 @@ def stop_line(what: str) -> str:
 @contextmanager
 def signals_end_in_one_line() -> Iterator[None]:
     """Ctrl-C in the block ends the command with one line and exit 130, a SIGTERM (raised as Terminated) with one
-    line and exit 143."""
+    line and exit 143; so does any error raised after one of them arrived."""
     try:
         yield
     except (KeyboardInterrupt, Terminated) as stopped:
@@ -89,6 +89,7 @@ def signals_end_in_one_line() -> Iterator[None]:
 
 
 def _end_for_signal(stopped: BaseException) -> NoReturn:
+    """The signal's one line and the shell's status for it (KeyboardInterrupt: Ctrl-C; else SIGTERM)."""
     if isinstance(stopped, KeyboardInterrupt):
         print(stop_line("interrupted (Ctrl-C)"), file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None

@@ -82,8 +82,9 @@ def stop_signal_within(seconds: float) -> Optional[BaseException]:
     """The exception of a stop signal this process received, or receives within `seconds` (None if none comes):
     a Ctrl-C or SIGTERM sent to a whole job reaches its processes a moment apart, and one of them may first see its
     peers gone (they stopped on theirs) before its own arrives."""
-    if _received:
-        return stop_signal_received()
+    arrived = stop_signal_received()
+    if arrived is not None:
+        return arrived
     try:
         time.sleep(seconds)
     except (KeyboardInterrupt, Terminated) as arrived:

@@ -14,7 +14,10 @@ The corpus: --copies copies of tests/data's Wikipedia excerpt as the parts of on
 sharding, run once without faults, cuts the formatted text into 4 training and 2 test shards, which
 create_hdf5_files turns into 6 HDF5 shards, a task each. The moments are uniform over the reference launch's
 duration (start-up and imports included); the schedule comes from random.Random(--seed), and a launch that ends
-before its moment is run again with a new draw.
+before its moment is run again with a new draw. So is a moment within the interpreter's own start-up, before
+bertPrep's first line has installed its handlers (read from /proc/PID/status, SigCgt: SIGTERM is caught from then):
+no Python program can answer there, Python prints a KeyboardInterrupt traceback or dies of the SIGTERM, having
+written nothing. From the first line on (bertrecipe/cli/entry.py), every signal must end in the stop line.
 
     python -m benchmarks.data_prep_faults --faults 20 --seed 0    # 20 SIGINT and 20 SIGTERM in each stage
 
@@ -41,9 +44,10 @@ from typing import Any, Callable, Optional
 
 from benchmarks.common import REPO, write_json
 from benchmarks.fault_injection import MARKER, job_processes, kill_job, wait_reaped
-from bertrecipe.cli.command_line import ArgumentParser, run_cli, stop_line
+from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
 from bertrecipe.common.hardware import detect
+from bertrecipe.common.stop_signals import stop_line
 from bertrecipe.dataprep import layout
 
 EXCERPT = REPO / "tests" / "data" / "wiki" / "enwiki-excerpt.xml.bz2"
@@ -80,6 +84,7 @@ class Fault:
 class Outcome:
     fault: Fault
     draws: int = 0  # launches that ended before their moment, redrawn
+    in_python_start_up: int = 0  # moments before bertPrep's first line had installed its handlers, redrawn
     # Moments that came as bertPrep was exiting with every output complete, by its exit status (redrawn): 0, or the
     # signal's own death (-2, -15) once Python's finalization has put the default handlers back.
     came_at_the_exit: list[int] = field(default_factory=list)
@@ -212,22 +217,40 @@ def send(process: subprocess.Popen, fault: Fault) -> bool:
     return process.poll() is None
 
 
-def interrupt(fault: Fault, folder: Path, name: str, settings: Settings, outcome: Outcome) -> bool:
+def catches_sigterm(pid: int) -> bool:
+    """Whether the process has a handler of its own for SIGTERM (the SigCgt mask of /proc/PID/status): Python
+    installs none at start-up, bertPrep's entry point does first thing."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+def interrupt(fault: Fault, folder: Path, name: str, settings: Settings, outcome: Outcome) -> Optional[str]:
     """Launches the fault's stage, signals it at its moment and waits until every process of the launch has
-    ended (at most settings.exit_seconds, then they are killed); False when the launch ended before its moment."""
+    ended (at most settings.exit_seconds, then they are killed). None when it was signalled, else why not: "ended"
+    before its moment, or "python start-up" when the moment came before bertPrep had installed its handlers."""
     token = uuid.uuid4().hex
     began = time.monotonic()
     process = start(command(fault.stage, settings), folder, token, name)
+    handlers_seen = False
     try:
         while time.monotonic() - began < fault.delay:
             if process.poll() is not None:
-                return False
+                return "ended"
+            handlers_seen = handlers_seen or catches_sigterm(process.pid)
             time.sleep(0.002)
+        if not (handlers_seen or catches_sigterm(process.pid)):  # not seen until now: Python's own start-up
+            return "python start-up"  # (a launch past its handlers, at its exit, is the finished_first case)
         outcome.workers_at_signal = spawn_workers(token)
         signalled = time.monotonic()
         if not send(process, fault):
             process.wait()
-            return False
+            return "ended"
         deadline = signalled + settings.exit_seconds
         try:
             outcome.exit_code = process.wait(timeout=settings.exit_seconds)
@@ -250,7 +273,7 @@ def interrupt(fault: Fault, folder: Path, name: str, settings: Settings, outcome
         if process.poll() is None:
             process.kill()
         outcome.exit_code = process.wait() if outcome.exit_code is None else outcome.exit_code
-    return True
+    return None
 
 
 def check_interrupted(outcome: Outcome, folder: Path, name: str, reference: dict[str, str]) -> None:
@@ -291,14 +314,17 @@ def run_fault(fault: Fault, folder: Path, reference: dict[str, str], settings: S
         for top in stage_outputs(folder, fault.stage):  # the campaign's own outputs of the previous fault
             shutil.rmtree(top)
         outcome.exit_code, outcome.problems = None, []
-        if not interrupt(fault, folder, name, settings, outcome):
+        missed = interrupt(fault, folder, name, settings, outcome)
+        if missed == "ended":
             outcome.draws += 1
+        elif missed == "python start-up":
+            outcome.in_python_start_up += 1
         elif finished_first(outcome, folder, name, reference):
             outcome.came_at_the_exit.append(outcome.exit_code)
         else:
             break
-        if outcome.draws + len(outcome.came_at_the_exit) >= 10:
-            outcome.problems.append("ended before its moment in 10 draws")
+        if outcome.draws + outcome.in_python_start_up + len(outcome.came_at_the_exit) >= 10:
+            outcome.problems.append("no moment of 10 draws came while bertPrep ran")
             return outcome
         fault.delay = redraw()
     check_interrupted(outcome, folder, name, reference)
@@ -318,7 +344,7 @@ def run_fault(fault: Fault, folder: Path, reference: dict[str, str], settings: S
 def describe(index: int, outcome: Outcome) -> str:
     fault = outcome.fault
     trouble = f"  PROBLEM: {'; '.join(outcome.problems)}" if outcome.problems else ""
-    late = outcome.draws + len(outcome.came_at_the_exit)
+    late = outcome.draws + outcome.in_python_start_up + len(outcome.came_at_the_exit)
     redrawn = f" ({late} redrawn)" if late else ""
     return (f"{index:3} {fault.stage:17} {fault.signal:7} to {fault.target:6} at {fault.delay:5.2f} s{redrawn}: "
             f"{outcome.workers_at_signal} workers, exit {outcome.exit_code} in {outcome.seconds_to_exit:.2f} s, "
@@ -424,6 +450,7 @@ def stage_summary(outcomes: list[Outcome]) -> dict[str, Any]:
         "temporaries_left": sum(len(o.temporaries) for o in outcomes),
         "launches_that_kept_outputs": sum(o.kept_outputs > 0 for o in outcomes),
         "redrawn": sum(o.draws for o in outcomes),
+        "in_python_start_up": sum(o.in_python_start_up for o in outcomes),
         "came_at_the_exit": dict(Counter(str(code) for o in outcomes for code in o.came_at_the_exit)),
         "rerun_identical": sum(not any("bytes" in p for p in o.problems) and o.rerun_seconds > 0 for o in outcomes),
         "problems": [f"{o.fault.signal} to {o.fault.target} at {o.fault.delay} s: {p}" for o in outcomes
@@ -447,7 +474,8 @@ def table(campaign: Campaign) -> str:
         rows += [(stage, f"{s['passed']} of {s['faults']} faults passed every check"),
                  ("  sent", ", ".join(f"{k} {v}" for k, v in sorted(s["by_signal_and_target"].items()))),
                  ("  landed", ", ".join(f"{k} {v}" for k, v in sorted(s["landed"].items()))
-                  + f"; redrawn: {s['redrawn']} after the launch had ended, "
+                  + f"; redrawn: {s['in_python_start_up']} in Python's start-up, {s['redrawn']} after the launch "
+                  + "had ended, "
                   + (", ".join(f"exit {code} x{n}" for code, n in sorted(s["came_at_the_exit"].items())) or "none")
                   + " as it exited with its work done"),
                  ("  exit status", codes),

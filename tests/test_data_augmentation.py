@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from bertrecipe.cli import data_augmentation
-from bertrecipe.cli.command_line import stop_line
+from bertrecipe.common.stop_signals import stop_line
 from bertrecipe.dataprep.vocab_training import train_bpe
 from bertrecipe.distillation import augmentation
 from bertrecipe.distillation.augmentation import AugmentationSettings, MaskedWordPredictor

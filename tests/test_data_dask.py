@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 import pytest
 
-from bertrecipe.cli.command_line import stop_line
+from bertrecipe.common.stop_signals import stop_line
 from bertrecipe.dataprep import engine, layout
 from bertrecipe.dataprep.sharding import split_sentences
 from bertrecipe.dataprep.text_formatting import book_text

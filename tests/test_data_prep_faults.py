@@ -5,10 +5,14 @@ left, and the rerun's outputs are the uninterrupted run's, byte for byte. DATA_P
 another schedule."""
 import os
 import random
+import subprocess
+import sys
+import time
 
 import pytest
 
 from benchmarks import data_prep_faults as dpf
+from helpers import ENV
 
 SEED = int(os.environ.get("DATA_PREP_FAULTS_SEED", "0"))
 
@@ -25,6 +29,24 @@ def test_the_schedule_gives_each_stage_both_signals_to_both_targets_and_replays(
     assert [f.stage for f in first] == sorted((f.stage for f in first), key=dpf.STAGES.index)
     one = dpf.plan(random.Random(0), 1, durations)  # one fault a signal: SIGINT to the group, SIGTERM to bertPrep
     assert {(f.signal, f.target) for f in one} == {("SIGINT", "group"), ("SIGTERM", "parent")}
+
+
+def test_a_moment_counts_as_python_s_start_up_until_the_entry_point_catches_sigterm():
+    """The campaign redraws a moment before the command's first line (a bare interpreter catches no SIGTERM) and
+    signals any later one (the entry point's first line catches it)."""
+    bare = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=ENV)
+    command = subprocess.Popen([sys.executable, "-c", "import bertrecipe.cli.entry, time; time.sleep(30)"], env=ENV)
+    try:
+        deadline = time.monotonic() + 30
+        while not dpf.catches_sigterm(command.pid):
+            assert command.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not dpf.catches_sigterm(bare.pid) and bare.poll() is None
+    finally:
+        bare.kill()
+        command.kill()
+        bare.wait()
+        command.wait()
 
 
 @pytest.mark.slow

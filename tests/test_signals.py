@@ -81,6 +81,41 @@ def test_a_signal_while_the_command_still_imports_is_one_line(command, sent, sta
     assert (process.returncode, stderr.splitlines()) == (status, [stop_line(said)])
 
 
+SIGNAL_AS_THE_ENTRY_POINT_IMPORTS = """
+import os, signal, sys
+
+def signal_on_import(event, args):  # the signal as the entry point starts importing the commands' front
+    if event == "import" and args[0] == "bertrecipe.cli.command_line":
+        os.kill(os.getpid(), int(sys.argv[1]))
+
+sys.addaudithook(signal_on_import)
+from bertrecipe.cli.entry import bert_prep
+bert_prep()
+"""
+
+
+@pytest.mark.parametrize("sent, status, said", [(signal.SIGINT, 130, "interrupted (Ctrl-C)"),
+                                                (signal.SIGTERM, 143, "SIGTERM")])
+def test_a_signal_as_the_entry_point_itself_imports_is_one_line(sent, status, said):
+    """A Ctrl-C 57 ms into bertPrep, as its entry point imported the parser's module, was Python's traceback and
+    a death by SIGINT (the CI run of stop 57): the entry point's first line now answers signals."""
+    done = subprocess.run([sys.executable, "-c", SIGNAL_AS_THE_ENTRY_POINT_IMPORTS, str(int(sent)), "--help"],
+                          env=ENV, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr.splitlines()) == (status, "", [stop_line(said)])
+
+
+def test_the_entry_point_hands_its_start_up_handler_to_the_command_s_own():
+    """After start-up a signal is raised where the command is (its outputs are discarded on the way out), no longer
+    an immediate exit."""
+    code = ("import signal\nfrom bertrecipe.cli.entry import bert_prep\n"
+            "from bertrecipe.common.stop_signals import handle_stop_signals, raise_on_signal\n"
+            "before = signal.getsignal(signal.SIGTERM).__name__\nhandle_stop_signals()\n"
+            "print(before, signal.getsignal(signal.SIGTERM) is raise_on_signal, "
+            "signal.getsignal(signal.SIGINT) is raise_on_signal)")
+    done = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["_end_while_starting", "True", "True"], done.stderr
+
+
 def processes_naming(text: str) -> list[int]:
     """The live processes whose command line holds `text` (a test's own folder: the command and its children)."""
     found = []

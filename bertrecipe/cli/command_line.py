@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NoReturn, Optional, TextIO
 
 from bertrecipe.common.errors import InputError, error_text
-from bertrecipe.common.stop_signals import Terminated, handle_stop_signals, stop_signal_received
+from bertrecipe.common.stop_signals import Terminated, handle_stop_signals, stop_line_of, stop_signal_received
 
 
 def fail(message: str) -> NoReturn:
@@ -66,11 +66,6 @@ def _end_quietly_after_the_reader_left() -> NoReturn:
     raise SystemExit(EXIT_BROKEN_PIPE)
 
 
-def stop_line(what: str) -> str:
-    """A signal's one line: outputs are only ever kept whole, so a second run finishes what is missing."""
-    return f"{what}: stopped before the end; nothing half-written was kept, run the command again to finish"
-
-
 @contextmanager
 def signals_end_in_one_line() -> Iterator[None]:
     """Ctrl-C in the block ends the command with one line and exit 130, a SIGTERM (raised as Terminated) with one
@@ -90,11 +85,9 @@ def signals_end_in_one_line() -> Iterator[None]:
 
 def _end_for_signal(stopped: BaseException) -> NoReturn:
     """The signal's one line and the shell's status for it (KeyboardInterrupt: Ctrl-C; else SIGTERM)."""
-    if isinstance(stopped, KeyboardInterrupt):
-        print(stop_line("interrupted (Ctrl-C)"), file=sys.stderr, flush=True)
-        raise SystemExit(128 + signal.SIGINT) from None
-    print(stop_line("SIGTERM"), file=sys.stderr, flush=True)
-    raise SystemExit(128 + signal.SIGTERM) from None
+    signum = signal.SIGINT if isinstance(stopped, KeyboardInterrupt) else signal.SIGTERM
+    print(stop_line_of(signum), file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum) from None
 
 
 def run_cli(main: Callable[[], object]) -> NoReturn:

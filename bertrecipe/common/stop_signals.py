@@ -21,13 +21,37 @@ class Terminated(BaseException):
 _received: list[int] = []
 
 
+def stop_line(what: str) -> str:
+    """A signal's one line: outputs are only ever kept whole, so a second run finishes what is missing."""
+    return f"{what}: stopped before the end; nothing half-written was kept, run the command again to finish"
+
+
+def stop_line_of(signum: int) -> str:
+    """The one line a command ends with on SIGINT (Ctrl-C) or SIGTERM."""
+    return stop_line("interrupted (Ctrl-C)" if signum == signal.SIGINT else "SIGTERM")
+
+
+def end_at_once_while_starting() -> None:
+    """Until handle_stop_signals(), SIGINT and SIGTERM end the command at once with their line and the shell's
+    status (130, 143): while it imports, nothing has been written, and Python's own response would be a traceback
+    for Ctrl-C and no word at all for SIGTERM."""
+    signal.signal(signal.SIGINT, _end_while_starting)
+    signal.signal(signal.SIGTERM, _end_while_starting)
+
+
+def _end_while_starting(signum: int, frame: object) -> NoReturn:
+    print(stop_line_of(signum), file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)  # leaves through the import under way, quietly
+
+
 def handle_stop_signals() -> None:
     """SIGINT and SIGTERM raise their exceptions (raise_on_signal) where no other handler was set (a launcher's, a
     training loop's own stay), and a swallowed one is delivered again; no signal is remembered yet."""
     forget_signals()
-    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, raise_on_signal):
+    ours = (raise_on_signal, _end_while_starting)
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, *ours):
         signal.signal(signal.SIGTERM, raise_on_signal)
-    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, raise_on_signal):
+    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, *ours):
         signal.signal(signal.SIGINT, raise_on_signal)
     deliver_swallowed_signals_again()
 

@@ -215,6 +215,33 @@ def test_a_signal_that_a_library_turns_into_an_error_of_its_own_still_ends_in_on
     assert (done.returncode, done.stdout, done.stderr.splitlines()) == (status, "", [stop_line(said)])
 
 
+SIGNAL_TURNED_INTO_AN_ERROR_IN_A_RUN = """
+import argparse, os, sys, time
+from bertrecipe.cli.command_line import run_cli
+from bertrecipe.cli.run_pretraining import run_in_process_group
+
+def run_with(args, ctx):
+    try:  # as h5py does with a Ctrl-C that lands in its type conversion while a run reads or writes
+        os.kill(os.getpid(), int(sys.argv[1]))
+        time.sleep(5)
+    except BaseException:
+        raise TypeError("Operation not defined for data type class") from None
+
+run_cli(lambda: run_in_process_group(argparse.Namespace(no_cuda=True, output_dir=sys.argv[2]), run_with))
+"""
+
+
+@pytest.mark.parametrize("sent, status, said", [(signal.SIGINT, 130, "interrupted (Ctrl-C)"),
+                                                (signal.SIGTERM, 143, "stopped by SIGTERM outside the steps")])
+def test_a_signal_a_library_turns_into_an_error_in_a_run_still_names_the_checkpoint(tmp_path, sent, status, said):
+    """run_pretraining.py and general_distill.py end a stopped run naming the checkpoint to resume from; a signal
+    that came out of a library as another error ended in run_cli's general line instead."""
+    done = subprocess.run([sys.executable, "-c", SIGNAL_TURNED_INTO_AN_ERROR_IN_A_RUN, str(int(sent)), str(tmp_path)],
+                          env=ENV, capture_output=True, text=True, timeout=60)
+    expected = f"{said}: no checkpoint in {tmp_path} yet"
+    assert (done.returncode, done.stdout, done.stderr.splitlines()) == (status, "", [expected])
+
+
 NO_SIGNAL_BUT_AN_ERROR = SIGNAL_TURNED_INTO_AN_ERROR.replace("os.kill(os.getpid(), int(sys.argv[1]))",
                                                              "raise RuntimeError('no signal')")
 

@@ -21,7 +21,7 @@ import torch
 
 from bertrecipe.cli.command_line import ArgumentParser, run_cli
 from bertrecipe.common.errors import InputError
-from bertrecipe.common.stop_signals import Terminated, stop_signal_within
+from bertrecipe.common.stop_signals import Terminated, stop_signal_received, stop_signal_within
 from bertrecipe.model.families import ModelConfig, is_modern_config
 from bertrecipe.model.weights import read_config
 from bertrecipe.pretraining.masking import SCHEDULE_SHAPES
@@ -390,18 +390,15 @@ def run_in_process_group(args: argparse.Namespace,
     ctx = init_distributed(args.no_cuda)
     try:
         run_with(args, ctx)
-    except KeyboardInterrupt:
-        if ctx.is_main:
-            print(f"interrupted (Ctrl-C): {checkpointing.where_to_resume(args.output_dir)}", file=sys.stderr,
-                  flush=True)
-        raise SystemExit(128 + signal.SIGINT) from None
-    except Terminated:  # before the loop's own SIGTERM handler, or after it: a step's checkpoint is not due
-        if ctx.is_main:
-            print(f"stopped by SIGTERM outside the steps: {checkpointing.where_to_resume(args.output_dir)}",
-                  file=sys.stderr, flush=True)
-        raise SystemExit(128 + signal.SIGTERM) from None
-    except RuntimeError as error:
-        if not peer_has_gone(error, ctx):
+    except (KeyboardInterrupt, Terminated) as stopped:
+        end_for_signal(stopped, args.output_dir, ctx)
+    except Exception as error:
+        # A library may turn the signal into an error of its own (h5py's type conversion raises TypeError): the
+        # signal still ends the run, with its line naming the checkpoint to resume from.
+        arrived = stop_signal_received()
+        if arrived is not None:
+            end_for_signal(arrived, args.output_dir, ctx)
+        if not (isinstance(error, RuntimeError) and peer_has_gone(error, ctx)):
             raise
         # The others may have stopped on a Ctrl-C sent to the whole job, which reaches this process a moment later:
         # it then ends as they do, without an error line. A SIGTERM meanwhile is the launcher ending this process
@@ -414,6 +411,17 @@ def run_in_process_group(args: argparse.Namespace,
         raise SystemExit(1) from None
     finally:
         shut_down_deaf_to_sigterm(ctx)
+
+
+def end_for_signal(stopped: BaseException, output_dir: str, ctx: DistributedContext) -> NoReturn:
+    """A stopped run's line, from the first process only, naming the checkpoint to resume from; 130 or 143."""
+    if isinstance(stopped, KeyboardInterrupt):
+        line, status = "interrupted (Ctrl-C)", 128 + signal.SIGINT
+    else:  # before the loop's own SIGTERM handler, or after it: a step's checkpoint is not due
+        line, status = "stopped by SIGTERM outside the steps", 128 + signal.SIGTERM
+    if ctx.is_main:
+        print(f"{line}: {checkpointing.where_to_resume(output_dir)}", file=sys.stderr, flush=True)
+    raise SystemExit(status) from None
 
 
 def shut_down_deaf_to_sigterm(ctx: DistributedContext) -> None:

@@ -2,19 +2,19 @@
 
     python -m benchmarks.distillation_squad --work_dir results/distillation_squad
 
-The official SQuAD training set is not here, so the dev set's 48 articles are split in two: the first 24 train
-(as train-v1.1.json), the other 24 are scored (as dev-v1.1.json). The teacher is the released MiniLM (6 layers,
-hidden 384; ../shared/data/minilm) fine-tuned with run_squad.py on the training half; the student takes the
-teacher's layers 2, 4 and 6 with its embeddings and span head (DistilBERT's start) and is task-distilled with
-task_distill.py: the backbone stage (attention scores, hidden states), then the heads stage (the teacher's start
-and end logits, soft cross-entropy). --student_start starts the student from a checkpoint instead (for instance a
-general student of benchmarks.distillation_sst2; its span head starts at random), its runs' folders and report
-named by --tag. With --aug_n, the stages in --aug_stages read data_augmentation.py's copies of the training
-half's contexts or questions (--aug_part; from a masked-LM head trained for it as the SST-2 benchmark does), written
-once into a data folder of their own. With --baseline the same student is also fine-tuned plainly for as many
-epochs as the stages together. Every figure is EM and F1 on the scored half; the report gives the student's share
-of the teacher's F1 (goal >= 90 %; NVIDIA's 4-layer student keeps 93.8 %). Each stage's outputs are reused
-when present, so an interrupted benchmark goes on where it stopped.
+The official SQuAD training set is not here, so the dev set's 48 articles are split in two: the first 24 train (as
+train-v1.1.json), the other 24 are scored (as dev-v1.1.json). The teacher is the released MiniLM (6 layers, hidden
+384; ../shared/data/minilm) fine-tuned with run_squad.py on the training half; the student takes the teacher's
+layers 2, 4 and 6 (--student_layers: that many, evenly spaced) with its embeddings and span head (DistilBERT's
+start) and is task-distilled with task_distill.py: the backbone stage (attention scores, hidden states), then the
+heads stage (the teacher's start and end logits, soft cross-entropy). --student_start starts the student from a
+checkpoint instead (for instance a general student of benchmarks.distillation_sst2; its span head starts at random),
+its runs' folders and report named by --tag. With --aug_n, the stages in --aug_stages read data_augmentation.py's
+copies of the training half's contexts or questions (--aug_part; from a masked-LM head trained for it as the SST-2
+benchmark does), written once into a data folder of their own. With --baseline the same student is also fine-tuned
+plainly for as many epochs as the stages together. Every figure is EM and F1 on the scored half; the report gives
+the student's share of the teacher's F1 (goal >= 90 %; NVIDIA's 4-layer student keeps 93.8 %). Each stage's outputs
+are reused when present, so an interrupted benchmark goes on where it stopped.
 """
 from __future__ import annotations
 
@@ -103,9 +103,9 @@ def distil(work: Path, data: Path, teacher_folder: Path, start: Path, epochs: di
 
 
 def student_label(start: Path, tag: str | None) -> str:
-    """"3 layers" for the teacher's layers; "<layers> x <width>, <tag>" for a --student_start."""
+    """"<layers> layers" for the teacher's layers; "<layers> x <width>, <tag>" for a --student_start."""
     if not tag:
-        return "3 layers"
+        return f"{read_weights(start).config.num_hidden_layers} layers"
     config = read_weights(start).config
     return f"{config.num_hidden_layers} x {config.hidden_size}, {tag}"
 
@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--student_start", type=Path, help="a student checkpoint to start from (default: the "
                    "fine-tuned teacher's layers 2, 4 and 6)")
     p.add_argument("--tag", help="with --student_start: what its runs' folders and report are named by")
+    p.add_argument("--student_layers", type=int, default=3,
+                   help="without --student_start: how many of the teacher's layers the student takes")
     p.add_argument("--aug_n", type=int, default=0, help="augmented copies of each context or question (0: none)")
     p.add_argument("--aug_part", choices=("context", "question"), default="context",
                    help="what the copies vary (NVIDIA's: the context, answers kept)")
@@ -159,8 +161,14 @@ def main(argv: list[str] | None = None) -> None:
     data = split_dev(work)
     teacher_folder = work / "teacher"
     teacher = fine_tune(teacher_folder, data, MINILM, args.teacher_epochs, "1e-4", flags)
-    start = args.student_start.resolve() if args.student_start else student_start(work, teacher_folder, 3)
-    prefix = f"{args.tag}_" if args.tag else ""
+    if args.student_start:
+        start, prefix = args.student_start.resolve(), f"{args.tag}_"
+    elif args.student_layers == 3:  # the first benchmark's student, in its folders
+        start, prefix = student_start(work, teacher_folder, 3), ""
+    else:
+        (work / f"layers{args.student_layers}").mkdir(exist_ok=True)
+        start = student_start(work / f"layers{args.student_layers}", teacher_folder, args.student_layers)
+        prefix = f"layers{args.student_layers}_"
     epochs = {"backbone": args.backbone_epochs, "heads": args.heads_epochs}
     aug = {}
     if args.aug_n:

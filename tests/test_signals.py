@@ -104,6 +104,16 @@ def test_a_signal_as_the_entry_point_itself_imports_is_one_line(sent, status, sa
     assert (done.returncode, done.stdout, done.stderr.splitlines()) == (status, "", [stop_line(said)])
 
 
+def test_a_signal_the_command_was_started_ignoring_stays_ignored():
+    """`python run_squad.py ... &` in a script starts with SIGINT ignored: the entry point keeps it so."""
+    code = ("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nfrom bertrecipe.cli.entry import bert_prep\n"
+            "from bertrecipe.common.stop_signals import handle_stop_signals\n"
+            "before = signal.getsignal(signal.SIGINT)\nhandle_stop_signals()\n"
+            "print(before is signal.SIG_IGN, signal.getsignal(signal.SIGINT) is signal.SIG_IGN)")
+    done = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["True", "True"], done.stderr
+
+
 def test_the_entry_point_hands_its_start_up_handler_to_the_command_s_own():
     """After start-up a signal is raised where the command is (its outputs are discarded on the way out), no longer
     an immediate exit."""

@@ -34,9 +34,12 @@ def stop_line_of(signum: int) -> str:
 def end_at_once_while_starting() -> None:
     """Until handle_stop_signals(), SIGINT and SIGTERM end the command at once with their line and the shell's
     status (130, 143): while it imports, nothing has been written, and Python's own response would be a traceback
-    for Ctrl-C and no word at all for SIGTERM."""
-    signal.signal(signal.SIGINT, _end_while_starting)
-    signal.signal(signal.SIGTERM, _end_while_starting)
+    for Ctrl-C and no word at all for SIGTERM. A signal the command was started ignoring (`cmd &` in a script
+    ignores SIGINT) stays ignored, here and after."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _end_while_starting)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _end_while_starting)
 
 
 def _end_while_starting(signum: int, frame: object) -> NoReturn:

@@ -58,6 +58,7 @@ EXPECTED = {"SIGINT": (130, stop_line("interrupted (Ctrl-C)")), "SIGTERM": (143,
 TEMPORARY = re.compile(r"^\..+\.tmp$")  # atomic_files' temporaries (`.<name>.<pid>.<random>.tmp`) and older ones
 WORKER = "spawn_main"  # in the command line of a multiprocessing spawn worker
 STAGES = ("text_formatting", "create_hdf5_files")
+ENDED, IN_PYTHON_START_UP = "ended", "python start-up"  # why a launch was not signalled at its moment
 
 
 @dataclass
@@ -232,8 +233,8 @@ def catches_sigterm(pid: int) -> bool:
 
 def interrupt(fault: Fault, folder: Path, name: str, settings: Settings, outcome: Outcome) -> Optional[str]:
     """Launches the fault's stage, signals it at its moment and waits until every process of the launch has
-    ended (at most settings.exit_seconds, then they are killed). None when it was signalled, else why not: "ended"
-    before its moment, or "python start-up" when the moment came before bertPrep had installed its handlers."""
+    ended (at most settings.exit_seconds, then they are killed). None when it was signalled, else why not: ENDED
+    before its moment, or IN_PYTHON_START_UP when the moment came before bertPrep had installed its handlers."""
     token = uuid.uuid4().hex
     began = time.monotonic()
     process = start(command(fault.stage, settings), folder, token, name)
@@ -241,16 +242,16 @@ def interrupt(fault: Fault, folder: Path, name: str, settings: Settings, outcome
     try:
         while time.monotonic() - began < fault.delay:
             if process.poll() is not None:
-                return "ended"
+                return ENDED
             handlers_seen = handlers_seen or catches_sigterm(process.pid)
             time.sleep(0.002)
         if not (handlers_seen or catches_sigterm(process.pid)):  # not seen until now: Python's own start-up
-            return "python start-up"  # (a launch past its handlers, at its exit, is the finished_first case)
+            return IN_PYTHON_START_UP  # (a launch past its handlers, at its exit, is the finished_first case)
         outcome.workers_at_signal = spawn_workers(token)
         signalled = time.monotonic()
         if not send(process, fault):
             process.wait()
-            return "ended"
+            return ENDED
         deadline = signalled + settings.exit_seconds
         try:
             outcome.exit_code = process.wait(timeout=settings.exit_seconds)
@@ -315,9 +316,9 @@ def run_fault(fault: Fault, folder: Path, reference: dict[str, str], settings: S
             shutil.rmtree(top)
         outcome.exit_code, outcome.problems = None, []
         missed = interrupt(fault, folder, name, settings, outcome)
-        if missed == "ended":
+        if missed == ENDED:
             outcome.draws += 1
-        elif missed == "python start-up":
+        elif missed == IN_PYTHON_START_UP:
             outcome.in_python_start_up += 1
         elif finished_first(outcome, folder, name, reference):
             outcome.came_at_the_exit.append(outcome.exit_code)

@@ -104,9 +104,9 @@ def distil(work: Path, data: Path, teacher_folder: Path, start: Path, epochs: di
 
 def student_label(start: Path, tag: str | None) -> str:
     """"<layers> layers" for the teacher's layers; "<layers> x <width>, <tag>" for a --student_start."""
-    if not tag:
-        return f"{read_weights(start).config.num_hidden_layers} layers"
     config = read_weights(start).config
+    if not tag:
+        return f"{config.num_hidden_layers} layers"
     return f"{config.num_hidden_layers} x {config.hidden_size}, {tag}"
 
 
@@ -166,7 +166,6 @@ def main(argv: list[str] | None = None) -> None:
     elif args.student_layers == 3:  # the first benchmark's student, in its folders
         start, prefix = student_start(work, teacher_folder, 3), ""
     else:
-        (work / f"layers{args.student_layers}").mkdir(exist_ok=True)
         start = student_start(work / f"layers{args.student_layers}", teacher_folder, args.student_layers)
         prefix = f"layers{args.student_layers}_"
     epochs = {"backbone": args.backbone_epochs, "heads": args.heads_epochs}

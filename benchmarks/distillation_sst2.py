@@ -77,12 +77,12 @@ def student_start(work: Path, teacher_folder: Path, layers: int) -> Path:
     out = work / "student_start"
     if not (out / "pytorch_model.bin").is_file():
         weights = read_weights(teacher_folder)
+        out.mkdir(parents=True, exist_ok=True)
         config = {**read_config(MINILM / "config.json").to_dict(), "num_hidden_layers": layers}
         (work / "student_config.json").write_text(json.dumps(config, indent=2) + "\n")
         student_config = read_config(work / "student_config.json")
         chosen = teacher_layers_for(layers, weights.config.num_hidden_layers)
         state = student_weights_from_teacher(weights.state_dict, weights.config, student_config, chosen)
-        out.mkdir(parents=True, exist_ok=True)
         torch.save({"model": state, "config": config, "tokenizer": weights.tokenizer}, out / "pytorch_model.bin")
         (out / "bert_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NoReturn, Optional, TextIO
 
 from bertrecipe.common.errors import InputError, error_text
-from bertrecipe.common.stop_signals import Terminated, handle_stop_signals, stop_line_of, stop_signal_received
+from bertrecipe.common.stop_signals import Terminated, exit_with_stop_line, handle_stop_signals, stop_signal_received
 
 
 def fail(message: str) -> NoReturn:
@@ -85,9 +85,7 @@ def signals_end_in_one_line() -> Iterator[None]:
 
 def _end_for_signal(stopped: BaseException) -> NoReturn:
     """The signal's one line and the shell's status for it (KeyboardInterrupt: Ctrl-C; else SIGTERM)."""
-    signum = signal.SIGINT if isinstance(stopped, KeyboardInterrupt) else signal.SIGTERM
-    print(stop_line_of(signum), file=sys.stderr, flush=True)
-    raise SystemExit(128 + signum) from None
+    exit_with_stop_line(signal.SIGINT if isinstance(stopped, KeyboardInterrupt) else signal.SIGTERM)
 
 
 def run_cli(main: Callable[[], object]) -> NoReturn:

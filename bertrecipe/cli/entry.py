@@ -4,17 +4,15 @@ a Ctrl-C or SIGTERM already has its one line and exit status 130 or 143, as it h
 imported first would leave that second to Python's traceback. This module imports nothing heavy itself."""
 from __future__ import annotations
 
+import importlib
+from functools import partial
+from typing import Callable, NoReturn
+
 from bertrecipe.common.stop_signals import end_at_once_while_starting, handle_stop_signals
 
-# First of all, before the imports below: from here a signal ends the command in its line (the interpreter's own
+# Before anything of ours is imported: from here a signal ends the command in its line (the interpreter's own
 # start-up, before this, is Python's, where nothing of the command has run).
 end_at_once_while_starting()
-
-import importlib  # noqa: E402
-from functools import partial  # noqa: E402
-from typing import Callable, NoReturn  # noqa: E402
-
-from bertrecipe.cli.command_line import signals_end_in_one_line  # noqa: E402
 
 # The modules of bertrecipe/cli/ that are commands (each has a cli()); an entry point of each name is below.
 COMMANDS = ("run_pretraining", "run_squad", "run_glue", "run_downstream", "run_retrieval", "inference",
@@ -27,6 +25,8 @@ COMMANDS = ("run_pretraining", "run_squad", "run_glue", "run_downstream", "run_r
 def start_command(name: str) -> NoReturn:
     """Imports bertrecipe.cli.<name> and runs its cli(); a signal during the import ends the command in one line
     (nothing has been written yet, so the usual line, run the command again, holds)."""
+    from bertrecipe.cli.command_line import signals_end_in_one_line  # here: still under the start-up handler
+
     handle_stop_signals()
     with signals_end_in_one_line():
         command = importlib.import_module(f"bertrecipe.cli.{name}")

@@ -26,9 +26,10 @@ def stop_line(what: str) -> str:
     return f"{what}: stopped before the end; nothing half-written was kept, run the command again to finish"
 
 
-def stop_line_of(signum: int) -> str:
-    """The one line a command ends with on SIGINT (Ctrl-C) or SIGTERM."""
-    return stop_line("interrupted (Ctrl-C)" if signum == signal.SIGINT else "SIGTERM")
+def exit_with_stop_line(signum: int) -> NoReturn:
+    """Ends the command on SIGINT (Ctrl-C) or SIGTERM: its one line, and the shell's status for it (130, 143)."""
+    print(stop_line("interrupted (Ctrl-C)" if signum == signal.SIGINT else "SIGTERM"), file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum) from None
 
 
 def end_at_once_while_starting() -> None:
@@ -43,8 +44,7 @@ def end_at_once_while_starting() -> None:
 
 
 def _end_while_starting(signum: int, frame: object) -> NoReturn:
-    print(stop_line_of(signum), file=sys.stderr, flush=True)
-    raise SystemExit(128 + signum)  # leaves through the import under way, quietly
+    exit_with_stop_line(signum)  # SystemExit leaves through the import under way, quietly
 
 
 def handle_stop_signals() -> None:
